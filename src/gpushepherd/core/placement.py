@@ -1,0 +1,109 @@
+"""Placement of whole-GPU jobs: which node(s), how many GPUs on each.
+
+Rules (the public scenario conventions; Slurm's select/cons_tres packs the same way):
+
+* ``single`` - the job fits one node (or must: ``same_node``): the node with the
+  fewest free GPUs that still fits it (bin-packing), ties by lowest node index. Every
+  feasible node is considered, not only the tightest one that is tried first.
+* ``multi`` - the job is larger than any node it may use: whole free nodes (largest
+  first, then lowest index) plus at most one remainder node chosen by bin-packing, so
+  that the gang spans the fewest nodes.
+* ``pods`` - a gang of ``pods`` x ``per_pod`` GPUs: each pod on one node by
+  bin-packing, pods may share a node; all or nothing.
+
+Placement works on counts; which GPU indices of a node are given is the ledger's
+business (lowest free index first). The same functions place on the live ledger and
+on the scratch availability maps of reservations, so a plan and a start agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpushepherd.core.ledger import Ledger
+
+Counts = list[tuple[int, int]]  # [(node index, GPUs on it)]
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """How a job's GPUs must be laid out. ``ckey`` keys the job's node filter."""
+
+    k: int
+    mode: str  # "single" | "multi" | "pods"
+    per_pod: int
+    pods: int
+    ckey: tuple
+
+
+def best_fit_counts(avail: dict[int, int], candidates: list[int], k: int) -> int | None:
+    """Index of the candidate with the fewest available GPUs >= ``k`` (ties: lowest index)."""
+    best = None
+    best_free = 0
+    for idx in candidates:
+        f = avail.get(idx, 0)
+        if f >= k and (best is None or f < best_free or (f == best_free and idx < best)):
+            best, best_free = idx, f
+    return best
+
+
+def place_counts(avail: dict[int, int], candidates: list[int], totals: dict[int, int], shape: Shape) -> Counts | None:
+    """Place ``shape`` on ``avail`` (free GPUs per node index) among ``candidates``.
+
+    ``totals`` gives each node's healthy GPU count (a "whole free node" has
+    ``avail == totals``). Returns ``[(node, count)]`` or ``None`` when it does not fit.
+    """
+    if shape.mode == "single":
+        idx = best_fit_counts(avail, candidates, shape.k)
+        return None if idx is None else [(idx, shape.k)]
+    if shape.mode == "pods":
+        scratch = dict(avail)
+        used: dict[int, int] = {}
+        for _ in range(shape.pods):
+            idx = best_fit_counts(scratch, candidates, shape.per_pod)
+            if idx is None:
+                return None
+            scratch[idx] -= shape.per_pod
+            used[idx] = used.get(idx, 0) + shape.per_pod
+        return list(used.items())
+    # multi: whole free nodes, largest first, then one remainder node by best fit
+    whole = sorted((i for i in candidates if avail.get(i, 0) > 0 and avail.get(i, 0) >= totals[i]),
+                   key=lambda i: (-avail[i], i))
+    chosen: Counts = []
+    rem = shape.k
+    for idx in whole:
+        if avail[idx] <= rem:
+            chosen.append((idx, avail[idx]))
+            rem -= avail[idx]
+            if rem == 0:
+                return chosen
+    taken = {i for i, _ in chosen}
+    rest = [i for i in candidates if i not in taken]
+    idx = best_fit_counts(avail, rest, rem)
+    if idx is None:
+        return None
+    chosen.append((idx, rem))
+    return chosen
+
+
+def place_live(ledger: Ledger, groups: list[int], shape: Shape) -> Counts | None:
+    """Place ``shape`` on the ledger's free GPUs among the nodes of ``groups``.
+
+    Same rule as ``place_counts`` on the ledger's free counts; ``single`` uses the
+    free-count buckets (no scan over nodes).
+    """
+    if shape.mode == "single":
+        idx = ledger.best_fit(groups, shape.k)
+        return None if idx is None else [(idx, shape.k)]
+    candidates = members_of(ledger, groups)
+    avail = {i: ledger.slots[i].free for i in candidates}
+    totals = {i: ledger.slots[i].healthy for i in candidates}
+    return place_counts(avail, candidates, totals, shape)
+
+
+def members_of(ledger: Ledger, groups: list[int]) -> list[int]:
+    out: list[int] = []
+    for g in groups:
+        out.extend(ledger.groups[g].members)
+    out.sort()
+    return out

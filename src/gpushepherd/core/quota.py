@@ -1,0 +1,77 @@
+"""Quotas and limits: what a set of running jobs may hold at once.
+
+Each ``Limit`` of the policy (team max GPUs, per-user caps, class caps, running-job
+counts, a parent team's caps) is a counter keyed by the limit and, for per-user
+limits, the user. Admission asks every limit that counts the job whether
+``usage + amount <= max`` (Kueue's ClusterQueue ``nominalQuota`` check and Slurm's
+``GrpTRES`` / ``MaxTRESPerUser`` association limits work the same way).
+"""
+
+from __future__ import annotations
+
+from gpushepherd.model.rules import Limit, LimitUnit, Rules
+
+#: (limit index, user or "", amount)
+Charge = tuple[int, str, int]
+
+
+class QuotaBook:
+    """Usage counters for every limit of the policy."""
+
+    def __init__(self, rules: Rules):
+        self.rules = rules
+        self.limits: tuple[Limit, ...] = rules.limits
+        self.usage: dict[tuple[int, str], int] = {}
+        self._applicable: dict[tuple[str, str], tuple[int, ...]] = {}
+
+    def applicable(self, team: str, workload_class: str) -> tuple[int, ...]:
+        key = (team, workload_class)
+        found = self._applicable.get(key)
+        if found is None:
+            chain = set(self.rules.ancestors(team))
+            found = tuple(
+                i for i, lim in enumerate(self.limits)
+                if (lim.team is None or lim.team in chain)
+                and (lim.workload_class is None or lim.workload_class == workload_class)
+            )
+            self._applicable[key] = found
+        return found
+
+    def charges(self, team: str, workload_class: str, user: str, gpus: int) -> tuple[Charge, ...]:
+        """What a job of this team, class, user and size counts against each limit."""
+        out = []
+        for i in self.applicable(team, workload_class):
+            lim = self.limits[i]
+            amount = gpus if lim.unit is LimitUnit.GPUS else 1
+            out.append((i, user if lim.per_user else "", amount))
+        return tuple(out)
+
+    def never_fits(self, charges: tuple[Charge, ...]) -> Limit | None:
+        """A limit whose maximum is below the job's own amount: it can never start."""
+        for i, _user, amount in charges:
+            if amount > self.limits[i].max:
+                return self.limits[i]
+        return None
+
+    def blocking(self, charges: tuple[Charge, ...]) -> tuple[Limit, int] | None:
+        """The first limit (policy order) the job would exceed now, with its usage."""
+        usage = self.usage
+        for i, user, amount in charges:
+            used = usage.get((i, user), 0)
+            if used + amount > self.limits[i].max:
+                return self.limits[i], used
+        return None
+
+    def charge(self, charges: tuple[Charge, ...], sign: int) -> None:
+        """Add (``sign`` 1) or remove (-1) a job's usage. Raises ``AssertionError`` if a
+        counter would go negative (a usage is never subtracted twice)."""
+        usage = self.usage
+        for i, user, amount in charges:
+            key = (i, user)
+            new = usage.get(key, 0) + sign * amount
+            if new < 0:
+                raise AssertionError(f"usage of {self.limits[i].path} for {user or '*'} would be {new}")
+            if new:
+                usage[key] = new
+            else:
+                usage.pop(key, None)

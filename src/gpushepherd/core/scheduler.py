@@ -1,0 +1,991 @@
+"""The scheduling core: events in, decisions out.
+
+``Scheduler.handle(events)`` is the one entry point (dask's ``handle_stimulus``): it
+applies the events of one instant in a fixed order (job exits, then hardware and
+operator actions, then submissions by job id), expires time limits and runs one
+scheduling pass. It reads no clock, does no I/O and draws no random numbers: the same
+events give the same decisions, ties broken by stable keys (job id, node index).
+
+The pass, least disruptive first (architecture section 2; Kueue's ``schedule()``):
+
+1. expire   - jobs past their time limit are stopped;
+2. order    - pending jobs by class priority, then submit time, then job id;
+3. admit    - hard limits: a job that can never fit, quotas (team, user, class);
+4. place    - whole-GPU placement by bin-packing, gangs all or nothing;
+5. reserve  - the top blocked jobs get a reservation from running jobs' estimates;
+6. backfill - later jobs start only if they delay no reservation;
+7. preempt  - a blocked job may evict lower-priority preemptible work; the freed GPUs
+              are held for it until its victims have exited.
+
+Every pending job carries the reason of the stage that stopped it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Iterable
+from dataclasses import replace
+from itertools import groupby
+
+from gpushepherd.core import backfill
+from gpushepherd.core.ledger import Ledger, bits, lowest_bits
+from gpushepherd.core.placement import Counts, Shape, members_of, place_live
+from gpushepherd.core.preemption import lower_jobs_would_make_room, victims_for
+from gpushepherd.core.quota import QuotaBook
+from gpushepherd.core.state import INF, Job, Transition
+from gpushepherd.model.cluster import Node
+from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
+from gpushepherd.model.events import (
+    Event,
+    GpuHealthChanged,
+    JobAdopted,
+    JobCancelled,
+    JobFinished,
+    JobRequeueRequested,
+    JobSubmitted,
+    NodeAdded,
+    NodeLost,
+    Tick,
+)
+from gpushepherd.model.job import ExitStatus, JobSpec, JobState, natural_key
+from gpushepherd.model.placement import Placement
+from gpushepherd.model.reasons import PendingReason, ReasonCode
+from gpushepherd.model.rules import Rules
+
+R = ReasonCode
+
+
+class SpecError(ValueError):
+    """A job spec the policy cannot take; ``str()`` names the field, value and what is allowed."""
+
+
+def validate_spec(rules: Rules, spec: JobSpec) -> None:
+    """Check a job spec against the policy before it is submitted.
+
+    Raises:
+        SpecError: unknown class or team, non-positive GPUs, a pod size that does not
+            divide the GPUs, negative times, a time limit above the class's max runtime.
+    """
+    where = f"job {spec.id!r}"
+    if not spec.id:
+        raise SpecError("job id: '' is not allowed: a non-empty id")
+    if spec.workload_class not in rules.classes:
+        raise SpecError(f"{where}: class: {spec.workload_class!r} is not allowed: one of {', '.join(sorted(rules.classes))}")
+    if rules.teams and spec.team not in rules.teams:
+        raise SpecError(f"{where}: team: {spec.team!r} is not allowed: one of {', '.join(sorted(rules.teams))}")
+    if not isinstance(spec.gpus, int) or spec.gpus < 1:
+        raise SpecError(f"{where}: gpus: {spec.gpus!r} is not allowed: an integer >= 1")
+    if spec.gpus_per_pod is not None and (spec.gpus_per_pod < 1 or spec.gpus % spec.gpus_per_pod):
+        raise SpecError(f"{where}: gpus_per_pod: {spec.gpus_per_pod!r} is not allowed: a divisor of gpus ({spec.gpus})")
+    for name in ("time_limit_s", "runtime_estimate_s"):
+        value = getattr(spec, name)
+        if value is not None and not value > 0:
+            raise SpecError(f"{where}: {name}: {value!r} is not allowed: seconds > 0")
+    if spec.gpu_mem_mib < 0:
+        raise SpecError(f"{where}: gpu_mem_mib: {spec.gpu_mem_mib!r} is not allowed: MiB >= 0")
+    if spec.submit_time != spec.submit_time or spec.submit_time in (INF, -INF):
+        raise SpecError(f"{where}: submit_time: {spec.submit_time!r} is not allowed: a finite number of seconds")
+    cls = rules.classes[spec.workload_class]
+    if cls.max_runtime_s is not None and spec.time_limit_s is not None and spec.time_limit_s > cls.max_runtime_s:
+        raise SpecError(f"{where}: time_limit_s: {spec.time_limit_s!r} is not allowed: at most the max runtime of "
+                        f"class {cls.name} ({cls.max_runtime_s} s)")
+
+
+def _event_order(e: Event) -> tuple:
+    if isinstance(e, JobSubmitted):
+        return (e.t, e.rank, natural_key(e.spec.id if e.spec else ""))
+    job = getattr(e, "job_id", "") or ""
+    node = getattr(e, "node", "")
+    node = node.name if isinstance(node, Node) else node
+    return (e.t, e.rank, type(e).__name__, natural_key(job), node, getattr(e, "gpu", 0))
+
+
+class Scheduler:
+    """The pure scheduling core. See the module docstring for the cycle.
+
+    Attributes:
+        rules: the compiled policy.
+        ledger: the allocation ledger (who holds which GPU).
+        quota: usage of every policy limit.
+        jobs: every job ever submitted, by id.
+        now: the time of the last handled event (seconds).
+        reservations: the reservations of the last pass.
+    """
+
+    def __init__(self, rules: Rules):
+        self.rules = rules
+        self.ledger = Ledger(rules.nodes)
+        self.quota = QuotaBook(rules)
+        self.jobs: dict[str, Job] = {}
+        self.now = float("-inf")
+        self.reservations: list[backfill.Reservation] = []
+        self._pending: list[Job] = []
+        self._pkeys: list[tuple] = []
+        self._running: dict[str, Job] = {}
+        self._ends: list[tuple[float, int, str]] = []
+        self._timers: list[tuple[float, int, int, str]] = []
+        self._groups_cache: dict[tuple, list[int]] = {}
+        self._max_node_cache: dict[tuple, int] = {}
+        self._preemptible_running: dict[int, int] = {}  # class priority -> RUNNING preemptible jobs
+        self._running_prio: dict[int, int] = {}  # class priority -> RUNNING jobs
+        self._class_gpus: dict[str, int] = {}  # class -> GPUs held
+        self._seq = 0
+        self._event_no = 0
+        self._pass = 0
+        self._full = True  # something other than a submission changed since the last pass
+        self._new: list[Job] = []
+        self._first_blocked: tuple | None = None
+
+    # ------------------------------------------------------------------ API
+    def handle(self, events: Event | Iterable[Event]) -> list[Decision]:
+        """Apply events and schedule; returns the decisions, in the order taken.
+
+        Events may span several instants; each instant gets its own pass.
+
+        Raises:
+            ValueError: an event earlier than one already handled, or a submission
+                the policy rejects (``SpecError``) - nothing of that instant is applied
+                when a submission is invalid.
+        """
+        if isinstance(events, Event):
+            events = [events]
+        ordered = sorted(events, key=_event_order)
+        out: list[Decision] = []
+        for t, batch_iter in groupby(ordered, key=lambda e: e.t):
+            batch = list(batch_iter)
+            if t < self.now:
+                raise ValueError(f"event at t={t} is earlier than the scheduler's time {self.now}")
+            for e in batch:
+                if isinstance(e, (JobSubmitted, JobAdopted)):
+                    if e.spec is None:
+                        raise SpecError("JobSubmitted without a spec")
+                    validate_spec(self.rules, e.spec)
+                    if e.spec.id in self.jobs:
+                        raise SpecError(f"job {e.spec.id!r}: id: is not allowed: an id not used before")
+            self.now = t
+            for e in batch:
+                self._event_no += 1
+                self._apply(e, out)
+            self._expire(out)
+            self._schedule(out)
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time the core needs a ``Tick`` (a time limit), or ``None``."""
+        while self._timers:
+            t, _seq, run, job_id = self._timers[0]
+            job = self.jobs[job_id]
+            if job.state is JobState.RUNNING and job.runs == run:
+                return t
+            heapq.heappop(self._timers)
+        return None
+
+    def pending_jobs(self) -> list[Job]:
+        """Pending jobs in queue order (a copy)."""
+        return list(self._pending)
+
+    def running_jobs(self) -> list[Job]:
+        """Jobs holding GPUs (running, preempting, stopping), in submission order."""
+        return sorted(self._running.values(), key=lambda j: j.seq)
+
+    def holding(self):
+        """Jobs holding GPUs, in no particular order (callers sort by their own keys)."""
+        return self._running.values()
+
+    def ends_sorted(self) -> list[tuple[float, int, str]]:
+        """``(estimated end, seq, job id)`` of jobs holding GPUs, earliest end first."""
+        return self._ends
+
+    def pending_reason(self, job_id: str) -> PendingReason | None:
+        """Why a pending job waits now (``None`` if it is not pending)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state is not JobState.PENDING:
+            return None
+        if job.reason_pass != self._pass:
+            job.reason = self._reason_now(job)
+            job.reason_pass = self._pass
+        return job.reason
+
+    def estimated_start(self, job_id: str) -> float | None:
+        """The planned start of a pending job that holds a reservation, else ``None``."""
+        for r in self.reservations:
+            if r.job_id == job_id:
+                return r.start
+        return None
+
+    def groups_for(self, job: Job) -> list[int]:
+        """Shape groups of the ledger whose nodes the job may use (class pools, GPU type, memory)."""
+        ckey = job.shape.ckey
+        found = self._groups_cache.get(ckey)
+        if found is None:
+            pools, types, mem = ckey
+            found = [
+                g.gid for g in self.ledger.groups
+                if (pools is None or g.node.pool in pools)
+                and (not types or g.node.gpu_type in types)
+                and g.node.gpu_mem_mib >= mem
+            ]
+            self._groups_cache[ckey] = found
+        return found
+
+    # ------------------------------------------------------------ events
+    def _apply(self, e: Event, out: list[Decision]) -> None:
+        if isinstance(e, JobSubmitted):
+            self._submit(e.spec)
+        elif isinstance(e, JobFinished):
+            self._finished(e, out)
+        elif isinstance(e, JobCancelled):
+            self._cancel(e.job_id, out)
+        elif isinstance(e, JobRequeueRequested):
+            self._operator_requeue(e.job_id, out)
+        elif isinstance(e, NodeAdded):
+            self._node_added(e.node)
+        elif isinstance(e, NodeLost):
+            self._node_lost(e.node, out)
+        elif isinstance(e, GpuHealthChanged):
+            self._gpu_health(e, out)
+        elif isinstance(e, JobAdopted):
+            self._adopt(e, out)
+        elif isinstance(e, Tick):
+            pass
+        else:  # pragma: no cover
+            raise TypeError(f"unknown event {e!r}")
+
+    def _make_job(self, spec: JobSpec) -> Job:
+        rules = self.rules
+        cls = rules.classes[spec.workload_class]
+        limit = spec.time_limit_s or cls.default_time_limit_s or cls.max_runtime_s
+        if limit is not None and cls.max_runtime_s is not None:
+            limit = min(limit, cls.max_runtime_s)
+        estimate = spec.runtime_estimate_s if spec.runtime_estimate_s is not None else limit
+        if estimate is not None and limit is not None:
+            estimate = min(estimate, limit)
+        ckey = (cls.pools, tuple(sorted(spec.gpu_types)), spec.gpu_mem_mib)
+        shape = self._shape_for(spec, ckey)
+        self._seq += 1
+        return Job(
+            spec=spec,
+            seq=self._seq,
+            cls=cls,
+            key=(-cls.priority, spec.submit_time, natural_key(spec.id)),
+            shape=shape,
+            charges=self.quota.charges(spec.team, spec.workload_class, spec.user, spec.gpus),
+            preemptible=cls.preemptible if spec.preemptible is None else spec.preemptible,
+            checkpointable=cls.checkpointable if spec.checkpointable is None else spec.checkpointable,
+            estimate_s=estimate,
+            time_limit_s=limit,
+        )
+
+    def _shape_for(self, spec: JobSpec, ckey: tuple) -> Shape:
+        biggest = self._max_node_cache.get(ckey)
+        if biggest is None:
+            pools, types, mem = ckey
+            biggest = max(
+                (s.node.gpus for s in self.ledger.slots
+                 if (pools is None or s.node.pool in pools) and (not types or s.node.gpu_type in types)
+                 and s.node.gpu_mem_mib >= mem),
+                default=0,
+            )
+            self._max_node_cache[ckey] = biggest
+        if spec.gpus_per_pod and spec.gpus_per_pod < spec.gpus and not spec.same_node:
+            return Shape(spec.gpus, "pods", spec.gpus_per_pod, spec.gpus // spec.gpus_per_pod, ckey)
+        if spec.same_node or spec.gpus <= biggest or biggest == 0:
+            return Shape(spec.gpus, "single", spec.gpus, 1, ckey)
+        return Shape(spec.gpus, "multi", spec.gpus, 1, ckey)
+
+    def _submit(self, spec: JobSpec) -> None:
+        job = self._make_job(spec)
+        self.jobs[spec.id] = job
+        self._log(job, "", JobState.PENDING, "submitted")
+        self._enqueue(job)
+        self._new.append(job)
+
+    def _adopt(self, e: JobAdopted, out: list[Decision]) -> None:
+        if e.placement is None or e.placement.gpu_count != e.spec.gpus:
+            raise SpecError(f"job {e.spec.id!r}: placement: {e.placement} is not allowed: exactly {e.spec.gpus} GPUs")
+        job = self._make_job(e.spec)
+        ledger = self.ledger
+        alloc = []
+        for name, gpus in e.placement.parts:
+            idx = ledger.by_name.get(name)
+            if idx is None or not ledger.slots[idx].alive:
+                raise SpecError(f"job {e.spec.id!r}: placement: node {name!r} is not allowed: a live node")
+            mask = 0
+            for g in gpus:
+                mask |= 1 << g
+            if mask & ~ledger.slots[idx].free_mask:
+                raise SpecError(f"job {e.spec.id!r}: placement: GPUs {gpus} of {name} are not allowed: free GPUs")
+            alloc.append((idx, mask))
+        self.jobs[e.spec.id] = job
+        job.runs = 1
+        self._occupy(job, alloc, e.started_at if e.started_at is not None else self.now, JobState.RUNNING)
+        job.first_start = job.run_start
+        self._log(job, "", JobState.RUNNING, f"adopted on {e.placement}")
+        self._full = True
+
+    def _finished(self, e: JobFinished, out: list[Decision]) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or not job.state.holds_gpus:
+            return  # a stale or repeated exit: usage is never released twice
+        state, status = job.state, e.status
+        if status is ExitStatus.COMPLETED:
+            self._end(job, JobState.COMPLETED, "exit 0")
+        elif state is JobState.PREEMPTING or status is ExitStatus.PREEMPTED:
+            ran = (job.signal_t if job.signal_t is not None else self.now) - job.run_start
+            job.done_s = job.done_s + ran if job.checkpointable else 0.0
+            if state is JobState.PREEMPTING:
+                job.preemptions += 1
+            self._detach_from_preemptor(job)
+            self._requeue(job, "preempted" if state is JobState.PREEMPTING else "checkpointed, asked to requeue")
+        elif state is JobState.STOPPING or status is ExitStatus.TIMEOUT:
+            self._end(job, JobState.TIMEOUT, "time limit")
+        elif status is ExitStatus.CANCELLED:
+            self._end(job, JobState.CANCELLED, "cancelled")
+        else:
+            self._end(job, JobState.FAILED, f"exit {status.value.lower()}")
+
+    def _cancel(self, job_id: str, out: list[Decision]) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or job.state.terminal:
+            return
+        if job.state is JobState.PENDING:
+            self._dequeue(job)
+            self._clear_victims(job)
+            self._log(job, job.state, JobState.CANCELLED, "cancelled")
+            job.state = JobState.CANCELLED
+            self._full = True  # it may have held a reservation
+            return
+        self._detach_from_preemptor(job)
+        self._end(job, JobState.CANCELLED, "cancelled")
+        out.append(Stop(self.now, job.id, reason="cancelled", grace_s=0.0))
+
+    def _operator_requeue(self, job_id: str, out: list[Decision]) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or job.state is not JobState.RUNNING:
+            return  # requeue of a job that is not running is a no-op (Slurm ticket 24379)
+        if job.checkpointable:
+            job.done_s += self.now - job.run_start
+        else:
+            job.done_s = 0.0
+        self._requeue(job, "operator requeue")
+        out.append(Stop(self.now, job.id, reason="requeue", requeue=True))
+
+    def _node_added(self, node: Node | None) -> None:
+        if node is None:
+            return
+        self.ledger.add_node(node)
+        self._groups_cache.clear()
+        self._max_node_cache.clear()
+        for job in self._pending:
+            job.shape = self._shape_for(job.spec, job.shape.ckey)
+        self._full = True
+
+    def _node_lost(self, name: str, out: list[Decision]) -> None:
+        idx = self.ledger.by_name.get(name)
+        if idx is None or not self.ledger.slots[idx].alive:
+            return
+        for job_id in self.ledger.remove_node(idx):
+            self._lose(self.jobs[job_id], "node-lost", out)
+        self._full = True
+
+    def _gpu_health(self, e: GpuHealthChanged, out: list[Decision]) -> None:
+        idx = self.ledger.by_name.get(e.node)
+        if idx is None or not 0 <= e.gpu < self.ledger.slots[idx].total:
+            raise ValueError(f"gpu health event for unknown GPU {e.node}:{e.gpu}")
+        holder = self.ledger.set_gpu_health(idx, e.gpu, e.healthy)
+        if not e.healthy and holder is not None:
+            self._lose(self.jobs[holder], "gpu-failed", out)
+        self._full = True
+
+    def _lose(self, job: Job, reason: str, out: list[Decision]) -> None:
+        # The job's current run is lost (no chance to checkpoint): it restarts from
+        # what it had banked before this run.
+        if not job.checkpointable:
+            job.done_s = 0.0
+        self._detach_from_preemptor(job)
+        self._requeue(job, reason)
+        out.append(Stop(self.now, job.id, reason=reason, requeue=True))
+
+    # --------------------------------------------------------- transitions
+    def _log(self, job: Job, old: JobState | str, new: JobState, reason: str) -> None:
+        old_s = old.value if isinstance(old, JobState) else old
+        job.history.append(Transition(self.now, old_s, new.value, reason, self._event_no))
+
+    def _enqueue(self, job: Job) -> None:
+        i = bisect_left(self._pkeys, job.key)
+        self._pkeys.insert(i, job.key)
+        self._pending.insert(i, job)
+        job.state = JobState.PENDING
+        job.reason = PendingReason(R.NEW)
+        job.reason_pass = -1
+
+    def _dequeue(self, job: Job) -> None:
+        i = bisect_left(self._pkeys, job.key)
+        while self._pending[i] is not job:
+            i += 1
+        del self._pkeys[i]
+        del self._pending[i]
+
+    def _occupy(self, job: Job, alloc: list[tuple[int, int]], started: float, state: JobState) -> None:
+        """Give ``job`` the GPUs of ``alloc`` since ``started`` and book everything that
+        follows from holding them: usage, the end estimate, the time-limit timer and
+        the running counters. Shared by start, adopt and restore."""
+        for idx, mask in alloc:
+            self.ledger.allocate(job.id, idx, mask)
+        self.quota.charge(job.charges, +1)
+        job.alloc = alloc
+        job.state = state
+        job.run_start = started
+        self._running[job.id] = job
+        self._class_gpus[job.cls.name] = self._class_gpus.get(job.cls.name, 0) + job.gpus
+        if state is JobState.RUNNING:
+            remaining = job.remaining_estimate()
+            self._ends_add(job, started + remaining if remaining is not None else INF)
+            limit = job.run_limit()
+            if limit is not None:
+                heapq.heappush(self._timers, (started + limit, job.seq, job.runs, job.id))
+            self._count_running(job, +1)
+        else:  # signalled before a restart: it leaves at the end of its grace period
+            grace = job.cls.grace_period_s if job.checkpointable else 0.0
+            self._ends_add(job, (job.signal_t if job.signal_t is not None else self.now) + grace)
+
+    def _start(self, job: Job, counts: Counts, out: list[Decision]) -> None:
+        ledger = self.ledger
+        parts = []
+        alloc = []
+        for idx, c in counts:
+            slot = ledger.slots[idx]
+            mask = lowest_bits(slot.free_mask, c)
+            alloc.append((idx, mask))
+            parts.append((slot.node.name, bits(mask)))
+        waited = job.reason
+        job.runs += 1
+        if job.first_start is None:
+            job.first_start = self.now
+        job.victims = set()
+        job.plan = []
+        self._occupy(job, alloc, self.now, JobState.RUNNING)
+        placement = Placement(tuple(parts))
+        self._log(job, JobState.PENDING, JobState.RUNNING, f"placed on {placement}; waited: {waited}")
+        out.append(Start(self.now, job.id, placement))
+
+    def _release(self, job: Job) -> None:
+        for idx, mask in job.alloc:
+            self.ledger.release(job.id, idx, mask)
+        job.alloc = []
+        self.quota.charge(job.charges, -1)
+        self._ends_remove(job)
+        del self._running[job.id]
+        if job.state is JobState.RUNNING:
+            self._count_running(job, -1)
+        left = self._class_gpus[job.cls.name] - job.gpus
+        if left:
+            self._class_gpus[job.cls.name] = left
+        else:
+            del self._class_gpus[job.cls.name]
+        self._full = True
+
+    def _count_running(self, job: Job, sign: int) -> None:
+        """Counters of jobs in state RUNNING by class priority (all, and preemptible)."""
+        p = job.cls.priority
+        tables = (self._running_prio, self._preemptible_running) if job.preemptible else (self._running_prio,)
+        for table in tables:
+            left = table.get(p, 0) + sign
+            if left:
+                table[p] = left
+            else:
+                del table[p]
+
+    def _ends_add(self, job: Job, end: float) -> None:
+        job.end_est = end
+        insort(self._ends, (end, job.seq, job.id))
+
+    def _ends_remove(self, job: Job) -> None:
+        i = bisect_left(self._ends, (job.end_est, job.seq, job.id))
+        assert self._ends[i][1] == job.seq, f"{job.id} missing from the end list"
+        del self._ends[i]
+
+    def _signal(self, job: Job, state: JobState, grace: float) -> None:
+        """RUNNING -> PREEMPTING or STOPPING: the job keeps its GPUs until it exits,
+        at the latest ``grace`` seconds from now."""
+        self._count_running(job, -1)
+        self._ends_remove(job)
+        job.state = state
+        job.signal_t = self.now
+        self._ends_add(job, self.now + grace)
+
+    def _end(self, job: Job, state: JobState, reason: str) -> None:
+        old = job.state
+        self._release(job)
+        self._clear_victims(job)
+        job.state = state
+        self._log(job, old, state, reason)
+
+    def _requeue(self, job: Job, reason: str) -> None:
+        old = job.state
+        self._release(job)
+        job.signal_t = None
+        job.preemptor = None
+        self._log(job, old, JobState.PENDING, reason)
+        self._enqueue(job)
+
+    def _detach_from_preemptor(self, victim: Job) -> None:
+        if victim.preemptor is not None:
+            p = self.jobs.get(victim.preemptor)
+            if p is not None:
+                p.victims.discard(victim.id)
+            victim.preemptor = None
+
+    def _clear_victims(self, job: Job) -> None:
+        for vid in sorted(job.victims):
+            v = self.jobs[vid]
+            if v.preemptor == job.id:
+                v.preemptor = None
+        job.victims = set()
+        job.plan = []
+
+    def _preempt(self, victim: Job, preemptor: Job, out: list[Decision]) -> None:
+        grace = victim.cls.grace_period_s if victim.checkpointable else 0.0
+        self._signal(victim, JobState.PREEMPTING, grace)
+        victim.preemptor = preemptor.id
+        self._log(victim, JobState.RUNNING, JobState.PREEMPTING, f"preempted for {preemptor.id} (grace {grace:g} s)")
+        out.append(Preempt(self.now, victim.id, grace_s=grace, reason=f"priority:{preemptor.cls.name}",
+                           preemptor=preemptor.id))
+
+    # --------------------------------------------------------------- expire
+    def _expire(self, out: list[Decision]) -> None:
+        """Step 1: stop jobs whose time limit has passed."""
+        timers = self._timers
+        while timers and timers[0][0] <= self.now:
+            _t, _seq, run, job_id = heapq.heappop(timers)
+            job = self.jobs[job_id]
+            if job.state is not JobState.RUNNING or job.runs != run:
+                continue
+            grace = job.cls.grace_period_s if job.checkpointable else 0.0
+            self._signal(job, JobState.STOPPING, grace)
+            self._log(job, JobState.RUNNING, JobState.STOPPING, "time limit reached")
+            out.append(Stop(self.now, job.id, reason="time-limit", grace_s=grace))
+
+    # -------------------------------------------------------------- the pass
+    def _schedule(self, out: list[Decision]) -> None:
+        new, self._new = self._new, []
+        if not self._pending:
+            self._full = False
+            return
+        if not self._full:
+            if not new:
+                return
+            first = self._first_blocked
+            if first is None or any(j.key < first for j in new):
+                self._full = True
+        if self._full:
+            self._full = False
+            self._pass += 1
+            self.reservations = []
+            self._first_blocked = None
+            self._scan(self._pending, out)
+        else:
+            # Only submissions changed and every new job queues behind the first job
+            # the last pass could not start: earlier outcomes stand, so only the new
+            # jobs are looked at, against the reservations in force.
+            before = len(out)
+            self._scan(sorted(new, key=lambda j: j.key), out)
+            if len(out) > before:
+                self._pass += 1  # GPUs were taken: other jobs' reasons are recomputed on demand
+                for job in new:
+                    job.reason_pass = self._pass
+
+    def _scan(self, queue: list[Job], out: list[Decision]) -> None:
+        rules = self.rules
+        ledger = self.ledger
+        quota = self.quota
+        now = self.now
+        res = self.reservations
+        pid = self._pass
+        depth = rules.backfill_reservations if rules.backfill_enabled else 0
+        n_reserved = sum(1 for r in res if not r.hold)
+        budget = rules.backfill_max_job_test
+        preempt_on = rules.preemption_enabled
+        fail_fit: dict[tuple, int] = {}
+        fail_around: dict[tuple, int] = {}
+        fail_preempt: dict[tuple, int] = {}
+        reason_memo: dict[tuple, PendingReason] = {}
+        started: list[Job] = []
+        for job in queue:
+            if job.state is not JobState.PENDING:
+                continue
+            if ledger.free_total == 0 and not (preempt_on and self._could_preempt(job)) and not job.victims:
+                self._note_blocked(job)
+                break  # nothing can start without evicting, and nothing may be evicted
+            if budget <= 0:
+                break
+            job.reason_pass = pid
+            shape = job.shape
+            if job.victims:
+                counts = place_live(ledger, self.groups_for(job), shape)
+                end = now + (job.remaining_estimate() if job.remaining_estimate() is not None else INF)
+                if counts is not None and backfill.conflict(res, counts, end) is None:
+                    self._start(job, counts, out)
+                    backfill.consume(res, counts, end)
+                    started.append(job)
+                    continue
+                res.append(backfill.hold_for_preemptor(self, job, now))
+                job.reason = PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
+                self._note_blocked(job)
+                continue
+            # 3. admit: hard limits first (they take precedence over capacity)
+            hard = self._hard_reason(job)
+            if hard is not None:
+                job.reason = hard
+                continue
+            # 4. place on free GPUs
+            fkey = (shape.ckey, shape.mode, shape.per_pod)
+            counts = None
+            if fail_fit.get(fkey, INF) > shape.k:
+                counts = place_live(ledger, self.groups_for(job), shape)
+                if counts is None:
+                    fail_fit[fkey] = shape.k
+            if counts is not None:
+                held = self._class_hold(job)
+                if held is not None:
+                    job.reason = held
+                    self._note_blocked(job)
+                    continue
+                rem = job.remaining_estimate()
+                end = now + rem if rem is not None else INF
+                blocker = backfill.conflict(res, counts, end) if res else None
+                if blocker is not None:
+                    akey = (fkey, end > min(r.start for r in res))
+                    if fail_around.get(akey, INF) > shape.k:
+                        counts = backfill.place_around(self, job, res, end)
+                        if counts is None:
+                            fail_around[akey] = shape.k
+                    else:
+                        counts = None
+                if counts is not None:
+                    self._start(job, counts, out)
+                    if res:
+                        backfill.consume(res, counts, end)
+                    started.append(job)
+                    continue
+                assert blocker is not None
+                job.reason = PendingReason(R.HELD_FOR_PREEMPTOR if blocker.hold else R.RESERVED_FOR, blocker.job_id)
+                self._note_blocked(job)
+                budget -= 1
+                continue
+            # 7. preempt lower-priority work (tried before reservations so that a
+            #    higher-priority job never waits behind a backfill plan)
+            if preempt_on and self._could_preempt(job):
+                pkey = (fkey, job.cls.priority)
+                if fail_preempt.get(pkey, INF) > shape.k:
+                    found = victims_for(self, job, now)
+                    if found is not None:
+                        victims, plan = found
+                        for v in victims:
+                            self._preempt(v, job, out)
+                        job.victims = {v.id for v in victims}
+                        job.plan = plan
+                        res.append(backfill.hold_for_preemptor(self, job, now))
+                        job.reason = PendingReason(R.PREEMPTION_IN_PROGRESS,
+                                                   ",".join(sorted(job.victims, key=natural_key)))
+                        self._log(job, JobState.PENDING, JobState.PENDING,
+                                  "preempting " + ",".join(v.id for v in victims))
+                        self._note_blocked(job)
+                        continue
+                    fail_preempt[pkey] = shape.k
+            # capacity reason, then 5. a reservation for the top blocked jobs
+            rkey = (fkey, shape.k, job.cls.priority)
+            reason = reason_memo.get(rkey)
+            if reason is None:
+                reason = self._capacity_reason(job)
+                reason_memo[rkey] = reason
+            job.reason = reason
+            self._note_blocked(job)
+            budget -= 1
+            if not rules.backfill_enabled:
+                break  # strict priority order: nobody passes a blocked job
+            if n_reserved < depth and reason.code is not R.EXCEEDS_CAPACITY:
+                r = backfill.reserve_for(self, job, now, res)
+                if r is not None:
+                    res.append(r)
+                    n_reserved += 1
+        for job in started:
+            self._dequeue(job)
+
+    def _note_blocked(self, job: Job) -> None:
+        if self._first_blocked is None or job.key < self._first_blocked:
+            self._first_blocked = job.key
+
+    def _could_preempt(self, job: Job) -> bool:
+        """Whether some running preemptible job has a lower class priority."""
+        p = job.cls.priority
+        for q in self._preemptible_running:
+            if q < p:
+                return True
+        return False
+
+    # ------------------------------------------------------------- reasons
+    def _hard_reason(self, job: Job) -> PendingReason | None:
+        quota = self.quota
+        never = quota.never_fits(job.charges)
+        if never is not None:
+            return PendingReason(R.EXCEEDS_CAPACITY, f"{never.path}={never.max}")
+        blocking = quota.blocking(job.charges)
+        if blocking is not None:
+            lim, used = blocking
+            return PendingReason(R.QUOTA_EXCEEDED, f"{lim.path}={lim.max}, in use {used}")
+        if self._exceeds_capacity(job):
+            return PendingReason(R.EXCEEDS_CAPACITY, self._capacity_detail(job))
+        return None
+
+    def _exceeds_capacity(self, job: Job) -> bool:
+        ledger = self.ledger
+        groups = self.groups_for(job)
+        shape = job.shape
+        if not groups:
+            return True
+        if shape.mode == "single" or shape.mode == "pods":
+            need = shape.per_pod
+            biggest = 0
+            for g in groups:
+                for i in ledger.groups[g].members:
+                    h = ledger.slots[i].healthy
+                    if h > biggest:
+                        biggest = h
+            if biggest < need:
+                return True
+        return ledger.healthy_in(groups) < shape.k
+
+    def _capacity_detail(self, job: Job) -> str:
+        spec = job.spec
+        parts = [f"gpus={spec.gpus}"]
+        if job.cls.pools is not None:
+            parts.append("pools=" + "|".join(job.cls.pools))
+        if spec.gpu_types:
+            parts.append("gpu_types=" + "|".join(spec.gpu_types))
+        if spec.gpu_mem_mib:
+            parts.append(f"gpu_mem_mib>={spec.gpu_mem_mib}")
+        if job.shape.mode == "single" and spec.same_node:
+            parts.append("same_node")
+        return ",".join(parts)
+
+    def _capacity_reason(self, job: Job) -> PendingReason:
+        ledger = self.ledger
+        groups = self.groups_for(job)
+        free_here = ledger.free_in(groups)
+        if (self.rules.preemption_enabled and self._has_lower_running(job)
+                and lower_jobs_would_make_room(self, job)
+                and not (self._could_preempt(job) and victims_for(self, job, self.now) is not None)):
+            # evicting lower-priority work would make room, but not work that may be evicted
+            return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, "lower-priority jobs may not be preempted")
+        if free_here >= job.shape.k:
+            what = {"single": "single-node", "multi": "whole-nodes", "pods": "pods"}[job.shape.mode]
+            return PendingReason(R.NO_FIT, what)
+        if ledger.free_total >= job.shape.k and len(groups) < len(ledger.groups):
+            return PendingReason(R.NO_FIT, self._constraint_names(job))
+        return PendingReason(R.RESOURCES)
+
+    def _constraint_names(self, job: Job) -> str:
+        spec = job.spec
+        names = []
+        if job.cls.pools is not None:
+            names.append("pool")
+        if spec.gpu_types:
+            names.append("gpu_type")
+        if spec.gpu_mem_mib:
+            names.append("gpu_memory")
+        return "+".join(names) or "constraints"
+
+    def _has_lower_running(self, job: Job) -> bool:
+        p = job.cls.priority
+        return any(q < p for q in self._running_prio)
+
+    def _class_hold(self, job: Job) -> PendingReason | None:
+        """GPUs reserved for other classes (``reserved_gpus``) that this job would take."""
+        held = 0
+        holder = None
+        for cls in self.rules.classes.values():
+            if cls.reserved_gpus and cls.name != job.cls.name:
+                used = self._class_usage(cls.name)
+                if used < cls.reserved_gpus:
+                    held += cls.reserved_gpus - used
+                    holder = holder or cls.name
+        if held and self.ledger.free_total - job.gpus < held:
+            return PendingReason(R.RESERVED_FOR, f"classes.{holder}.reserved_gpus")
+        return None
+
+    def _class_usage(self, name: str) -> int:
+        return self._class_gpus.get(name, 0)
+
+    def _reason_now(self, job: Job) -> PendingReason:
+        """The reason of a pending job the last pass did not look at."""
+        if job.victims:
+            return PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
+        hard = self._hard_reason(job)
+        if hard is not None:
+            return hard
+        counts = place_live(self.ledger, self.groups_for(job), job.shape)
+        if counts is None:
+            return self._capacity_reason(job)
+        held = self._class_hold(job)
+        if held is not None:
+            return held
+        rem = job.remaining_estimate()
+        end = self.now + rem if rem is not None else INF
+        blocker = backfill.conflict(self.reservations, counts, end)
+        if blocker is not None:
+            return PendingReason(R.HELD_FOR_PREEMPTOR if blocker.hold else R.RESERVED_FOR, blocker.job_id)
+        return PendingReason(R.PRIORITY, "not reached by the last pass")
+
+    # ------------------------------------------------------ state, invariants
+    def snapshot(self) -> dict:
+        """The scheduler's state as plain data (JSON-serialisable).
+
+        Only jobs are saved - specs, states, placements, banked work - and the health
+        of GPUs; the ledger and usage counters are rebuilt from the live jobs on
+        ``restore`` (so a restart cannot resurrect a stale allocation).
+        """
+        jobs = []
+        for job in sorted(self.jobs.values(), key=lambda j: j.seq):
+            spec = job.spec
+            jobs.append({
+                "spec": {f: getattr(spec, f) for f in spec.__dataclass_fields__},
+                "state": job.state.value,
+                "alloc": [[self.ledger.slots[i].node.name, list(bits(m))] for i, m in job.alloc],
+                "run_start": job.run_start,
+                "first_start": job.first_start,
+                "runs": job.runs,
+                "preemptions": job.preemptions,
+                "done_s": job.done_s,
+                "signal_t": job.signal_t,
+                "preemptor": job.preemptor,
+                "victims": sorted(job.victims),
+                "plan": [[self.ledger.slots[i].node.name, c] for i, c in job.plan],
+            })
+        unhealthy = []
+        lost = []
+        for slot in self.ledger.slots:
+            if not slot.alive:
+                lost.append(slot.node.name)
+                continue
+            for g in range(slot.total):
+                if not slot.healthy_mask >> g & 1:
+                    unhealthy.append([slot.node.name, g])
+        static = {n.name for n in self.rules.nodes}
+        added = [
+            {f: getattr(s.node, f) for f in s.node.__dataclass_fields__}
+            for s in self.ledger.slots if s.node.name not in static
+        ]
+        return {"now": self.now, "jobs": jobs, "unhealthy": unhealthy, "lost_nodes": lost, "added_nodes": added}
+
+    @classmethod
+    def restore(cls, rules: Rules, snap: dict) -> "Scheduler":
+        """Rebuild a scheduler from ``snapshot()`` data under ``rules``.
+
+        Raises:
+            ValueError: the snapshot's allocations collide (a GPU given twice) or name
+                GPUs that do not exist.
+        """
+        sched = cls(rules)
+        for raw in snap.get("added_nodes", []):
+            node = Node(**{**raw, "labels": tuple(tuple(x) for x in raw.get("labels", ())),
+                           "nvlink_islands": tuple(tuple(x) for x in raw.get("nvlink_islands", ()))})
+            sched.ledger.add_node(node)
+        for name in snap.get("lost_nodes", []):
+            if name in sched.ledger.by_name:
+                sched.ledger.remove_node(sched.ledger.by_name[name])
+        for name, g in snap.get("unhealthy", []):
+            sched.ledger.set_gpu_health(sched.ledger.by_name[name], g, False)
+        sched.now = snap.get("now", float("-inf"))
+        for raw in snap["jobs"]:
+            spec_raw = dict(raw["spec"])
+            spec_raw["gpu_types"] = tuple(spec_raw.get("gpu_types", ()))
+            spec = JobSpec(**spec_raw)
+            job = sched._make_job(spec)
+            sched.jobs[spec.id] = job
+            job.runs = raw["runs"]
+            job.first_start = raw["first_start"]
+            job.preemptions = raw["preemptions"]
+            job.done_s = raw["done_s"]
+            job.signal_t = raw["signal_t"]
+            job.preemptor = raw["preemptor"]
+            job.victims = set(raw["victims"])
+            job.plan = [(sched.ledger.by_name[n], c) for n, c in raw["plan"]]
+            state = JobState(raw["state"])
+            job.history.append(Transition(sched.now, "", state.value, "restored", 0))
+            if state is JobState.PENDING:
+                sched._enqueue(job)
+            elif state.holds_gpus:
+                alloc = []
+                for name, gpus in raw["alloc"]:
+                    idx = sched.ledger.by_name.get(name)
+                    if idx is None:
+                        raise ValueError(f"snapshot: job {spec.id} holds GPUs on unknown node {name}")
+                    mask = 0
+                    for g in gpus:
+                        mask |= 1 << g
+                    alloc.append((idx, mask))
+                sched._occupy(job, alloc, raw["run_start"], state)
+            else:
+                job.state = state
+        sched._full = True
+        sched.check_invariants()
+        return sched
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` when the core's state is inconsistent (dask's
+        ``validate_state``). Property tests call it after every event.
+
+        Checks: the ledger's own invariants; every GPU is held by at most one job and
+        exactly the GPUs its job records; usage counters equal the sums over jobs that
+        hold GPUs, never negative; the pending queue is sorted and holds exactly the
+        pending jobs.
+        """
+        self.ledger.check()
+        held: dict[tuple[int, int], str] = {}
+        expect_usage: dict[tuple[int, str], int] = {}
+        for job in self.jobs.values():
+            if job.state.holds_gpus:
+                assert job.id in self._running, f"{job.id} holds GPUs but is not in the running set"
+                assert sum(m.bit_count() for _, m in job.alloc) == job.gpus, f"{job.id}: wrong GPU count"
+                for idx, mask in job.alloc:
+                    for g in bits(mask):
+                        assert (idx, g) not in held, f"GPU {idx}:{g} given to {held.get((idx, g))} and {job.id}"
+                        held[(idx, g)] = job.id
+                        assert self.ledger.slots[idx].holder[g] == job.id
+                for i, user, amount in job.charges:
+                    expect_usage[(i, user)] = expect_usage.get((i, user), 0) + amount
+            else:
+                assert not job.alloc, f"{job.id} is {job.state.value} but holds GPUs"
+                assert job.id not in self._running
+        for slot in self.ledger.slots:
+            for g, h in enumerate(slot.holder):
+                if h is not None:
+                    assert held.get((slot.idx, g)) == h, f"ledger says {slot.node.name}:{g} is {h}'s"
+        assert {k: v for k, v in self.quota.usage.items() if v} == expect_usage, "usage counters drifted"
+        assert all(v > 0 for v in self.quota.usage.values()), "negative usage"
+        assert self._pkeys == sorted(self._pkeys), "pending queue out of order"
+        assert [j.key for j in self._pending] == self._pkeys
+        pend = {j.id for j in self.jobs.values() if j.state is JobState.PENDING}
+        assert pend == {j.id for j in self._pending}, "pending set drifted"
+        assert len(self._ends) == len(self._running)
+        for job in self._running.values():
+            assert job.state.holds_gpus
+        counts: dict[int, int] = {}
+        allc: dict[int, int] = {}
+        gpus: dict[str, int] = {}
+        for job in self._running.values():
+            gpus[job.cls.name] = gpus.get(job.cls.name, 0) + job.gpus
+            if job.state is JobState.RUNNING:
+                allc[job.cls.priority] = allc.get(job.cls.priority, 0) + 1
+                if job.preemptible:
+                    counts[job.cls.priority] = counts.get(job.cls.priority, 0) + 1
+        assert counts == self._preemptible_running, "preemptible-running counters drifted"
+        assert allc == self._running_prio, "running counters drifted"
+        assert gpus == self._class_gpus, "class GPU counters drifted"
+
+
+def spec_with(spec: JobSpec, **changes) -> JobSpec:
+    """A copy of ``spec`` with ``changes`` (a small helper for drivers and tests)."""
+    return replace(spec, **changes)

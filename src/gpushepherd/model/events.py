@@ -1,0 +1,99 @@
+"""Events: everything that happens to the scheduler comes in as one of these.
+
+Events with the same time are applied in a fixed order before the scheduling pass
+(``rank``): job exits first, then hardware and operator actions, then submissions
+(job id ascending), then one pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gpushepherd.model.cluster import Node
+from gpushepherd.model.job import ExitStatus, JobSpec
+from gpushepherd.model.placement import Placement
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    t: float
+    rank: ClassVar[int] = 9
+
+    def sort_key(self) -> tuple:
+        return (self.t, self.rank)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished(Event):
+    """A running (or preempting) job's process ended with ``status``."""
+
+    job_id: str = ""
+    status: ExitStatus = ExitStatus.COMPLETED
+    rank: ClassVar[int] = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAdded(Event):
+    node: Node | None = None
+    rank: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLost(Event):
+    """The node is gone; its jobs are requeued."""
+
+    node: str = ""
+    rank: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealthChanged(Event):
+    """One GPU became unhealthy (never allocated again until healthy) or healthy."""
+
+    node: str = ""
+    gpu: int = 0
+    healthy: bool = False
+    rank: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobCancelled(Event):
+    job_id: str = ""
+    rank: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequeueRequested(Event):
+    """An operator asks to requeue a running job (Slurm's ``scontrol requeue``).
+
+    A no-op for a job that is not running (completed, pending, gone).
+    """
+
+    job_id: str = ""
+    rank: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobAdopted(Event):
+    """A job found already running on ``placement`` (a re-attach after a restart, or a
+    scenario's initial allocation): the core takes it over as RUNNING since
+    ``started_at`` (default: ``t``). Its GPUs must be free."""
+
+    spec: JobSpec | None = None
+    placement: Placement | None = None
+    started_at: float | None = None
+    rank: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobSubmitted(Event):
+    spec: JobSpec | None = None
+    rank: ClassVar[int] = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """Time passes; the core checks its timers (time limits, grace periods)."""
+
+    rank: ClassVar[int] = 3

@@ -1,0 +1,112 @@
+"""Job specifications and job states."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+
+class JobState(str, enum.Enum):
+    """Lifecycle of a job, with Slurm's state names where one exists.
+
+    ``PENDING -> RUNNING -> COMPLETED | FAILED | CANCELLED | TIMEOUT``;
+    ``RUNNING -> PREEMPTING`` (signalled, inside its grace period, still holding its
+    GPUs) ``-> PENDING`` (requeued); ``RUNNING -> STOPPING`` (its time limit passed,
+    signalled, inside its grace period) ``-> TIMEOUT``. A job on a lost node goes back
+    to ``PENDING``.
+    """
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    PREEMPTING = "PREEMPTING"
+    STOPPING = "STOPPING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self is JobState.RUNNING or self is JobState.PREEMPTING or self is JobState.STOPPING
+
+
+_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+
+
+class ExitStatus(str, enum.Enum):
+    """How a running job's process ended, as the driver (simulator, daemon) reports it.
+
+    ``PREEMPTED`` is the exit of a job that was signalled by a ``Preempt`` decision
+    (it checkpointed if it can) and must be requeued; ``TIMEOUT`` the exit after a
+    ``Stop`` for its time limit.
+    """
+
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    PREEMPTED = "PREEMPTED"
+    TIMEOUT = "TIMEOUT"
+    CANCELLED = "CANCELLED"
+
+
+_NUM = re.compile(r"(\d+)")
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key that orders ``B2`` before ``B10`` (digit runs compare as numbers).
+
+    Used as the last tie-break between jobs, so that "job id ascending" means what
+    a person reading the ids expects.
+    """
+    parts = _NUM.split(text)
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != "")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a user submits. The scheduler never sees a job's true duration.
+
+    Attributes:
+        id: unique job id.
+        user: submitting user (per-user limits).
+        team: team (account) charged for the job's GPUs.
+        workload_class: workload class name from the policy (``training`` ...).
+        gpus: whole GPUs requested in total (>= 1).
+        gpus_per_pod: for a gang of pods, GPUs of each pod (each pod on one node,
+            pods may share a node); ``None``: one node when ``gpus`` fits a node,
+            otherwise whole nodes plus one remainder node.
+        same_node: the whole job must run on one node.
+        gpu_mem_mib: minimum memory per GPU in MiB (0: any).
+        gpu_types: allowed GPU types (empty: any).
+        time_limit_s: the user's time limit in seconds; the job is stopped when it
+            runs this long (``None``: the class's max runtime, if any).
+        runtime_estimate_s: the user's or a predictor's estimate of the run time,
+            used for reservations and backfill (``None``: the time limit).
+        preemptible / checkpointable: ``None`` takes the workload class's default.
+        submit_time: submit time, seconds on the scheduler's time axis.
+    """
+
+    id: str
+    team: str
+    workload_class: str
+    gpus: int
+    user: str = ""
+    gpus_per_pod: int | None = None
+    same_node: bool = False
+    gpu_mem_mib: int = 0
+    gpu_types: tuple[str, ...] = ()
+    time_limit_s: float | None = None
+    runtime_estimate_s: float | None = None
+    preemptible: bool | None = None
+    checkpointable: bool | None = None
+    submit_time: float = 0.0
+
+    @property
+    def pods(self) -> int:
+        if self.gpus_per_pod:
+            return self.gpus // self.gpus_per_pod
+        return 1

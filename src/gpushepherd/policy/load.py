@@ -1,0 +1,348 @@
+"""Read a policy file, validate it and compile it into the core's ``Rules``.
+
+Every problem is reported as one ``PolicyError`` whose text names the file, the
+field's path (``teams.ml.max_gpus``), the value and what is allowed. Nothing is half
+applied: the caller gets a complete ``Policy`` or an exception.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gpushepherd.model.cluster import Node
+from gpushepherd.model.rules import ClassRules, Limit, LimitUnit, Rules
+from gpushepherd.policy.schema import ClassSpec, PolicySpec
+
+#: R1's standard workload classes. Priorities follow the public scenario conventions.
+STANDARD_CLASSES: dict[str, dict[str, Any]] = {
+    "production-inference": dict(
+        priority=400, preemptible=False, checkpointable=False, preempt_only_if_checkpointable=False,
+        description="latency-critical serving; never preempted",
+    ),
+    "training": dict(
+        priority=300, preemptible=True, checkpointable=False, preempt_only_if_checkpointable=True,
+        description="important / production retraining; preempted only when it checkpoints",
+    ),
+    "research-training": dict(
+        priority=250, preemptible=True, checkpointable=False, preempt_only_if_checkpointable=False,
+        description="shared research training under team quotas",
+    ),
+    "batch": dict(
+        priority=200, preemptible=True, checkpointable=True, preempt_only_if_checkpointable=False,
+        description="batch inference, embeddings, offline work; chunked and restartable",
+    ),
+    "sandbox": dict(
+        priority=100, preemptible=True, checkpointable=True, preempt_only_if_checkpointable=False,
+        description="notebooks and ad-hoc work",
+    ),
+}
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used. ``str()`` is one line:
+    ``FILE: PATH: VALUE is not allowed: WHAT IS ALLOWED``."""
+
+    def __init__(self, source: str, path: str, value: Any, allowed: str):
+        self.source, self.path, self.value, self.allowed = source, path, value, allowed
+        shown = _short(value)
+        super().__init__(f"{source}: {path or '<top>'}: {shown} is not allowed: {allowed}")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A validated policy: the parsed file (``spec``) and the core's view (``rules``)."""
+
+    spec: PolicySpec
+    rules: Rules
+    source: str
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and compile the YAML policy at ``path``.
+
+    Raises:
+        PolicyError: unreadable file, YAML syntax, schema or consistency problem.
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(source, "", source, f"a readable policy file ({exc.strerror})") from None
+    return parse_policy(text, source)
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    """Parse policy YAML text; see ``load_policy``."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "?"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise PolicyError(source, where, "YAML text", f"valid YAML ({problem})") from None
+    return policy_from_dict(raw, source)
+
+
+def policy_from_dict(raw: Any, source: str = "<policy>") -> Policy:
+    """Validate an already-parsed policy mapping; see ``load_policy``."""
+    if not isinstance(raw, dict):
+        raise PolicyError(source, "", raw, "a YAML mapping with at least a 'cluster' section")
+    _reject_time_windows(raw, source, "")
+    try:
+        spec = PolicySpec.model_validate(raw)
+    except ValidationError as exc:
+        raise _translate(exc, source) from None
+    return Policy(spec=spec, rules=compile_rules(spec, source), source=source)
+
+
+def _reject_time_windows(node: Any, source: str, path: str) -> None:
+    # Time windows arrive with the policy engine (issue #3). Until then a window in a
+    # policy file must be an error that says so, never silently ignored.
+    if isinstance(node, dict):
+        for key, value in node.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and "window" in key.lower():
+                raise PolicyError(
+                    source, sub, value,
+                    "time windows (day/night limits) are not supported yet: they arrive with the "
+                    "policy engine (issue #3); state the daytime limit instead",
+                )
+            _reject_time_windows(value, source, sub)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _reject_time_windows(value, source, f"{path}[{i}]")
+
+
+def _loc_to_path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that holds the field at ``loc`` (for 'allowed fields' lists)."""
+    model: Any = PolicySpec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if model is None:
+            return None
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            field = model.model_fields.get(part)
+            if field is None:
+                return model
+            model = _inner_model(field.annotation)
+        elif isinstance(model, tuple) and model[0] == "dict":
+            model = model[1]
+    return None
+
+
+def _inner_model(annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if origin is dict and len(args) == 2:
+        return ("dict", _inner_model(args[1]))
+    for arg in args:
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _translate(exc: ValidationError, source: str) -> PolicyError:
+    err = exc.errors()[0]
+    loc = tuple(err["loc"])
+    path = _loc_to_path(loc)
+    value = err.get("input")
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(loc)
+        names = sorted(parent.model_fields) if parent is not None else []
+        allowed = "unknown field; allowed fields here: " + ", ".join(names) if names else "unknown field"
+        return PolicyError(source, path, loc[-1], allowed)
+    if err["type"] == "missing":
+        return PolicyError(source, path, None, "a value is required here")
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return PolicyError(source, path, value, msg[0].lower() + msg[1:] if msg else "a valid value")
+
+
+def expand_nodes(spec: PolicySpec) -> tuple[Node, ...]:
+    """Node groups -> nodes, in file order. A group of ``count`` > 1 named ``gpu``
+    becomes ``gpu-001 .. gpu-NNN`` (zero-padded to the count's width, at least 3)."""
+    nodes: list[Node] = []
+    for group in spec.cluster.nodes:
+        width = max(3, len(str(group.count)))
+        names = [group.name] if group.count == 1 else [f"{group.name}-{i:0{width}d}" for i in range(1, group.count + 1)]
+        islands = tuple(tuple(sorted(i)) for i in group.nvlink_islands)
+        labels = tuple(sorted(group.labels.items()))
+        for name in names:
+            nodes.append(Node(name=name, gpus=group.gpus, gpu_type=group.gpu_type, gpu_mem_mib=group.gpu_mem_mib,
+                              pool=group.pool, labels=labels, nvlink_islands=islands))
+    return tuple(nodes)
+
+
+def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
+    base = dict(STANDARD_CLASSES.get(name, {}))
+    given = spec.model_dump(exclude_none=True) if spec is not None else {}
+    base.update(given)
+    return ClassRules(
+        name=name,
+        priority=int(base["priority"]),
+        preemptible=bool(base.get("preemptible", True)),
+        checkpointable=bool(base.get("checkpointable", False)),
+        preempt_only_if_checkpointable=bool(base.get("preempt_only_if_checkpointable", False)),
+        max_runtime_s=base.get("max_runtime_s"),
+        default_time_limit_s=base.get("default_time_limit_s"),
+        grace_period_s=float(base.get("grace_period_s", 0.0)),
+        pools=tuple(base["pools"]) if base.get("pools") is not None else None,
+        reserved_gpus=int(base.get("reserved_gpus", 0)),
+    )
+
+
+def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
+    """Check what the schema alone cannot (names that must exist, sums that must fit)
+    and build the core's ``Rules``.
+
+    Raises:
+        PolicyError: duplicate node, unknown pool/class/parent team, a parent cycle,
+            nominal or reserved GPUs that add up to more than their pool has.
+    """
+    nodes = expand_nodes(spec)
+    seen: set[str] = set()
+    for i, node in enumerate(nodes):
+        if node.name in seen:
+            raise PolicyError(source, f"cluster.nodes[{i}].name", node.name, "a node name used once only")
+        seen.add(node.name)
+
+    declared_pools = [p.name for p in spec.cluster.pools]
+    pool_gpus: dict[str, int] = {}
+    for node in nodes:
+        pool_gpus[node.pool] = pool_gpus.get(node.pool, 0) + node.gpus
+    known_pools = sorted(set(declared_pools) | set(pool_gpus))
+    if declared_pools:
+        for i, group in enumerate(spec.cluster.nodes):
+            if group.pool not in declared_pools:
+                raise PolicyError(source, f"cluster.nodes[{i}].pool", group.pool,
+                                  "one of the pools in cluster.pools: " + ", ".join(declared_pools))
+    total_gpus = sum(pool_gpus.values())
+
+    classes: dict[str, ClassRules] = {}
+    for name in STANDARD_CLASSES:
+        classes[name] = resolve_class(name, spec.classes.get(name))
+    for name, cls in spec.classes.items():
+        if name in STANDARD_CLASSES:
+            continue
+        if cls.priority is None:
+            raise PolicyError(source, f"classes.{name}.priority", None,
+                              "a priority (integer) for a class that is not one of the standard ones: "
+                              + ", ".join(STANDARD_CLASSES))
+        classes[name] = resolve_class(name, cls)
+    for name, cls in classes.items():
+        for pool in cls.pools or ():
+            if pool not in known_pools:
+                raise PolicyError(source, f"classes.{name}.pools", pool, "a pool of the cluster: " + ", ".join(known_pools))
+        if cls.max_runtime_s and cls.default_time_limit_s and cls.default_time_limit_s > cls.max_runtime_s:
+            raise PolicyError(source, f"classes.{name}.default_time_limit_s", cls.default_time_limit_s,
+                              f"at most max_runtime_s ({cls.max_runtime_s})")
+    reserved_total = sum(c.reserved_gpus for c in classes.values())
+    if reserved_total > total_gpus:
+        raise PolicyError(source, "classes.*.reserved_gpus", reserved_total,
+                          f"reserved GPUs that add up to at most the cluster's {total_gpus} GPUs")
+
+    teams: dict[str, str | None] = {}
+    for name, team in spec.teams.items():
+        if team.parent is not None and team.parent not in spec.teams:
+            raise PolicyError(source, f"teams.{name}.parent", team.parent,
+                              "a team defined under teams: " + ", ".join(sorted(spec.teams)))
+        for cname in team.classes:
+            if cname not in classes:
+                raise PolicyError(source, f"teams.{name}.classes.{cname}", cname,
+                                  "a workload class: " + ", ".join(sorted(classes)))
+        teams[name] = team.parent
+    for name in teams:
+        cur, hops = name, 0
+        while cur is not None:
+            cur = teams[cur]
+            hops += 1
+            if hops > len(teams):
+                raise PolicyError(source, f"teams.{name}.parent", spec.teams[name].parent,
+                                  "a parent chain without cycles")
+
+    # Guaranteed (nominal) GPUs must exist: top-level teams share the cluster, children
+    # share their parent's nominal quota.
+    nominal = {n: t.nominal_gpus for n, t in spec.teams.items() if t.nominal_gpus is not None}
+    top_sum = sum(v for n, v in nominal.items() if teams[n] is None) + reserved_total
+    if top_sum > total_gpus:
+        raise PolicyError(source, "teams.*.nominal_gpus", top_sum,
+                          f"guaranteed GPUs (nominal_gpus of top-level teams plus reserved_gpus of classes) "
+                          f"that add up to at most the cluster's {total_gpus} GPUs")
+    for parent in spec.teams:
+        kids = [n for n in spec.teams if teams[n] == parent and n in nominal]
+        cap = spec.teams[parent].nominal_gpus
+        if kids and cap is not None and sum(nominal[k] for k in kids) > cap:
+            raise PolicyError(source, f"teams.{parent}.nominal_gpus", cap,
+                              f"at least the sum of its child teams' nominal_gpus ({sum(nominal[k] for k in kids)})")
+
+    if spec.default_team is not None and spec.teams and spec.default_team not in spec.teams:
+        raise PolicyError(source, "default_team", spec.default_team, "a team defined under teams")
+
+    return Rules(
+        nodes=nodes,
+        classes=classes,
+        teams=teams,
+        nominal_gpus={n: v for n, v in nominal.items()},
+        limits=tuple(_limits(spec)),
+        preemption_enabled=spec.preemption.enabled,
+        preemption_min_runtime_s=spec.preemption.min_runtime_s,
+        backfill_enabled=spec.backfill.enabled,
+        backfill_reservations=spec.backfill.reservations,
+        backfill_max_job_test=spec.backfill.max_job_test,
+        default_team=spec.default_team,
+    )
+
+
+def _limits(spec: PolicySpec) -> list[Limit]:
+    out: list[Limit] = []
+    for name, cls in sorted(spec.classes.items()):
+        if cls.max_gpus is not None:
+            out.append(Limit(f"classes.{name}.max_gpus", cls.max_gpus, workload_class=name))
+        if cls.max_gpus_per_user is not None:
+            out.append(Limit(f"classes.{name}.max_gpus_per_user", cls.max_gpus_per_user, workload_class=name, per_user=True))
+        if cls.max_running_jobs_per_user is not None:
+            out.append(Limit(f"classes.{name}.max_running_jobs_per_user", cls.max_running_jobs_per_user,
+                             LimitUnit.JOBS, workload_class=name, per_user=True))
+    for name, team in sorted(spec.teams.items()):
+        if team.max_gpus is not None:
+            out.append(Limit(f"teams.{name}.max_gpus", team.max_gpus, team=name))
+        if team.max_gpus_per_user is not None:
+            out.append(Limit(f"teams.{name}.max_gpus_per_user", team.max_gpus_per_user, team=name, per_user=True))
+        if team.max_running_jobs is not None:
+            out.append(Limit(f"teams.{name}.max_running_jobs", team.max_running_jobs, LimitUnit.JOBS, team=name))
+        if team.max_running_jobs_per_user is not None:
+            out.append(Limit(f"teams.{name}.max_running_jobs_per_user", team.max_running_jobs_per_user,
+                             LimitUnit.JOBS, team=name, per_user=True))
+        for cname, lim in sorted(team.classes.items()):
+            if lim.max_gpus is not None:
+                out.append(Limit(f"teams.{name}.classes.{cname}.max_gpus", lim.max_gpus, team=name, workload_class=cname))
+            if lim.max_running_jobs is not None:
+                out.append(Limit(f"teams.{name}.classes.{cname}.max_running_jobs", lim.max_running_jobs,
+                                 LimitUnit.JOBS, team=name, workload_class=cname))
+    return out

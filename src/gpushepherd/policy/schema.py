@@ -1,0 +1,150 @@
+"""The policy file's schema (YAML, validated with pydantic v2).
+
+A policy states the cluster (pools, nodes or node groups), the workload classes
+(priority, preemptible, checkpointable, max runtime, where they may run, class-wide
+limits) and the teams (nominal and max GPUs, per-class and per-user limits, a parent
+team). Every model forbids unknown fields, so a typo is an error, never ignored.
+
+The five standard workload classes of requirement R1 exist in every policy with the
+defaults below; a policy's ``classes`` entry for one of them overrides only the fields
+it names. Numeric priorities follow the public scenario conventions: 400 / 300 / 250 /
+200 / 100.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NonNegInt = Annotated[int, Field(ge=0)]
+PosInt = Annotated[int, Field(ge=1)]
+PosFloat = Annotated[float, Field(gt=0)]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeGroupSpec(_Strict):
+    """One node (``count`` 1) or ``count`` identical nodes named ``<name>-001 ..``."""
+
+    name: Name
+    count: PosInt = 1
+    gpus: PosInt
+    gpu_type: Name = "generic"
+    gpu_mem_mib: NonNegInt = 0
+    pool: Name = "default"
+    labels: dict[Name, str] = Field(default_factory=dict)
+    nvlink_islands: list[list[NonNegInt]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _islands_inside_node(self) -> "NodeGroupSpec":
+        seen: set[int] = set()
+        for island in self.nvlink_islands:
+            for g in island:
+                if g >= self.gpus or g in seen:
+                    raise ValueError(
+                        f"nvlink_islands: GPU index {g} is out of range or repeated; "
+                        f"allowed: distinct indices 0..{self.gpus - 1}"
+                    )
+                seen.add(g)
+        return self
+
+
+class PoolSpec(_Strict):
+    name: Name
+    description: str = ""
+
+
+class ClusterSpec(_Strict):
+    pools: list[PoolSpec] = Field(default_factory=list)
+    nodes: list[NodeGroupSpec] = Field(min_length=1)
+
+
+class ClassSpec(_Strict):
+    """A workload class (R1). ``None`` fields inherit the standard class's default.
+
+    ``max_gpus`` caps the GPUs the whole class holds at once (cluster-wide);
+    ``max_gpus_per_user`` caps one user's GPUs in the class; ``reserved_gpus`` are
+    guaranteed to the class and never lent to other classes (R4's "reserve 2 GPUs for
+    production inference"): other classes may use at most the capacity minus the
+    unused part of every reservation.
+    """
+
+    priority: int | None = None
+    preemptible: bool | None = None
+    checkpointable: bool | None = None
+    #: preempt only jobs of this class that checkpoint (training, R6)
+    preempt_only_if_checkpointable: bool | None = None
+    max_runtime_s: PosFloat | None = None
+    default_time_limit_s: PosFloat | None = None
+    grace_period_s: Annotated[float, Field(ge=0)] | None = None
+    pools: list[Name] | None = None
+    max_gpus: NonNegInt | None = None
+    max_gpus_per_user: NonNegInt | None = None
+    max_running_jobs_per_user: NonNegInt | None = None
+    reserved_gpus: NonNegInt | None = None
+    description: str | None = None
+
+
+class TeamClassLimit(_Strict):
+    max_gpus: NonNegInt | None = None
+    max_running_jobs: NonNegInt | None = None
+
+
+class TeamSpec(_Strict):
+    """A team (Slurm account, Kueue ClusterQueue).
+
+    ``nominal_gpus`` is the team's guaranteed share (the sum over teams may not exceed
+    the cluster); ``max_gpus`` the most it may hold at once; ``parent`` makes the team
+    count against its parent's limits too (hierarchical queues).
+    """
+
+    nominal_gpus: NonNegInt | None = None
+    max_gpus: NonNegInt | None = None
+    max_gpus_per_user: NonNegInt | None = None
+    max_running_jobs: NonNegInt | None = None
+    max_running_jobs_per_user: NonNegInt | None = None
+    parent: Name | None = None
+    classes: dict[Name, TeamClassLimit] = Field(default_factory=dict)
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _nominal_within_max(self) -> "TeamSpec":
+        if self.nominal_gpus is not None and self.max_gpus is not None and self.nominal_gpus > self.max_gpus:
+            raise ValueError(
+                f"nominal_gpus {self.nominal_gpus} is more than max_gpus {self.max_gpus}; "
+                "allowed: nominal_gpus <= max_gpus"
+            )
+        return self
+
+
+class PreemptionSpec(_Strict):
+    enabled: bool = True
+    #: a running job younger than this is not preempted (no thrash)
+    min_runtime_s: Annotated[float, Field(ge=0)] = 0.0
+
+
+class BackfillSpec(_Strict):
+    """EASY-style backfill (Lifka 1995; Slurm's sched/backfill): the top blocked jobs
+    get reservations; a later job may start now only if it cannot delay them."""
+
+    enabled: bool = True
+    #: how many blocked jobs get a reservation each pass (Slurm: bf_max_job_test ~ depth)
+    reservations: PosInt = 1
+    #: how many pending jobs one pass examines at most for backfill
+    max_job_test: PosInt = 1000
+
+
+class PolicySpec(_Strict):
+    version: Literal[1] = 1
+    name: str = ""
+    cluster: ClusterSpec
+    classes: dict[Name, ClassSpec] = Field(default_factory=dict)
+    teams: dict[Name, TeamSpec] = Field(default_factory=dict)
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
+    backfill: BackfillSpec = Field(default_factory=BackfillSpec)
+    #: team for jobs that name none
+    default_team: Name | None = None

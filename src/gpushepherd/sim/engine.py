@@ -1,0 +1,306 @@
+"""Discrete-event simulator: drives the same ``Scheduler`` the daemon drives.
+
+The simulator owns what the scheduler must not see: each job's true duration. It turns
+the scheduler's decisions into future events (a started job exits when its work is
+done; a preempted or stopped job exits at the end of its grace period; a job that
+finishes inside its grace period completes) and feeds them back, one instant at a time.
+
+Work model (the public scenario conventions): a checkpointable job that is preempted or
+requeued by an operator keeps the work it did before the signal; one that does not
+checkpoint restarts from zero; a run lost with its node or GPU is lost.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpushepherd.core.scheduler import Scheduler
+from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
+from gpushepherd.model.events import Event, JobAdopted, JobFinished, JobSubmitted, Tick
+from gpushepherd.model.job import ExitStatus, JobSpec, JobState
+from gpushepherd.model.placement import Placement
+from gpushepherd.model.rules import Rules
+
+INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """A job to replay: what the user submits and how long it really runs (``None``:
+    until cancelled)."""
+
+    spec: JobSpec
+    duration: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """The scheduler process restarts at ``t``: its state is saved, and a new scheduler
+    is built from the saved jobs only (``Scheduler.snapshot`` / ``restore``)."""
+
+    t: float
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """What happened to one job; times in seconds on the trace's axis."""
+
+    spec: JobSpec
+    duration: float | None
+    starts: list[tuple[float, Placement]] = field(default_factory=list)
+    preempted_at: list[float] = field(default_factory=list)
+    end: float | None = None
+    state: str = "PENDING"
+    reasons: list[list] = field(default_factory=list)  # [from, to, reason] while pending
+    # simulator-private progress
+    work_done: float = 0.0
+    run: int = 0
+    run_start: float = 0.0
+    exit_at: float = INF
+    exit_status: ExitStatus = ExitStatus.COMPLETED
+    gpu_seconds: float = 0.0
+    signal_t: float | None = None
+
+    @property
+    def first_start(self) -> float | None:
+        return self.starts[0][0] if self.starts else None
+
+
+@dataclass
+class SimResult:
+    """Per-job records and cluster-level integrals of one simulation."""
+
+    records: dict[str, JobRecord]
+    capacity_gpu_s: float
+    busy_gpu_s: float
+    t_first: float
+    t_last: float
+    decisions: int
+    scheduler: Scheduler
+    usage_timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+
+
+class Simulator:
+    """Replay ``jobs`` (and operator/hardware ``events``) through a fresh scheduler.
+
+    Args:
+        rules: the compiled policy.
+        jobs: jobs with true durations; their submit times drive the replay.
+        events: extra events (cancel, requeue, node or GPU changes, restarts). A job
+            with a ``JobAdopted`` event is already running from that event on and is
+            not submitted.
+        record_reasons: keep every pending job's reason over time (small runs only:
+            it asks the scheduler for every pending job's reason after each instant).
+        check_invariants: call ``Scheduler.check_invariants`` after each instant.
+        progress: called as ``progress(jobs_finished, jobs_total)`` now and then.
+    """
+
+    def __init__(self, rules: Rules, jobs: list[SimJob], events: list[Event | Restart] | None = None, *,
+                 record_reasons: bool = False, check_invariants: bool = False,
+                 progress: Callable[[int, int], None] | None = None,
+                 track_usage: Callable[[JobSpec], str | None] | None = None):
+        self.rules = rules
+        self.sched = Scheduler(rules)
+        self.jobs = jobs
+        self.events = list(events or [])
+        self.record_reasons = record_reasons
+        self.check = check_invariants
+        self.progress = progress
+        self.track_usage = track_usage
+        self.records: dict[str, JobRecord] = {}
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._n = 0
+
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        self._n += 1
+        heapq.heappush(self._heap, (t, kind, self._n, payload))
+
+    def run(self) -> SimResult:
+        """Run to the end (no events left). Returns the records and integrals."""
+        adopted = {e.spec.id for e in self.events if isinstance(e, JobAdopted)}
+        for sj in self.jobs:
+            if sj.spec.id in self.records:
+                raise ValueError(f"job id {sj.spec.id!r} appears twice")
+            self.records[sj.spec.id] = JobRecord(sj.spec, sj.duration)
+            if sj.spec.id not in adopted:
+                self._push(sj.spec.submit_time, 2, sj.spec)
+        for e in self.events:
+            self._push(e.t, 1, e)
+        sched = self.sched
+        ticks: set[float] = set()
+        total = len(self.jobs)
+        finished = 0
+        last_report = 0
+        t_prev = None
+        capacity_gpu_s = 0.0
+        busy_gpu_s = 0.0
+        held = 0
+        t_first = min((sj.spec.submit_time for sj in self.jobs), default=0.0)
+        t_last = t_first
+        n_decisions = 0
+        usage: dict[str, int] = {}
+        timeline: dict[str, list[tuple[float, int]]] = {}
+        heap = self._heap
+        records = self.records
+        while heap:
+            t = heap[0][0]
+            batch: list[Event] = []
+            restart = False
+            while heap and heap[0][0] == t:
+                _t, kind, _n, payload = heapq.heappop(heap)
+                if kind == 0:  # exit of a run
+                    job_id, run = payload
+                    rec = records[job_id]
+                    if rec.run == run and rec.exit_at == t:
+                        rec.exit_at = INF
+                        batch.append(JobFinished(t, job_id, rec.exit_status))
+                elif kind == 1:
+                    if isinstance(payload, Restart):
+                        restart = True
+                    else:
+                        batch.append(payload)
+                elif kind == 2:
+                    batch.append(JobSubmitted(t, payload))
+                else:
+                    ticks.discard(t)
+                    batch.append(Tick(t))
+            if t_prev is not None:
+                capacity_gpu_s += sched.ledger.healthy_total * (t - t_prev)
+                busy_gpu_s += held * (t - t_prev)
+            t_prev = t
+            if restart:
+                snap = json.loads(json.dumps(sched.snapshot()))
+                sched = self.sched = Scheduler.restore(self.rules, snap)
+            decisions = sched.handle(batch) if batch else []
+            n_decisions += len(decisions)
+            for e in batch:
+                if isinstance(e, JobAdopted):
+                    decisions.insert(0, Start(e.started_at if e.started_at is not None else t, e.spec.id, e.placement))
+            for d in decisions:
+                rec = records[d.job_id]
+                if isinstance(d, Start):
+                    self._on_start(rec, d)
+                    held += d.placement.gpu_count
+                    if self.track_usage is not None:
+                        self._usage(usage, timeline, rec.spec, d.placement.gpu_count, t)
+                elif isinstance(d, Preempt):
+                    rec.preempted_at.append(t)
+                    self._signal(rec, t, d.grace_s, ExitStatus.PREEMPTED)
+                elif isinstance(d, Stop):
+                    if d.requeue or d.reason == "cancelled":
+                        held -= self._close_run(rec, t, bank=d.reason == "requeue")
+                        if self.track_usage is not None:
+                            self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
+                    else:
+                        self._signal(rec, t, d.grace_s, ExitStatus.TIMEOUT)
+            for e in batch:
+                if isinstance(e, JobFinished):
+                    rec = records[e.job_id]
+                    job = sched.jobs[e.job_id]
+                    held -= self._close_run(rec, t, bank=job.state is JobState.PENDING)
+                    if self.track_usage is not None:
+                        self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
+                    if job.state.terminal:
+                        rec.end = t
+                        rec.state = job.state.value
+                        finished += 1
+            # records of jobs whose state changed without an exit (cancelled while pending)
+            for e in batch:
+                job_id = getattr(e, "job_id", None)
+                if job_id and job_id in sched.jobs and records[job_id].end is None:
+                    job = sched.jobs[job_id]
+                    if job.state.terminal:
+                        records[job_id].end = t
+                        records[job_id].state = job.state.value
+            if decisions or batch:
+                t_last = t
+            if self.record_reasons:
+                self._record_reasons(t)
+            if self.check:
+                sched.check_invariants()
+            wake = sched.next_wakeup()
+            if wake is not None and wake > t and wake not in ticks:
+                ticks.add(wake)
+                self._push(wake, 3, None)
+            if self.progress is not None and finished - last_report >= 2000:
+                last_report = finished
+                self.progress(finished, total)
+        if self.record_reasons:
+            for rec in records.values():
+                if rec.reasons and rec.reasons[-1][1] is None and rec.state != "PENDING":
+                    rec.reasons[-1][1] = rec.end
+        for job_id, rec in records.items():
+            job = sched.jobs.get(job_id)
+            if job is not None and not job.state.terminal:
+                rec.state = job.state.value
+        if self.progress is not None:
+            self.progress(finished, total)
+        return SimResult(records, capacity_gpu_s, busy_gpu_s, t_first, t_last, n_decisions, sched, timeline)
+
+    # -- decisions -> future events -------------------------------------------
+    def _on_start(self, rec: JobRecord, d: Start) -> None:
+        t = d.t
+        rec.starts.append((t, d.placement))
+        rec.state = "RUNNING"
+        rec.run += 1
+        rec.run_start = t
+        if rec.duration is None:
+            rec.exit_at = INF
+            return
+        job = self.sched.jobs[rec.spec.id]
+        remaining = rec.duration - rec.work_done if job.checkpointable else rec.duration
+        rec.exit_at = t + max(0.0, remaining)
+        rec.exit_status = ExitStatus.COMPLETED
+        self._push(rec.exit_at, 0, (rec.spec.id, rec.run))
+
+    def _signal(self, rec: JobRecord, t: float, grace: float, status: ExitStatus) -> None:
+        if t + grace < rec.exit_at:  # otherwise it completes inside its grace period
+            rec.exit_at = t + grace
+            rec.exit_status = status
+            rec.signal_t = t
+            self._push(rec.exit_at, 0, (rec.spec.id, rec.run))
+
+    def _close_run(self, rec: JobRecord, t: float, bank: bool) -> int:
+        """A run ends at ``t``; returns the GPUs it held. With ``bank`` the work done
+        before the signal is kept (checkpointable jobs only)."""
+        job = self.sched.jobs[rec.spec.id]
+        rec.gpu_seconds += (t - rec.run_start) * rec.spec.gpus
+        if bank and job.checkpointable:
+            signal_t = rec.signal_t
+            rec.work_done += (signal_t if signal_t is not None and signal_t >= rec.run_start else t) - rec.run_start
+        elif not job.checkpointable:
+            rec.work_done = 0.0
+        rec.signal_t = None
+        rec.exit_at = INF
+        rec.run += 1  # any exit still queued for the closed run is stale now
+        rec.state = job.state.value
+        return rec.spec.gpus
+
+    def _usage(self, usage: dict, timeline: dict, spec: JobSpec, delta: int, t: float) -> None:
+        key = self.track_usage(spec)
+        if key is None:
+            return
+        usage[key] = usage.get(key, 0) + delta
+        line = timeline.setdefault(key, [])
+        if line and line[-1][0] == t:
+            line[-1] = (t, usage[key])
+        else:
+            line.append((t, usage[key]))
+
+    def _record_reasons(self, t: float) -> None:
+        sched = self.sched
+        pending = {j.id for j in sched.pending_jobs()}
+        for job_id, rec in self.records.items():
+            open_ = rec.reasons and rec.reasons[-1][1] is None
+            if job_id in pending:
+                reason = str(sched.pending_reason(job_id))
+                if open_ and rec.reasons[-1][2] == reason:
+                    continue
+                if open_:
+                    rec.reasons[-1][1] = t
+                rec.reasons.append([t, None, reason])
+            elif open_:
+                rec.reasons[-1][1] = t
