@@ -34,6 +34,9 @@ class Reservation:
         spare: ``{node index: GPUs}`` a job still running at ``start`` may take on a
             claimed node now without delaying the reservation.
         hold: a preemptor's hold on the GPUs its victims free.
+        quota: ``{(limit index, user): amount}`` of each limit the job counts against
+            that a job still running at ``start`` may still take (a backfilled job of
+            the same team must not take the quota the reserved job needs).
     """
 
     job_id: str
@@ -41,14 +44,17 @@ class Reservation:
     claims: dict[int, int]
     spare: dict[int, int] = field(default_factory=dict)
     hold: bool = False
+    quota: dict[tuple[int, str], int] = field(default_factory=dict)
+    key: tuple = ()  # the reserved job's queue order key: only jobs behind it are held back
 
 
 def reserve_for(sched: "Scheduler", job: Job, now: float, prior: list[Reservation]) -> Reservation | None:
     """The earliest start of ``job`` from the running jobs' estimated ends.
 
     Earlier reservations' claims are taken out of the availability from now on (a
-    conservative profile). Returns ``None`` when no start can be planned (the GPUs
-    needed are held by jobs without an estimate).
+    conservative profile). Jobs past their estimated end are taken to end now. Returns
+    ``None`` when no start can be planned (the GPUs needed are held by jobs without an
+    estimate).
     """
     ledger = sched.ledger
     cand = members_of(ledger, sched.groups_for(job))
@@ -59,10 +65,10 @@ def reserve_for(sched: "Scheduler", job: Job, now: float, prior: list[Reservatio
             if n in avail:
                 avail[n] -= c
     shape = job.shape
-    placed = place_counts(avail, cand, totals, shape)
+    gate = _Gate(shape, avail, totals)
+    placed = place_counts(avail, cand, totals, shape) if gate.maybe() else None
     start = now
     if placed is None:
-        total = sum(v for v in avail.values() if v > 0)
         ends = sched.ends_sorted()
         i, n_ends = 0, len(ends)
         while i < n_ends and placed is None:
@@ -72,24 +78,85 @@ def reserve_for(sched: "Scheduler", job: Job, now: float, prior: list[Reservatio
             touched = False
             # release every job that ends at this instant before testing the fit
             while i < n_ends and ends[i][0] == end_t:
-                victim = sched.jobs[ends[i][2]]
+                holder = sched.jobs[ends[i][2]]
                 i += 1
-                for idx, mask in victim.alloc:
+                for idx, mask in holder.alloc:
                     if idx in avail:
-                        before = avail[idx]
-                        avail[idx] = before + mask.bit_count()
-                        total += max(avail[idx], 0) - max(before, 0)
+                        gate.add(idx, mask.bit_count())
                         touched = True
-            if not touched or total < shape.k:
-                continue
-            placed = place_counts(avail, cand, totals, shape)
-            if placed is not None:
-                start = max(end_t, now)
+            if touched and gate.maybe():
+                placed = place_counts(avail, cand, totals, shape)
+                if placed is not None:
+                    start = max(end_t, now)
     if placed is None:
         return None
     claims = dict(placed)
     spare = {n: avail[n] - c for n, c in claims.items()}
-    return Reservation(job.id, start, claims, spare)
+    return Reservation(job.id, start, claims, spare, quota=quota_spare(sched, job, start), key=job.key)
+
+
+def quota_spare(sched: "Scheduler", job: Job, start: float) -> dict[tuple[int, str], int]:
+    """Per limit the job counts against: what others may still take of it and hold
+    past ``start`` without leaving the job short at ``start`` (jobs that end by then by
+    their estimates give their share back)."""
+    if not job.charges:
+        return {}
+    quota = sched.quota
+    keys = {(i, user): amount for i, user, amount in job.charges}
+    freed = dict.fromkeys(keys, 0)
+    for end_t, _seq, job_id in sched.ends_sorted():
+        if end_t > start:
+            break
+        for i, user, amount in sched.jobs[job_id].charges:
+            if (i, user) in freed:
+                freed[(i, user)] += amount
+    return {key: max(0, quota.limits[key[0]].max - (quota.usage.get(key, 0) - freed[key]) - amount)
+            for key, amount in keys.items()}
+
+
+class _Gate:
+    """A cheap necessary condition for ``place_counts`` to succeed, kept up to date as
+    GPUs are added to ``avail`` during a reservation walk (so the exact placement runs
+    only when it can succeed)."""
+
+    __slots__ = ("shape", "avail", "totals", "slots", "whole", "biggest", "top", "homog", "sum")
+
+    def __init__(self, shape, avail: dict[int, int], totals: dict[int, int]):
+        self.shape = shape
+        self.avail = avail
+        self.totals = totals
+        per = shape.per_pod if shape.mode == "pods" else shape.k
+        self.slots = sum(max(0, v) // per for v in avail.values()) if shape.mode == "pods" else 0
+        self.whole = sum(1 for i, v in avail.items() if v > 0 and v >= totals[i])
+        self.biggest = max((max(0, v) for v in avail.values()), default=0)
+        self.top = max(totals.values(), default=1)
+        self.homog = len(set(totals.values())) <= 1
+        self.sum = sum(max(0, v) for v in avail.values())
+
+    def add(self, idx: int, gpus: int) -> None:
+        before = self.avail[idx]
+        after = before + gpus
+        self.avail[idx] = after
+        if self.shape.mode == "pods":
+            pp = self.shape.per_pod
+            self.slots += max(0, after) // pp - max(0, before) // pp
+        elif self.shape.mode == "multi":
+            if before < self.totals[idx] <= after:
+                self.whole += 1
+        self.sum += max(0, after) - max(0, before)
+        if after > self.biggest:
+            self.biggest = after
+
+    def maybe(self) -> bool:
+        shape = self.shape
+        if shape.mode == "single":
+            return self.biggest >= shape.k
+        if shape.mode == "pods":
+            return self.slots >= shape.pods
+        if not self.homog:  # mixed node sizes: only the total is a safe test
+            return self.sum >= shape.k
+        need_whole, rest = divmod(shape.k, self.top)
+        return self.whole >= need_whole and (rest == 0 or self.biggest >= rest)
 
 
 def hold_for_preemptor(sched: "Scheduler", job: Job, now: float) -> Reservation:
@@ -101,18 +168,35 @@ def hold_for_preemptor(sched: "Scheduler", job: Job, now: float) -> Reservation:
         for idx, mask in sched.jobs[vid].alloc:
             coming[idx] = coming.get(idx, 0) + mask.bit_count()
     spare = {n: max(0, ledger.slots[n].free + coming.get(n, 0) - c) for n, c in claims.items()}
-    return Reservation(job.id, now, claims, spare, hold=True)
+    return Reservation(job.id, now, claims, spare, hold=True, quota=quota_spare(sched, job, now), key=job.key)
 
 
-def conflict(reservations: list[Reservation], counts: Counts, end: float) -> Reservation | None:
-    """The first reservation a job placed on ``counts`` and ending at ``end`` would delay."""
+def conflict(reservations: list[Reservation], counts: Counts, end: float, key: tuple) -> Reservation | None:
+    """The first reservation a job (queue order ``key``) placed on ``counts`` and
+    ending at ``end`` would delay by taking its GPUs. Reservations of jobs queued
+    behind it do not hold it back."""
     for r in reservations:
-        if end <= r.start:
+        if end <= r.start or key < r.key:
             continue
         spare = r.spare
         for n, c in counts:
             s = spare.get(n)
             if s is not None and s < c:
+                return r
+    return None
+
+
+def quota_conflict(reservations: list[Reservation], charges: tuple, end: float, key: tuple) -> Reservation | None:
+    """The first reservation a job with ``charges`` ending at ``end`` would delay by
+    taking quota the reserved job needs at its start (as ``conflict``)."""
+    if not charges:
+        return None
+    for r in reservations:
+        if end <= r.start or not r.quota or key < r.key:
+            continue
+        for i, user, amount in charges:
+            s = r.quota.get((i, user))
+            if s is not None and s < amount:
                 return r
     return None
 
@@ -124,7 +208,7 @@ def place_around(sched: "Scheduler", job: Job, reservations: list[Reservation], 
     cand = members_of(ledger, sched.groups_for(job))
     avail = {i: ledger.slots[i].free for i in cand}
     for r in reservations:
-        if end <= r.start:
+        if end <= r.start or job.key < r.key:
             continue
         for n, s in r.spare.items():
             if n in avail and avail[n] > s:
@@ -133,11 +217,16 @@ def place_around(sched: "Scheduler", job: Job, reservations: list[Reservation], 
     return place_counts(avail, cand, totals, job.shape)
 
 
-def consume(reservations: list[Reservation], counts: Counts, end: float) -> None:
-    """Charge a started job against the spare GPUs of the reservations it outlives."""
+def consume(reservations: list[Reservation], counts: Counts, end: float, charges: tuple, key: tuple) -> None:
+    """Charge a started job against the spare GPUs and quota of the reservations it
+    outlives (those of jobs ahead of it)."""
     for r in reservations:
-        if end <= r.start:
+        if end <= r.start or key < r.key:
             continue
         for n, c in counts:
             if n in r.spare:
                 r.spare[n] -= c
+        if r.quota:
+            for i, user, amount in charges:
+                if (i, user) in r.quota:
+                    r.quota[(i, user)] -= amount

@@ -93,6 +93,9 @@ class Ledger:
         self._group_of_shape: dict[tuple, int] = {}
         self.free_total = 0
         self.healthy_total = 0
+        #: node indices in the order their allocation or health changed (memos of
+        #: failed searches re-check only the nodes changed since)
+        self.changes: list[int] = []
         for node in nodes:
             self.add_node(node)
 
@@ -124,6 +127,7 @@ class Ledger:
         group.healthy_sum += slot.total
         self.free_total += slot.free
         self.healthy_total += slot.total
+        self.changes.append(idx)
         return slot
 
     def remove_node(self, idx: int) -> list[str]:
@@ -143,9 +147,11 @@ class Ledger:
         slot.alive = False
         slot.free = 0
         slot.free_mask = 0
+        self.changes.append(idx)
         return holders
 
     def _set_free(self, slot: NodeSlot, new_mask: int) -> None:
+        self.changes.append(slot.idx)
         old = slot.free
         new = new_mask.bit_count()
         slot.free_mask = new_mask

@@ -5,14 +5,17 @@ Rules (R6 and the public scenario conventions):
 * only jobs of a strictly lower class priority, that are preemptible, that have run at
   least the policy's minimum runtime, and - for classes that say so (training) - that
   checkpoint; production inference is never preemptible;
-* victim order: lowest class first; within a class the most recently started first;
-  ties: highest job id first;
-* a minimal set: victims are added in that order on a scratch copy of the free GPUs
-  until the preemptor fits, then every victim whose removal keeps the fit is dropped
-  (last added first). Nothing is evicted unless the plan works (KAI-Scheduler's
-  statement with checkpoint/rollback, done here on a copy);
-* gangs are counted whole on both sides: a victim frees all its GPUs, the preemptor
-  must fit entirely.
+* victim order on a node: lowest class first; within a class the most recently
+  started first; ties: highest job id first;
+* victims are chosen node by node (as KAI-Scheduler and Volcano evaluate victims per
+  node): for each piece of the preemptor (the whole job, each pod, or each whole node
+  of a multi-node gang) the node whose victim set is cheapest - lowest highest victim
+  class, then fewest victims, then fewest GPU-seconds of work lost - ties by lowest
+  node index. A victim set is minimal on its node: a victim whose GPUs are not needed
+  is dropped;
+* nothing is evicted unless the whole preemptor then fits (planned on a copy of the
+  free GPUs, KAI's statement with checkpoint/rollback); gangs count whole on both
+  sides: a victim frees all its GPUs, the preemptor must fit entirely.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpushepherd.core.placement import Counts, members_of, place_counts
-from gpushepherd.core.state import Job
+from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import JobState, natural_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,6 +46,14 @@ def victim_order_key(job: Job) -> tuple:
     return (job.cls.priority, -job.run_start, _neg_natural(job.id))
 
 
+def lower_candidates(sched: "Scheduler", job: Job):
+    """RUNNING preemptible jobs of a lower class priority than ``job``'s."""
+    p = job.cls.priority
+    for q, jobs in sched.preemptible_by_priority().items():
+        if q < p:
+            yield from jobs.values()
+
+
 def _neg_natural(text: str) -> tuple:
     # invert a natural key so that ascending order puts the highest id first
     return tuple((-a, -b, _invert(c)) for a, b, c in natural_key(text)) + ((2, 0, ()),)
@@ -52,69 +63,152 @@ def _invert(s: str) -> tuple:
     return tuple(-ord(ch) for ch in s) + (1,)
 
 
-def victims_for(sched: "Scheduler", job: Job, now: float) -> tuple[list[Job], Counts] | None:
-    """A minimal victim set for ``job`` and the placement counts it would get.
-
-    Returns ``None`` when no set of preemptible victims makes the job fit.
-    """
-    ledger = sched.ledger
-    groups = sched.groups_for(job)
-    cand_nodes = members_of(ledger, groups)
-    node_set = set(cand_nodes)
-    victims = [
-        v for v in sched.holding()
-        if may_preempt(job, v, now, sched.rules.preemption_min_runtime_s)
-        and any(idx in node_set for idx, _ in v.alloc)
-    ]
+def _cost(victims: list[Job], now: float) -> tuple:
     if not victims:
-        return None
-    avail = {i: ledger.slots[i].free for i in cand_nodes}
-    gain = sum(m.bit_count() for v in victims for idx, m in v.alloc if idx in node_set)
-    if sum(avail.values()) + gain < job.gpus:
-        return None
-    totals = {i: ledger.slots[i].healthy for i in cand_nodes}
-    victims.sort(key=victim_order_key)
-    chosen: list[Job] = []
-    placed = None
-    for v in victims:
-        _add(avail, v, node_set, +1)
-        chosen.append(v)
-        placed = place_counts(avail, cand_nodes, totals, job.shape)
-        if placed is not None:
-            break
-    if placed is None:
-        return None
-    for v in reversed(chosen[:-1]):
-        _add(avail, v, node_set, -1)
-        trial = place_counts(avail, cand_nodes, totals, job.shape)
-        if trial is None:
-            _add(avail, v, node_set, +1)
-        else:
-            chosen.remove(v)
-            placed = trial
-    placed = place_counts(avail, cand_nodes, totals, job.shape)
-    assert placed is not None
-    return chosen, placed
+        return (-1, 0, 0.0, 0)
+    lost = sum(0.0 if v.checkpointable else (now - v.run_start) * v.gpus for v in victims)
+    return (max(v.cls.priority for v in victims), len(victims), lost, sum(v.gpus for v in victims))
 
 
-def lower_jobs_would_make_room(sched: "Scheduler", job: Job) -> bool:
-    """Whether evicting *every* lower-priority running job (preemptible or not) would
-    make ``job`` fit: then the blocker is "no preemptible victims", not capacity."""
+def _needs(sched: "Scheduler", job: Job, cand: list[int]) -> list[int]:
+    """The pieces the preemptor is placed in: per piece, GPUs on one node."""
+    shape = job.shape
+    if shape.mode == "single":
+        return [shape.k]
+    if shape.mode == "pods":
+        return [shape.per_pod] * shape.pods
+    size = max(sched.ledger.slots[i].healthy for i in cand)
+    whole, rest = divmod(shape.k, size)
+    return [size] * whole + ([rest] if rest else [])
+
+
+def victims_for(sched: "Scheduler", job: Job, now: float,
+                only: set[int] | None = None) -> tuple[tuple[list[Job], Counts] | None, float]:
+    """A victim set for ``job`` and the placement counts it would get (or ``None``),
+    and the time until which a failure stays valid (when a too-young job passes the
+    minimum runtime). With ``only``, single-node shapes look at those nodes alone (the
+    others are known not to work)."""
     ledger = sched.ledger
     groups = sched.groups_for(job)
-    cand_nodes = members_of(ledger, groups)
-    node_set = set(cand_nodes)
-    avail = {i: ledger.slots[i].free for i in cand_nodes}
-    lower = [v for v in sched.holding() if v.cls.priority < job.cls.priority and v.state is JobState.RUNNING]
-    if not lower:
+    cand = members_of(ledger, groups)
+    if only is not None:
+        cand = [i for i in cand if i in only]
+    node_set = set(cand)
+    prio = job.cls.priority
+    # necessary, from per-node counters: the job fits once every lower job that may be
+    # a victim is gone (no walk over the running jobs when even that fails)
+    upper = {i: ledger.slots[i].free + sched.lower_gpus(i, prio, True) for i in cand}
+    if place_counts(upper, cand, {i: ledger.slots[i].healthy for i in cand}, job.shape) is None:
+        return None, INF if sched.rules.preemption_min_runtime_s <= 0 else now + sched.rules.preemption_min_runtime_s
+    minrt = sched.rules.preemption_min_runtime_s
+    on_node: dict[int, list[Job]] = {}
+    gain = 0
+    until = INF
+    for v in lower_candidates(sched, job):
+        if v.cls.preempt_only_if_checkpointable and not v.checkpointable:
+            continue
+        if now - v.run_start < minrt:
+            until = min(until, v.run_start + minrt)
+            continue
+        for idx, mask in v.alloc:
+            if idx in node_set:
+                on_node.setdefault(idx, []).append(v)
+                gain += mask.bit_count()
+    if not on_node:
+        return None, until
+    avail = {i: ledger.slots[i].free for i in cand}
+    if sum(avail.values()) + gain < job.gpus:
+        return None, until
+    # necessary: the job fits once every possible victim is gone
+    upper = {i: avail[i] + sum(_on(v, i) for v in on_node.get(i, ())) for i in cand}
+    totals = {i: ledger.slots[i].healthy for i in cand}
+    if place_counts(upper, cand, totals, job.shape) is None:
+        return None, until
+    for lst in on_node.values():
+        lst.sort(key=_vkey)
+    chosen: dict[str, Job] = {}
+    used_nodes: set[int] = set()
+    distinct = job.shape.mode == "multi"
+    for need in _needs(sched, job, cand):
+        best = None
+        for n in cand:
+            if distinct and n in used_nodes:
+                continue
+            plan = _node_plan(n, need, avail, on_node.get(n, ()), chosen)
+            if plan is None:
+                continue
+            key = (_cost(plan, now), n)
+            if best is None or key < best[0]:
+                best = (key, n, plan)
+        if best is None:
+            return None, until
+        _, n, plan = best
+        for v in plan:
+            chosen[v.id] = v
+            for idx, mask in v.alloc:
+                if idx in avail:
+                    avail[idx] += mask.bit_count()
+        avail[n] -= need
+        used_nodes.add(n)
+    final = {i: ledger.slots[i].free for i in cand}
+    for v in chosen.values():
+        for idx, mask in v.alloc:
+            if idx in final:
+                final[idx] += mask.bit_count()
+    placed = place_counts(final, cand, totals, job.shape)
+    if placed is None:
+        return None, until
+    victims = sorted(chosen.values(), key=_vkey)
+    return (victims, placed), until
+
+
+def _vkey(job: Job) -> tuple:
+    return job.vkey
+
+
+def _node_plan(n: int, need: int, avail: dict[int, int], victims, chosen: dict[str, Job]) -> list[Job] | None:
+    """The fewest victims (in victim order) on node ``n`` that make ``need`` GPUs free
+    there, given what is free now and what already chosen victims free."""
+    have = avail[n]
+    if have >= need:
+        return []
+    plan = []
+    for v in victims:
+        if v.id in chosen:
+            continue
+        plan.append(v)
+        have += _on(v, n)
+        if have >= need:
+            break
+    else:
+        return None
+    # minimal: drop a victim whose GPUs are not needed (last added first)
+    for v in reversed(plan[:-1]):
+        if have - _on(v, n) >= need:
+            plan.remove(v)
+            have -= _on(v, n)
+    return plan
+
+
+def _on(v: Job, n: int) -> int:
+    for idx, mask in v.alloc:
+        if idx == n:
+            return mask.bit_count()
+    return 0
+
+
+def lower_jobs_would_make_room(sched: "Scheduler", job: Job, only: set[int] | None = None) -> bool:
+    """Whether evicting *every* lower-priority running job (preemptible or not) would
+    make ``job`` fit: then the blocker is "no preemptible victims", not capacity.
+    With ``only``, single-node shapes look at those nodes alone."""
+    ledger = sched.ledger
+    cand = members_of(ledger, sched.groups_for(job))
+    if only is not None:
+        cand = [i for i in cand if i in only]
+    prio = job.cls.priority
+    lower = {i: sched.lower_gpus(i, prio, False) for i in cand}
+    if not any(lower.values()):
         return False
-    for v in lower:
-        _add(avail, v, node_set, +1)
-    totals = {i: ledger.slots[i].healthy for i in cand_nodes}
-    return place_counts(avail, cand_nodes, totals, job.shape) is not None
-
-
-def _add(avail: dict[int, int], victim: Job, node_set: set[int], sign: int) -> None:
-    for idx, mask in victim.alloc:
-        if idx in node_set:
-            avail[idx] += sign * mask.bit_count()
+    avail = {i: ledger.slots[i].free + lower[i] for i in cand}
+    totals = {i: ledger.slots[i].healthy for i in cand}
+    return place_counts(avail, cand, totals, job.shape) is not None

@@ -30,8 +30,9 @@ from itertools import groupby
 
 from gpushepherd.core import backfill
 from gpushepherd.core.ledger import Ledger, bits, lowest_bits
-from gpushepherd.core.placement import Counts, Shape, members_of, place_live
-from gpushepherd.core.preemption import lower_jobs_would_make_room, victims_for
+from gpushepherd.core.placement import Counts, Shape, members_of, place_counts, place_live
+from gpushepherd.core.preemption import lower_jobs_would_make_room, victim_order_key, victims_for
+from gpushepherd.core.queue import PendingQueue, band_floor, estimate_band
 from gpushepherd.core.quota import QuotaBook
 from gpushepherd.core.state import INF, Job, Transition
 from gpushepherd.model.cluster import Node
@@ -101,6 +102,51 @@ def _event_order(e: Event) -> tuple:
     return (e.t, e.rank, type(e).__name__, natural_key(job), node, getattr(e, "gpu", 0))
 
 
+_GO = object()  # the sub-queue's next job may do better
+_DEAD = object()  # no job of this sub-queue can start in this pass
+_SHORTER = object()  # only a job short enough to end before the reservations can
+_BREAK = object()  # no job at all can start in this pass
+
+
+class _Pass:
+    """What one pass remembers: reservations, and memos of what failed (free GPUs only
+    shrink during a pass, so a failure for ``k`` GPUs holds for more)."""
+
+    __slots__ = ("sched", "res", "depth", "n_reserved", "budget", "minp", "fail_fit", "fail_around",
+                 "fail_preempt", "reasons", "started")
+
+    def __init__(self, sched: "Scheduler"):
+        rules = sched.rules
+        self.sched = sched
+        self.res = sched.reservations
+        self.depth = rules.backfill_reservations if rules.backfill_enabled else 0
+        self.n_reserved = sum(1 for r in self.res if not r.hold)
+        self.budget = rules.backfill_max_job_test
+        self.minp = min(sched._preemptible, default=None) if rules.preemption_enabled else None
+        self.fail_fit: dict[tuple, int] = {}
+        self.fail_around: dict[tuple, int] = {}
+        self.fail_preempt: dict[tuple, int] = {}
+        self.reasons: dict[tuple, PendingReason] = {}
+        self.started: list[Job] = []
+
+    def took_gpus(self) -> None:
+        sched = self.sched
+        if self.n_reserved < self.depth:
+            sched._res_epoch += 1  # taken before every reservation of the pass was made
+        if sched.rules.preemption_enabled:
+            self.minp = min(sched._preemptible, default=None)
+
+    def short_limit(self) -> float:
+        """The longest remaining estimate that ends before every reservation."""
+        if not self.res:
+            return INF
+        return min(r.start for r in self.res) - self.sched.now
+
+    def finish(self) -> None:
+        for job in self.started:
+            self.sched._dequeue(job)
+
+
 class Scheduler:
     """The pure scheduling core. See the module docstring for the cycle.
 
@@ -120,15 +166,28 @@ class Scheduler:
         self.jobs: dict[str, Job] = {}
         self.now = float("-inf")
         self.reservations: list[backfill.Reservation] = []
-        self._pending: list[Job] = []
-        self._pkeys: list[tuple] = []
+        self._queue = PendingQueue()
         self._running: dict[str, Job] = {}
         self._ends: list[tuple[float, int, str]] = []
         self._timers: list[tuple[float, int, int, str]] = []
         self._groups_cache: dict[tuple, list[int]] = {}
+        self._cap_cache: dict[Shape, bool] = {}  # shape -> can never fit the healthy nodes
+        self._wakeups: list[float] = []  # times a failed victim search may succeed (minimum runtime)
+        self._res_cache: dict[str, tuple[tuple, float, backfill.Reservation]] = {}
+        self._res_epoch = 0  # bumped when cached reservations may no longer hold
+        self._sig_ids: dict[tuple, int] = {}  # signature -> small int
+        self._preemptors: dict[str, Job] = {}  # pending jobs whose victims are still exiting
         self._max_node_cache: dict[tuple, int] = {}
-        self._preemptible_running: dict[int, int] = {}  # class priority -> RUNNING preemptible jobs
+        self._preemptible: dict[int, dict[str, Job]] = {}  # class priority -> RUNNING preemptible jobs
+        self._victim_memo: dict[tuple, tuple[int, float]] = {}  # failed victim searches
+        self._room_memo: dict[tuple, tuple[int, bool]] = {}
         self._running_prio: dict[int, int] = {}  # class priority -> RUNNING jobs
+        #: class priorities ascending; per node index and priority p (by position):
+        #: GPUs held by RUNNING jobs of a lower class, all / only those that may be victims
+        self._prios = sorted({c.priority for c in rules.classes.values()})
+        self._prio_pos = {p: i for i, p in enumerate(self._prios)}
+        self._lower_all: list[list[int]] = [[0] * len(self._prios) for _ in self.ledger.slots]
+        self._lower_vic: list[list[int]] = [[0] * len(self._prios) for _ in self.ledger.slots]
         self._class_gpus: dict[str, int] = {}  # class -> GPUs held
         self._seq = 0
         self._event_no = 0
@@ -172,18 +231,25 @@ class Scheduler:
         return out
 
     def next_wakeup(self) -> float | None:
-        """The earliest time the core needs a ``Tick`` (a time limit), or ``None``."""
+        """The earliest time the core needs a ``Tick``: a time limit, or a running job
+        reaching the minimum runtime that lets a blocked job preempt it. ``None``: none."""
+        t_limit = None
         while self._timers:
             t, _seq, run, job_id = self._timers[0]
             job = self.jobs[job_id]
             if job.state is JobState.RUNNING and job.runs == run:
-                return t
+                t_limit = t
+                break
             heapq.heappop(self._timers)
-        return None
+        while self._wakeups and self._wakeups[0] <= self.now:
+            heapq.heappop(self._wakeups)
+        t_wake = self._wakeups[0] if self._wakeups and self._queue else None
+        times = [t for t in (t_limit, t_wake) if t is not None]
+        return min(times) if times else None
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order (a copy)."""
-        return list(self._pending)
+        return list(self._queue)
 
     def running_jobs(self) -> list[Job]:
         """Jobs holding GPUs (running, preempting, stopping), in submission order."""
@@ -264,13 +330,14 @@ class Scheduler:
         ckey = (cls.pools, tuple(sorted(spec.gpu_types)), spec.gpu_mem_mib)
         shape = self._shape_for(spec, ckey)
         self._seq += 1
+        charges = self.quota.charges(spec.team, spec.workload_class, spec.user, spec.gpus)
         return Job(
             spec=spec,
             seq=self._seq,
             cls=cls,
             key=(-cls.priority, spec.submit_time, natural_key(spec.id)),
             shape=shape,
-            charges=self.quota.charges(spec.team, spec.workload_class, spec.user, spec.gpus),
+            charges=charges,
             preemptible=cls.preemptible if spec.preemptible is None else spec.preemptible,
             checkpointable=cls.checkpointable if spec.checkpointable is None else spec.checkpointable,
             estimate_s=estimate,
@@ -293,6 +360,13 @@ class Scheduler:
         if spec.same_node or spec.gpus <= biggest or biggest == 0:
             return Shape(spec.gpus, "single", spec.gpus, 1, ckey)
         return Shape(spec.gpus, "multi", spec.gpus, 1, ckey)
+
+    def _sig_id(self, shape: Shape, cls_name: str, charges: tuple, band: int) -> int:
+        key = (shape, cls_name, charges, band)
+        sid = self._sig_ids.get(key)
+        if sid is None:
+            sid = self._sig_ids[key] = len(self._sig_ids)
+        return sid
 
     def _submit(self, spec: JobSpec) -> None:
         job = self._make_job(spec)
@@ -375,10 +449,13 @@ class Scheduler:
         if node is None:
             return
         self.ledger.add_node(node)
+        self._topology_changed()
         self._groups_cache.clear()
         self._max_node_cache.clear()
-        for job in self._pending:
+        for job in list(self._queue):
+            self._queue.remove(job)
             job.shape = self._shape_for(job.spec, job.shape.ckey)
+            self._enqueue(job)
         self._full = True
 
     def _node_lost(self, name: str, out: list[Decision]) -> None:
@@ -387,7 +464,7 @@ class Scheduler:
             return
         for job_id in self.ledger.remove_node(idx):
             self._lose(self.jobs[job_id], "node-lost", out)
-        self._full = True
+        self._topology_changed()
 
     def _gpu_health(self, e: GpuHealthChanged, out: list[Decision]) -> None:
         idx = self.ledger.by_name.get(e.node)
@@ -396,6 +473,13 @@ class Scheduler:
         holder = self.ledger.set_gpu_health(idx, e.gpu, e.healthy)
         if not e.healthy and holder is not None:
             self._lose(self.jobs[holder], "gpu-failed", out)
+        self._topology_changed()
+
+    def _topology_changed(self) -> None:
+        self._cap_cache.clear()
+        self._victim_memo.clear()
+        self._room_memo.clear()
+        self._res_epoch += 1
         self._full = True
 
     def _lose(self, job: Job, reason: str, out: list[Decision]) -> None:
@@ -413,19 +497,16 @@ class Scheduler:
         job.history.append(Transition(self.now, old_s, new.value, reason, self._event_no))
 
     def _enqueue(self, job: Job) -> None:
-        i = bisect_left(self._pkeys, job.key)
-        self._pkeys.insert(i, job.key)
-        self._pending.insert(i, job)
+        job.sig = self._sig_id(job.shape, job.cls.name, job.charges, estimate_band(job.remaining_estimate()))
+        self._queue.add(job)
         job.state = JobState.PENDING
         job.reason = PendingReason(R.NEW)
         job.reason_pass = -1
 
     def _dequeue(self, job: Job) -> None:
-        i = bisect_left(self._pkeys, job.key)
-        while self._pending[i] is not job:
-            i += 1
-        del self._pkeys[i]
-        del self._pending[i]
+        self._res_cache.pop(job.id, None)
+        self._preemptors.pop(job.id, None)
+        self._queue.remove(job)
 
     def _occupy(self, job: Job, alloc: list[tuple[int, int]], started: float, state: JobState) -> None:
         """Give ``job`` the GPUs of ``alloc`` since ``started`` and book everything that
@@ -437,6 +518,7 @@ class Scheduler:
         job.alloc = alloc
         job.state = state
         job.run_start = started
+        job.vkey = victim_order_key(job)
         self._running[job.id] = job
         self._class_gpus[job.cls.name] = self._class_gpus.get(job.cls.name, 0) + job.gpus
         if state is JobState.RUNNING:
@@ -471,14 +553,14 @@ class Scheduler:
         out.append(Start(self.now, job.id, placement))
 
     def _release(self, job: Job) -> None:
+        if job.state is JobState.RUNNING:
+            self._count_running(job, -1)
         for idx, mask in job.alloc:
             self.ledger.release(job.id, idx, mask)
         job.alloc = []
         self.quota.charge(job.charges, -1)
         self._ends_remove(job)
         del self._running[job.id]
-        if job.state is JobState.RUNNING:
-            self._count_running(job, -1)
         left = self._class_gpus[job.cls.name] - job.gpus
         if left:
             self._class_gpus[job.cls.name] = left
@@ -487,15 +569,47 @@ class Scheduler:
         self._full = True
 
     def _count_running(self, job: Job, sign: int) -> None:
-        """Counters of jobs in state RUNNING by class priority (all, and preemptible)."""
+        """Index of jobs in state RUNNING by class priority (counts of all; the
+        preemptible ones themselves, for victim searches)."""
         p = job.cls.priority
-        tables = (self._running_prio, self._preemptible_running) if job.preemptible else (self._running_prio,)
-        for table in tables:
-            left = table.get(p, 0) + sign
-            if left:
-                table[p] = left
+        left = self._running_prio.get(p, 0) + sign
+        if left:
+            self._running_prio[p] = left
+        else:
+            del self._running_prio[p]
+        if job.preemptible:
+            if sign > 0:
+                self._preemptible.setdefault(p, {})[job.id] = job
             else:
-                del table[p]
+                table = self._preemptible[p]
+                del table[job.id]
+                if not table:
+                    del self._preemptible[p]
+        victim = job.preemptible and not (job.cls.preempt_only_if_checkpointable and not job.checkpointable)
+        first = self._prio_pos[p] + 1  # thresholds above this class
+        n = len(self._prios)
+        for idx, mask in job.alloc:
+            while idx >= len(self._lower_all):
+                self._lower_all.append([0] * n)
+                self._lower_vic.append([0] * n)
+            g = sign * mask.bit_count()
+            row = self._lower_all[idx]
+            for j in range(first, n):
+                row[j] += g
+            if victim:
+                row = self._lower_vic[idx]
+                for j in range(first, n):
+                    row[j] += g
+
+    def lower_gpus(self, idx: int, prio: int, victims_only: bool) -> int:
+        """GPUs on node ``idx`` held by RUNNING jobs of a class priority below ``prio``
+        (with ``victims_only``: only jobs that may be preempted, minimum runtime aside)."""
+        table = self._lower_vic if victims_only else self._lower_all
+        return table[idx][self._prio_pos[prio]] if idx < len(table) else 0
+
+    def preemptible_by_priority(self) -> dict[int, dict[str, Job]]:
+        """RUNNING preemptible jobs by class priority (read-only view for the victim search)."""
+        return self._preemptible
 
     def _ends_add(self, job: Job, end: float) -> None:
         job.end_est = end
@@ -511,6 +625,7 @@ class Scheduler:
         at the latest ``grace`` seconds from now."""
         self._count_running(job, -1)
         self._ends_remove(job)
+        self.ledger.changes.extend(idx for idx, _ in job.alloc)  # no longer a victim candidate
         job.state = state
         job.signal_t = self.now
         self._ends_add(job, self.now + grace)
@@ -570,148 +685,249 @@ class Scheduler:
     # -------------------------------------------------------------- the pass
     def _schedule(self, out: list[Decision]) -> None:
         new, self._new = self._new, []
-        if not self._pending:
+        if not self._queue:
             self._full = False
             return
+        wakeups = self._wakeups
+        while wakeups and wakeups[0] <= self.now:
+            heapq.heappop(wakeups)
+            self._full = True  # a victim reached the minimum runtime
         if not self._full:
             if not new:
                 return
             first = self._first_blocked
             if first is None or any(j.key < first for j in new):
                 self._full = True
+            elif not self.rules.backfill_enabled:
+                return  # strict priority order: nobody passes the first blocked job
         if self._full:
             self._full = False
             self._pass += 1
+            if self._ends and self._ends[0][0] < self.now:
+                self._res_epoch += 1  # a job outran its estimate: plans built on it are off
             self.reservations = []
             self._first_blocked = None
-            self._scan(self._pending, out)
+            self._scan_full(out)
         else:
             # Only submissions changed and every new job queues behind the first job
             # the last pass could not start: earlier outcomes stand, so only the new
             # jobs are looked at, against the reservations in force.
             before = len(out)
-            self._scan(sorted(new, key=lambda j: j.key), out)
+            self._scan_jobs(sorted(new, key=lambda j: j.key), out)
             if len(out) > before:
                 self._pass += 1  # GPUs were taken: other jobs' reasons are recomputed on demand
                 for job in new:
                     job.reason_pass = self._pass
 
-    def _scan(self, queue: list[Job], out: list[Decision]) -> None:
-        rules = self.rules
-        ledger = self.ledger
-        quota = self.quota
-        now = self.now
-        res = self.reservations
-        pid = self._pass
-        depth = rules.backfill_reservations if rules.backfill_enabled else 0
-        n_reserved = sum(1 for r in res if not r.hold)
-        budget = rules.backfill_max_job_test
-        preempt_on = rules.preemption_enabled
-        fail_fit: dict[tuple, int] = {}
-        fail_around: dict[tuple, int] = {}
-        fail_preempt: dict[tuple, int] = {}
-        reason_memo: dict[tuple, PendingReason] = {}
-        started: list[Job] = []
-        for job in queue:
-            if job.state is not JobState.PENDING:
-                continue
-            if ledger.free_total == 0 and not (preempt_on and self._could_preempt(job)) and not job.victims:
-                self._note_blocked(job)
-                break  # nothing can start without evicting, and nothing may be evicted
-            if budget <= 0:
+    #: how many jobs of one sub-queue a pass looks through for one short enough to
+    #: backfill (its estimate band straddles the reservation's start)
+    STRADDLE_DEPTH = 32
+
+    def _scan_full(self, out: list[Decision]) -> None:
+        """Steps 3-7 over every pending job, in order, by sub-queue heads.
+
+        A sub-queue's next job is looked at only when it could do better than the one
+        before it: after a start or a preemption; after a reservation while the
+        reservation depth is not reached; or, after a reservation conflict, for a job
+        short enough to end before the reservations (its estimate band straddles them:
+        at most ``STRADDLE_DEPTH`` jobs deep). Jobs not looked at get their reason on
+        demand. Free GPUs only shrink during a pass, so a skipped job would have been
+        blocked the same way."""
+        ctx = _Pass(self)
+        # GPUs freed by exiting victims are held for their preemptor from the start of
+        # the pass (no eviction loops); jobs queued ahead of it are not held back.
+        for p in sorted(self._preemptors.values(), key=lambda j: j.key):
+            ctx.res.append(backfill.hold_for_preemptor(self, p, self.now))
+        subs = self._queue.subs
+        heads = list(self._queue.heads)
+        cont: list[tuple[tuple, int, int]] = []
+        hi = 0
+        n_heads = len(heads)
+        while True:
+            if cont and (hi >= n_heads or cont[0][0] < heads[hi][0]):
+                _key, sig, idx = heapq.heappop(cont)
+            elif hi < n_heads:
+                sig = heads[hi][1]
+                hi += 1
+                idx = 0
+            else:
                 break
-            job.reason_pass = pid
-            shape = job.shape
-            if job.victims:
-                counts = place_live(ledger, self.groups_for(job), shape)
-                end = now + (job.remaining_estimate() if job.remaining_estimate() is not None else INF)
-                if counts is not None and backfill.conflict(res, counts, end) is None:
-                    self._start(job, counts, out)
-                    backfill.consume(res, counts, end)
-                    started.append(job)
+            sub = subs[sig]
+            job = sub[idx]
+            outcome = self._consider(job, ctx, out)
+            if outcome is _BREAK:
+                break
+            if outcome is _DEAD:
+                continue
+            nxt = idx + 1
+            if outcome is _SHORTER:
+                limit = ctx.short_limit()
+                stop = min(len(sub), nxt + self.STRADDLE_DEPTH)
+                while nxt < stop:
+                    rem = sub[nxt].remaining_estimate()
+                    if rem is not None and rem <= limit:
+                        break
+                    nxt += 1
+                else:
                     continue
-                res.append(backfill.hold_for_preemptor(self, job, now))
-                job.reason = PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
+            if nxt < len(sub):
+                heapq.heappush(cont, (sub[nxt].key, sig, nxt))
+        ctx.finish()
+
+    def _scan_jobs(self, jobs: list[Job], out: list[Decision]) -> None:
+        """Steps 3-7 for ``jobs`` alone, against the reservations in force."""
+        ctx = _Pass(self)
+        for job in jobs:
+            if job.state is JobState.PENDING and self._consider(job, ctx, out) is _BREAK:
+                break
+        ctx.finish()
+
+    def _consider(self, job: Job, ctx: "_Pass", out: list[Decision]) -> object:
+        """One job's turn in a pass; returns what the pass may do with its sub-queue."""
+        ledger = self.ledger
+        res = ctx.res
+        now = self.now
+        if job.id in self._preemptors:
+            outcome = self._try_preemptor(job, res, out)
+            if outcome == "started":
+                ctx.started.append(job)
+                ctx.took_gpus()
+                return _GO
+            if outcome == "waiting":
+                return _GO
+        prio = job.cls.priority
+        can_preempt = ctx.minp is not None and ctx.minp < prio
+        if ledger.free_total == 0 and not can_preempt and not self._preemptors:
+            self._note_blocked(job)
+            return _BREAK  # nothing can start without evicting, and nothing may be evicted
+        if ctx.budget <= 0:
+            return _BREAK
+        ctx.budget -= 1
+        job.reason_pass = self._pass
+        shape = job.shape
+        rem = job.remaining_estimate()
+        end = now + rem if rem is not None else INF
+        # 3. admit: hard limits first (they take precedence over capacity)
+        hard = self._hard_reason(job)
+        if hard is not None:
+            job.reason = hard
+            return _DEAD
+        # 4. place on free GPUs
+        fkey = (shape.ckey, shape.mode, shape.per_pod)
+        counts = None
+        if ctx.fail_fit.get(fkey, INF) > shape.k:
+            counts = place_live(ledger, self.groups_for(job), shape)
+            if counts is None:
+                ctx.fail_fit[fkey] = shape.k
+        if counts is not None:
+            held = self._class_hold(job)
+            if held is not None:
+                job.reason = held
                 self._note_blocked(job)
-                continue
-            # 3. admit: hard limits first (they take precedence over capacity)
-            hard = self._hard_reason(job)
-            if hard is not None:
-                job.reason = hard
-                continue
-            # 4. place on free GPUs
-            fkey = (shape.ckey, shape.mode, shape.per_pod)
-            counts = None
-            if fail_fit.get(fkey, INF) > shape.k:
-                counts = place_live(ledger, self.groups_for(job), shape)
-                if counts is None:
-                    fail_fit[fkey] = shape.k
-            if counts is not None:
-                held = self._class_hold(job)
-                if held is not None:
-                    job.reason = held
-                    self._note_blocked(job)
-                    continue
-                rem = job.remaining_estimate()
-                end = now + rem if rem is not None else INF
-                blocker = backfill.conflict(res, counts, end) if res else None
+                return _DEAD
+            blocker = backfill.quota_conflict(res, job.charges, end, job.key) if res else None
+            if blocker is None and res:
+                blocker = backfill.conflict(res, counts, end, job.key)
                 if blocker is not None:
                     akey = (fkey, end > min(r.start for r in res))
-                    if fail_around.get(akey, INF) > shape.k:
+                    if ctx.fail_around.get(akey, INF) > shape.k:
                         counts = backfill.place_around(self, job, res, end)
                         if counts is None:
-                            fail_around[akey] = shape.k
-                    else:
-                        counts = None
-                if counts is not None:
-                    self._start(job, counts, out)
-                    if res:
-                        backfill.consume(res, counts, end)
-                    started.append(job)
-                    continue
-                assert blocker is not None
-                job.reason = PendingReason(R.HELD_FOR_PREEMPTOR if blocker.hold else R.RESERVED_FOR, blocker.job_id)
-                self._note_blocked(job)
-                budget -= 1
-                continue
-            # 7. preempt lower-priority work (tried before reservations so that a
-            #    higher-priority job never waits behind a backfill plan)
-            if preempt_on and self._could_preempt(job):
-                pkey = (fkey, job.cls.priority)
-                if fail_preempt.get(pkey, INF) > shape.k:
-                    found = victims_for(self, job, now)
-                    if found is not None:
-                        victims, plan = found
-                        for v in victims:
-                            self._preempt(v, job, out)
-                        job.victims = {v.id for v in victims}
-                        job.plan = plan
-                        res.append(backfill.hold_for_preemptor(self, job, now))
-                        job.reason = PendingReason(R.PREEMPTION_IN_PROGRESS,
-                                                   ",".join(sorted(job.victims, key=natural_key)))
-                        self._log(job, JobState.PENDING, JobState.PENDING,
-                                  "preempting " + ",".join(v.id for v in victims))
-                        self._note_blocked(job)
-                        continue
-                    fail_preempt[pkey] = shape.k
-            # capacity reason, then 5. a reservation for the top blocked jobs
-            rkey = (fkey, shape.k, job.cls.priority)
-            reason = reason_memo.get(rkey)
-            if reason is None:
-                reason = self._capacity_reason(job)
-                reason_memo[rkey] = reason
-            job.reason = reason
+                            ctx.fail_around[akey] = shape.k
+                        else:
+                            blocker = None
+            if blocker is None:
+                self._start(job, counts, out)
+                if res:
+                    backfill.consume(res, counts, end, job.charges, job.key)
+                ctx.started.append(job)
+                ctx.took_gpus()
+                return _GO
+            job.reason = PendingReason(R.HELD_FOR_PREEMPTOR if blocker.hold else R.RESERVED_FOR, blocker.job_id)
             self._note_blocked(job)
-            budget -= 1
-            if not rules.backfill_enabled:
-                break  # strict priority order: nobody passes a blocked job
-            if n_reserved < depth and reason.code is not R.EXCEEDS_CAPACITY:
-                r = backfill.reserve_for(self, job, now, res)
-                if r is not None:
-                    res.append(r)
-                    n_reserved += 1
-        for job in started:
-            self._dequeue(job)
+            return _SHORTER
+        # 7. preempt lower-priority work (tried before reservations so that a
+        #    higher-priority job never waits behind a backfill plan)
+        if can_preempt:
+            pkey = (fkey, prio)
+            if ctx.fail_preempt.get(pkey, INF) > shape.k:
+                found = self._victims(job)
+                if found is not None:
+                    victims, plan = found
+                    for v in victims:
+                        self._preempt(v, job, out)
+                    job.victims = {v.id for v in victims}
+                    job.plan = plan
+                    self._preemptors[job.id] = job
+                    res.append(backfill.hold_for_preemptor(self, job, now))
+                    job.reason = PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
+                    self._log(job, JobState.PENDING, JobState.PENDING, "preempting " + ",".join(v.id for v in victims))
+                    self._note_blocked(job)
+                    ctx.minp = min(self._preemptible, default=None)
+                    return _GO
+                ctx.fail_preempt[pkey] = shape.k
+        # capacity reason, then 5. a reservation for the top blocked jobs
+        rkey = (fkey, shape.k, prio)
+        reason = ctx.reasons.get(rkey)
+        if reason is None:
+            reason = ctx.reasons[rkey] = self._capacity_reason(job)
+        job.reason = reason
+        self._note_blocked(job)
+        if not self.rules.backfill_enabled:
+            return _BREAK  # strict priority order: nobody passes a blocked job
+        if ctx.n_reserved < ctx.depth and reason.code is not R.EXCEEDS_CAPACITY:
+            r = self._reservation(job, res)
+            if r is not None:
+                res.append(r)
+                ctx.n_reserved += 1
+                if ctx.n_reserved < ctx.depth:
+                    return _GO
+        return _DEAD
+
+    def _try_preemptor(self, job: Job, res: list[backfill.Reservation], out: list[Decision]) -> str:
+        """A preemptor's turn: ``started`` if it fits now without taking what another
+        reservation needs; ``waiting`` while victims are still exiting (its hold stays);
+        ``released`` when its victims are gone and it still does not fit (the hold is
+        dropped and it is scheduled like any job)."""
+        job.reason_pass = self._pass
+        counts = place_live(self.ledger, self.groups_for(job), job.shape)
+        rem = job.remaining_estimate()
+        end = self.now + rem if rem is not None else INF
+        others = [r for r in res if r.job_id != job.id]
+        if (counts is not None and self._hard_reason(job) is None
+                and backfill.conflict(others, counts, end, job.key) is None
+                and backfill.quota_conflict(others, job.charges, end, job.key) is None):
+            res[:] = others
+            self._start(job, counts, out)
+            backfill.consume(res, counts, end, job.charges, job.key)
+            return "started"
+        if job.victims:
+            job.reason = PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
+            self._note_blocked(job)
+            return "waiting"
+        res[:] = others
+        del self._preemptors[job.id]
+        job.plan = []
+        return "released"
+
+    def _reservation(self, job: Job, res: list[backfill.Reservation]) -> backfill.Reservation | None:
+        """``job``'s reservation: the cached one while it still holds (same earlier
+        reservations, nothing started that was not checked against it, no node or
+        health change, no job past its estimate, younger than ``backfill.refresh_s``),
+        else a new one. A kept reservation is never later than a fresh one would
+        guarantee: jobs only ended early or started without delaying it since."""
+        key = (tuple(r.job_id for r in res), self._res_epoch)
+        cached = self._res_cache.get(job.id)
+        now = self.now
+        if (cached is not None and cached[0] == key and now - cached[1] < self.rules.backfill_refresh_s
+                and cached[2].start >= now):
+            return cached[2]
+        r = backfill.reserve_for(self, job, now, res)
+        if r is None:
+            self._res_cache.pop(job.id, None)
+        else:
+            self._res_cache[job.id] = (key, now, r)
+        return r
 
     def _note_blocked(self, job: Job) -> None:
         if self._first_blocked is None or job.key < self._first_blocked:
@@ -720,7 +936,7 @@ class Scheduler:
     def _could_preempt(self, job: Job) -> bool:
         """Whether some running preemptible job has a lower class priority."""
         p = job.cls.priority
-        for q in self._preemptible_running:
+        for q in self._preemptible:
             if q < p:
                 return True
         return False
@@ -740,22 +956,17 @@ class Scheduler:
         return None
 
     def _exceeds_capacity(self, job: Job) -> bool:
-        ledger = self.ledger
-        groups = self.groups_for(job)
+        """The job can never fit the healthy nodes it may use, even all empty (too big
+        for any node, for all of them together, or a gang that cannot be packed)."""
         shape = job.shape
-        if not groups:
-            return True
-        if shape.mode == "single" or shape.mode == "pods":
-            need = shape.per_pod
-            biggest = 0
-            for g in groups:
-                for i in ledger.groups[g].members:
-                    h = ledger.slots[i].healthy
-                    if h > biggest:
-                        biggest = h
-            if biggest < need:
-                return True
-        return ledger.healthy_in(groups) < shape.k
+        never = self._cap_cache.get(shape)
+        if never is None:
+            ledger = self.ledger
+            cand = members_of(ledger, self.groups_for(job))
+            totals = {i: ledger.slots[i].healthy for i in cand}
+            never = place_counts(dict(totals), cand, totals, shape) is None
+            self._cap_cache[shape] = never
+        return never
 
     def _capacity_detail(self, job: Job) -> str:
         spec = job.spec
@@ -775,8 +986,8 @@ class Scheduler:
         groups = self.groups_for(job)
         free_here = ledger.free_in(groups)
         if (self.rules.preemption_enabled and self._has_lower_running(job)
-                and lower_jobs_would_make_room(self, job)
-                and not (self._could_preempt(job) and victims_for(self, job, self.now) is not None)):
+                and self._room(job)
+                and not (self._could_preempt(job) and self._victims(job) is not None)):
             # evicting lower-priority work would make room, but not work that may be evicted
             return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, "lower-priority jobs may not be preempted")
         if free_here >= job.shape.k:
@@ -796,6 +1007,49 @@ class Scheduler:
         if spec.gpu_mem_mib:
             names.append("gpu_memory")
         return "+".join(names) or "constraints"
+
+    def _changed_since(self, pos: int) -> set[int]:
+        return set(self.ledger.changes[pos:])
+
+    def _victims(self, job: Job):
+        """``victims_for`` with a memo of failures: a failed search is repeated only
+        when a node it could use changed (single-node shapes re-check just those nodes)
+        or a too-young victim passed the minimum runtime."""
+        key = (job.shape, job.cls.priority)
+        memo = self._victim_memo.get(key)
+        only = None
+        if memo is not None and self.now < memo[1]:
+            changed = self._changed_since(memo[0])
+            if not changed:
+                return None
+            if job.shape.mode == "single":
+                only = changed
+        pos = len(self.ledger.changes)
+        found, until = victims_for(self, job, self.now, only)
+        if found is None:
+            self._victim_memo[key] = (pos, until)
+            if until != INF and until > self.now and until not in self._wakeups:
+                heapq.heappush(self._wakeups, until)
+        else:
+            self._victim_memo.pop(key, None)
+        return found
+
+    def _room(self, job: Job) -> bool:
+        """``lower_jobs_would_make_room`` with a memo, as ``_victims``."""
+        key = (job.shape, job.cls.priority)
+        memo = self._room_memo.get(key)
+        pos = len(self.ledger.changes)
+        if memo is not None:
+            changed = self._changed_since(memo[0])
+            if not changed:
+                return memo[1]
+            if not memo[1] and job.shape.mode == "single":
+                result = lower_jobs_would_make_room(self, job, changed)
+                self._room_memo[key] = (pos, result)
+                return result
+        result = lower_jobs_would_make_room(self, job)
+        self._room_memo[key] = (pos, result)
+        return result
 
     def _has_lower_running(self, job: Job) -> bool:
         p = job.cls.priority
@@ -820,7 +1074,7 @@ class Scheduler:
 
     def _reason_now(self, job: Job) -> PendingReason:
         """The reason of a pending job the last pass did not look at."""
-        if job.victims:
+        if job.victims and job.id in self._preemptors:
             return PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
         hard = self._hard_reason(job)
         if hard is not None:
@@ -833,7 +1087,8 @@ class Scheduler:
             return held
         rem = job.remaining_estimate()
         end = self.now + rem if rem is not None else INF
-        blocker = backfill.conflict(self.reservations, counts, end)
+        blocker = (backfill.quota_conflict(self.reservations, job.charges, end, job.key)
+                   or backfill.conflict(self.reservations, counts, end, job.key))
         if blocker is not None:
             return PendingReason(R.HELD_FOR_PREEMPTOR if blocker.hold else R.RESERVED_FOR, blocker.job_id)
         return PendingReason(R.PRIORITY, "not reached by the last pass")
@@ -929,6 +1184,9 @@ class Scheduler:
                 sched._occupy(job, alloc, raw["run_start"], state)
             else:
                 job.state = state
+        for job in sched._queue:
+            if job.victims:
+                sched._preemptors[job.id] = job
         sched._full = True
         sched.check_invariants()
         return sched
@@ -965,10 +1223,11 @@ class Scheduler:
                     assert held.get((slot.idx, g)) == h, f"ledger says {slot.node.name}:{g} is {h}'s"
         assert {k: v for k, v in self.quota.usage.items() if v} == expect_usage, "usage counters drifted"
         assert all(v > 0 for v in self.quota.usage.values()), "negative usage"
-        assert self._pkeys == sorted(self._pkeys), "pending queue out of order"
-        assert [j.key for j in self._pending] == self._pkeys
+        self._queue.check()
         pend = {j.id for j in self.jobs.values() if j.state is JobState.PENDING}
-        assert pend == {j.id for j in self._pending}, "pending set drifted"
+        assert pend == {j.id for j in self._queue}, "pending set drifted"
+        assert set(self._preemptors) <= pend, "a preemptor that is not pending"
+
         assert len(self._ends) == len(self._running)
         for job in self._running.values():
             assert job.state.holds_gpus
@@ -981,9 +1240,22 @@ class Scheduler:
                 allc[job.cls.priority] = allc.get(job.cls.priority, 0) + 1
                 if job.preemptible:
                     counts[job.cls.priority] = counts.get(job.cls.priority, 0) + 1
-        assert counts == self._preemptible_running, "preemptible-running counters drifted"
+        assert counts == {p: len(js) for p, js in self._preemptible.items()}, "preemptible index drifted"
         assert allc == self._running_prio, "running counters drifted"
         assert gpus == self._class_gpus, "class GPU counters drifted"
+        n = len(self._prios)
+        lower_all = [[0] * n for _ in self._lower_all]
+        lower_vic = [[0] * n for _ in self._lower_vic]
+        for job in self._running.values():
+            if job.state is JobState.RUNNING:
+                victim = job.preemptible and not (job.cls.preempt_only_if_checkpointable and not job.checkpointable)
+                for idx, mask in job.alloc:
+                    for j, q in enumerate(self._prios):
+                        if job.cls.priority < q:
+                            lower_all[idx][j] += mask.bit_count()
+                            if victim:
+                                lower_vic[idx][j] += mask.bit_count()
+        assert lower_all == self._lower_all and lower_vic == self._lower_vic, "per-node class counters drifted"
 
 
 def spec_with(spec: JobSpec, **changes) -> JobSpec:

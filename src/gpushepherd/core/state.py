@@ -58,6 +58,8 @@ class Job:
     victims: set[str] = field(default_factory=set)  # while waiting for its victims to exit
     plan: list[tuple[int, int]] = field(default_factory=list)  # counts the victims free, per node
     history: list[Transition] = field(default_factory=list)
+    vkey: tuple = ()  # victim order key of the current run (set when it starts)
+    sig: tuple = ()  # (shape, class, charges): jobs with equal signatures block alike
 
     @property
     def id(self) -> str:

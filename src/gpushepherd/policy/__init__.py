@@ -5,8 +5,11 @@ from gpushepherd.policy.load import (
     Policy,
     PolicyError,
     load_policy,
+    override_cluster,
     parse_policy,
     policy_from_dict,
+    read_policy_dict,
 )
 
-__all__ = ["STANDARD_CLASSES", "Policy", "PolicyError", "load_policy", "parse_policy", "policy_from_dict"]
+__all__ = ["STANDARD_CLASSES", "Policy", "PolicyError", "load_policy", "override_cluster", "parse_policy",
+           "policy_from_dict", "read_policy_dict"]

@@ -74,24 +74,68 @@ def load_policy(path: str | Path) -> Policy:
     Raises:
         PolicyError: unreadable file, YAML syntax, schema or consistency problem.
     """
+    return policy_from_dict(read_policy_dict(path), str(path))
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    """Parse policy YAML text; see ``load_policy``."""
+    return policy_from_dict(_yaml(text, source), source)
+
+
+def override_cluster(raw: dict, text: str, source: str = "--cluster") -> dict:
+    """Replace a policy mapping's nodes with ``N`` x ``G`` GPUs: ``192x8``,
+    ``192x8:A100-80GB`` or ``192x8:A100-80GB:81920`` (GPU type, memory MiB). Pools
+    declared in the policy are kept; the nodes join the first one (or ``default``).
+
+    Raises:
+        PolicyError: ``text`` is not in that form.
+    """
+    parts = text.split(":")
+    size = parts[0].lower().split("x")
+    try:
+        count, gpus = int(size[0]), int(size[1])
+        mem = int(parts[2]) if len(parts) > 2 else 0
+        if len(size) != 2 or count < 1 or gpus < 1 or mem < 0 or len(parts) > 3:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise PolicyError(source, "", text, "NODESxGPUS[:GPU_TYPE[:GPU_MEM_MIB]], e.g. 192x8 or 64x8:H100-80GB") from None
+    out = dict(raw) if isinstance(raw, dict) else {}
+    cluster = dict(out.get("cluster") or {})
+    pools = cluster.get("pools") or []
+    group = {"name": "node", "count": count, "gpus": gpus}
+    if len(parts) > 1 and parts[1]:
+        group["gpu_type"] = parts[1]
+    if mem:
+        group["gpu_mem_mib"] = mem
+    if pools and isinstance(pools[0], dict) and "name" in pools[0]:
+        group["pool"] = pools[0]["name"]
+    cluster["nodes"] = [group]
+    out["cluster"] = cluster
+    return out
+
+
+def read_policy_dict(path: str | Path) -> Any:
+    """The parsed YAML of a policy file, not yet validated.
+
+    Raises:
+        PolicyError: unreadable file or YAML syntax error.
+    """
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError(source, "", source, f"a readable policy file ({exc.strerror})") from None
-    return parse_policy(text, source)
+    return _yaml(text, source)
 
 
-def parse_policy(text: str, source: str = "<policy>") -> Policy:
-    """Parse policy YAML text; see ``load_policy``."""
+def _yaml(text: str, source: str) -> Any:
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "?"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise PolicyError(source, where, "YAML text", f"valid YAML ({problem})") from None
-    return policy_from_dict(raw, source)
 
 
 def policy_from_dict(raw: Any, source: str = "<policy>") -> Policy:
@@ -315,6 +359,7 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         backfill_enabled=spec.backfill.enabled,
         backfill_reservations=spec.backfill.reservations,
         backfill_max_job_test=spec.backfill.max_job_test,
+        backfill_refresh_s=spec.backfill.refresh_s,
         default_team=spec.default_team,
     )
 

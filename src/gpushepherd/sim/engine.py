@@ -176,8 +176,15 @@ class Simulator:
                 sched = self.sched = Scheduler.restore(self.rules, snap)
             decisions = sched.handle(batch) if batch else []
             n_decisions += len(decisions)
+            # Runs that ended in this instant close first: the scheduler may already
+            # have restarted the same job (a requeued job) in this instant's pass.
             for e in batch:
-                if isinstance(e, JobAdopted):
+                if isinstance(e, JobFinished):
+                    rec = records[e.job_id]
+                    held -= self._close_run(rec, t, bank=e.status is ExitStatus.PREEMPTED)
+                    if self.track_usage is not None:
+                        self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
+                elif isinstance(e, JobAdopted):
                     decisions.insert(0, Start(e.started_at if e.started_at is not None else t, e.spec.id, e.placement))
             for d in decisions:
                 rec = records[d.job_id]
@@ -196,25 +203,15 @@ class Simulator:
                             self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
                     else:
                         self._signal(rec, t, d.grace_s, ExitStatus.TIMEOUT)
-            for e in batch:
-                if isinstance(e, JobFinished):
-                    rec = records[e.job_id]
-                    job = sched.jobs[e.job_id]
-                    held -= self._close_run(rec, t, bank=job.state is JobState.PENDING)
-                    if self.track_usage is not None:
-                        self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
-                    if job.state.terminal:
-                        rec.end = t
-                        rec.state = job.state.value
-                        finished += 1
-            # records of jobs whose state changed without an exit (cancelled while pending)
+            # jobs that ended in this instant (an exit, or a cancel while pending)
             for e in batch:
                 job_id = getattr(e, "job_id", None)
-                if job_id and job_id in sched.jobs and records[job_id].end is None:
-                    job = sched.jobs[job_id]
-                    if job.state.terminal:
+                if job_id and records[job_id].end is None:
+                    job = sched.jobs.get(job_id)
+                    if job is not None and job.state.terminal:
                         records[job_id].end = t
                         records[job_id].state = job.state.value
+                        finished += 1
             if decisions or batch:
                 t_last = t
             if self.record_reasons:
@@ -228,10 +225,6 @@ class Simulator:
             if self.progress is not None and finished - last_report >= 2000:
                 last_report = finished
                 self.progress(finished, total)
-        if self.record_reasons:
-            for rec in records.values():
-                if rec.reasons and rec.reasons[-1][1] is None and rec.state != "PENDING":
-                    rec.reasons[-1][1] = rec.end
         for job_id, rec in records.items():
             job = sched.jobs.get(job_id)
             if job is not None and not job.state.terminal:
@@ -268,6 +261,7 @@ class Simulator:
         before the signal is kept (checkpointable jobs only)."""
         job = self.sched.jobs[rec.spec.id]
         rec.gpu_seconds += (t - rec.run_start) * rec.spec.gpus
+        rec.state = "ENDED"
         if bank and job.checkpointable:
             signal_t = rec.signal_t
             rec.work_done += (signal_t if signal_t is not None and signal_t >= rec.run_start else t) - rec.run_start
@@ -276,7 +270,6 @@ class Simulator:
         rec.signal_t = None
         rec.exit_at = INF
         rec.run += 1  # any exit still queued for the closed run is stale now
-        rec.state = job.state.value
         return rec.spec.gpus
 
     def _usage(self, usage: dict, timeline: dict, spec: JobSpec, delta: int, t: float) -> None:

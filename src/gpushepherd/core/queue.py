@@ -1,0 +1,108 @@
+"""Pending jobs, kept apart from the allocation ledger (as Kueue keeps its queue
+manager apart from its scheduler cache).
+
+Jobs are held in *sub-queues* by signature - the job's shape and node filter, class,
+quota charges and estimate band (a power of two of the remaining estimate). Jobs of
+one sub-queue are interchangeable for a scheduling pass except for their order and
+their exact estimate, so a pass looks at sub-queue *heads* in global order (class
+priority, submit time, job id) and goes deeper into a sub-queue only when its next job
+could do better than the one before it. A pass over 75,000 pending jobs then looks at
+a few hundred.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left, insort
+from collections.abc import Iterator
+
+from gpushepherd.core.state import INF, Job
+
+
+def estimate_band(estimate: float | None) -> int:
+    """``floor(log2(estimate))`` for an estimate in seconds; -1 for none."""
+    if estimate is None or estimate == INF:
+        return -1
+    return int(math.floor(math.log2(max(1.0, estimate))))
+
+
+def band_floor(band: int) -> float:
+    """The shortest estimate of a band (``INF`` for 'no estimate')."""
+    return INF if band < 0 else float(2**band)
+
+
+class PendingQueue:
+    """Pending jobs by signature.
+
+    Attributes:
+        subs: ``{signature: [job, ...]}``, each list sorted by the jobs' order keys.
+        heads: ``[(order key of the head job, signature), ...]`` sorted: the global
+            order of the sub-queues.
+    """
+
+    def __init__(self) -> None:
+        self.subs: dict[int, list[Job]] = {}
+        self._subkeys: dict[int, list[tuple]] = {}
+        self.heads: list[tuple[tuple, int]] = []
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, job: Job) -> None:
+        sig = job.sig
+        keys = self._subkeys.get(sig)
+        if keys is None:
+            self.subs[sig] = [job]
+            self._subkeys[sig] = [job.key]
+            insort(self.heads, (job.key, sig))
+        else:
+            i = bisect_left(keys, job.key)
+            if i == 0:
+                self._drop_head(keys[0], sig)
+                insort(self.heads, (job.key, sig))
+            keys.insert(i, job.key)
+            self.subs[sig].insert(i, job)
+        self.count += 1
+
+    def remove(self, job: Job) -> None:
+        sig = job.sig
+        keys = self._subkeys[sig]
+        sub = self.subs[sig]
+        i = bisect_left(keys, job.key)
+        while sub[i] is not job:
+            i += 1
+        del keys[i]
+        del sub[i]
+        if i == 0:
+            self._drop_head(job.key, sig)
+            if keys:
+                insort(self.heads, (keys[0], sig))
+            else:
+                del self.subs[sig]
+                del self._subkeys[sig]
+        self.count -= 1
+
+    def _drop_head(self, key: tuple, sig: int) -> None:
+        i = bisect_left(self.heads, (key, sig))
+        assert self.heads[i] == (key, sig), "sub-queue head missing"
+        del self.heads[i]
+
+    def __iter__(self) -> Iterator[Job]:
+        """Every pending job in global order (a merge of the sub-queues)."""
+        return (job for _key, job in heapq.merge(*([(j.key, j) for j in sub] for sub in self.subs.values()),
+                                                   key=lambda kj: kj[0]))
+
+    def check(self) -> None:
+        """Raise ``AssertionError`` if the sub-queues and heads disagree."""
+        assert sorted(self.heads) == self.heads, "heads out of order"
+        assert {sig for _k, sig in self.heads} == set(self.subs), "heads and sub-queues differ"
+        total = 0
+        for sig, sub in self.subs.items():
+            assert sub, "empty sub-queue kept"
+            keys = [j.key for j in sub]
+            assert keys == sorted(keys) == self._subkeys[sig], "sub-queue out of order"
+            assert all(j.sig == sig for j in sub), "job in the wrong sub-queue"
+            total += len(sub)
+        assert total == self.count, "pending count drifted"

@@ -1,0 +1,109 @@
+"""Figures of a simulation, and the per-job table they are computed from.
+
+Definitions (so that anyone can recompute every figure from the per-job file):
+
+* **JCT** (job completion time) = ``end - submit`` of a job that ended (completed,
+  failed or stopped at its time limit); jobs still pending or running at the end of the
+  replay, and cancelled ones, are counted apart (``unfinished``).
+* **queueing delay** = ``start - submit``, ``start`` being the job's first start.
+* **utilisation** = GPU-seconds held by jobs / GPU-seconds of healthy capacity, both
+  over ``[first submit, last event]``.
+* **makespan** = last event - first submit.
+* **lower bound** = mean duration of the finished jobs: no scheduler's average JCT can be
+  below it.
+
+Percentiles are numpy's linear interpolation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpushepherd.sim.engine import SimResult
+
+COLUMNS = ["job_id", "user", "team", "class", "gpus", "submit", "start", "end", "duration", "state",
+           "preemptions", "runs", "nodes", "queueing_delay", "jct"]
+ENDED = ("COMPLETED", "FAILED", "TIMEOUT")
+
+
+def job_table(result: SimResult) -> pd.DataFrame:
+    """One row per job, in trace order, with the columns of ``COLUMNS`` (seconds)."""
+    rows = []
+    for rec in result.records.values():
+        spec = rec.spec
+        start = rec.first_start
+        end = rec.end if rec.state in ENDED else None
+        last = rec.starts[-1][1].nodes if rec.starts else ()
+        rows.append((
+            spec.id, spec.user, spec.team, spec.workload_class, spec.gpus, spec.submit_time,
+            start, end, rec.duration, rec.state, len(rec.preempted_at), len(rec.starts), "+".join(last),
+            None if start is None else start - spec.submit_time,
+            None if end is None else end - spec.submit_time,
+        ))
+    df = pd.DataFrame.from_records(rows, columns=COLUMNS)
+    for col in ("start", "end", "duration", "queueing_delay", "jct"):
+        df[col] = df[col].astype("float64")
+    return df
+
+
+def _stats(values: np.ndarray) -> dict[str, float | None]:
+    if values.size == 0:
+        return {"mean": None, "p50": None, "p95": None, "p99": None}
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    return {"mean": float(values.mean()), "p50": float(p50), "p95": float(p95), "p99": float(p99)}
+
+
+def _group(df: pd.DataFrame) -> dict[str, Any]:
+    ended = df[df["state"].isin(ENDED)]
+    started = df[df["start"].notna()]
+    return {
+        "jobs": int(len(df)),
+        "finished": int(len(ended)),
+        "unfinished": int(len(df) - len(ended)),
+        "jct_s": _stats(ended["jct"].to_numpy(dtype=float)),
+        "queueing_delay_s": _stats(started["queueing_delay"].to_numpy(dtype=float)),
+        "mean_duration_s": float(ended["duration"].mean()) if len(ended) else None,
+        "gpu_seconds": float((ended["duration"] * ended["gpus"]).sum()),
+        "preemptions": int(df["preemptions"].sum()),
+    }
+
+
+def summarize(result: SimResult, df: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Overall, per-class and per-team figures of a run (see the module docstring)."""
+    if df is None:
+        df = job_table(result)
+    overall = _group(df)
+    span = result.t_last - result.t_first
+    overall["utilisation"] = result.busy_gpu_s / result.capacity_gpu_s if result.capacity_gpu_s > 0 else 0.0
+    overall["makespan_s"] = span
+    overall["lower_bound_jct_s"] = overall["mean_duration_s"]
+    mean_jct = overall["jct_s"]["mean"]
+    lb = overall["mean_duration_s"]
+    overall["jct_over_lower_bound"] = mean_jct / lb if mean_jct is not None and lb else None
+    return {
+        "overall": overall,
+        "by_class": {k: _group(g) for k, g in sorted(df.groupby("class"), key=lambda kv: kv[0])},
+        "by_team": {k: _group(g) for k, g in sorted(df.groupby("team"), key=lambda kv: kv[0])},
+    }
+
+
+def write_jobs(df: pd.DataFrame, path: str | Path) -> None:
+    """Write the per-job table as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``).
+
+    Raises:
+        ValueError: any other suffix.
+    """
+    path = Path(path)
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        df.to_parquet(path, index=False)
+    elif name.endswith(".csv"):
+        df.to_csv(path, index=False, lineterminator="\n")
+    elif name.endswith(".csv.gz"):  # mtime 0: the same run gives the same bytes
+        df.to_csv(path, index=False, lineterminator="\n", compression={"method": "gzip", "mtime": 0})
+    else:
+        raise ValueError(f"--out: {str(path)!r} is not allowed: a .csv, .csv.gz or .parquet file")

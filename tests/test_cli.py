@@ -1,0 +1,147 @@
+"""The shepherd command as a user runs it: outputs, exit codes, one-line errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from gpushepherd.cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "traces"
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_simulate_default_prints_a_replay_summary(tmp_path):
+    res = run("simulate", "--no-progress", "--json", str(tmp_path / "s.json"))
+    assert res.exit_code == 0, res.output
+    assert "bundled Philly excerpt" in res.output
+    assert "avg JCT" in res.output and "class sandbox" in res.output and "utilisation" in res.output
+    summary = json.loads((tmp_path / "s.json").read_text())
+    o = summary["overall"]
+    assert o["jobs"] == 1966 and o["finished"] == 1966
+    assert o["jct_s"]["mean"] >= o["lower_bound_jct_s"]
+    assert 0 < o["utilisation"] <= 1
+
+
+def test_per_job_output_recomputes_the_figures_and_is_byte_identical(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    for out in (a, b):
+        res = run("simulate", "--no-progress", "--out", str(out), "--json", str(out) + ".json")
+        assert res.exit_code == 0, res.output
+    assert a.read_bytes() == b.read_bytes()
+    df = pd.read_csv(a)
+    for col in ("job_id", "team", "class", "gpus", "submit", "start", "end", "preemptions", "nodes"):
+        assert col in df.columns
+    summary = json.loads(Path(str(a) + ".json").read_text())["overall"]
+    assert abs((df["end"] - df["submit"]).mean() - summary["jct_s"]["mean"]) < 1e-6
+    assert abs((df["start"] - df["submit"]).quantile(0.99) - summary["queueing_delay_s"]["p99"]) < 1e-6
+    assert (df["start"] >= df["submit"]).all() and (df["end"] >= df["start"]).all()
+
+
+def test_parquet_output(tmp_path):
+    res = run("simulate", "--no-progress", "--days", "45.0:45.2", "--out", str(tmp_path / "j.parquet"))
+    assert res.exit_code == 0, res.output
+    df = pd.read_parquet(tmp_path / "j.parquet")
+    assert len(df) > 0 and set(df["state"]) == {"COMPLETED"}
+
+
+def test_smaller_cluster_waits_longer(tmp_path):
+    figures = {}
+    for size in ("96x8", "64x8"):
+        res = run("simulate", "--no-progress", "--cluster", size, "--json", str(tmp_path / f"{size}.json"))
+        assert res.exit_code == 0, res.output
+        figures[size] = json.loads((tmp_path / f"{size}.json").read_text())["overall"]
+    assert figures["64x8"]["queueing_delay_s"]["mean"] > figures["96x8"]["queueing_delay_s"]["mean"]
+    assert figures["64x8"]["jct_s"]["mean"] > figures["96x8"]["jct_s"]["mean"]
+    assert figures["64x8"]["utilisation"] > figures["96x8"]["utilisation"]
+
+
+def test_explain_prints_a_history():
+    res = run("simulate", "--no-progress", "--days", "45:45.1", "--explain", "6070")
+    assert res.exit_code == 0, res.output
+    assert "submitted" in res.output and "RUNNING" in res.output
+
+
+@pytest.mark.parametrize("policy_text, fragment", [
+    ("cluster:\n  nodes:\n    - {name: n, gpus: 0}\n", "cluster.nodes[0].gpus: 0 is not allowed"),
+    ("cluster:\n  nodes:\n    - {name: n, gpus: 8}\nteams:\n  ml: {max_gpus: -2}\n", "teams.ml.max_gpus: -2 is not allowed"),
+    ("cluster:\n  nodes:\n    - {name: n, gpus: 8}\nteams:\n  ml: {classes: {nope: {max_gpus: 1}}}\n", "teams.ml.classes.nope"),
+    ("cluster:\n  nodes:\n    - {name: n, gpus: 8}\nteams:\n  a: {nominal_gpus: 6}\n  b: {nominal_gpus: 6}\n", "teams.*.nominal_gpus: 12"),
+])
+def test_bad_policy_is_one_line_exit_2(tmp_path, policy_text, fragment):
+    p = tmp_path / "bad.yaml"
+    p.write_text(policy_text)
+    proc = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "simulate", "--policy", str(p)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and str(p) in lines[0] and fragment in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_bad_trace_row_is_one_line_exit_2(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("#job id,arrival time (sec),topology,shape,size,duration (sec)\n0,1.0,CLOS,1,two,2.0\n")
+    proc = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "simulate", "--trace", str(p)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {p}: line 2: column 'size': 'two' is not allowed: a finite number >= 1"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--cluster", "12"], "--cluster"),
+    (["--days", "9:3"], "--days"),
+    (["--days", "200:300"], "no jobs to simulate"),
+    (["--load", "-1"], "--load"),
+    (["--out", "x.txt"], "--out"),
+    (["--estimates", "oracle"], "--estimates"),
+    (["--format", "csv", "--trace", "README.md"], "--map"),
+    (["--trace", "nowhere.csv"], "cannot read"),
+])
+def test_bad_options_exit_2(args, fragment):
+    res = run("simulate", "--no-progress", *args)
+    assert res.exit_code == 2
+    assert fragment in res.output
+
+
+def test_scenario_run_pass_and_fail(tmp_path):
+    good = ROOT / "examples/scenarios/S16.yaml"
+    res = run("scenario", "run", str(good))
+    assert res.exit_code == 0 and "PASS S16" in res.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("T2: {t: 1000, node: n1}", "T2: {t: 10, node: n1}"))
+    res = run("scenario", "run", "-q", str(bad))
+    assert res.exit_code == 1 and "FAIL S16" in res.output and "T2: start #1 at t=1000, expected t=10" in res.output
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("scenario: X\npolicy: {cluster: {nodes: [{name: n, gpus: 1}]}}\njobs: [{id: a, class: batch, submit: 0}]\nexpect: {}\n")
+    res = run("scenario", "run", str(broken))
+    assert res.exit_code == 2 and "duration" in res.output
+
+
+def test_policy_check():
+    res = run("policy", "check", str(ROOT / "examples/policies/small-team.yaml"))
+    assert res.exit_code == 0 and "OK - 1 nodes, 8 GPUs" in res.output
+
+
+@pytest.mark.skipif(not (SHARED / "philly_rfold/philly_trace.csv.gz").exists(), reason="../shared not present")
+def test_full_philly_trace_on_2816_gpus(tmp_path):
+    """The acceptance run: the whole Philly trace under the example policy."""
+    res = run("simulate", "--no-progress", "--trace", str(SHARED / "philly_rfold/philly_trace.csv.gz"),
+              "--format", "philly", "--policy", str(ROOT / "examples/policies/philly.yaml"),
+              "--json", str(tmp_path / "s.json"))
+    assert res.exit_code == 0, res.output
+    o = json.loads((tmp_path / "s.json").read_text())["overall"]
+    assert o["jobs"] == 111549 and o["finished"] == 111549
+    assert o["jct_s"]["mean"] >= o["lower_bound_jct_s"] > 0
+    assert 0 < o["utilisation"] <= 1

@@ -1,0 +1,120 @@
+"""Trace readers, the seeded mapping, and their errors."""
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from gpushepherd.policy import policy_from_dict
+from gpushepherd.sim.mapping import PHILLY_VCS, class_for, round_limit, to_sim_jobs, unit
+from gpushepherd.sim.traces import TraceError, parse_days, parse_mapping, read_csv, read_philly, read_trace, select
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "traces"
+EXCERPT = ROOT / "src/gpushepherd/data/philly-excerpt.csv.gz"
+
+
+def test_bundled_excerpt_is_real_philly_days_45_to_47():
+    jobs = read_philly(EXCERPT)
+    assert len(jobs) == 1966
+    assert all(45 * 86400 <= j.submit < 47 * 86400 for j in jobs)
+    assert all(j.gpus >= 1 and j.duration >= 0 for j in jobs)
+
+
+@pytest.mark.skipif(not (SHARED / "philly_rfold/philly_trace.csv.gz").exists(), reason="../shared not present")
+def test_full_philly_trace_reads():
+    jobs = read_philly(SHARED / "philly_rfold/philly_trace.csv.gz")
+    assert len(jobs) == 111549
+    assert max(j.gpus for j in jobs) == 128
+
+
+@pytest.mark.skipif(not (SHARED / "elasticflow_itp/raw/cluster04.csv.gz").exists(), reason="../shared not present")
+def test_itp_reader_sorts_by_submit():
+    jobs = read_trace(SHARED / "elasticflow_itp/raw/cluster04.csv.gz", "itp")
+    assert len(jobs) == 15802
+    assert [j.submit for j in jobs] == sorted(j.submit for j in jobs)
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    if name.endswith(".gz"):
+        with gzip.open(p, "wt") as f:
+            f.write(text)
+    else:
+        p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("row, fragment", [
+    ("1,10.0,CLOS,1,abc,5.0", "line 3: column 'size': 'abc' is not allowed: a finite number >= 1"),
+    ("1,10.0,CLOS,1,0,5.0", "column 'size': '0' is not allowed"),
+    ("1,10.0,CLOS,1,1.5,5.0", "a whole number of GPUs"),
+    ("1,-3,CLOS,1,1,5.0", "column 'arrival time (sec)': '-3' is not allowed"),
+    ("1,10.0,CLOS,1,1,nan", "column 'duration (sec)': 'nan' is not allowed"),
+    ("1,10.0,CLOS,1,1", "5 columns is not allowed: 6 columns"),
+    ("0,11.0,CLOS,1,1,5.0", "job id '0' appears twice"),
+])
+def test_malformed_philly_row(tmp_path, row, fragment):
+    p = _write(tmp_path, "t.csv", "#job id,arrival time (sec),topology,shape,size,duration (sec)\n0,1.0,CLOS,1,1,2.0\n" + row + "\n")
+    with pytest.raises(TraceError) as info:
+        read_philly(p)
+    assert str(p) in str(info.value) and fragment in str(info.value)
+
+
+def test_generic_csv_with_mapping(tmp_path):
+    p = _write(tmp_path, "t.csv.gz", "name,t,n,secs,grp\nb,5,2,100,ml\na,1,1,50,\n")
+    jobs = read_csv(p, parse_mapping("id=name,submit=t,gpus=n,duration=secs,team=grp"))
+    assert [(j.id, j.submit, j.gpus, j.duration, j.team) for j in jobs] == [("a", 1.0, 1, 50.0, None), ("b", 5.0, 2, 100.0, "ml")]
+    with pytest.raises(TraceError, match="column 'nope' \\(for gpus\\) is not allowed"):
+        read_csv(p, parse_mapping("submit=t,gpus=nope,duration=secs"))
+    for bad in ("submit=t,gpus=n", "submit=t,gpus=n,duration=secs,colour=c", "submit"):
+        with pytest.raises(TraceError):
+            parse_mapping(bad)
+
+
+def test_select_window_and_load():
+    from gpushepherd.sim.traces import TraceJob
+    jobs = [TraceJob(str(i), i * 43200.0, 1, 10.0) for i in range(10)]
+    win = select(jobs, (1, 3))
+    assert [j.submit for j in win] == [86400.0, 129600.0, 172800.0, 216000.0]
+    fast = select(jobs, (1, 3), load=2.0)
+    assert [j.submit for j in fast] == [86400.0, 108000.0, 129600.0, 151200.0]
+    assert parse_days("30") == (0.0, 30.0) and parse_days("40:70") == (40.0, 70.0)
+    for bad in ("x", "5:2", "-1:3"):
+        with pytest.raises(TraceError):
+            parse_days(bad)
+    with pytest.raises(TraceError):
+        select(jobs, None, load=0)
+
+
+def test_mapping_is_seeded_stable_and_documented():
+    rules = policy_from_dict({"cluster": {"nodes": [{"name": "n", "count": 4, "gpus": 8}]}}).rules
+    rows = read_philly(EXCERPT)
+    a = to_sim_jobs(rows, rules, seed=1)
+    b = to_sim_jobs(rows, rules, seed=1)
+    c = to_sim_jobs(rows, rules, seed=2)
+    assert [j.spec for j in a] == [j.spec for j in b]
+    assert [j.spec.team for j in a] != [j.spec.team for j in c]
+    # one job's mapping does not depend on the others
+    assert to_sim_jobs(rows[5:6], rules, seed=1)[0].spec == a[5].spec
+    vcs = {name for name, _ in PHILLY_VCS}
+    assert {j.spec.team for j in a} == vcs
+    for sj in a:
+        spec = sj.spec
+        assert spec.workload_class == class_for(spec.gpus, sj.duration)
+        assert spec.time_limit_s >= sj.duration and spec.runtime_estimate_s is None
+        assert spec.user.startswith(spec.team + "-u")
+    assert 0 <= unit(0, "x", "1") < 1
+    assert round_limit(1) == 300 and round_limit(3601) == 7200 and round_limit(100 * 86400 + 1) == 101 * 86400
+
+
+def test_mapping_uses_policy_teams_and_rejects_unknown_ones():
+    rules = policy_from_dict({"cluster": {"nodes": [{"name": "n", "gpus": 8}]},
+                              "teams": {"a": {"nominal_gpus": 6}, "b": {"nominal_gpus": 2}}}).rules
+    rows = read_philly(EXCERPT)
+    teams = [j.spec.team for j in to_sim_jobs(rows, rules)]
+    share_a = teams.count("a") / len(teams)
+    assert 0.7 < share_a < 0.8  # weighted 6:2
+    from gpushepherd.sim.traces import TraceJob
+    with pytest.raises(TraceError, match="team 'zz' is not allowed"):
+        to_sim_jobs([TraceJob("1", 0.0, 1, 1.0, team="zz")], rules)
