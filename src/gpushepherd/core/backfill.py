@@ -54,20 +54,32 @@ def reserve_for(sched: "Scheduler", job: Job, now: float, prior: list[Reservatio
     Earlier reservations' claims are taken out of the availability from now on (a
     conservative profile). Jobs past their estimated end are taken to end now. Returns
     ``None`` when no start can be planned (the GPUs needed are held by jobs without an
-    estimate).
+    estimate). Only nodes whose availability changes during the walk are looked at; the
+    exact placement runs when a cheap necessary condition says it may succeed.
     """
     ledger = sched.ledger
-    cand = members_of(ledger, sched.groups_for(job))
-    avail = {i: ledger.slots[i].free for i in cand}
-    totals = {i: ledger.slots[i].healthy for i in cand}
+    slots = ledger.slots
+    groups = sched.groups_for(job)
+    nodeset = sched.nodes_for(job)
+    shape = job.shape
+    taken: dict[int, int] = {}
     for r in prior:
         for n, c in r.claims.items():
-            if n in avail:
-                avail[n] -= c
-    shape = job.shape
-    gate = _Gate(shape, avail, totals)
-    placed = place_counts(avail, cand, totals, shape) if gate.maybe() else None
+            if n in nodeset:
+                taken[n] = taken.get(n, 0) + c
+    gate = _Gate(shape, ledger, groups, nodeset, taken)
+    changed: dict[int, int] = {}
+
+    def full() -> dict[int, int]:
+        avail = {i: slots[i].free - taken.get(i, 0) for i in nodeset}
+        avail.update(changed)
+        return avail
+
+    placed = None
     start = now
+    if gate.maybe():
+        avail = full()
+        placed = place_counts(avail, sorted(nodeset), {i: slots[i].healthy for i in nodeset}, shape)
     if placed is None:
         ends = sched.ends_sorted()
         i, n_ends = 0, len(ends)
@@ -81,11 +93,17 @@ def reserve_for(sched: "Scheduler", job: Job, now: float, prior: list[Reservatio
                 holder = sched.jobs[ends[i][2]]
                 i += 1
                 for idx, mask in holder.alloc:
-                    if idx in avail:
-                        gate.add(idx, mask.bit_count())
+                    if idx in nodeset:
+                        before = changed.get(idx)
+                        if before is None:
+                            before = slots[idx].free - taken.get(idx, 0)
+                        after = before + mask.bit_count()
+                        changed[idx] = after
+                        gate.update(before, after, slots[idx].healthy)
                         touched = True
             if touched and gate.maybe():
-                placed = place_counts(avail, cand, totals, shape)
+                avail = full()
+                placed = place_counts(avail, sorted(nodeset), {i: slots[i].healthy for i in nodeset}, shape)
                 if placed is not None:
                     start = max(end_t, now)
     if placed is None:
@@ -93,6 +111,55 @@ def reserve_for(sched: "Scheduler", job: Job, now: float, prior: list[Reservatio
     claims = dict(placed)
     spare = {n: avail[n] - c for n, c in claims.items()}
     return Reservation(job.id, start, claims, spare, quota=quota_spare(sched, job, start), key=job.key)
+
+
+class _Gate:
+    """A cheap necessary condition for ``place_counts`` to succeed, kept up to date as
+    GPUs are added during a reservation walk, so the exact placement runs only when it
+    may succeed. Starts from the ledger's free-count buckets (no scan over nodes) unless
+    earlier claims change the picture."""
+
+    __slots__ = ("shape", "slots", "whole", "biggest", "top", "homog", "sum")
+
+    def __init__(self, shape, ledger, groups: list[int], nodeset, taken: dict[int, int]):
+        self.shape = shape
+        sizes = {ledger.groups[g].gpus for g in groups}
+        self.top = max(sizes, default=1)
+        self.homog = len(sizes) <= 1 and all(
+            ledger.groups[g].healthy_sum == len(ledger.groups[g].members) * ledger.groups[g].gpus for g in groups)
+        if taken or not self.homog:
+            vals = [(ledger.slots[i].free - taken.get(i, 0), ledger.slots[i].healthy) for i in nodeset]
+            self.sum = sum(max(0, v) for v, _ in vals)
+            self.biggest = max((v for v, _ in vals), default=0)
+            self.whole = sum(1 for v, h in vals if v > 0 and v >= h)
+            per = shape.per_pod
+            self.slots = sum(max(0, v) // per for v, _ in vals)
+        else:
+            self.sum = ledger.free_in(groups)
+            self.biggest = ledger.max_free_node(groups)
+            self.whole = sum(len(ledger.groups[g].buckets[ledger.groups[g].gpus]) for g in groups)
+            per = shape.per_pod
+            self.slots = sum(len(b) * (f // per) for g in groups for f, b in enumerate(ledger.groups[g].buckets))
+
+    def update(self, before: int, after: int, healthy: int) -> None:
+        per = self.shape.per_pod
+        self.slots += max(0, after) // per - max(0, before) // per
+        if before < healthy <= after:
+            self.whole += 1
+        self.sum += max(0, after) - max(0, before)
+        if after > self.biggest:
+            self.biggest = after
+
+    def maybe(self) -> bool:
+        shape = self.shape
+        if shape.mode == "single":
+            return self.biggest >= shape.k
+        if shape.mode == "pods":
+            return self.slots >= shape.pods
+        if not self.homog:  # mixed node sizes: only the total is a safe test
+            return self.sum >= shape.k
+        need_whole, rest = divmod(shape.k, self.top)
+        return self.whole >= need_whole and (rest == 0 or self.biggest >= rest)
 
 
 def quota_spare(sched: "Scheduler", job: Job, start: float) -> dict[tuple[int, str], int]:
@@ -112,51 +179,6 @@ def quota_spare(sched: "Scheduler", job: Job, start: float) -> dict[tuple[int, s
                 freed[(i, user)] += amount
     return {key: max(0, quota.limits[key[0]].max - (quota.usage.get(key, 0) - freed[key]) - amount)
             for key, amount in keys.items()}
-
-
-class _Gate:
-    """A cheap necessary condition for ``place_counts`` to succeed, kept up to date as
-    GPUs are added to ``avail`` during a reservation walk (so the exact placement runs
-    only when it can succeed)."""
-
-    __slots__ = ("shape", "avail", "totals", "slots", "whole", "biggest", "top", "homog", "sum")
-
-    def __init__(self, shape, avail: dict[int, int], totals: dict[int, int]):
-        self.shape = shape
-        self.avail = avail
-        self.totals = totals
-        per = shape.per_pod if shape.mode == "pods" else shape.k
-        self.slots = sum(max(0, v) // per for v in avail.values()) if shape.mode == "pods" else 0
-        self.whole = sum(1 for i, v in avail.items() if v > 0 and v >= totals[i])
-        self.biggest = max((max(0, v) for v in avail.values()), default=0)
-        self.top = max(totals.values(), default=1)
-        self.homog = len(set(totals.values())) <= 1
-        self.sum = sum(max(0, v) for v in avail.values())
-
-    def add(self, idx: int, gpus: int) -> None:
-        before = self.avail[idx]
-        after = before + gpus
-        self.avail[idx] = after
-        if self.shape.mode == "pods":
-            pp = self.shape.per_pod
-            self.slots += max(0, after) // pp - max(0, before) // pp
-        elif self.shape.mode == "multi":
-            if before < self.totals[idx] <= after:
-                self.whole += 1
-        self.sum += max(0, after) - max(0, before)
-        if after > self.biggest:
-            self.biggest = after
-
-    def maybe(self) -> bool:
-        shape = self.shape
-        if shape.mode == "single":
-            return self.biggest >= shape.k
-        if shape.mode == "pods":
-            return self.slots >= shape.pods
-        if not self.homog:  # mixed node sizes: only the total is a safe test
-            return self.sum >= shape.k
-        need_whole, rest = divmod(shape.k, self.top)
-        return self.whole >= need_whole and (rest == 0 or self.biggest >= rest)
 
 
 def hold_for_preemptor(sched: "Scheduler", job: Job, now: float) -> Reservation:

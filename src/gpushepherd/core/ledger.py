@@ -43,7 +43,8 @@ def popcount(mask: int) -> int:
 class NodeSlot:
     """Live state of one node. ``free`` is the number of healthy free GPUs."""
 
-    __slots__ = ("idx", "node", "total", "all_mask", "healthy_mask", "free_mask", "free", "group", "alive", "holder")
+    __slots__ = ("idx", "node", "total", "all_mask", "healthy_mask", "free_mask", "free", "group", "alive", "holder",
+                 "healthy")
 
     def __init__(self, idx: int, node: Node, group: int):
         self.idx = idx
@@ -56,10 +57,7 @@ class NodeSlot:
         self.group = group
         self.alive = True
         self.holder: list[str | None] = [None] * node.gpus
-
-    @property
-    def healthy(self) -> int:
-        return self.healthy_mask.bit_count()
+        self.healthy = node.gpus  # healthy GPUs (kept equal to popcount(healthy_mask))
 
 
 class Group:
@@ -174,12 +172,14 @@ class Ledger:
         group = self.groups[slot.group]
         if healthy:
             slot.healthy_mask |= bit
+            slot.healthy += 1
             group.healthy_sum += 1
             self.healthy_total += 1
             if slot.holder[gpu] is None:
                 self._set_free(slot, slot.free_mask | bit)
         else:
             slot.healthy_mask &= ~bit
+            slot.healthy -= 1
             group.healthy_sum -= 1
             self.healthy_total -= 1
             if slot.free_mask & bit:
@@ -253,6 +253,7 @@ class Ledger:
             expect_free = slot.healthy_mask & ~held
             assert slot.free_mask == expect_free, f"{slot.node.name}: free mask {slot.free_mask:b} != {expect_free:b}"
             assert slot.free == slot.free_mask.bit_count()
+            assert slot.healthy == slot.healthy_mask.bit_count()
             grp = self.groups[slot.group]
             assert slot.idx in grp.buckets[slot.free], f"{slot.node.name}: not in bucket {slot.free}"
             free_total += slot.free

@@ -95,10 +95,49 @@ def place_live(ledger: Ledger, groups: list[int], shape: Shape) -> Counts | None
     if shape.mode == "single":
         idx = ledger.best_fit(groups, shape.k)
         return None if idx is None else [(idx, shape.k)]
+    if shape.mode == "multi" and all(ledger.groups[g].healthy_sum == len(ledger.groups[g].members) * ledger.groups[g].gpus
+                                     for g in groups):
+        return _multi_from_buckets(ledger, groups, shape.k)
     candidates = members_of(ledger, groups)
     avail = {i: ledger.slots[i].free for i in candidates}
     totals = {i: ledger.slots[i].healthy for i in candidates}
     return place_counts(avail, candidates, totals, shape)
+
+
+def _multi_from_buckets(ledger: Ledger, groups: list[int], k: int) -> Counts | None:
+    """``place_counts``'s multi rule on fully healthy groups, from the free-count
+    buckets: whole free nodes largest first (then lowest index), then the tightest
+    remainder node."""
+    whole: list[tuple[int, int]] = []
+    for g in groups:
+        grp = ledger.groups[g]
+        whole.extend((-grp.gpus, idx) for idx in grp.buckets[grp.gpus])
+    whole.sort()
+    chosen: Counts = []
+    rem = k
+    for neg, idx in whole:
+        size = -neg
+        if size <= rem:
+            chosen.append((idx, size))
+            rem -= size
+            if rem == 0:
+                return chosen
+    taken = {i for i, _ in chosen}
+    top = max(ledger.groups[g].gpus for g in groups)
+    for f in range(rem, top + 1):
+        best = None
+        for g in groups:
+            grp = ledger.groups[g]
+            if f <= grp.gpus:
+                for idx in grp.buckets[f]:
+                    if idx not in taken:
+                        if best is None or idx < best:
+                            best = idx
+                        break
+        if best is not None:
+            chosen.append((best, rem))
+            return chosen
+    return None
 
 
 def members_of(ledger: Ledger, groups: list[int]) -> list[int]:

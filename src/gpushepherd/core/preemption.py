@@ -82,19 +82,22 @@ def _needs(sched: "Scheduler", job: Job, cand: list[int]) -> list[int]:
     return [size] * whole + ([rest] if rest else [])
 
 
-def victims_for(sched: "Scheduler", job: Job, now: float,
-                only: set[int] | None = None) -> tuple[tuple[list[Job], Counts] | None, float]:
+def victims_for(sched: "Scheduler", job: Job, now: float, only: set[int] | None = None,
+                exclude: frozenset[int] = frozenset()) -> tuple[tuple[list[Job], Counts] | None, float]:
     """A victim set for ``job`` and the placement counts it would get (or ``None``),
     and the time until which a failure stays valid (when a too-young job passes the
     minimum runtime). With ``only``, single-node shapes look at those nodes alone (the
-    others are known not to work)."""
+    others are known not to work); nodes in ``exclude`` are not used."""
     ledger = sched.ledger
     groups = sched.groups_for(job)
     cand = members_of(ledger, groups)
-    if only is not None:
-        cand = [i for i in cand if i in only]
+    if only is not None or exclude:
+        cand = [i for i in cand if (only is None or i in only) and i not in exclude]
     node_set = set(cand)
     prio = job.cls.priority
+    size = sched.uniform_nodes()
+    if job.shape.mode == "multi" and size and sched.makeable_nodes(prio, True) < job.shape.k // size:
+        return None, INF  # not enough nodes could be emptied (minimum runtime aside)
     # necessary, from per-node counters: the job fits once every lower job that may be
     # a victim is gone (no walk over the running jobs when even that fails)
     upper = {i: ledger.slots[i].free + sched.lower_gpus(i, prio, True) for i in cand}
@@ -206,6 +209,9 @@ def lower_jobs_would_make_room(sched: "Scheduler", job: Job, only: set[int] | No
     if only is not None:
         cand = [i for i in cand if i in only]
     prio = job.cls.priority
+    size = sched.uniform_nodes()
+    if job.shape.mode == "multi" and size and sched.makeable_nodes(prio, False) < job.shape.k // size:
+        return False
     lower = {i: sched.lower_gpus(i, prio, False) for i in cand}
     if not any(lower.values()):
         return False

@@ -32,7 +32,7 @@ from gpushepherd.core import backfill
 from gpushepherd.core.ledger import Ledger, bits, lowest_bits
 from gpushepherd.core.placement import Counts, Shape, members_of, place_counts, place_live
 from gpushepherd.core.preemption import lower_jobs_would_make_room, victim_order_key, victims_for
-from gpushepherd.core.queue import PendingQueue, band_floor, estimate_band
+from gpushepherd.core.queue import PendingQueue, estimate_band
 from gpushepherd.core.quota import QuotaBook
 from gpushepherd.core.state import INF, Job, Transition
 from gpushepherd.model.cluster import Node
@@ -93,13 +93,26 @@ def validate_spec(rules: Rules, spec: JobSpec) -> None:
                         f"class {cls.name} ({cls.max_runtime_s} s)")
 
 
+#: within one instant's hardware and operator events: a node lost, then a node added
+#: (it may come back), then GPU health (of the node as it is now), then operator actions
+_SUBRANK = {"NodeLost": 0, "NodeAdded": 1, "GpuHealthChanged": 2, "JobAdopted": 3, "JobCancelled": 4,
+            "JobRequeueRequested": 5}
+
+
 def _event_order(e: Event) -> tuple:
+    """A total order of the events of one instant that does not depend on the order
+    they were given in (ties end on the event's full text; a GPU reported both healthy
+    and unhealthy at once ends unhealthy)."""
     if isinstance(e, JobSubmitted):
-        return (e.t, e.rank, natural_key(e.spec.id if e.spec else ""))
+        return (e.t, e.rank, 0, natural_key(e.spec.id if e.spec else ""), repr(e))
     job = getattr(e, "job_id", "") or ""
+    if isinstance(e, JobAdopted) and e.spec is not None:
+        job = e.spec.id
     node = getattr(e, "node", "")
     node = node.name if isinstance(node, Node) else node
-    return (e.t, e.rank, type(e).__name__, natural_key(job), node, getattr(e, "gpu", 0))
+    healthy = getattr(e, "healthy", False)
+    return (e.t, e.rank, _SUBRANK.get(type(e).__name__, 9), node or "", getattr(e, "gpu", 0), natural_key(job),
+            not healthy, repr(e))
 
 
 _GO = object()  # the sub-queue's next job may do better
@@ -113,7 +126,7 @@ class _Pass:
     shrink during a pass, so a failure for ``k`` GPUs holds for more)."""
 
     __slots__ = ("sched", "res", "depth", "n_reserved", "budget", "minp", "fail_fit", "fail_around",
-                 "fail_preempt", "reasons", "started")
+                 "fail_preempt", "started", "deferred")
 
     def __init__(self, sched: "Scheduler"):
         rules = sched.rules
@@ -126,13 +139,11 @@ class _Pass:
         self.fail_fit: dict[tuple, int] = {}
         self.fail_around: dict[tuple, int] = {}
         self.fail_preempt: dict[tuple, int] = {}
-        self.reasons: dict[tuple, PendingReason] = {}
         self.started: list[Job] = []
+        self.deferred: list[Job] = []  # blocked jobs whose reservation is not computed yet
 
     def took_gpus(self) -> None:
         sched = self.sched
-        if self.n_reserved < self.depth:
-            sched._res_epoch += 1  # taken before every reservation of the pass was made
         if sched.rules.preemption_enabled:
             self.minp = min(sched._preemptible, default=None)
 
@@ -142,7 +153,20 @@ class _Pass:
             return INF
         return min(r.start for r in self.res) - self.sched.now
 
+    def materialize(self) -> None:
+        """Compute the deferred reservations. Called before anything in the pass could
+        use them or change the state they are computed from, so they come out exactly
+        as if computed when their job blocked."""
+        if self.deferred:
+            sched = self.sched
+            for job in self.deferred:
+                r = backfill.reserve_for(sched, job, sched.now, self.res)
+                if r is not None:
+                    self.res.append(r)
+            self.deferred.clear()
+
     def finish(self) -> None:
+        self.sched._deferred = list(self.deferred)  # computed when asked for, if ever
         for job in self.started:
             self.sched._dequeue(job)
 
@@ -166,15 +190,16 @@ class Scheduler:
         self.jobs: dict[str, Job] = {}
         self.now = float("-inf")
         self.reservations: list[backfill.Reservation] = []
+        self._deferred: list[Job] = []  # blocked jobs of the last pass whose reservation waits to be computed
         self._queue = PendingQueue()
         self._running: dict[str, Job] = {}
         self._ends: list[tuple[float, int, str]] = []
         self._timers: list[tuple[float, int, int, str]] = []
         self._groups_cache: dict[tuple, list[int]] = {}
-        self._cap_cache: dict[Shape, bool] = {}  # shape -> can never fit the healthy nodes
+        self._nodeset_cache: dict[tuple, frozenset[int]] = {}
+        self._fkey_ids: dict[tuple, int] = {}
+        self._cap_cache: dict[int, bool] = {}  # (filter key, GPUs) -> can never fit the healthy nodes
         self._wakeups: list[float] = []  # times a failed victim search may succeed (minimum runtime)
-        self._res_cache: dict[str, tuple[tuple, float, backfill.Reservation]] = {}
-        self._res_epoch = 0  # bumped when cached reservations may no longer hold
         self._sig_ids: dict[tuple, int] = {}  # signature -> small int
         self._preemptors: dict[str, Job] = {}  # pending jobs whose victims are still exiting
         self._max_node_cache: dict[tuple, int] = {}
@@ -188,6 +213,12 @@ class Scheduler:
         self._prio_pos = {p: i for i, p in enumerate(self._prios)}
         self._lower_all: list[list[int]] = [[0] * len(self._prios) for _ in self.ledger.slots]
         self._lower_vic: list[list[int]] = [[0] * len(self._prios) for _ in self.ledger.slots]
+        #: per priority position: nodes that evicting every lower job (that may be a
+        #: victim / at all) would leave whole; kept from the ledger's change log
+        self._mk_pos = 0
+        self._mk_count = ([0] * len(self._prios), [0] * len(self._prios))
+        self._mk_flags: list[list[list[bool]]] = []
+        self._uniform: int | None = None
         self._class_gpus: dict[str, int] = {}  # class -> GPUs held
         self._seq = 0
         self._event_no = 0
@@ -269,16 +300,37 @@ class Scheduler:
         if job is None or job.state is not JobState.PENDING:
             return None
         if job.reason_pass != self._pass:
+            self._materialize()
             job.reason = self._reason_now(job)
             job.reason_pass = self._pass
         return job.reason
 
+    def _materialize(self) -> None:
+        """Compute the last pass's deferred reservations (the state is still the one
+        they would have been computed from: only a pass or an event changes it)."""
+        if self._deferred:
+            for job in self._deferred:
+                if job.state is JobState.PENDING:
+                    r = backfill.reserve_for(self, job, self.now, self.reservations)
+                    if r is not None:
+                        self.reservations.append(r)
+            self._deferred = []
+
     def estimated_start(self, job_id: str) -> float | None:
         """The planned start of a pending job that holds a reservation, else ``None``."""
+        self._materialize()
         for r in self.reservations:
             if r.job_id == job_id:
                 return r.start
         return None
+
+    def nodes_for(self, job: Job) -> frozenset[int]:
+        """Indices of the live nodes the job may use."""
+        ckey = job.shape.ckey
+        found = self._nodeset_cache.get(ckey)
+        if found is None:
+            found = self._nodeset_cache[ckey] = frozenset(members_of(self.ledger, self.groups_for(job)))
+        return found
 
     def groups_for(self, job: Job) -> list[int]:
         """Shape groups of the ledger whose nodes the job may use (class pools, GPU type, memory)."""
@@ -449,8 +501,8 @@ class Scheduler:
         if node is None:
             return
         self.ledger.add_node(node)
-        self._topology_changed()
         self._groups_cache.clear()
+        self._topology_changed()
         self._max_node_cache.clear()
         for job in list(self._queue):
             self._queue.remove(job)
@@ -476,10 +528,11 @@ class Scheduler:
         self._topology_changed()
 
     def _topology_changed(self) -> None:
+        self._uniform = None
+        self._nodeset_cache.clear()
         self._cap_cache.clear()
         self._victim_memo.clear()
         self._room_memo.clear()
-        self._res_epoch += 1
         self._full = True
 
     def _lose(self, job: Job, reason: str, out: list[Decision]) -> None:
@@ -497,14 +550,18 @@ class Scheduler:
         job.history.append(Transition(self.now, old_s, new.value, reason, self._event_no))
 
     def _enqueue(self, job: Job) -> None:
-        job.sig = self._sig_id(job.shape, job.cls.name, job.charges, estimate_band(job.remaining_estimate()))
+        rem = job.remaining_estimate()
+        job.pend_est = INF if rem is None else rem
+        shape = job.shape
+        fk = (shape.ckey, shape.mode, shape.per_pod)
+        job.fkey = self._fkey_ids.setdefault(fk, len(self._fkey_ids))
+        job.sig = self._sig_id(shape, job.cls.name, job.charges, estimate_band(rem))
         self._queue.add(job)
         job.state = JobState.PENDING
         job.reason = PendingReason(R.NEW)
         job.reason_pass = -1
 
     def _dequeue(self, job: Job) -> None:
-        self._res_cache.pop(job.id, None)
         self._preemptors.pop(job.id, None)
         self._queue.remove(job)
 
@@ -601,6 +658,36 @@ class Scheduler:
                 for j in range(first, n):
                     row[j] += g
 
+    def makeable_nodes(self, prio: int, victims_only: bool) -> int:
+        """How many live nodes would be whole free if every RUNNING job of a lower class
+        than ``prio`` (with ``victims_only``: that may be a victim, minimum runtime
+        aside) were gone. A necessary condition for multi-node preemption."""
+        changes = self.ledger.changes
+        if self._mk_pos != len(changes):
+            n = len(self._prios)
+            for idx in set(changes[self._mk_pos:]):
+                while idx >= len(self._mk_flags):
+                    self._mk_flags.append([[False] * n, [False] * n])
+                slot = self.ledger.slots[idx]
+                for which, table in ((0, self._lower_all), (1, self._lower_vic)):
+                    flags = self._mk_flags[idx][which]
+                    counts = self._mk_count[which]
+                    row = table[idx] if idx < len(table) else [0] * n
+                    for j in range(n):
+                        ok = slot.alive and slot.healthy > 0 and slot.free + row[j] >= slot.healthy
+                        if ok != flags[j]:
+                            flags[j] = ok
+                            counts[j] += 1 if ok else -1
+            self._mk_pos = len(changes)
+        return self._mk_count[1 if victims_only else 0][self._prio_pos[prio]]
+
+    def uniform_nodes(self) -> int:
+        """The GPU count of every live node when all have the same, else 0."""
+        if self._uniform is None:
+            sizes = {s.total for s in self.ledger.slots if s.alive}
+            self._uniform = sizes.pop() if len(sizes) == 1 else 0
+        return self._uniform
+
     def lower_gpus(self, idx: int, prio: int, victims_only: bool) -> int:
         """GPUs on node ``idx`` held by RUNNING jobs of a class priority below ``prio``
         (with ``victims_only``: only jobs that may be preempted, minimum runtime aside)."""
@@ -679,6 +766,7 @@ class Scheduler:
                 continue
             grace = job.cls.grace_period_s if job.checkpointable else 0.0
             self._signal(job, JobState.STOPPING, grace)
+            self._full = True  # its end moved: plans built on the old one are redone
             self._log(job, JobState.RUNNING, JobState.STOPPING, "time limit reached")
             out.append(Stop(self.now, job.id, reason="time-limit", grace_s=grace))
 
@@ -703,9 +791,8 @@ class Scheduler:
         if self._full:
             self._full = False
             self._pass += 1
-            if self._ends and self._ends[0][0] < self.now:
-                self._res_epoch += 1  # a job outran its estimate: plans built on it are off
             self.reservations = []
+            self._deferred = []
             self._first_blocked = None
             self._scan_full(out)
         else:
@@ -713,6 +800,7 @@ class Scheduler:
             # the last pass could not start: earlier outcomes stand, so only the new
             # jobs are looked at, against the reservations in force.
             before = len(out)
+            self._materialize()
             self._scan_jobs(sorted(new, key=lambda j: j.key), out)
             if len(out) > before:
                 self._pass += 1  # GPUs were taken: other jobs' reasons are recomputed on demand
@@ -764,8 +852,7 @@ class Scheduler:
                 limit = ctx.short_limit()
                 stop = min(len(sub), nxt + self.STRADDLE_DEPTH)
                 while nxt < stop:
-                    rem = sub[nxt].remaining_estimate()
-                    if rem is not None and rem <= limit:
+                    if sub[nxt].pend_est <= limit:
                         break
                     nxt += 1
                 else:
@@ -788,6 +875,7 @@ class Scheduler:
         res = ctx.res
         now = self.now
         if job.id in self._preemptors:
+            ctx.materialize()
             outcome = self._try_preemptor(job, res, out)
             if outcome == "started":
                 ctx.started.append(job)
@@ -800,20 +888,26 @@ class Scheduler:
         if ledger.free_total == 0 and not can_preempt and not self._preemptors:
             self._note_blocked(job)
             return _BREAK  # nothing can start without evicting, and nothing may be evicted
+        shape = job.shape
+        fkey = job.fkey
+        k = shape.k
+        if (ctx.n_reserved >= ctx.depth and ctx.fail_fit.get(fkey, INF) <= k
+                and (not can_preempt or ctx.fail_preempt.get((fkey, prio), INF) <= k)):
+            # fits nowhere, cannot preempt, gets no reservation: blocked whatever its
+            # quota says (its reason is worked out when someone asks)
+            job.reason_pass = -1
+            self._note_blocked(job)
+            return _DEAD
         if ctx.budget <= 0:
             return _BREAK
         ctx.budget -= 1
         job.reason_pass = self._pass
-        shape = job.shape
-        rem = job.remaining_estimate()
-        end = now + rem if rem is not None else INF
+        end = now + job.pend_est
         # 3. admit: hard limits first (they take precedence over capacity)
-        hard = self._hard_reason(job)
-        if hard is not None:
-            job.reason = hard
+        if self._hard_reason(job) is not None:
+            job.reason_pass = -1  # named when asked, with the usage as it is then
             return _DEAD
         # 4. place on free GPUs
-        fkey = (shape.ckey, shape.mode, shape.per_pod)
         counts = None
         if ctx.fail_fit.get(fkey, INF) > shape.k:
             counts = place_live(ledger, self.groups_for(job), shape)
@@ -825,6 +919,7 @@ class Scheduler:
                 job.reason = held
                 self._note_blocked(job)
                 return _DEAD
+            ctx.materialize()
             blocker = backfill.quota_conflict(res, job.charges, end, job.key) if res else None
             if blocker is None and res:
                 blocker = backfill.conflict(res, counts, end, job.key)
@@ -851,7 +946,8 @@ class Scheduler:
         if can_preempt:
             pkey = (fkey, prio)
             if ctx.fail_preempt.get(pkey, INF) > shape.k:
-                found = self._victims(job)
+                ctx.materialize()
+                found = self._victims(job, res)
                 if found is not None:
                     victims, plan = found
                     for v in victims:
@@ -867,21 +963,18 @@ class Scheduler:
                     return _GO
                 ctx.fail_preempt[pkey] = shape.k
         # capacity reason, then 5. a reservation for the top blocked jobs
-        rkey = (fkey, shape.k, prio)
-        reason = ctx.reasons.get(rkey)
-        if reason is None:
-            reason = ctx.reasons[rkey] = self._capacity_reason(job)
-        job.reason = reason
+        # (Resources, NoFit or NoPreemptibleVictims: worked out when someone asks)
+        job.reason_pass = -1
         self._note_blocked(job)
         if not self.rules.backfill_enabled:
             return _BREAK  # strict priority order: nobody passes a blocked job
-        if ctx.n_reserved < ctx.depth and reason.code is not R.EXCEEDS_CAPACITY:
-            r = self._reservation(job, res)
-            if r is not None:
-                res.append(r)
-                ctx.n_reserved += 1
-                if ctx.n_reserved < ctx.depth:
-                    return _GO
+        if ctx.n_reserved < ctx.depth:
+            # 5. its reservation, computed when a later job first needs it (a job whose
+            # start cannot be planned still takes its slot of the reservation depth)
+            ctx.deferred.append(job)
+            ctx.n_reserved += 1
+            if ctx.n_reserved < ctx.depth:
+                return _GO
         return _DEAD
 
     def _try_preemptor(self, job: Job, res: list[backfill.Reservation], out: list[Decision]) -> str:
@@ -909,25 +1002,6 @@ class Scheduler:
         del self._preemptors[job.id]
         job.plan = []
         return "released"
-
-    def _reservation(self, job: Job, res: list[backfill.Reservation]) -> backfill.Reservation | None:
-        """``job``'s reservation: the cached one while it still holds (same earlier
-        reservations, nothing started that was not checked against it, no node or
-        health change, no job past its estimate, younger than ``backfill.refresh_s``),
-        else a new one. A kept reservation is never later than a fresh one would
-        guarantee: jobs only ended early or started without delaying it since."""
-        key = (tuple(r.job_id for r in res), self._res_epoch)
-        cached = self._res_cache.get(job.id)
-        now = self.now
-        if (cached is not None and cached[0] == key and now - cached[1] < self.rules.backfill_refresh_s
-                and cached[2].start >= now):
-            return cached[2]
-        r = backfill.reserve_for(self, job, now, res)
-        if r is None:
-            self._res_cache.pop(job.id, None)
-        else:
-            self._res_cache[job.id] = (key, now, r)
-        return r
 
     def _note_blocked(self, job: Job) -> None:
         if self._first_blocked is None or job.key < self._first_blocked:
@@ -958,14 +1032,13 @@ class Scheduler:
     def _exceeds_capacity(self, job: Job) -> bool:
         """The job can never fit the healthy nodes it may use, even all empty (too big
         for any node, for all of them together, or a gang that cannot be packed)."""
-        shape = job.shape
-        never = self._cap_cache.get(shape)
+        never = self._cap_cache.get(job.fkey + job.shape.k * 1_000_003)
         if never is None:
             ledger = self.ledger
             cand = members_of(ledger, self.groups_for(job))
             totals = {i: ledger.slots[i].healthy for i in cand}
-            never = place_counts(dict(totals), cand, totals, shape) is None
-            self._cap_cache[shape] = never
+            never = place_counts(dict(totals), cand, totals, job.shape) is None
+            self._cap_cache[job.fkey + job.shape.k * 1_000_003] = never
         return never
 
     def _capacity_detail(self, job: Job) -> str:
@@ -987,7 +1060,7 @@ class Scheduler:
         free_here = ledger.free_in(groups)
         if (self.rules.preemption_enabled and self._has_lower_running(job)
                 and self._room(job)
-                and not (self._could_preempt(job) and self._victims(job) is not None)):
+                and not (self._could_preempt(job) and self._victims(job, self.reservations) is not None)):
             # evicting lower-priority work would make room, but not work that may be evicted
             return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, "lower-priority jobs may not be preempted")
         if free_here >= job.shape.k:
@@ -1011,11 +1084,15 @@ class Scheduler:
     def _changed_since(self, pos: int) -> set[int]:
         return set(self.ledger.changes[pos:])
 
-    def _victims(self, job: Job):
+    def _victims(self, job: Job, res: list[backfill.Reservation]):
         """``victims_for`` with a memo of failures: a failed search is repeated only
         when a node it could use changed (single-node shapes re-check just those nodes)
-        or a too-young victim passed the minimum runtime."""
-        key = (job.shape, job.cls.priority)
+        or a too-young victim passed the minimum runtime. Nodes whose GPUs a reservation
+        of a job ahead claims are off limits (a preemptor must not delay it either)."""
+        rem = job.remaining_estimate()
+        end = self.now + rem if rem is not None else INF
+        claimed = frozenset(n for r in res if not (end <= r.start or job.key < r.key) for n in r.claims)
+        key = (job.shape, job.cls.priority, claimed)
         memo = self._victim_memo.get(key)
         only = None
         if memo is not None and self.now < memo[1]:
@@ -1025,7 +1102,7 @@ class Scheduler:
             if job.shape.mode == "single":
                 only = changed
         pos = len(self.ledger.changes)
-        found, until = victims_for(self, job, self.now, only)
+        found, until = victims_for(self, job, self.now, only, claimed)
         if found is None:
             self._victim_memo[key] = (pos, until)
             if until != INF and until > self.now and until not in self._wakeups:

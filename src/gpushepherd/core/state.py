@@ -59,7 +59,9 @@ class Job:
     plan: list[tuple[int, int]] = field(default_factory=list)  # counts the victims free, per node
     history: list[Transition] = field(default_factory=list)
     vkey: tuple = ()  # victim order key of the current run (set when it starts)
-    sig: tuple = ()  # (shape, class, charges): jobs with equal signatures block alike
+    sig: int = -1  # sub-queue signature (shape, class, charges, estimate band)
+    fkey: int = -1  # id of (node filter, layout mode, pod size): placement memos key on it
+    pend_est: float = INF  # remaining estimate while pending (INF: none)
 
     @property
     def id(self) -> str:

@@ -62,7 +62,6 @@ class Rules:
     backfill_enabled: bool = True
     backfill_reservations: int = 1
     backfill_max_job_test: int = 1000
-    backfill_refresh_s: float = 60.0
     default_team: str | None = None
 
     def ancestors(self, team: str) -> tuple[str, ...]:

@@ -359,7 +359,6 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         backfill_enabled=spec.backfill.enabled,
         backfill_reservations=spec.backfill.reservations,
         backfill_max_job_test=spec.backfill.max_job_test,
-        backfill_refresh_s=spec.backfill.refresh_s,
         default_team=spec.default_team,
     )
 

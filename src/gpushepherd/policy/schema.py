@@ -136,9 +136,6 @@ class BackfillSpec(_Strict):
     reservations: PosInt = 1
     #: how many pending jobs one pass examines at most for backfill
     max_job_test: PosInt = 1000
-    #: a reservation is recomputed at least this often (seconds); in between it is kept
-    #: while it still holds (Slurm recomputes its plan every bf_interval, 30 s)
-    refresh_s: Annotated[float, Field(ge=0)] = 60.0
 
 
 class PolicySpec(_Strict):

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpushepherd.core.scheduler import Scheduler
-from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
+from gpushepherd.model.decisions import Preempt, Start, Stop
 from gpushepherd.model.events import Event, JobAdopted, JobFinished, JobSubmitted, Tick
-from gpushepherd.model.job import ExitStatus, JobSpec, JobState
+from gpushepherd.model.job import ExitStatus, JobSpec
 from gpushepherd.model.placement import Placement
 from gpushepherd.model.rules import Rules
 

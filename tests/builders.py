@@ -1,0 +1,96 @@
+"""One-line builders for tests, in the style of Kueue's ``MakeWorkload`` wrappers.
+
+    job("j1", gpus=4, cls="training", team="ml", submit=10, checkpointable=True)
+    policy(nodes=[("n1", 8), node("n2", 4, pool="inf")], teams={"ml": {"max_gpus": 8}})
+
+Everything has a default, so a test states only what it is about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gpushepherd.core.scheduler import Scheduler
+from gpushepherd.model.events import JobSubmitted
+from gpushepherd.model.job import JobSpec
+from gpushepherd.model.rules import Rules
+from gpushepherd.policy import policy_from_dict
+from gpushepherd.sim.engine import SimJob, SimResult, Simulator
+
+STANDARD_CLASSES = ("production-inference", "training", "research-training", "batch", "sandbox")
+
+
+def job(id: str, gpus: int = 1, cls: str = "batch", team: str = "t", submit: float = 0.0, **kw: Any) -> JobSpec:
+    """A job spec; ``kw`` are any other ``JobSpec`` fields (user, gpus_per_pod, ...)."""
+    return JobSpec(id=id, team=team, workload_class=cls, gpus=gpus, submit_time=float(submit), **kw)
+
+
+def node(name: str, gpus: int = 8, gpu_type: str = "A100-80GB", gpu_mem_mib: int = 81920,
+         pool: str = "default", count: int = 1, **kw: Any) -> dict:
+    """A ``cluster.nodes[]`` entry of a policy (a node group when ``count`` > 1)."""
+    return {"name": name, "count": count, "gpus": gpus, "gpu_type": gpu_type,
+            "gpu_mem_mib": gpu_mem_mib, "pool": pool, **kw}
+
+
+def _node_entry(n: Any) -> dict:
+    if isinstance(n, dict):
+        return n
+    if isinstance(n, str):
+        return node(n)
+    return node(*n)
+
+
+def policy_dict(nodes: Sequence[Any] = (("n1", 8),), teams: dict | None = None, classes: dict | None = None,
+                preemption: bool | dict = True, backfill: bool | int | dict = True, **extra: Any) -> dict:
+    """The policy mapping ``policy`` compiles (for tests that change it further).
+
+    ``nodes``: ``(name, gpus[, gpu_type ...])`` tuples, names, or ``node(...)`` dicts.
+    ``preemption``: on/off or the whole section. ``backfill``: on/off, the number of
+    reservations, or the whole section. ``teams=None`` declares no teams (any team name
+    is then accepted).
+    """
+    raw: dict[str, Any] = {"cluster": {"nodes": [_node_entry(n) for n in nodes]}}
+    if teams:
+        raw["teams"] = teams
+    if classes:
+        raw["classes"] = classes
+    raw["preemption"] = preemption if isinstance(preemption, dict) else {"enabled": bool(preemption)}
+    if isinstance(backfill, dict):
+        raw["backfill"] = backfill
+    elif isinstance(backfill, bool):
+        raw["backfill"] = {"enabled": backfill}
+    else:
+        raw["backfill"] = {"enabled": True, "reservations": int(backfill)}
+    raw.update(extra)
+    return raw
+
+
+def policy(nodes: Sequence[Any] = (("n1", 8),), teams: dict | None = None, classes: dict | None = None,
+           preemption: bool | dict = True, backfill: bool | int | dict = True, **extra: Any) -> Rules:
+    """Compiled ``Rules`` of a small policy; see ``policy_dict``."""
+    return policy_from_dict(policy_dict(nodes, teams, classes, preemption, backfill, **extra)).rules
+
+
+def submit(*specs: JobSpec, t: float | None = None) -> list[JobSubmitted]:
+    """``JobSubmitted`` events at each spec's submit time (or at ``t``)."""
+    return [JobSubmitted(spec.submit_time if t is None else t, spec) for spec in specs]
+
+
+def scheduler(rules: Rules, *specs: JobSpec) -> tuple[Scheduler, list]:
+    """A scheduler that has been handed ``specs``; returns it and the decisions."""
+    sched = Scheduler(rules)
+    out = sched.handle(submit(*specs)) if specs else []
+    return sched, out
+
+
+def simulate(rules: Rules, jobs: Iterable[tuple[JobSpec, float | None]], events: Iterable = (),
+             **kw: Any) -> SimResult:
+    """Run the simulator with invariant checks on; ``jobs`` are ``(spec, duration)``."""
+    kw.setdefault("check_invariants", True)
+    return Simulator(rules, [SimJob(s, d) for s, d in jobs], list(events), **kw).run()
+
+
+def placed(decision) -> dict[str, tuple[int, ...]]:
+    """A ``Start`` decision's placement as ``{node: gpu indices}``."""
+    return {name: tuple(gpus) for name, gpus in decision.placement.parts}
