@@ -1,7 +1,7 @@
 """Benchmark: the full Philly trace through gpushepherd's simulator.
 
-    python bench/run.py                      # 352x8 and 192x8 GPUs, full trace
-    python bench/run.py --sizes 192x8 --days 40:70
+    .venv/bin/python bench/run.py                      # 352x8 and 192x8 GPUs, full trace
+    .venv/bin/python bench/run.py --sizes 192x8 --days 40:70
 
 Each configuration runs in its own process (so that peak memory is its own) and is
 printed beside a baseline measured in the same run: a minimal count-only FIFO replay

@@ -24,7 +24,7 @@ def test_simulate_default_prints_a_replay_summary(tmp_path):
     res = run("simulate", "--no-progress", "--json", str(tmp_path / "s.json"))
     assert res.exit_code == 0, res.output
     assert "bundled Philly excerpt" in res.output
-    assert "avg JCT" in res.output and "class sandbox" in res.output and "utilisation" in res.output
+    assert "JCT avg" in res.output and "class sandbox" in res.output and "utilisation" in res.output
     summary = json.loads((tmp_path / "s.json").read_text())
     o = summary["overall"]
     assert o["jobs"] == 1966 and o["finished"] == 1966
@@ -65,10 +65,25 @@ def test_smaller_cluster_waits_longer(tmp_path):
     assert figures["64x8"]["utilisation"] > figures["96x8"]["utilisation"]
 
 
-def test_explain_prints_a_history():
-    res = run("simulate", "--no-progress", "--days", "45:45.1", "--explain", "6070")
+def test_explain_prints_a_history_with_reasons():
+    res = run("simulate", "--no-progress", "--cluster", "64x8", "--explain", "7558")
     assert res.exit_code == 0, res.output
     assert "submitted" in res.output and "RUNNING" in res.output
+    assert "waiting: " in res.output  # why it waited, not just when it started
+
+
+def test_makespan_and_utilisation_match_the_per_job_file(tmp_path):
+    # 128 x 8 GPUs: nothing waits or is preempted, so GPU-seconds held = gpus x duration
+    res = run("simulate", "--no-progress", "--cluster", "128x8", "--out", str(tmp_path / "j.csv"),
+              "--json", str(tmp_path / "s.json"))
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "j.csv")
+    assert df["preemptions"].sum() == 0
+    o = json.loads((tmp_path / "s.json").read_text())["overall"]
+    span = df["end"].max() - df["submit"].min()
+    assert abs(o["makespan_s"] - span) < 1e-6
+    busy = (df["gpus"] * df["duration"]).sum()
+    assert abs(o["utilisation"] - busy / (1024 * span)) < 1e-9
 
 
 @pytest.mark.parametrize("policy_text, fragment", [
@@ -96,7 +111,7 @@ def test_bad_trace_row_is_one_line_exit_2(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: {p}: line 2: column 'size': 'two' is not allowed: a finite number >= 1"]
+        f"error: {p}: line 2: column 'size': 'two' is not allowed: a number from 1 to 1e+09"]
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -108,11 +123,51 @@ def test_bad_trace_row_is_one_line_exit_2(tmp_path):
     (["--estimates", "oracle"], "--estimates"),
     (["--format", "csv", "--trace", "README.md"], "--map"),
     (["--trace", "nowhere.csv"], "cannot read"),
+    (["--cluster", ""], "--cluster"),
+    (["--json", ""], "--json"),
+    (["--format", "itp"], "give --trace too"),
+    (["--trace", "x.csv", "--map", "submit=a,gpus=b,duration=c"], "only with --format csv"),
+    (["--explain", "no-such-job"], "--explain: job 'no-such-job' is not allowed"),
+    (["--out", "o.csv", "--json", "o.csv"], "--json"),
 ])
 def test_bad_options_exit_2(args, fragment):
     res = run("simulate", "--no-progress", *args)
     assert res.exit_code == 2
     assert fragment in res.output
+
+
+def test_nothing_is_written_when_an_option_is_bad(tmp_path):
+    out, js = tmp_path / "o.csv", tmp_path / "o.json"
+    res = run("simulate", "--no-progress", "--out", str(out), "--json", str(js), "--explain", "nope")
+    assert res.exit_code == 2
+    assert not out.exists() and not js.exists()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for opt in ("--out", "--json"):
+        target = str(afile / ("x.csv" if opt == "--out" else "x.json"))
+        res = run("simulate", "--no-progress", opt, target)
+        assert res.exit_code == 2 and opt in res.output
+
+
+def test_user_text_is_printed_as_is(tmp_path):
+    """Job ids, team names and paths with rich markup or :emoji: codes are plain text."""
+    p = tmp_path / "odd[b]x[b] :smile:.csv"
+    p.write_text("id,t,n,d,team\n[/z],1,1,5,[b]x[/b]\n")
+    proc = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "simulate", "--trace", str(p),
+                           "--format", "csv", "--map", "id=id,submit=t,gpus=n,duration=d,team=team",
+                           "--explain", "[/z]"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "team [b]x[/b]" in proc.stdout and "[/z]" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "policy", "check", ":smile:[/x].yaml"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: :smile:[/x].yaml: cannot read the file")
+
+
+def test_typer_usage_errors_are_one_line():
+    proc = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "simulate", "--load", "abc"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith("error: ")
 
 
 def test_scenario_run_pass_and_fail(tmp_path):
@@ -131,7 +186,7 @@ def test_scenario_run_pass_and_fail(tmp_path):
 
 def test_policy_check():
     res = run("policy", "check", str(ROOT / "examples/policies/small-team.yaml"))
-    assert res.exit_code == 0 and "OK - 1 nodes, 8 GPUs" in res.output
+    assert res.exit_code == 0 and "OK - 1 node, 8 GPUs" in res.output
 
 
 @pytest.mark.skipif(not (SHARED / "philly_rfold/philly_trace.csv.gz").exists(), reason="../shared not present")

@@ -47,7 +47,11 @@ def _error(raw) -> str:
     ({"cluster": CLUSTER, "classes": {"gpu-hogs": {"max_gpus": 2}}}, "classes.gpu-hogs.priority", "priority"),
     ({"cluster": CLUSTER, "teams": {"a": {"nominal_gpus": 10}, "b": {"nominal_gpus": 10}}},
      "teams.*.nominal_gpus", "at most the cluster's 16 GPUs"),
-    ({"cluster": CLUSTER, "teams": {"a": {"max_gpus": 4, "nominal_gpus": 6}}}, "teams.a", "nominal_gpus <= max_gpus"),
+    ({"cluster": CLUSTER, "teams": {"a": {"max_gpus": 4, "nominal_gpus": 6}}}, "teams.a.nominal_gpus",
+     "at most the team's max_gpus (4)"),
+    ({"cluster": CLUSTER, "teams": {"a": {"max_gpus": True}}}, "teams.a.max_gpus", "True is not allowed"),
+    ({"cluster": {"nodes": [{"name": "n", "gpus": 10**9}]}}, "cluster.nodes[0].gpus", "less than or equal to 256"),
+    ({"cluster": {"nodes": [{"name": "n", "gpus": 8, "count": 10**7}]}}, "cluster.nodes[0].count", "100000"),
     ({"cluster": CLUSTER, "teams": {"a": {"parent": "nobody"}}}, "teams.a.parent", "'nobody' is not allowed"),
     ({"cluster": CLUSTER, "teams": {"a": {"parent": "b"}, "b": {"parent": "a"}}}, "teams.a.parent", "without cycles"),
     ({"cluster": CLUSTER, "teams": {"ml": {"max_gpu": 3}}}, "teams.ml.max_gpu", "unknown field; allowed fields here:"),
@@ -70,10 +74,43 @@ def test_time_window_is_an_error_that_says_so():
     assert "classes.batch.max_gpus_by_window" in text and "time windows" in text and "not supported yet" in text
 
 
+@pytest.mark.parametrize("text, fragment", [
+    ("cluster: {nodes: [{name: n, gpus: 8}]}\nteams: {a: {}, a: {max_gpus: 1}}\n", "key 'a' appears twice"),
+    ("cluster: &a {nodes: [{name: n, gpus: 8}], me: *a}\n", "recursive alias"),
+    ("l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"l{i}: &l{i} [*l{i-1}, *l{i-1}, *l{i-1}, *l{i-1}, *l{i-1}, *l{i-1}, *l{i-1}, *l{i-1}, *l{i-1}, *l{i-1}]\n"
+        for i in range(1, 9)) + "cluster: {nodes: [{name: n, gpus: 8}]}\n", "more than 1,000,000 nodes"),
+])
+def test_yaml_traps_are_one_line_errors(text, fragment):
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "p.yaml")
+    assert str(info.value).startswith("p.yaml: ") and fragment in str(info.value)
+
+
+def test_non_utf8_policy_file(tmp_path):
+    p = tmp_path / "latin1.yaml"
+    p.write_bytes(b"name: caf\xe9\ncluster: {nodes: [{name: n, gpus: 8}]}\n")
+    with pytest.raises(PolicyError, match="not UTF-8 text"):
+        load_policy(p)
+
+
+@pytest.mark.parametrize("raw", [
+    {"cluster": CLUSTER, "classes": {"batch": {"max_gpus": {"day": 2, "night": 6}}}},
+    {"cluster": CLUSTER, "teams": {"a": {"schedule": [{"from": "08:00", "max_gpus": 2}]}}},
+])
+def test_other_spellings_of_a_time_window_say_so(raw):
+    assert "time windows" in _error(raw)
+
+
+def test_a_label_called_window_is_no_time_window():
+    rules = policy_from_dict({"cluster": {"nodes": [{"name": "n", "gpus": 2, "labels": {"window": "a"}}]}}).rules
+    assert rules.nodes[0].labels == (("window", "a"),)
+
+
 def test_yaml_syntax_error_is_one_line():
     with pytest.raises(PolicyError) as info:
         parse_policy("cluster: {nodes: [\n", "bad.yaml")
-    assert "bad.yaml: line" in str(info.value) and "valid YAML" in str(info.value)
+    assert "bad.yaml: line" in str(info.value) and "not valid YAML" in str(info.value)
 
 
 def test_not_a_mapping():

@@ -46,13 +46,14 @@ def _write(tmp_path, name, text):
 
 
 @pytest.mark.parametrize("row, fragment", [
-    ("1,10.0,CLOS,1,abc,5.0", "line 3: column 'size': 'abc' is not allowed: a finite number >= 1"),
+    ("1,10.0,CLOS,1,abc,5.0", "line 3: column 'size': 'abc' is not allowed: a number from 1 to 1e+09"),
+    ("1,10.0,CLOS,1,1,1e308", "column 'duration (sec)': '1e308' is not allowed"),
     ("1,10.0,CLOS,1,0,5.0", "column 'size': '0' is not allowed"),
     ("1,10.0,CLOS,1,1.5,5.0", "a whole number of GPUs"),
     ("1,-3,CLOS,1,1,5.0", "column 'arrival time (sec)': '-3' is not allowed"),
     ("1,10.0,CLOS,1,1,nan", "column 'duration (sec)': 'nan' is not allowed"),
     ("1,10.0,CLOS,1,1", "5 columns is not allowed: 6 columns"),
-    ("0,11.0,CLOS,1,1,5.0", "job id '0' appears twice"),
+    ("0,11.0,CLOS,1,1,5.0", "line 3: job id '0' is not allowed: ids must be unique (first at line 2)"),
 ])
 def test_malformed_philly_row(tmp_path, row, fragment):
     p = _write(tmp_path, "t.csv", "#job id,arrival time (sec),topology,shape,size,duration (sec)\n0,1.0,CLOS,1,1,2.0\n" + row + "\n")
@@ -61,13 +62,27 @@ def test_malformed_philly_row(tmp_path, row, fragment):
     assert str(p) in str(info.value) and fragment in str(info.value)
 
 
+def test_byte_order_mark_is_ignored(tmp_path):
+    p = tmp_path / "bom.csv"
+    p.write_bytes("\ufeffjob_id,submission_time,duration,num_gpu\nx,1,2,1\n".encode())
+    assert [j.id for j in read_trace(p, "itp")] == ["x"]
+
+
+def test_mapping_errors_name_file_and_line(tmp_path):
+    rules = policy_from_dict({"cluster": {"nodes": [{"name": "n", "gpus": 8}]}, "teams": {"a": {}}}).rules
+    p = _write(tmp_path, "t.csv", "t,n,d,team\n1,1,5,a\n2,1,5,nope\n")
+    with pytest.raises(TraceError) as info:
+        to_sim_jobs(read_csv(p, parse_mapping("submit=t,gpus=n,duration=d,team=team")), rules)
+    assert str(info.value).startswith(f"{p}: line 3: job 2: team 'nope' is not allowed")
+
+
 def test_generic_csv_with_mapping(tmp_path):
     p = _write(tmp_path, "t.csv.gz", "name,t,n,secs,grp\nb,5,2,100,ml\na,1,1,50,\n")
     jobs = read_csv(p, parse_mapping("id=name,submit=t,gpus=n,duration=secs,team=grp"))
     assert [(j.id, j.submit, j.gpus, j.duration, j.team) for j in jobs] == [("a", 1.0, 1, 50.0, None), ("b", 5.0, 2, 100.0, "ml")]
     with pytest.raises(TraceError, match="column 'nope' \\(for gpus\\) is not allowed"):
         read_csv(p, parse_mapping("submit=t,gpus=nope,duration=secs"))
-    for bad in ("submit=t,gpus=n", "submit=t,gpus=n,duration=secs,colour=c", "submit"):
+    for bad in ("submit=t,gpus=n", "submit=t,gpus=n,duration=secs,colour=c", "submit", "submit=t,submit=n,gpus=n,duration=d"):
         with pytest.raises(TraceError):
             parse_mapping(bad)
 

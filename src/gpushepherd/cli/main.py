@@ -1,14 +1,20 @@
-"""The ``shepherd`` command line (typer + rich).
+"""gpushepherd: who gets the next free GPU, and by what rule.
+
+Replay GPU-cluster job traces through the scheduler (`simulate`), run scenario files
+with an expected outcome (`scenario run`), and validate policy files (`policy check`).
 
 Bad input - a policy, trace, scenario or option the program cannot use - prints one
-line ``error: ...`` naming the file, field, value and what is allowed, and exits with
-code 2; no traceback.
+line `error: ...` naming the file, field, value and what is allowed, and exits with
+code 2; no traceback, and no output file is written.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
@@ -18,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
@@ -28,19 +35,26 @@ from gpushepherd.sim.metrics import job_table, summarize, write_jobs
 from gpushepherd.sim.scenario import ScenarioError, load_scenario, run_scenario
 from gpushepherd.sim.traces import TraceError, parse_days, read_trace, select
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0] if __doc__ else None,
-                  pretty_exceptions_enable=False)
-scenario_app = typer.Typer(no_args_is_help=True, help="Run scenario files (cluster, policy, jobs, expected outcome).")
-policy_app = typer.Typer(no_args_is_help=True, help="Check policy files.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help=__doc__.split("\n\n")[0] if __doc__ else None)
+scenario_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                           help="Run scenario files: a cluster, a policy, jobs and the expected outcome.")
+policy_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Check policy files.")
 app.add_typer(scenario_app, name="scenario")
 app.add_typer(policy_app, name="policy")
 
-out = Console()
-if not out.is_terminal:  # pipes and CI logs: wide enough for the summary table
-    out = Console(width=160)
-err = Console(stderr=True)
-if not err.is_terminal:
-    err = Console(stderr=True, width=160)
+
+def _console(stderr: bool = False) -> Console:
+    # Text from users (job ids, paths, team names) is printed as is: no rich markup,
+    # no :emoji: codes, no highlighting. Pipes and CI logs get a wide table.
+    con = Console(stderr=stderr, markup=False, emoji=False, highlight=False)
+    if not con.is_terminal:
+        con = Console(stderr=stderr, markup=False, emoji=False, highlight=False, width=160)
+    return con
+
+
+out = _console()
+err = _console(stderr=True)
 
 #: the bundled excerpt and its policy (see gpushepherd/data/NOTICE.md)
 EXCERPT = "philly-excerpt.csv.gz"
@@ -55,13 +69,40 @@ class UsageError(ValueError):
     """A command-line option the program cannot use."""
 
 
+# Typer's own usage errors (an unknown option, "abc" for a number): typer >= 0.2x raises
+# its vendored click's exceptions, older typer plain click's; catch whichever exists.
+_USAGE_ERRORS: tuple[type[BaseException], ...] = (typer.TyperException,)
+_ABORTS: tuple[type[BaseException], ...] = (typer.Abort,)
+try:  # pragma: no cover - depends on the installed typer
+    import click
+
+    _USAGE_ERRORS += (click.ClickException,)
+    _ABORTS += (click.Abort,)
+except ImportError:  # pragma: no cover
+    pass
+
+
 @contextmanager
 def _errors():
     try:
         yield
     except (PolicyError, TraceError, ScenarioError, SpecError, UsageError) as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"error: {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+def run() -> None:
+    """Console entry point: click's own usage errors become one ``error:`` line, exit 2."""
+    try:
+        code = app(standalone_mode=False)
+    except _ABORTS:
+        err.print("error: aborted")
+        sys.exit(1)
+    except _USAGE_ERRORS as exc:
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        err.print(f"error: {message} (see --help)", soft_wrap=True)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 @app.callback()
@@ -87,9 +128,14 @@ def _hours(seconds: float | None) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def _summary_table(summary: dict, title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("group", "jobs", "ended", "avg JCT", "p50", "p95", "p99", "avg wait", "p50", "p95", "p99", "preempt."):
+    for col in ("group", "jobs", "ended", "JCT avg", "JCT p50", "JCT p95", "JCT p99", "wait avg", "wait p50",
+                "wait p95", "wait p99", "preemptions"):
         table.add_column(col, justify="left" if col == "group" else "right")
 
     def row(name: str, g: dict) -> None:
@@ -108,110 +154,181 @@ def _summary_table(summary: dict, title: str) -> Table:
     return table
 
 
+LEGEND = ("JCT = end - submit of jobs that ended; wait = queueing delay, first start - submit; "
+          "preemptions = preemption events; times in s/m/h/d.")
+
+
+def _output_path(option: str, value: str | None, suffixes: tuple[str, ...]) -> Path | None:
+    """Check an output path before any work is done; its folder is created if needed."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise UsageError(f"{option}: '' is not allowed: a file path")
+    path = Path(value)
+    if not str(path).lower().endswith(suffixes):
+        raise UsageError(f"{option}: {value!r} is not allowed: a file ending in {', '.join(suffixes)}")
+    if path.is_dir():
+        raise UsageError(f"{option}: {value!r} is not allowed: a file, not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{option}: {value!r} is not allowed: its folder cannot be made ({exc.strerror})") from None
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"{option}: {value!r} is not allowed: a path in a folder you can write to")
+    return path
+
+
+def _write_atomically(path: Path, option: str, write: Callable[[Path], None]) -> None:
+    """Write to a temporary file beside ``path``, then rename: all or nothing."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"{option}: {str(path)!r} cannot be written ({exc.strerror})") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 @app.command()
 def simulate(
-    trace: Annotated[Optional[Path], typer.Option(help="Trace file; default: the bundled Philly excerpt.")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="philly, itp or csv.")] = "philly",
-    mapping: Annotated[Optional[str], typer.Option("--map", help="csv columns: submit=COL,gpus=COL,duration=COL[,id=,team=,class=,user=]")] = None,
-    policy: Annotated[Optional[Path], typer.Option(help="Policy file; default: the bundled demo policy.")] = None,
-    cluster: Annotated[Optional[str], typer.Option(help="Replace the policy's nodes: NODESxGPUS[:TYPE[:MEM_MIB]].")] = None,
-    days: Annotated[Optional[str], typer.Option(help="Jobs submitted in the first N days, or in days A:B.")] = None,
-    load: Annotated[float, typer.Option(help="Arrival-rate factor (2.0 = twice as many jobs per hour).")] = 1.0,
-    seed: Annotated[int, typer.Option(help="Seed of the team/class/limit mapping.")] = 0,
-    estimates: Annotated[str, typer.Option(help="limit (users' time limits) or perfect (true durations; reference only).")] = "limit",
-    out_path: Annotated[Optional[Path], typer.Option("--out", help="Per-job results: .csv, .csv.gz or .parquet.")] = None,
-    json_path: Annotated[Optional[str], typer.Option("--json", help="Write the figures as JSON to this file ('-': stdout).")] = None,
-    explain: Annotated[Optional[list[str]], typer.Option(help="Print this job's history and reasons (repeatable).")] = None,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    trace: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Trace file; default: the bundled Philly excerpt (days 45-47 of Philly).")] = None,
+    fmt: Annotated[Optional[str], typer.Option("--format", metavar="FORMAT", help="Format of --trace: philly (default), itp or csv.")] = None,
+    mapping: Annotated[Optional[str], typer.Option("--map", metavar="MAP", help="For --format csv: submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL].")] = None,
+    policy: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Policy file; default: the bundled demo policy (96 nodes x 8 GPUs).")] = None,
+    cluster: Annotated[Optional[str], typer.Option(metavar="NxG[:TYPE[:MIB]]", help="Replace the policy's nodes, e.g. 192x8.")] = None,
+    days: Annotated[Optional[str], typer.Option(metavar="N|A:B", help="Only jobs submitted in the trace's first N days, or in days [A, B), counted from the trace's first job.")] = None,
+    load: Annotated[float, typer.Option(metavar="FACTOR", help="Arrival-rate factor: 2.0 squeezes the inter-arrival times to half.")] = 1.0,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the team/class/user/time-limit mapping (src/gpushepherd/sim/mapping.py).")] = 0,
+    estimates: Annotated[str, typer.Option(metavar="limit|perfect", help="What the scheduler plans with: users' time limits (default) or true durations (reference only).")] = "limit",
+    out_path: Annotated[Optional[str], typer.Option("--out", metavar="FILE", help="Per-job results: .csv, .csv.gz or .parquet.")] = None,
+    json_path: Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="The figures as JSON to this file ('-': stdout instead of the table).")] = None,
+    explain: Annotated[Optional[list[str]], typer.Option(metavar="JOB", help="Print this job's history and why it waited (repeatable).")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
 ) -> None:
-    """Replay a job trace through the scheduler and print JCT, queueing delay, utilisation."""
+    """Replay a job trace through the scheduler.
+
+    Prints, overall, per workload class and per team: jobs, jobs ended, mean / p50 /
+    p95 / p99 JCT (end - submit) and queueing delay ("wait": first start - submit),
+    preemption events; and utilisation (GPU-seconds held / healthy GPU-seconds) and
+    makespan (first submit to last job event). Traces have no teams, classes, users or
+    time limits: a documented, seeded mapping derives them.
+    """
     with _errors():
-        if out_path is not None and not str(out_path).lower().endswith((".csv", ".csv.gz", ".parquet")):
-            raise UsageError(f"--out: {str(out_path)!r} is not allowed: a .csv, .csv.gz or .parquet file")
-        if json_path not in (None, "-") and out_path is not None and Path(json_path) == out_path:
+        # every option is checked before the (possibly long) simulation
+        if trace is None and (fmt is not None or mapping is not None):
+            raise UsageError("--format and --map describe a --trace file; give --trace too")
+        fmt = fmt or "philly"
+        if mapping is not None and fmt != "csv":
+            raise UsageError(f"--map is not allowed with --format {fmt}: only with --format csv")
+        if cluster is not None and not cluster.strip():
+            raise UsageError("--cluster: '' is not allowed: NODESxGPUS, e.g. 192x8")
+        out_file = _output_path("--out", out_path, (".csv", ".csv.gz", ".parquet"))
+        json_file = None if json_path == "-" else _output_path("--json", json_path, (".json",))
+        if out_file is not None and json_file is not None and out_file.resolve() == json_file.resolve():
             raise UsageError("--json and --out name the same file")
         bundled = trace is None
         trace_path = data_path(EXCERPT) if bundled else trace
         policy_path = policy or data_path(DEMO_POLICY)
         raw = read_policy_dict(policy_path)
-        if cluster:
-            raw = override_cluster(raw, cluster)
         pol = policy_from_dict(raw, str(policy_path))
-        rows = read_trace(trace_path, "philly" if bundled else fmt, mapping)
+        if cluster:
+            pol = policy_from_dict(override_cluster(raw, cluster), f"--cluster {cluster}")
+        rows = read_trace(trace_path, fmt, mapping)
         rows = select(rows, parse_days(days) if days else None, load)
         if not rows:
-            raise UsageError("no jobs to simulate: the trace (or the --days window) is empty")
+            raise UsageError("no jobs to simulate: the trace (or the --days window, counted from the trace's "
+                             "first job) is empty")
         jobs = to_sim_jobs(rows, pol.rules, seed=seed, estimates=estimates)
+        known = {j.spec.id for j in jobs}
+        for job_id in explain or []:
+            if job_id not in known:
+                raise UsageError(f"--explain: job {job_id!r} is not allowed: a job id of the (selected) trace")
         gpus = sum(n.gpus for n in pol.rules.nodes)
         what = "the bundled Philly excerpt (days 45-47)" if bundled else str(trace_path)
-        err.print(f"Replaying {len(jobs):,} jobs of {what} on {len(pol.rules.nodes):,} nodes / {gpus:,} GPUs "
-                  f"under {policy_path.name}", highlight=False)
+        banner = (f"Replaying {_plural(len(jobs), 'job')} of {what} on {_plural(len(pol.rules.nodes), 'node')} / "
+                  f"{_plural(gpus, 'GPU')} under {policy_path.name}")
+        if json_path == "-":
+            err.print(banner)  # stdout carries the JSON
+        watch = set(explain or ())
         if progress and err.is_terminal:
             with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=err, transient=True) as bar:
                 task = bar.add_task("sim", total=len(jobs))
-                result = Simulator(pol.rules, jobs, progress=lambda d, t: bar.update(task, completed=d)).run()
+                result = Simulator(pol.rules, jobs, record_reasons=watch,
+                                   progress=lambda d, t: bar.update(task, completed=d)).run()
         else:
-            result = Simulator(pol.rules, jobs).run()
+            result = Simulator(pol.rules, jobs, record_reasons=watch).run()
         df = job_table(result)
         summary = summarize(result, df)
         o = summary["overall"]
-        title = (f"utilisation {o['utilisation']:.1%}  makespan {_hours(o['makespan_s'])}  "
-                 f"lower bound (mean duration) {_hours(o['lower_bound_jct_s'])}  "
-                 f"avg JCT / bound {o['jct_over_lower_bound']:.2f}" if o["jct_over_lower_bound"] else
-                 f"utilisation {o['utilisation']:.1%}")
-        if json_path != "-":
-            out.print(_summary_table(summary, title))
+        title = f"{banner}\nutilisation {o['utilisation']:.1%}, makespan {_hours(o['makespan_s'])}"
+        if o["jct_over_lower_bound"]:
+            title += (f"; mean duration {_hours(o['lower_bound_jct_s'])} (no scheduler's mean JCT can be lower): "
+                      f"mean JCT is {o['jct_over_lower_bound']:.2f}x that")
         payload = {"trace": str(trace_path), "policy": str(policy_path), "jobs": len(jobs),
                    "gpus": gpus, "nodes": len(pol.rules.nodes), "seed": seed, "estimates": estimates,
                    "days": days, "load": load, **summary}
+        text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
         if json_path == "-":
-            sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-        elif json_path:
-            Path(json_path).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        if out_path is not None:
-            write_jobs(df, out_path)
-            err.print(f"per-job results: {out_path}", highlight=False)
+            sys.stdout.write(text)
+        else:
+            out.print(_summary_table(summary, title))
+            out.print(LEGEND)
+        if json_file is not None:
+            _write_atomically(json_file, "--json", lambda p: p.write_text(text, encoding="utf-8"))
+            err.print(f"figures: {json_file}")
+        if out_file is not None:
+            _write_atomically(out_file, "--out", lambda p: write_jobs(df, p, like=out_file))
+            err.print(f"per-job results: {out_file}")
         for job_id in explain or []:
             _explain(result, job_id)
 
 
 def _explain(result, job_id: str) -> None:
-    job = result.scheduler.jobs.get(job_id)
-    if job is None:
-        raise UsageError(f"--explain: job {job_id!r} is not allowed: a job id of the trace")
+    job = result.scheduler.jobs[job_id]
     rec = result.records[job_id]
     spec = job.spec
-    out.print(f"[bold]{job_id}[/bold]  team {spec.team}  user {spec.user}  class {spec.workload_class}  "
-              f"gpus {spec.gpus}  limit {_hours(job.time_limit_s)}  duration {_hours(rec.duration)}")
+    out.print(Text(f"{job_id}  team {spec.team}  user {spec.user}  class {spec.workload_class}  gpus {spec.gpus}  "
+                   f"time limit {_hours(job.time_limit_s)}  true duration {_hours(rec.duration)}", style="bold"))
     table = Table(show_header=True)
     for col in ("t (s)", "from", "to", "why"):
         table.add_column(col)
-    for tr in job.history:
-        table.add_row(f"{tr.t:.1f}".removesuffix(".0"), tr.from_state, tr.to_state, tr.reason)
+    lines = [(tr.t, 0, tr.from_state, tr.to_state, tr.reason) for tr in job.history]
+    lines += [(a, 1, "PENDING", "PENDING", f"waiting: {r} (until {'-' if b is None else _num(b)})")
+              for a, b, r in rec.reasons if b is None or b > a]
+    for t, _k, a, b, why in sorted(lines, key=lambda x: (x[0], x[1])):
+        table.add_row(_num(t), a, b, why)
     out.print(table)
+
+
+def _num(t: float) -> str:
+    return f"{t:.1f}".removesuffix(".0")
 
 
 @scenario_app.command("run")
 def scenario_run(
-    files: Annotated[list[Path], typer.Argument(help="Scenario YAML files.")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Scenario YAML files (format: docs/scenarios.md).")],
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only PASS/FAIL lines.")] = False,
 ) -> None:
     """Run scenarios and check their expected outcome; exit 1 if any expectation fails."""
     failed = 0
     with _errors():
-        for path in files:
-            spec = load_scenario(path)
+        specs = [(path, load_scenario(path)) for path in files]  # all files valid before any runs
+        for path, spec in specs:
             for outcome in run_scenario(spec, str(path)):
                 if not quiet:
                     _print_timeline(outcome)
                 if outcome.passed:
-                    out.print(f"[green]PASS[/green] {outcome.name}", highlight=False)
+                    out.print(Text("PASS", style="green") + Text(f" {outcome.name}"))
                 else:
                     failed += 1
-                    out.print(f"[red]FAIL[/red] {outcome.name}", highlight=False)
+                    out.print(Text("FAIL", style="red") + Text(f" {outcome.name}"))
                     for line in outcome.failures:
-                        out.print(f"  - {line}", highlight=False, markup=False)
+                        out.print(f"  - {line}")
     if failed:
         raise typer.Exit(1)
 
@@ -230,16 +347,16 @@ def _print_timeline(outcome) -> None:
 
 
 @policy_app.command("check")
-def policy_check(files: Annotated[list[Path], typer.Argument(help="Policy YAML files.")]) -> None:
+def policy_check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Policy YAML files.")]) -> None:
     """Validate policy files; print a summary of each."""
     with _errors():
         for path in files:
-            pol = load_policy(path)
-            r = pol.rules
+            r = load_policy(path).rules
             gpus = sum(n.gpus for n in r.nodes)
-            out.print(f"{path}: OK - {len(r.nodes)} nodes, {gpus} GPUs, {len(r.classes)} classes, "
-                      f"{len(r.teams)} teams, {len(r.limits)} limits", highlight=False)
+            classes = f"{len(r.classes)} class" + ("" if len(r.classes) == 1 else "es")
+            out.print(f"{path}: OK - {_plural(len(r.nodes), 'node')}, {_plural(gpus, 'GPU')}, {classes}, "
+                      f"{_plural(len(r.teams), 'team')}, {_plural(len(r.limits), 'limit')}")
 
 
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    run()

@@ -598,7 +598,6 @@ class Scheduler:
             mask = lowest_bits(slot.free_mask, c)
             alloc.append((idx, mask))
             parts.append((slot.node.name, bits(mask)))
-        waited = job.reason
         job.runs += 1
         if job.first_start is None:
             job.first_start = self.now
@@ -606,7 +605,7 @@ class Scheduler:
         job.plan = []
         self._occupy(job, alloc, self.now, JobState.RUNNING)
         placement = Placement(tuple(parts))
-        self._log(job, JobState.PENDING, JobState.RUNNING, f"placed on {placement}; waited: {waited}")
+        self._log(job, JobState.PENDING, JobState.RUNNING, f"placed on {placement}")
         out.append(Start(self.now, job.id, placement))
 
     def _release(self, job: Job) -> None:

@@ -56,6 +56,7 @@ class Rules:
     classes: dict[str, ClassRules]
     teams: dict[str, str | None] = field(default_factory=dict)  # team -> parent
     nominal_gpus: dict[str, int] = field(default_factory=dict)
+    shares: dict[str, int] = field(default_factory=dict)  # team -> fair-share shares
     limits: tuple[Limit, ...] = ()
     preemption_enabled: bool = True
     preemption_min_runtime_s: float = 0.0

@@ -12,12 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from gpushepherd.model.cluster import Node
 from gpushepherd.model.rules import ClassRules, Limit, LimitUnit, Rules
 from gpushepherd.policy.schema import ClassSpec, PolicySpec
+from gpushepherd.yamlio import YamlError, load_yaml, read_text
+
+#: limits that a time window would make a mapping of (day -> value)
+_LIMIT_KEYS = ("max_gpus", "max_gpus_per_user", "reserved_gpus", "nominal_gpus", "max_running_jobs",
+               "max_running_jobs_per_user")
+_WINDOWS_NOT_YET = ("time windows (day/night limits) are not supported yet: they arrive with the policy engine "
+                    "(issue #3); state the daytime limit instead")
 
 #: R1's standard workload classes. Priorities follow the public scenario conventions.
 STANDARD_CLASSES: dict[str, dict[str, Any]] = {
@@ -46,12 +52,15 @@ STANDARD_CLASSES: dict[str, dict[str, Any]] = {
 
 class PolicyError(ValueError):
     """A policy that cannot be used. ``str()`` is one line:
-    ``FILE: PATH: VALUE is not allowed: WHAT IS ALLOWED``."""
+    ``FILE: PATH: VALUE is not allowed: WHAT IS ALLOWED`` (or ``FILE: PROBLEM`` when
+    no single field is at fault)."""
 
     def __init__(self, source: str, path: str, value: Any, allowed: str):
         self.source, self.path, self.value, self.allowed = source, path, value, allowed
-        shown = _short(value)
-        super().__init__(f"{source}: {path or '<top>'}: {shown} is not allowed: {allowed}")
+        if path:
+            super().__init__(f"{source}: {path}: {_short(value)} is not allowed: {allowed}")
+        else:
+            super().__init__(f"{source}: {allowed}")
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -88,17 +97,20 @@ def override_cluster(raw: dict, text: str, source: str = "--cluster") -> dict:
     declared in the policy are kept; the nodes join the first one (or ``default``).
 
     Raises:
-        PolicyError: ``text`` is not in that form.
+        PolicyError: ``text`` is not in that form, or ``raw`` is not a mapping.
     """
+    if not isinstance(raw, dict):
+        raise PolicyError(source, "", None, "the policy file must be a YAML mapping before --cluster can change it")
     parts = text.split(":")
     size = parts[0].lower().split("x")
     try:
         count, gpus = int(size[0]), int(size[1])
         mem = int(parts[2]) if len(parts) > 2 else 0
-        if len(size) != 2 or count < 1 or gpus < 1 or mem < 0 or len(parts) > 3:
+        if len(size) != 2 or not 1 <= count <= 100_000 or not 1 <= gpus <= 256 or mem < 0 or len(parts) > 3:
             raise ValueError
     except (ValueError, IndexError):
-        raise PolicyError(source, "", text, "NODESxGPUS[:GPU_TYPE[:GPU_MEM_MIB]], e.g. 192x8 or 64x8:H100-80GB") from None
+        raise PolicyError(source, "", None, f"{text!r} is not allowed: NODESxGPUS[:GPU_TYPE[:GPU_MEM_MIB]] with "
+                          "1-100000 nodes of 1-256 GPUs, e.g. 192x8 or 64x8:H100-80GB") from None
     out = dict(raw) if isinstance(raw, dict) else {}
     cluster = dict(out.get("cluster") or {})
     pools = cluster.get("pools") or []
@@ -118,31 +130,28 @@ def read_policy_dict(path: str | Path) -> Any:
     """The parsed YAML of a policy file, not yet validated.
 
     Raises:
-        PolicyError: unreadable file or YAML syntax error.
+        PolicyError: unreadable file, not UTF-8, YAML syntax error, a repeated key, a
+            recursive or exploding alias.
     """
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError(source, "", source, f"a readable policy file ({exc.strerror})") from None
-    return _yaml(text, source)
+        return load_yaml(read_text(path))
+    except YamlError as exc:
+        raise PolicyError(source, "", None, str(exc)) from None
 
 
 def _yaml(text: str, source: str) -> Any:
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "?"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise PolicyError(source, where, "YAML text", f"valid YAML ({problem})") from None
+        return load_yaml(text)
+    except YamlError as exc:
+        raise PolicyError(source, "", None, str(exc)) from None
 
 
 def policy_from_dict(raw: Any, source: str = "<policy>") -> Policy:
     """Validate an already-parsed policy mapping; see ``load_policy``."""
     if not isinstance(raw, dict):
         raise PolicyError(source, "", raw, "a YAML mapping with at least a 'cluster' section")
-    _reject_time_windows(raw, source, "")
+    _reject_time_windows(raw, source)
     try:
         spec = PolicySpec.model_validate(raw)
     except ValidationError as exc:
@@ -150,22 +159,30 @@ def policy_from_dict(raw: Any, source: str = "<policy>") -> Policy:
     return Policy(spec=spec, rules=compile_rules(spec, source), source=source)
 
 
-def _reject_time_windows(node: Any, source: str, path: str) -> None:
+def _reject_time_windows(root: Any, source: str) -> None:
     # Time windows arrive with the policy engine (issue #3). Until then a window in a
-    # policy file must be an error that says so, never silently ignored.
-    if isinstance(node, dict):
-        for key, value in node.items():
-            sub = f"{path}.{key}" if path else str(key)
-            if isinstance(key, str) and "window" in key.lower():
-                raise PolicyError(
-                    source, sub, value,
-                    "time windows (day/night limits) are not supported yet: they arrive with the "
-                    "policy engine (issue #3); state the daytime limit instead",
-                )
-            _reject_time_windows(value, source, sub)
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            _reject_time_windows(value, source, f"{path}[{i}]")
+    # policy file must be an error that says so, never silently ignored. (Label maps and
+    # descriptions are free text: a label called "window" is no time window.)
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, (dict, list)):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+        if isinstance(node, dict):
+            for key, value in node.items():
+                sub = f"{path}.{key}" if path else str(key)
+                if key in ("labels", "description"):
+                    continue
+                if isinstance(key, str) and ("window" in key.lower() or key == "schedule"
+                                             or (key in _LIMIT_KEYS and isinstance(value, (dict, list)))):
+                    raise PolicyError(source, sub, value, _WINDOWS_NOT_YET)
+                stack.append((value, sub))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                stack.append((value, f"{path}[{i}]"))
 
 
 def _loc_to_path(loc: tuple) -> str:
@@ -287,6 +304,8 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
                 raise PolicyError(source, f"cluster.nodes[{i}].pool", group.pool,
                                   "one of the pools in cluster.pools: " + ", ".join(declared_pools))
     total_gpus = sum(pool_gpus.values())
+    if total_gpus > 1_000_000:
+        raise PolicyError(source, "cluster.nodes", total_gpus, "at most 1,000,000 GPUs in all")
 
     classes: dict[str, ClassRules] = {}
     for name in STANDARD_CLASSES:
@@ -313,6 +332,9 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
 
     teams: dict[str, str | None] = {}
     for name, team in spec.teams.items():
+        if team.nominal_gpus is not None and team.max_gpus is not None and team.nominal_gpus > team.max_gpus:
+            raise PolicyError(source, f"teams.{name}.nominal_gpus", team.nominal_gpus,
+                              f"at most the team's max_gpus ({team.max_gpus})")
         if team.parent is not None and team.parent not in spec.teams:
             raise PolicyError(source, f"teams.{name}.parent", team.parent,
                               "a team defined under teams: " + ", ".join(sorted(spec.teams)))
@@ -353,6 +375,7 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         classes=classes,
         teams=teams,
         nominal_gpus={n: v for n, v in nominal.items()},
+        shares={n: t.shares for n, t in spec.teams.items() if t.shares is not None},
         limits=tuple(_limits(spec)),
         preemption_enabled=spec.preemption.enabled,
         preemption_min_runtime_s=spec.preemption.min_runtime_s,

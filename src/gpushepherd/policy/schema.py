@@ -24,19 +24,20 @@ Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML's `true` is no 1 and "8" is no 8 (ints still pass as floats)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class NodeGroupSpec(_Strict):
     """One node (``count`` 1) or ``count`` identical nodes named ``<name>-001 ..``."""
 
     name: Name
-    count: PosInt = 1
-    gpus: PosInt
+    count: Annotated[int, Field(ge=1, le=100_000)] = 1
+    gpus: Annotated[int, Field(ge=1, le=256)]
     gpu_type: Name = "generic"
-    gpu_mem_mib: NonNegInt = 0
+    gpu_mem_mib: Annotated[int, Field(ge=0, le=2**31)] = 0
     pool: Name = "default"
-    labels: dict[Name, str] = Field(default_factory=dict)
+    labels: dict[Name, Annotated[str, Field(strict=False, coerce_numbers_to_str=True)]] = Field(default_factory=dict)
     nvlink_islands: list[list[NonNegInt]] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -104,6 +105,9 @@ class TeamSpec(_Strict):
 
     nominal_gpus: NonNegInt | None = None
     max_gpus: NonNegInt | None = None
+    #: the team's relative weight (Slurm's ``Fairshare=`` shares); the trace mapping
+    #: spreads mapped jobs over teams by it
+    shares: PosInt | None = None
     max_gpus_per_user: NonNegInt | None = None
     max_running_jobs: NonNegInt | None = None
     max_running_jobs_per_user: NonNegInt | None = None
@@ -111,14 +115,6 @@ class TeamSpec(_Strict):
     classes: dict[Name, TeamClassLimit] = Field(default_factory=dict)
     description: str = ""
 
-    @model_validator(mode="after")
-    def _nominal_within_max(self) -> "TeamSpec":
-        if self.nominal_gpus is not None and self.max_gpus is not None and self.nominal_gpus > self.max_gpus:
-            raise ValueError(
-                f"nominal_gpus {self.nominal_gpus} is more than max_gpus {self.max_gpus}; "
-                "allowed: nominal_gpus <= max_gpus"
-            )
-        return self
 
 
 class PreemptionSpec(_Strict):

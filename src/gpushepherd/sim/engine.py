@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Preempt, Start, Stop
 from gpushepherd.model.events import Event, JobAdopted, JobFinished, JobSubmitted, Tick
-from gpushepherd.model.job import ExitStatus, JobSpec
+from gpushepherd.model.job import ExitStatus, JobSpec, JobState
 from gpushepherd.model.placement import Placement
 from gpushepherd.model.rules import Rules
 
@@ -92,14 +92,15 @@ class Simulator:
         events: extra events (cancel, requeue, node or GPU changes, restarts). A job
             with a ``JobAdopted`` event is already running from that event on and is
             not submitted.
-        record_reasons: keep every pending job's reason over time (small runs only:
-            it asks the scheduler for every pending job's reason after each instant).
+        record_reasons: keep pending jobs' reasons over time: ``True`` for every job
+            (small runs only: it asks for every pending job's reason after each
+            instant), or a set of job ids.
         check_invariants: call ``Scheduler.check_invariants`` after each instant.
         progress: called as ``progress(jobs_finished, jobs_total)`` now and then.
     """
 
     def __init__(self, rules: Rules, jobs: list[SimJob], events: list[Event | Restart] | None = None, *,
-                 record_reasons: bool = False, check_invariants: bool = False,
+                 record_reasons: bool | set[str] = False, check_invariants: bool = False,
                  progress: Callable[[int, int], None] | None = None,
                  track_usage: Callable[[JobSpec], str | None] | None = None):
         self.rules = rules
@@ -167,10 +168,7 @@ class Simulator:
                 else:
                     ticks.discard(t)
                     batch.append(Tick(t))
-            if t_prev is not None:
-                capacity_gpu_s += sched.ledger.healthy_total * (t - t_prev)
-                busy_gpu_s += held * (t - t_prev)
-            t_prev = t
+            cap_before, held_before = sched.ledger.healthy_total, held
             if restart:
                 snap = json.loads(json.dumps(sched.snapshot()))
                 sched = self.sched = Scheduler.restore(self.rules, snap)
@@ -212,7 +210,14 @@ class Simulator:
                         records[job_id].end = t
                         records[job_id].state = job.state.value
                         finished += 1
-            if decisions or batch:
+            # Capacity and busy GPU-seconds are integrated up to the last instant
+            # where something happened to a job; a leftover wake-up (the time limit
+            # of a job that already ended) neither stretches the makespan nor counts.
+            if decisions or restart or any(not isinstance(e, Tick) for e in batch):
+                if t_prev is not None:
+                    capacity_gpu_s += cap_before * (t - t_prev)
+                    busy_gpu_s += held_before * (t - t_prev)
+                t_prev = t
                 t_last = t
             if self.record_reasons:
                 self._record_reasons(t)
@@ -285,8 +290,13 @@ class Simulator:
 
     def _record_reasons(self, t: float) -> None:
         sched = self.sched
-        pending = {j.id for j in sched.pending_jobs()}
-        for job_id, rec in self.records.items():
+        if self.record_reasons is True:
+            pending = {j.id for j in sched.pending_jobs()}
+            watched = self.records.items()
+        else:
+            watched = [(j, self.records[j]) for j in sorted(self.record_reasons) if j in self.records]
+            pending = {j for j, _ in watched if j in sched.jobs and sched.jobs[j].state is JobState.PENDING}
+        for job_id, rec in watched:
             open_ = rec.reasons and rec.reasons[-1][1] is None
             if job_id in pending:
                 reason = str(sched.pending_reason(job_id))

@@ -6,9 +6,10 @@ from a hash of ``(seed, field, job id)`` - the same seed gives the same jobs on 
 machine, and one job's mapping never depends on another's:
 
 * **team** - the trace's own team column if it has one; otherwise one of the policy's
-  teams that have no child teams, weighted by ``nominal_gpus`` (else ``max_gpus``,
-  else equally); a policy without teams gets Philly's 11 main virtual clusters, weighted
-  by their node counts (Helios QSSF artifact, ``philly_vc_nodes.csv``).
+  teams that have no child teams, weighted by ``shares`` (else ``nominal_gpus``, else
+  ``max_gpus``, else equally); a policy without teams gets Philly's 11 main virtual
+  clusters, weighted by their node counts (Helios QSSF artifact, ``philly_vc_nodes.csv``).
+  The same names are used for any trace without teams (ITP included).
 * **class** - the trace's class column if any; otherwise by size and duration:
   1 GPU for at most 15 min -> ``sandbox``; 8 GPUs or more, or 24 h or longer ->
   ``training``; 2 GPUs or more, or 4 h or longer -> ``research-training``; the rest ->
@@ -66,7 +67,7 @@ def team_weights(rules: Rules) -> list[tuple[str, float]]:
     maxes = {lim.team: lim.max for lim in rules.limits if lim.path == f"teams.{lim.team}.max_gpus"}
     out = []
     for t in leaves:
-        w = rules.nominal_gpus.get(t) or maxes.get(t) or 0
+        w = rules.shares.get(t) or rules.nominal_gpus.get(t) or maxes.get(t) or 0
         out.append((t, float(w)))
     if sum(w for _, w in out) <= 0:
         out = [(t, 1.0) for t in leaves]
@@ -113,13 +114,14 @@ def to_sim_jobs(rows: list[TraceJob], rules: Rules, seed: int = 0, estimates: st
     for row in rows:
         jid = row.id
         team = row.team or _pick(weights, cum, unit(seed, "team", jid))
+        where = f"{row.where}: job {jid}" if row.where else f"job {jid}"
         if rules.teams and team not in rules.teams:
-            raise TraceError(f"job {jid}: team {team!r} is not allowed: a team of the policy "
+            raise TraceError(f"{where}: team {team!r} is not allowed: a team of the policy "
                              f"({', '.join(sorted(rules.teams))})")
         cls_name = row.workload_class or class_for(row.gpus, row.duration)
         cls = rules.classes.get(cls_name)
         if cls is None:
-            raise TraceError(f"job {jid}: class {cls_name!r} is not allowed: one of {', '.join(sorted(rules.classes))}")
+            raise TraceError(f"{where}: class {cls_name!r} is not allowed: one of {', '.join(sorted(rules.classes))}")
         user = row.user or f"{team}-u{int(unit(seed, 'user', jid) * USERS_PER_TEAM)}"
         checkpointable = None
         if cls_name in ("training", "research-training"):

@@ -91,14 +91,15 @@ def summarize(result: SimResult, df: pd.DataFrame | None = None) -> dict[str, An
     }
 
 
-def write_jobs(df: pd.DataFrame, path: str | Path) -> None:
-    """Write the per-job table as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``).
+def write_jobs(df: pd.DataFrame, path: str | Path, like: str | Path | None = None) -> None:
+    """Write the per-job table as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``),
+    by the suffix of ``like`` (default: of ``path``).
 
     Raises:
         ValueError: any other suffix.
     """
     path = Path(path)
-    name = path.name.lower()
+    name = Path(like or path).name.lower()
     if name.endswith(".parquet"):
         df.to_parquet(path, index=False)
     elif name.endswith(".csv"):

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpushepherd.core.scheduler import SpecError
@@ -32,6 +31,10 @@ from gpushepherd.model.job import JobSpec
 from gpushepherd.model.placement import Placement
 from gpushepherd.policy.load import Policy, PolicyError, policy_from_dict
 from gpushepherd.sim.engine import Restart, SimJob, SimResult, Simulator
+from gpushepherd.yamlio import YamlError, load_yaml, read_text
+
+#: the most jobs a scenario may expand to (ranges included)
+MAX_JOBS = 100_000
 
 
 class ScenarioError(ValueError):
@@ -39,7 +42,7 @@ class ScenarioError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 class GangSpec(_Strict):
@@ -72,7 +75,7 @@ class EventEntry(_Strict):
     job: str | None = None
     node: str | None = None
     gpu: Annotated[int, Field(ge=0)] | None = None
-    gpus: Annotated[int, Field(ge=1)] | None = None
+    gpus: Annotated[int, Field(ge=1, le=256)] | None = None
     gpu_type: str = "generic"
 
 
@@ -83,7 +86,7 @@ class InitialAllocation(_Strict):
     workload_class: str = Field(alias="class", default="batch")
     node: str
     gpus: Annotated[int, Field(ge=1)] = 1
-    gpu_indices: list[int] | None = None
+    gpu_indices: list[Annotated[int, Field(ge=0)]] | None = None
     ends: Annotated[float, Field(gt=0)]
     preemptible: bool | None = None
     checkpointable: bool | None = None
@@ -103,6 +106,12 @@ class PendingExpect(_Strict):
     reason: str
 
 
+class GpuUnused(_Strict):
+    node: str
+    gpu: Annotated[int, Field(ge=0)]
+    after: float = 0.0
+
+
 class Expect(_Strict):
     starts: dict[str, StartExpect | list[StartExpect]] = Field(default_factory=dict)
     ends: dict[str, float] = Field(default_factory=dict)
@@ -111,9 +120,9 @@ class Expect(_Strict):
     pending: dict[str, PendingExpect | list[PendingExpect]] = Field(default_factory=dict)
     never_starts: list[str] = Field(default_factory=list)
     final_state: dict[str, str] = Field(default_factory=dict)
-    team_usage: dict[str, list[tuple[float, int]]] = Field(default_factory=dict)
+    team_usage: dict[str, list[Annotated[tuple[float, int], Field(strict=False)]]] = Field(default_factory=dict)
     max_team_usage: dict[str, int] = Field(default_factory=dict)
-    gpu_never_used: list[dict[str, Any]] = Field(default_factory=list)
+    gpu_never_used: list[GpuUnused] = Field(default_factory=list)
 
 
 class Variant(_Strict):
@@ -139,11 +148,21 @@ _RANGE = re.compile(r"^(?P<prefix>[A-Za-z_\-]*)(?P<a>\d+)\.\.(?P=prefix)(?P<b>\d
 
 
 def expand_ids(text: str) -> list[str]:
-    """``B1..B12`` -> ``B1 .. B12``; ``F01..F20`` keeps the zero padding; else ``[text]``."""
+    """``B1..B12`` -> ``B1 .. B12``; ``F01..F20`` keeps the zero padding; else ``[text]``.
+
+    Raises:
+        ScenarioError: a ``..`` that is no valid range, an empty range, or one of more
+            than ``MAX_JOBS`` ids.
+    """
+    if ".." not in text:
+        return [text]
     m = _RANGE.match(text)
     if not m:
-        return [text]
+        raise ScenarioError(f"id {text!r} is not allowed: a plain id or a range PREFIX<a>..PREFIX<b> such as B1..B12")
     a, b = m.group("a"), m.group("b")
+    if int(b) < int(a) or int(b) - int(a) >= MAX_JOBS:
+        raise ScenarioError(f"id range {text!r} is not allowed: a range from a low to a high number, "
+                            f"at most {MAX_JOBS:,} ids")
     width = len(a) if a.startswith("0") else 0
     return [f"{m.group('prefix')}{i:0{width}d}" for i in range(int(a), int(b) + 1)]
 
@@ -169,17 +188,148 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
     """
     source = str(path)
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ScenarioError(f"{source}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{source}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        raw = load_yaml(read_text(path))
+    except YamlError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{source}: the file is not allowed to be {type(raw).__name__}: a YAML mapping with "
+                            "scenario, policy, jobs and expect")
     try:
-        return ScenarioSpec.model_validate(raw)
+        spec = ScenarioSpec.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ScenarioError(f"{source}: {where}: {err.get('input')!r} is not allowed: {err['msg']}") from None
+        raise ScenarioError(f"{source}: {_pydantic_line(exc)}") from None
+    validate_scenario(spec, source)
+    return spec
+
+
+def _pydantic_line(exc: ValidationError, prefix: str = "") -> str:
+    err = exc.errors()[0]
+    parts = []
+    for p in err["loc"]:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        elif p in _LOC_NOISE or "[" in str(p) or "-" in str(p) and str(p).split("-")[0] in _LOC_NOISE:
+            continue  # pydantic's union-member tags, not fields
+        else:
+            parts.append(("." if parts else "") + str(p))
+    where = prefix + "".join(parts)
+    if err["type"] == "missing":
+        return f"{where}: a value is required here"
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown field is not allowed"
+    value = repr(err.get("input"))
+    value = value if len(value) <= 60 else value[:57] + "..."
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {value} is not allowed: {msg[:1].lower()}{msg[1:]}"
+
+
+_LOC_NOISE = {"constrained-float", "constrained-int", "float", "int", "str", "bool", "list", "dict", "function-after",
+              "function-before", "function-wrap", "literal", "nullable", "union"}
+
+
+def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
+    """What the schema alone cannot check: ids (ranges, duplicates), that events,
+    allocations, expectations and variants name jobs, teams, nodes and GPUs that exist.
+
+    Raises:
+        ScenarioError: the first problem, naming the file and the field's path.
+    """
+    def fail(path: str, value: Any, allowed: str) -> None:
+        text = repr(value)
+        raise ScenarioError(f"{source}: {path}: {text if len(text) <= 60 else text[:57] + '...'} is not allowed: {allowed}")
+
+    ids: dict[str, str] = {}
+    teams: set[str] = set()
+    total = 0
+    for i, entry in enumerate(spec.jobs):
+        try:
+            expanded = expand_ids(entry.id)
+        except ScenarioError as exc:
+            raise ScenarioError(f"{source}: jobs[{i}].{exc}") from None
+        total += len(expanded)
+        if total > MAX_JOBS:
+            fail(f"jobs[{i}].id", entry.id, f"at most {MAX_JOBS:,} jobs in a scenario")
+        for job_id in expanded:
+            if job_id in ids:
+                fail(f"jobs[{i}].id", job_id, f"an id used once only (also in {ids[job_id]})")
+            ids[job_id] = f"jobs[{i}]"
+        teams.add(entry.team)
+    try:
+        nodes = {n.name: n.gpus for n in policy_from_dict(spec.policy, f"{source}#policy").rules.nodes}
+    except PolicyError as exc:
+        raise ScenarioError(str(exc)) from None
+    used: dict[str, set[int]] = {}
+    for i, a in enumerate(spec.initial_allocations):
+        path = f"initial_allocations[{i}]"
+        if a.job in ids:
+            fail(f"{path}.job", a.job, f"an id used once only (also in {ids[a.job]})")
+        ids[a.job] = path
+        teams.add(a.team)
+        if a.node not in nodes:
+            fail(f"{path}.node", a.node, "a node of the cluster: " + ", ".join(sorted(nodes)))
+        taken = used.setdefault(a.node, set())
+        if a.gpu_indices is not None:
+            gpus = a.gpu_indices
+            if len(gpus) != a.gpus or len(set(gpus)) != len(gpus) or max(gpus, default=0) >= nodes[a.node]:
+                fail(f"{path}.gpu_indices", gpus, f"{a.gpus} distinct indices from 0 to {nodes[a.node] - 1}")
+            if taken & set(gpus):
+                fail(f"{path}.gpu_indices", gpus, f"GPUs of {a.node} no other allocation holds "
+                     f"(taken: {sorted(taken)})")
+            taken.update(gpus)
+        else:
+            free = [g for g in range(nodes[a.node]) if g not in taken]
+            if len(free) < a.gpus:
+                fail(f"{path}.gpus", a.gpus, f"at most the {len(free)} GPU(s) of {a.node} still free")
+            taken.update(free[:a.gpus])
+    live = dict(nodes)
+    for i, e in enumerate(sorted(enumerate(spec.events), key=lambda ie: ie[1].t)):
+        idx, e = e
+        path = f"events[{idx}]"
+        needs = {"cancel": ("job",), "requeue": ("job",), "gpu_unhealthy": ("node", "gpu"),
+                 "gpu_healthy": ("node", "gpu"), "node_lost": ("node",), "node_added": ("node", "gpus")}.get(e.type, ())
+        for name in needs:
+            if getattr(e, name) is None:
+                fail(f"{path}.{name}", None, f"a value: a {e.type} event needs '{name}'")
+        if e.type in ("cancel", "requeue") and e.job not in ids:
+            fail(f"{path}.job", e.job, "a job of the scenario")
+        if e.type in ("gpu_unhealthy", "gpu_healthy", "node_lost") and e.node not in nodes:
+            fail(f"{path}.node", e.node, "a node of the cluster: " + ", ".join(sorted(nodes)))
+        if e.type in ("gpu_unhealthy", "gpu_healthy") and e.gpu >= nodes[e.node]:
+            fail(f"{path}.gpu", e.gpu, f"a GPU index of {e.node}: 0 to {nodes[e.node] - 1}")
+        if e.type == "node_lost":
+            live.pop(e.node, None)
+        if e.type == "node_added":
+            if not e.node or e.node in live:
+                fail(f"{path}.node", e.node, "the name of a node that is not in the cluster at that time")
+            live[e.node] = nodes[e.node] = e.gpus
+    _check_expect(spec.expect, "expect", ids, teams, nodes, fail)
+    for i, v in enumerate(spec.variants):
+        for job_id, change in v.jobs.items():
+            if job_id not in ids or not ids[job_id].startswith("jobs["):
+                fail(f"variants[{i}].jobs.{job_id}", job_id, "a job of the scenario's jobs list")
+            unknown = sorted(set(change) - set(JobEntry.model_fields) - {"class"} - {"id"})
+            if unknown:
+                fail(f"variants[{i}].jobs.{job_id}.{unknown[0]}", unknown[0],
+                     "a job field: " + ", ".join(sorted(set(JobEntry.model_fields) - {"workload_class"} | {"class"})))
+        _check_expect(v.expect, f"variants[{i}].expect", ids, teams, nodes, fail)
+
+
+def _check_expect(expect: Expect, where: str, ids: dict, teams: set, nodes: dict, fail) -> None:
+    for name in ("starts", "ends", "preempted", "pending", "final_state"):
+        for job_id in getattr(expect, name):
+            if job_id not in ids:
+                fail(f"{where}.{name}.{job_id}", job_id, "a job of the scenario")
+    for name in ("never_preempted", "never_starts"):
+        for job_id in getattr(expect, name):
+            if job_id not in ids:
+                fail(f"{where}.{name}", job_id, "a job of the scenario")
+    for name in ("team_usage", "max_team_usage"):
+        for team in getattr(expect, name):
+            if team not in teams:
+                fail(f"{where}.{name}.{team}", team, "a team of the scenario's jobs: " + ", ".join(sorted(teams)))
+    for i, g in enumerate(expect.gpu_never_used):
+        if g.node not in nodes or g.gpu >= nodes[g.node]:
+            fail(f"{where}.gpu_never_used[{i}]", f"{g.node}:{g.gpu}", "a GPU of a node of the scenario")
 
 
 def run_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> list[Outcome]:
@@ -211,9 +361,13 @@ def _run_one(spec: ScenarioSpec, name: str, policy_raw: dict, job_changes: dict,
     jobs: list[SimJob] = []
     for entry in spec.jobs:
         for job_id in expand_ids(entry.id):
-            data = entry.model_dump(by_alias=False)
-            data.update(job_changes.get(job_id, {}))
-            jobs.append(_sim_job(job_id, data))
+            data = entry
+            if job_id in job_changes:
+                try:
+                    data = JobEntry.model_validate({**entry.model_dump(by_alias=True), **job_changes[job_id]})
+                except ValidationError as exc:
+                    raise ScenarioError(f"{source}: {_pydantic_line(exc, f'{name}: jobs.{job_id}.')}") from None
+            jobs.append(_sim_job(job_id, data.model_dump(by_alias=False)))
     events: list[Event | Restart] = []
     for i, alloc in enumerate(spec.initial_allocations):
         events.append(_adopt(policy, alloc, spec.initial_allocations[:i]))
@@ -224,8 +378,8 @@ def _run_one(spec: ScenarioSpec, name: str, policy_raw: dict, job_changes: dict,
                     track_usage=lambda s: s.team)
     try:
         result = sim.run()
-    except SpecError as exc:
-        raise ScenarioError(f"{source}: {exc}") from None
+    except (SpecError, ValueError) as exc:
+        raise ScenarioError(f"{source}: {name}: {exc}") from None
     return Outcome(name, result, check_expect(result, expect))
 
 
@@ -364,7 +518,7 @@ def check_expect(result: SimResult, expect: Expect) -> list[str]:
         if peak > cap:
             fails.append(f"team {team}: held {peak} GPUs at peak, expected at most {cap}")
     for item in expect.gpu_never_used:
-        node, gpu, after = item["node"], int(item["gpu"]), float(item.get("after", 0))
+        node, gpu, after = item.node, item.gpu, item.after
         for r in recs.values():
             for t, placement in r.starts:
                 if t >= after and any(n == node and gpu in gs for n, gs in placement.parts):

@@ -41,13 +41,14 @@ class TraceJob:
     team: str | None = None
     workload_class: str | None = None
     user: str | None = None
+    where: str = ""  # "FILE: line N", for error messages
 
 
 def _open(path: Path) -> io.TextIOBase:
     try:
         if path.suffix == ".gz":
-            return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-        return open(path, encoding="utf-8", newline="")
+            return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+        return open(path, encoding="utf-8-sig", newline="")
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
 
@@ -58,9 +59,13 @@ def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
         for lineno, row in enumerate(csv.reader(f), start=1):
             yield lineno, row
     except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError, csv.Error) as exc:
-        raise TraceError(f"{path}: not a readable CSV file: {exc}") from None
+        raise TraceError(f"{path}: not a readable CSV file: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     finally:
         f.close()
+
+
+#: the largest time or GPU count a trace row may give (about 31 years in seconds)
+MAX_VALUE = 1e9
 
 
 def _num(path: Path, lineno: int, column: str, text: str, *, minimum: float = 0.0) -> float:
@@ -68,9 +73,9 @@ def _num(path: Path, lineno: int, column: str, text: str, *, minimum: float = 0.
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < minimum:
-        raise TraceError(f"{path}: line {lineno}: column {column!r}: {text!r} is not allowed: "
-                         f"a finite number >= {minimum:g}")
+    if not math.isfinite(value) or value < minimum or value > MAX_VALUE:
+        raise TraceError(f"{path}: line {lineno}: column {column!r}: {text[:40]!r} is not allowed: "
+                         f"a number from {minimum:g} to {MAX_VALUE:g}")
     return value
 
 
@@ -96,6 +101,7 @@ def read_philly(path: str | Path) -> list[TraceJob]:
             submit=_num(path, lineno, header[1], row[1]),
             gpus=_gpus(path, lineno, header[4], row[4]),
             duration=_num(path, lineno, header[5], row[5]),
+            where=f"{path}: line {lineno}",
         ))
     _check_ids(path, jobs)
     return jobs
@@ -123,6 +129,8 @@ def parse_mapping(text: str) -> dict[str, str]:
             raise TraceError(f"--map: {part!r} is not allowed: FIELD=COLUMN")
         if key not in CSV_FIELDS:
             raise TraceError(f"--map: field {key!r} is not allowed: one of {', '.join(CSV_FIELDS)}")
+        if key in mapping:
+            raise TraceError(f"--map: field {key!r} is given twice: each field once")
         mapping[key] = col
     for key in ("submit", "gpus", "duration"):
         if key not in mapping:
@@ -160,6 +168,7 @@ def read_csv(path: str | Path, mapping: dict[str, str]) -> list[TraceJob]:
             team=get(pos["team"]).strip() or None if "team" in pos else None,
             workload_class=get(pos["class"]).strip() or None if "class" in pos else None,
             user=get(pos["user"]).strip() or None if "user" in pos else None,
+            where=f"{path}: line {lineno}",
         ))
     _check_ids(path, jobs)
     jobs.sort(key=lambda j: (j.submit, j.id))
@@ -167,13 +176,14 @@ def read_csv(path: str | Path, mapping: dict[str, str]) -> list[TraceJob]:
 
 
 def _check_ids(path: Path, jobs: list[TraceJob]) -> None:
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for j in jobs:
         if not j.id:
-            raise TraceError(f"{path}: a job with an empty id is not allowed: a non-empty id")
+            raise TraceError(f"{j.where}: an empty job id is not allowed: a non-empty id")
         if j.id in seen:
-            raise TraceError(f"{path}: job id {j.id!r} appears twice: ids must be unique")
-        seen.add(j.id)
+            raise TraceError(f"{j.where}: job id {j.id[:40]!r} is not allowed: ids must be unique "
+                             f"(first at {seen[j.id].rsplit(': ', 1)[-1]})")
+        seen[j.id] = j.where
 
 
 def read_trace(path: str | Path, fmt: str, mapping: str | None = None) -> list[TraceJob]:
@@ -199,8 +209,10 @@ def select(jobs: list[TraceJob], days: tuple[float, float] | None = None, load: 
     chosen = [j for j in jobs if lo <= j.submit < hi]
     if load != 1.0:
         base = lo if days else min((j.submit for j in chosen), default=0.0)
-        chosen = [TraceJob(j.id, base + (j.submit - base) / load, j.gpus, j.duration, j.team, j.workload_class, j.user)
-                  for j in chosen]
+        chosen = [TraceJob(j.id, base + (j.submit - base) / load, j.gpus, j.duration, j.team, j.workload_class, j.user,
+                           j.where) for j in chosen]
+        if any(not math.isfinite(j.submit) or j.submit > MAX_VALUE for j in chosen):
+            raise TraceError(f"--load: {load!r} is not allowed: a factor that keeps submit times below {MAX_VALUE:g} s")
     return chosen
 
 

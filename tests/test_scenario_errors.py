@@ -1,0 +1,73 @@
+"""A scenario file the runner cannot use gives one ScenarioError line naming the file
+and the field; it never crashes the runner, and never passes silently."""
+
+import pytest
+
+from gpushepherd.sim.scenario import ScenarioError, load_scenario, run_scenario
+
+HEAD = "scenario: x\npolicy: {cluster: {nodes: [{name: n1, gpus: 4}]}}\n"
+JOB = "  - {id: A, team: T, class: batch, submit: 0, gpus: 1, duration: 10}\n"
+
+
+def _error(tmp_path, text) -> str:
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    with pytest.raises(ScenarioError) as info:
+        run_scenario(load_scenario(p), str(p))
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(str(p) + ": "), msg
+    return msg
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("jobs:\n" + JOB + JOB + "expect: {}\n", "jobs[1].id: 'A' is not allowed: an id used once only"),
+    ("jobs:\n  - {id: A1..A3, class: batch, submit: 0, duration: 1}\n  - {id: A2, class: batch, submit: 0, duration: 1}\n"
+     "expect: {}\n", "jobs[1].id: 'A2'"),
+    ("jobs:\n  - {id: A1..A0, class: batch, submit: 0, duration: 1}\nexpect: {}\n", "id range 'A1..A0'"),
+    ("jobs:\n  - {id: A1..A99999999, class: batch, submit: 0, duration: 1}\nexpect: {}\n", "at most 100,000"),
+    ("jobs:\n  - {id: X..Y, class: batch, submit: 0, duration: 1}\nexpect: {}\n", "a plain id or a range"),
+    ("jobs:\n" + JOB + "events: [{t: 1, type: cancel, job: ZZ}]\nexpect: {}\n", "events[0].job: 'ZZ'"),
+    ("jobs:\n" + JOB + "events: [{t: 1, type: gpu_unhealthy, node: n1, gpu: 99}]\nexpect: {}\n", "events[0].gpu: 99"),
+    ("jobs:\n" + JOB + "events: [{t: 1, type: gpu_unhealthy, node: zz, gpu: 0}]\nexpect: {}\n", "events[0].node: 'zz'"),
+    ("jobs:\n" + JOB + "events: [{t: 1, type: node_lost, node: zz}]\nexpect: {}\n", "events[0].node: 'zz'"),
+    ("jobs:\n" + JOB + "events: [{t: 1, type: node_added, node: n1, gpus: 4}]\nexpect: {}\n", "events[0].node: 'n1'"),
+    ("jobs:\n" + JOB + "events: [{t: 1, type: node_added, node: n9, gpus: 1000000000000}]\nexpect: {}\n",
+     "less than or equal to 256"),
+    ("jobs:\n" + JOB + "events: [{t: 1, type: cancel}]\nexpect: {}\n", "events[0].job: None is not allowed"),
+    ("initial_allocations: [{job: E1, node: n1, gpus: 1, gpu_indices: [-1], ends: 50}]\nexpect: {}\n",
+     "initial_allocations[0].gpu_indices[0]"),
+    ("initial_allocations: [{job: E1, node: n1, gpus: 2, gpu_indices: [0, 0], ends: 50}]\nexpect: {}\n",
+     "2 distinct indices from 0 to 3"),
+    ("initial_allocations: [{job: E1, node: n1, gpus: 3, ends: 50}, {job: E2, node: n1, gpus: 3, ends: 50}]\n"
+     "expect: {}\n", "at most the 1 GPU(s) of n1 still free"),
+    ("jobs:\n" + JOB + "initial_allocations: [{job: A, node: n1, gpus: 1, ends: 5}]\nexpect: {}\n",
+     "initial_allocations[0].job: 'A'"),
+    ("jobs:\n" + JOB + "expect: {ends: {ZZ: 100}}\n", "expect.ends.ZZ"),
+    ("jobs:\n" + JOB + "expect: {never_starts: [ZZ]}\n", "expect.never_starts"),
+    ("jobs:\n" + JOB + "expect: {max_team_usage: {ZZ: 1}}\n", "expect.max_team_usage.ZZ"),
+    ("jobs:\n" + JOB + "expect: {gpu_never_used: [{nod: n1}]}\n", "expect.gpu_never_used[0]"),
+    ("jobs:\n" + JOB + "expect: {gpu_never_used: [{node: n1, gpu: x}]}\n", "expect.gpu_never_used[0].gpu"),
+    ("jobs:\n" + JOB + "expect: {}\nvariants: [{name: v, jobs: {A: {colour: red}}, expect: {}}]\n",
+     "variants[0].jobs.A.colour"),
+    ("jobs:\n" + JOB + "expect: {}\nvariants: [{name: v, jobs: {ZZ: {gpus: 2}}, expect: {}}]\n", "variants[0].jobs.ZZ"),
+    ("jobs:\n" + JOB + "expect: {}\nvariants: [{name: v, jobs: {A: {gpus: abc}}, expect: {}}]\n", "x/v: jobs.A.gpus"),
+    ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: abc}\nexpect: {}\n", "jobs[0].duration: 'abc'"),
+    ("jobs:\n  - {id: A, class: nope, submit: 0, gpus: 1, duration: 1}\nexpect: {}\n", "class: 'nope' is not allowed"),
+    ("jobs:\n" + JOB, "expect: a value is required here"),
+    ("scenario: [\n", "line 2 column 1: not valid YAML"),
+])
+def test_bad_scenarios(tmp_path, body, fragment):
+    text = body if body.startswith("scenario") else HEAD + body
+    assert fragment in _error(tmp_path, text)
+
+
+def test_empty_and_list_files(tmp_path):
+    assert "a YAML mapping" in _error(tmp_path, "")
+    assert "a YAML mapping" in _error(tmp_path, "- a\n- b\n")
+
+
+def test_a_job_larger_than_the_cluster_stays_pending(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(HEAD + "jobs:\n  - {id: A, class: batch, submit: 0, gpus: 9, duration: 1}\n"
+                 "expect: {never_starts: [A], pending: {A: {from: 0, to: never, reason: ExceedsCapacity}}}\n")
+    assert run_scenario(load_scenario(p), str(p))[0].passed
