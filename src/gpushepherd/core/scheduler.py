@@ -553,7 +553,9 @@ class Scheduler:
         rem = job.remaining_estimate()
         job.pend_est = INF if rem is None else rem
         shape = job.shape
-        fk = (shape.ckey, shape.mode, shape.per_pod)
+        # failures are monotone in the GPU count within one filter and layout (and pod
+        # size), so the memo key leaves the count out
+        fk = (shape.ckey, shape.mode, shape.per_pod if shape.mode == "pods" else 0)
         job.fkey = self._fkey_ids.setdefault(fk, len(self._fkey_ids))
         job.sig = self._sig_id(shape, job.cls.name, job.charges, estimate_band(rem))
         self._queue.add(job)
@@ -890,13 +892,18 @@ class Scheduler:
         shape = job.shape
         fkey = job.fkey
         k = shape.k
-        if (ctx.n_reserved >= ctx.depth and ctx.fail_fit.get(fkey, INF) <= k
-                and (not can_preempt or ctx.fail_preempt.get((fkey, prio), INF) <= k)):
-            # fits nowhere, cannot preempt, gets no reservation: blocked whatever its
-            # quota says (its reason is worked out when someone asks)
-            job.reason_pass = -1
-            self._note_blocked(job)
-            return _DEAD
+        if ctx.n_reserved >= ctx.depth and (not can_preempt or ctx.fail_preempt.get((fkey, prio), INF) <= k):
+            if ctx.fail_fit.get(fkey, INF) <= k:
+                # fits nowhere, cannot preempt, gets no reservation: blocked whatever its
+                # quota says (its reason is worked out when someone asks)
+                job.reason_pass = -1
+                self._note_blocked(job)
+                return _DEAD
+            if ctx.fail_around.get((fkey, True), INF) <= k and job.pend_est > ctx.short_limit():
+                # every placement would delay a reservation; a shorter job might not
+                job.reason_pass = -1
+                self._note_blocked(job)
+                return _SHORTER
         if ctx.budget <= 0:
             return _BREAK
         ctx.budget -= 1
@@ -1003,7 +1010,8 @@ class Scheduler:
         return "released"
 
     def _note_blocked(self, job: Job) -> None:
-        if self._first_blocked is None or job.key < self._first_blocked:
+        first = self._first_blocked
+        if first is None or job.key < first:
             self._first_blocked = job.key
 
     def _could_preempt(self, job: Job) -> bool:
