@@ -177,7 +177,7 @@ def quota_spare(sched: "Scheduler", job: Job, start: float) -> dict[tuple[int, s
         for i, user, amount in sched.jobs[job_id].charges:
             if (i, user) in freed:
                 freed[(i, user)] += amount
-    return {key: max(0, quota.limits[key[0]].max - (quota.usage.get(key, 0) - freed[key]) - amount)
+    return {key: max(0, quota.current[key[0]] - (quota.usage.get(key, 0) - freed[key]) - amount)
             for key, amount in keys.items()}
 
 

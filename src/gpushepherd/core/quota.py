@@ -23,6 +23,23 @@ class QuotaBook:
         self.limits: tuple[Limit, ...] = rules.limits
         self.usage: dict[tuple[int, str], int] = {}
         self._applicable: dict[tuple[str, str], tuple[int, ...]] = {}
+        #: each limit's value now, and the window that gives it ('' outside windows)
+        self.current: list[int] = [lim.max for lim in self.limits]
+        self.window: list[str] = [""] * len(self.limits)
+        self.windowed: tuple[int, ...] = tuple(i for i, lim in enumerate(self.limits) if lim.windows)
+
+    def set_time(self, t: float) -> list[tuple[int, int, int]]:
+        """Bring windowed limits to their value at ``t``; returns ``(limit, old, new)``
+        for each that changed."""
+        changes = []
+        clock = self.rules.clock
+        for i in self.windowed:
+            value, name = self.limits[i].at(clock, t)
+            self.window[i] = name
+            if value != self.current[i]:
+                changes.append((i, self.current[i], value))
+                self.current[i] = value
+        return changes
 
     def applicable(self, team: str, workload_class: str) -> tuple[int, ...]:
         key = (team, workload_class)
@@ -47,19 +64,21 @@ class QuotaBook:
         return tuple(out)
 
     def never_fits(self, charges: tuple[Charge, ...]) -> Limit | None:
-        """A limit whose maximum is below the job's own amount: it can never start."""
+        """A limit whose loosest value (over its windows) is below the job's own amount:
+        it can never start."""
         for i, _user, amount in charges:
-            if amount > self.limits[i].max:
+            if amount > self.limits[i].loosest:
                 return self.limits[i]
         return None
 
-    def blocking(self, charges: tuple[Charge, ...]) -> tuple[Limit, int] | None:
-        """The first limit (policy order) the job would exceed now, with its usage."""
+    def blocking(self, charges: tuple[Charge, ...]) -> tuple[int, int] | None:
+        """The first limit (policy order) the job would exceed now: ``(limit index, usage)``."""
         usage = self.usage
+        current = self.current
         for i, user, amount in charges:
             used = usage.get((i, user), 0)
-            if used + amount > self.limits[i].max:
-                return self.limits[i], used
+            if used + amount > current[i]:
+                return i, used
         return None
 
     def charge(self, charges: tuple[Charge, ...], sign: int) -> None:

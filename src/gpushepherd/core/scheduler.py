@@ -254,10 +254,13 @@ class Scheduler:
                     if e.spec.id in self.jobs:
                         raise SpecError(f"job {e.spec.id!r}: id: is not allowed: an id not used before")
             self.now = t
+            tightened = self._windows_at(t)
             for e in batch:
                 self._event_no += 1
                 self._apply(e, out)
             self._expire(out)
+            if tightened:
+                self._close_windows(tightened, out)
             self._schedule(out)
         return out
 
@@ -275,8 +278,22 @@ class Scheduler:
         while self._wakeups and self._wakeups[0] <= self.now:
             heapq.heappop(self._wakeups)
         t_wake = self._wakeups[0] if self._wakeups and self._queue else None
-        times = [t for t in (t_limit, t_wake) if t is not None]
+        t_window = None
+        if self.quota.windowed and self._window_matters():
+            t_window = self.rules.clock.next_boundary(self.rules.window_boundaries(), self.now)
+        times = [t for t in (t_limit, t_wake, t_window) if t is not None]
         return min(times) if times else None
+
+    def _window_matters(self) -> bool:
+        """Whether a window boundary can change anything: a pending job counts against
+        a windowed limit (and could ever fit it), or a running job could be stopped."""
+        windowed = set(self.quota.windowed)
+        for sig_jobs in self._queue.subs.values():
+            job = sig_jobs[0]
+            if any(i in windowed for i, _u, _a in job.charges) and self.quota.never_fits(job.charges) is None:
+                return True
+        return any(j.cls.on_window_close == "checkpoint-and-stop" and any(i in windowed for i, _u, _a in j.charges)
+                   for j in self._running.values())
 
     def pending_jobs(self) -> list[Job]:
         """Pending jobs in queue order (a copy)."""
@@ -748,13 +765,49 @@ class Scheduler:
         job.victims = set()
         job.plan = []
 
-    def _preempt(self, victim: Job, preemptor: Job, out: list[Decision]) -> None:
+    def _preempt(self, victim: Job, preemptor: Job | None, out: list[Decision], reason: str = "") -> None:
         grace = victim.cls.grace_period_s if victim.checkpointable else 0.0
         self._signal(victim, JobState.PREEMPTING, grace)
-        victim.preemptor = preemptor.id
-        self._log(victim, JobState.RUNNING, JobState.PREEMPTING, f"preempted for {preemptor.id} (grace {grace:g} s)")
-        out.append(Preempt(self.now, victim.id, grace_s=grace, reason=f"priority:{preemptor.cls.name}",
-                           preemptor=preemptor.id))
+        victim.preemptor = preemptor.id if preemptor is not None else None
+        why = f"preempted for {preemptor.id}" if preemptor is not None else f"stopped: {reason}"
+        self._log(victim, JobState.RUNNING, JobState.PREEMPTING, f"{why} (grace {grace:g} s)")
+        out.append(Preempt(self.now, victim.id, grace_s=grace,
+                           reason=reason or f"priority:{preemptor.cls.name}",
+                           preemptor=preemptor.id if preemptor is not None else ""))
+
+    # --------------------------------------------------------------- windows
+    def _windows_at(self, t: float) -> list[tuple[int, int]]:
+        """Bring time-windowed limits to ``t``; a change is a configuration change with
+        its own pass. Returns the limits that tightened, with their new value."""
+        if not self.quota.windowed:
+            return []
+        changes = self.quota.set_time(t)
+        if changes:
+            self._full = True
+        return [(i, new) for i, old, new in changes if new < old]
+
+    def _close_windows(self, tightened: list[tuple[int, int]], out: list[Decision]) -> None:
+        """A window closed: jobs over the new limit whose class says
+        ``checkpoint-and-stop`` are preempted (youngest first, with their grace period)
+        until the usage fits; ``drain`` classes keep running."""
+        quota = self.quota
+        for i, new_max in tightened:
+            over: dict[str, int] = {}
+            for (li, user), used in quota.usage.items():
+                if li == i and used > new_max:
+                    over[user] = used - new_max
+            if not over:
+                continue
+            candidates = sorted(
+                (j for j in self._running.values()
+                 if j.state is JobState.RUNNING and j.preemptible and j.cls.on_window_close == "checkpoint-and-stop"),
+                key=lambda j: j.vkey)
+            for job in candidates:
+                for li, user, amount in job.charges:
+                    if li == i and over.get(user, 0) > 0:
+                        over[user] -= amount
+                        self._preempt(job, None, out, reason=f"window-closed:{quota.limits[i].path}")
+                        break
 
     # --------------------------------------------------------------- expire
     def _expire(self, out: list[Decision]) -> None:
@@ -1030,8 +1083,12 @@ class Scheduler:
             return PendingReason(R.EXCEEDS_CAPACITY, f"{never.path}={never.max}")
         blocking = quota.blocking(job.charges)
         if blocking is not None:
-            lim, used = blocking
-            return PendingReason(R.QUOTA_EXCEEDED, f"{lim.path}={lim.max}, in use {used}")
+            i, used = blocking
+            lim, now_max, window = quota.limits[i], quota.current[i], quota.window[i]
+            if lim.windows:  # the limit in force is a time window's
+                where = f"@{window}" if window else "@outside windows"
+                return PendingReason(R.WINDOW_LIMIT, f"{lim.path}{where}={now_max}, in use {used}")
+            return PendingReason(R.QUOTA_EXCEEDED, f"{lim.path}={now_max}, in use {used}")
         if self._exceeds_capacity(job):
             return PendingReason(R.EXCEEDS_CAPACITY, self._capacity_detail(job))
         return None
@@ -1237,6 +1294,8 @@ class Scheduler:
         for name, g in snap.get("unhealthy", []):
             sched.ledger.set_gpu_health(sched.ledger.by_name[name], g, False)
         sched.now = snap.get("now", float("-inf"))
+        if sched.now != float("-inf"):
+            sched.quota.set_time(sched.now)
         for raw in snap["jobs"]:
             spec_raw = dict(raw["spec"])
             spec_raw["gpu_types"] = tuple(spec_raw.get("gpu_types", ()))

@@ -6,7 +6,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from gpushepherd.model.clock import Clock, Window
 from gpushepherd.model.cluster import Node
+
+#: a limit that is not set (outside its windows)
+UNLIMITED = 10**12
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +27,7 @@ class ClassRules:
     grace_period_s: float
     pools: tuple[str, ...] | None
     reserved_gpus: int = 0
+    on_window_close: str = "drain"  # or "checkpoint-and-stop"
 
 
 class LimitUnit(str, enum.Enum):
@@ -38,6 +43,8 @@ class Limit:
     (``None``: any team) and its class is ``workload_class`` (``None``: any class).
     With ``per_user`` each user is capped separately. ``path`` is the policy field the
     limit comes from (``teams.ml.max_gpus``) and is what a pending reason names.
+    ``windows``: ``(window, max)`` pairs; the first open window gives the limit, else
+    ``max``.
     """
 
     path: str
@@ -46,6 +53,22 @@ class Limit:
     team: str | None = None
     workload_class: str | None = None
     per_user: bool = False
+    windows: tuple[tuple[Window, int], ...] = ()
+
+    @property
+    def loosest(self) -> int:
+        """The largest value any window (or none) gives."""
+        return max([self.max] + [m for _, m in self.windows])
+
+    def at(self, clock: Clock | None, t: float) -> tuple[int, str]:
+        """The limit at scheduler time ``t`` and the name of the window giving it ('' outside)."""
+        if not self.windows or clock is None:
+            return self.max, ""
+        weekday, second = clock.local(t)
+        for window, value in self.windows:
+            if window.open_at(weekday, second):
+                return value, window.name
+        return self.max, ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +87,16 @@ class Rules:
     backfill_reservations: int = 1
     backfill_max_job_test: int = 1000
     default_team: str | None = None
+    clock: Clock | None = None
+
+    def window_boundaries(self) -> tuple[float, ...]:
+        """Seconds of the local day at which some window opens or closes."""
+        out = set()
+        for lim in self.limits:
+            for w, _ in lim.windows:
+                out.add(w.start % 86400.0)
+                out.add(w.end % 86400.0)
+        return tuple(sorted(out))
 
     def ancestors(self, team: str) -> tuple[str, ...]:
         """``team`` and its parents, nearest first."""

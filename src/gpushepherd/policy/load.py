@@ -14,16 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from gpushepherd.model.clock import WEEKDAYS, Clock, Window
 from gpushepherd.model.cluster import Node
-from gpushepherd.model.rules import ClassRules, Limit, LimitUnit, Rules
-from gpushepherd.policy.schema import ClassSpec, PolicySpec
+from gpushepherd.model.rules import UNLIMITED, ClassRules, Limit, LimitUnit, Rules
+from gpushepherd.policy.schema import WINDOW_FIELDS, ClassSpec, PolicySpec, WindowSpec
 from gpushepherd.yamlio import YamlError, load_yaml, read_text
-
-#: limits that a time window would make a mapping of (day -> value)
-_LIMIT_KEYS = ("max_gpus", "max_gpus_per_user", "reserved_gpus", "nominal_gpus", "max_running_jobs",
-               "max_running_jobs_per_user")
-_WINDOWS_NOT_YET = ("time windows (day/night limits) are not supported yet: they arrive with the policy engine "
-                    "(issue #3); state the daytime limit instead")
 
 #: R1's standard workload classes. Priorities follow the public scenario conventions.
 STANDARD_CLASSES: dict[str, dict[str, Any]] = {
@@ -151,38 +146,11 @@ def policy_from_dict(raw: Any, source: str = "<policy>") -> Policy:
     """Validate an already-parsed policy mapping; see ``load_policy``."""
     if not isinstance(raw, dict):
         raise PolicyError(source, "", raw, "a YAML mapping with at least a 'cluster' section")
-    _reject_time_windows(raw, source)
     try:
         spec = PolicySpec.model_validate(raw)
     except ValidationError as exc:
         raise _translate(exc, source) from None
     return Policy(spec=spec, rules=compile_rules(spec, source), source=source)
-
-
-def _reject_time_windows(root: Any, source: str) -> None:
-    # Time windows arrive with the policy engine (issue #3). Until then a window in a
-    # policy file must be an error that says so, never silently ignored. (Label maps and
-    # descriptions are free text: a label called "window" is no time window.)
-    seen: set[int] = set()
-    stack: list[tuple[Any, str]] = [(root, "")]
-    while stack:
-        node, path = stack.pop()
-        if isinstance(node, (dict, list)):
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-        if isinstance(node, dict):
-            for key, value in node.items():
-                sub = f"{path}.{key}" if path else str(key)
-                if key in ("labels", "description"):
-                    continue
-                if isinstance(key, str) and ("window" in key.lower() or key == "schedule"
-                                             or (key in _LIMIT_KEYS and isinstance(value, (dict, list)))):
-                    raise PolicyError(source, sub, value, _WINDOWS_NOT_YET)
-                stack.append((value, sub))
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                stack.append((value, f"{path}[{i}]"))
 
 
 def _loc_to_path(loc: tuple) -> str:
@@ -275,6 +243,7 @@ def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
         grace_period_s=float(base.get("grace_period_s", 0.0)),
         pools=tuple(base["pools"]) if base.get("pools") is not None else None,
         reserved_gpus=int(base.get("reserved_gpus", 0)),
+        on_window_close=base.get("on_window_close") or "drain",
     )
 
 
@@ -367,6 +336,14 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
             raise PolicyError(source, f"teams.{parent}.nominal_gpus", cap,
                               f"at least the sum of its child teams' nominal_gpus ({sum(nominal[k] for k in kids)})")
 
+    try:
+        clock = Clock.starting(spec.clock.timezone, spec.clock.start)
+    except (ValueError, KeyError, OSError) as exc:
+        field = "clock.start" if spec.clock.start and "zone" not in str(exc).lower() else "clock.timezone"
+        value = spec.clock.start if field == "clock.start" else spec.clock.timezone
+        raise PolicyError(source, field, value, "an IANA time zone such as Europe/Berlin (clock.timezone) and an "
+                          "ISO 8601 local time such as 2026-11-30T08:00:00 (clock.start)") from None
+
     if spec.default_team is not None and spec.teams and spec.default_team not in spec.teams:
         raise PolicyError(source, "default_team", spec.default_team, "a team defined under teams")
 
@@ -376,36 +353,59 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         teams=teams,
         nominal_gpus={n: v for n, v in nominal.items()},
         shares={n: t.shares for n, t in spec.teams.items() if t.shares is not None},
-        limits=tuple(_limits(spec)),
+        limits=tuple(_limits(spec, source)),
         preemption_enabled=spec.preemption.enabled,
         preemption_min_runtime_s=spec.preemption.min_runtime_s,
         backfill_enabled=spec.backfill.enabled,
         backfill_reservations=spec.backfill.reservations,
         backfill_max_job_test=spec.backfill.max_job_test,
         default_team=spec.default_team,
+        clock=clock,
     )
 
 
-def _limits(spec: PolicySpec) -> list[Limit]:
+def _window(w: WindowSpec) -> Window:
+    def secs(hhmm: str) -> float:
+        h, m = hhmm.split(":")
+        return int(h) * 3600.0 + int(m) * 60.0
+
+    days = frozenset(WEEKDAYS.index(d) for d in w.days) if w.days else frozenset(range(7))
+    label = w.name or (f"{w.from_}-{w.to}" + (f"/{'+'.join(w.days)}" if w.days else ""))
+    return Window(label, days, secs(w.from_), secs(w.to))
+
+
+#: limit fields that windows may change: (field, unit, per user)
+_WINDOWED = {"max_gpus": (LimitUnit.GPUS, False), "max_gpus_per_user": (LimitUnit.GPUS, True),
+             "max_running_jobs": (LimitUnit.JOBS, False), "max_running_jobs_per_user": (LimitUnit.JOBS, True)}
+
+
+def _windowed_limits(prefix: str, holder, fields: tuple[str, ...], **scope) -> list[Limit]:
+    """A class's or team's limits, with the windows that change each (a limit set only
+    inside windows is unlimited outside them)."""
+    out = []
+    windows = [(_window(w), w) for w in holder.windows]
+    for field in fields:
+        base = getattr(holder, field, None)
+        wins = tuple((win, getattr(w, field)) for win, w in windows if getattr(w, field) is not None)
+        if base is None and not wins:
+            continue
+        unit, per_user = _WINDOWED[field]
+        out.append(Limit(f"{prefix}.{field}", UNLIMITED if base is None else base, unit, per_user=per_user,
+                         windows=wins, **scope))
+    return out
+
+
+def _limits(spec: PolicySpec, source: str) -> list[Limit]:
     out: list[Limit] = []
     for name, cls in sorted(spec.classes.items()):
-        if cls.max_gpus is not None:
-            out.append(Limit(f"classes.{name}.max_gpus", cls.max_gpus, workload_class=name))
-        if cls.max_gpus_per_user is not None:
-            out.append(Limit(f"classes.{name}.max_gpus_per_user", cls.max_gpus_per_user, workload_class=name, per_user=True))
-        if cls.max_running_jobs_per_user is not None:
-            out.append(Limit(f"classes.{name}.max_running_jobs_per_user", cls.max_running_jobs_per_user,
-                             LimitUnit.JOBS, workload_class=name, per_user=True))
+        out += _windowed_limits(f"classes.{name}", cls, ("max_gpus", "max_gpus_per_user", "max_running_jobs_per_user"),
+                                workload_class=name)
+        unused = [f for w in cls.windows for f in WINDOW_FIELDS if getattr(w, f) is not None and f == "max_running_jobs"]
+        if unused:
+            raise PolicyError(source, f"classes.{name}.windows", "max_running_jobs",
+                              "max_gpus, max_gpus_per_user or max_running_jobs_per_user (classes count jobs per user)")
     for name, team in sorted(spec.teams.items()):
-        if team.max_gpus is not None:
-            out.append(Limit(f"teams.{name}.max_gpus", team.max_gpus, team=name))
-        if team.max_gpus_per_user is not None:
-            out.append(Limit(f"teams.{name}.max_gpus_per_user", team.max_gpus_per_user, team=name, per_user=True))
-        if team.max_running_jobs is not None:
-            out.append(Limit(f"teams.{name}.max_running_jobs", team.max_running_jobs, LimitUnit.JOBS, team=name))
-        if team.max_running_jobs_per_user is not None:
-            out.append(Limit(f"teams.{name}.max_running_jobs_per_user", team.max_running_jobs_per_user,
-                             LimitUnit.JOBS, team=name, per_user=True))
+        out += _windowed_limits(f"teams.{name}", team, WINDOW_FIELDS, team=name)
         for cname, lim in sorted(team.classes.items()):
             if lim.max_gpus is not None:
                 out.append(Limit(f"teams.{name}.classes.{cname}.max_gpus", lim.max_gpus, team=name, workload_class=cname))

@@ -54,6 +54,41 @@ class NodeGroupSpec(_Strict):
         return self
 
 
+HHMM = Annotated[str, Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$|^24:00$")]
+Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+WINDOW_FIELDS = ("max_gpus", "max_gpus_per_user", "max_running_jobs", "max_running_jobs_per_user")
+
+
+class WindowSpec(_Strict):
+    """A time window in which other limits hold: ``[from, to)`` local time on ``days``
+    (``from`` > ``to`` wraps past midnight and belongs to the day it starts)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+    name: str = ""
+    days: list[Weekday] | None = None
+    from_: HHMM = Field(default="00:00", alias="from")
+    to: HHMM = "24:00"
+    max_gpus: NonNegInt | None = None
+    max_gpus_per_user: NonNegInt | None = None
+    max_running_jobs: NonNegInt | None = None
+    max_running_jobs_per_user: NonNegInt | None = None
+
+    @model_validator(mode="after")
+    def _sets_a_limit(self) -> "WindowSpec":
+        if all(getattr(self, f) is None for f in WINDOW_FIELDS):
+            raise ValueError("a window must set at least one of " + ", ".join(WINDOW_FIELDS))
+        return self
+
+
+class ClockSpec(_Strict):
+    """How the scheduler's seconds map to local time: ``start`` is the local wall time
+    of ``t = 0`` (trace replays; ISO 8601); without it ``t`` is Unix time."""
+
+    timezone: str = "UTC"
+    start: str | None = None
+
+
 class PoolSpec(_Strict):
     name: Name
     description: str = ""
@@ -87,6 +122,10 @@ class ClassSpec(_Strict):
     max_gpus_per_user: NonNegInt | None = None
     max_running_jobs_per_user: NonNegInt | None = None
     reserved_gpus: NonNegInt | None = None
+    #: limits that change with the time of day and week (R4, R8)
+    windows: list[WindowSpec] = Field(default_factory=list)
+    #: what happens to running jobs over a limit when a window closes
+    on_window_close: Literal["drain", "checkpoint-and-stop"] | None = None
     description: str | None = None
 
 
@@ -113,6 +152,7 @@ class TeamSpec(_Strict):
     max_running_jobs_per_user: NonNegInt | None = None
     parent: Name | None = None
     classes: dict[Name, TeamClassLimit] = Field(default_factory=dict)
+    windows: list[WindowSpec] = Field(default_factory=list)
     description: str = ""
 
 
@@ -144,3 +184,4 @@ class PolicySpec(_Strict):
     backfill: BackfillSpec = Field(default_factory=BackfillSpec)
     #: team for jobs that name none
     default_team: Name | None = None
+    clock: ClockSpec = Field(default_factory=ClockSpec)
