@@ -23,12 +23,14 @@ Every pending job carries the reason of the stage that stopped it.
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import replace
 from itertools import groupby
 
 from gpushepherd.core import backfill
+from gpushepherd.core.fairshare import UsageBook, factor
 from gpushepherd.core.ledger import Ledger, bits, lowest_bits
 from gpushepherd.core.placement import Counts, Shape, members_of, place_counts, place_live
 from gpushepherd.core.preemption import lower_jobs_would_make_room, victim_order_key, victims_for
@@ -219,6 +221,13 @@ class Scheduler:
         self._mk_count = ([0] * len(self._prios), [0] * len(self._prios))
         self._mk_flags: list[list[list[bool]]] = []
         self._uniform: int | None = None
+        # multifactor priority and fair-share (Slurm's priority/multifactor)
+        self.usage = UsageBook(rules.priority.half_life_s)
+        self._max_prio = max((c.priority for c in rules.classes.values()), default=1) or 1
+        self._recalc_t = float("-inf")  # when scores were last recomputed
+        self._next_recalc = float("-inf")
+        self._teams_seen: set[str] = set(rules.teams)
+        self._users_seen: dict[str, set[str]] = {}
         self._class_gpus: dict[str, int] = {}  # class -> GPUs held
         self._seq = 0
         self._event_no = 0
@@ -255,6 +264,7 @@ class Scheduler:
                         raise SpecError(f"job {e.spec.id!r}: id: is not allowed: an id not used before")
             self.now = t
             tightened = self._windows_at(t)
+            self._maybe_recalc(t)
             for e in batch:
                 self._event_no += 1
                 self._apply(e, out)
@@ -278,11 +288,25 @@ class Scheduler:
         while self._wakeups and self._wakeups[0] <= self.now:
             heapq.heappop(self._wakeups)
         t_wake = self._wakeups[0] if self._wakeups and self._queue else None
+        if self.rules.priority.dynamic and self._queue and self._next_recalc > self.now and self._recalc_matters():
+            t_wake = self._next_recalc if t_wake is None else min(t_wake, self._next_recalc)
         t_window = None
         if self.quota.windowed and self._window_matters():
             t_window = self.rules.clock.next_boundary(self.rules.window_boundaries(), self.now)
         times = [t for t in (t_limit, t_wake, t_window) if t is not None]
         return min(times) if times else None
+
+    def _recalc_matters(self) -> bool:
+        """Whether a priority recalculation can reorder the queue: usage changes only
+        while GPUs are held (idle decay scales every entity alike, so shares keep their
+        ratios), and age grows only until ``max_age_s``."""
+        pr = self.rules.priority
+        if pr.fair_share_weight and self._running:
+            return True
+        if pr.age_weight:
+            horizon = self._recalc_t - pr.max_age_s
+            return any(j.spec.submit_time > horizon for j in self._queue)
+        return False
 
     def _window_matters(self) -> bool:
         """Whether a window boundary can change anything: a pending job counts against
@@ -400,11 +424,13 @@ class Scheduler:
         shape = self._shape_for(spec, ckey)
         self._seq += 1
         charges = self.quota.charges(spec.team, spec.workload_class, spec.user, spec.gpus)
+        self._teams_seen.add(spec.team)
+        self._users_seen.setdefault(spec.team, set()).add(spec.user)
         return Job(
             spec=spec,
             seq=self._seq,
             cls=cls,
-            key=(-cls.priority, spec.submit_time, natural_key(spec.id)),
+            key=self._order_key(spec, cls),
             shape=shape,
             charges=charges,
             preemptible=cls.preemptible if spec.preemptible is None else spec.preemptible,
@@ -436,6 +462,68 @@ class Scheduler:
         if sid is None:
             sid = self._sig_ids[key] = len(self._sig_ids)
         return sid
+
+    # ------------------------------------------------------------- priority
+    def _usage_keys(self, spec: JobSpec) -> tuple[tuple, ...]:
+        return (("all",), ("team", spec.team), ("user", spec.team, spec.user))
+
+    def fair_share_factor(self, team: str, user: str = "") -> float:
+        """Slurm's classic ``2^(-U/S)`` now: the team's share of all decayed usage over
+        its share of the teams' ``shares``; at ``fair_share.level: user`` times the same
+        for the user inside the team (its users share it equally)."""
+        t = self.now
+        usage = self.usage
+        teams = self._teams_seen
+        total_shares = sum(self.rules.shares.get(x, 1) for x in teams) or 1
+        f = factor(usage.value(("team", team), t), usage.value(("all",), t),
+                   self.rules.shares.get(team, 1) / total_shares)
+        if self.rules.priority.fair_share_level == "user":
+            users = self._users_seen.get(team) or {user}
+            f *= factor(usage.value(("user", team, user), t), usage.value(("team", team), t), 1 / len(users))
+        return f
+
+    def priority_factors(self, job_id: str) -> dict[str, float]:
+        """A job's priority factor by factor, weighted (what Slurm's ``sprio`` shows):
+        ``class``, ``fair_share``, ``age``, ``size`` and their sum ``priority``."""
+        job = self.jobs[job_id]
+        return self._factors(job.spec, job.cls)
+
+    def _factors(self, spec: JobSpec, cls) -> dict[str, float]:
+        pr = self.rules.priority
+        out = {"class": pr.class_weight * cls.priority / self._max_prio, "fair_share": 0.0, "age": 0.0, "size": 0.0}
+        if pr.fair_share_weight:
+            out["fair_share"] = pr.fair_share_weight * self.fair_share_factor(spec.team, spec.user)
+        if pr.age_weight and self._recalc_t > spec.submit_time:
+            out["age"] = pr.age_weight * min(self._recalc_t - spec.submit_time, pr.max_age_s) / pr.max_age_s
+        if pr.size_weight:
+            total = self.ledger.healthy_total or 1
+            out["size"] = pr.size_weight * min(1.0, spec.gpus / total)
+        out["priority"] = out["class"] + out["fair_share"] + out["age"] + out["size"]
+        return out
+
+    def _order_key(self, spec: JobSpec, cls) -> tuple:
+        """Queue order: priority (high first), then submit time, then job id."""
+        pr = self.rules.priority
+        if not (pr.dynamic or pr.size_weight):
+            return (-pr.class_weight * cls.priority / self._max_prio, spec.submit_time, natural_key(spec.id))
+        return (-self._factors(spec, cls)["priority"], spec.submit_time, natural_key(spec.id))
+
+    def _maybe_recalc(self, t: float) -> None:
+        """Every ``priority.recalc_s`` (at its multiples) scores are recomputed from the
+        usage and waits of now (Slurm's PriorityCalcPeriod)."""
+        pr = self.rules.priority
+        if not pr.dynamic or t < self._next_recalc:
+            return
+        self._next_recalc = (math.floor(t / pr.recalc_s) + 1) * pr.recalc_s
+        self._recalc_t = t
+        if not self._queue:
+            return
+        jobs = list(self._queue)
+        self._queue = PendingQueue()
+        for job in jobs:
+            job.key = self._order_key(job.spec, job.cls)
+            self._queue.add(job)
+        self._full = True
 
     def _submit(self, spec: JobSpec) -> None:
         job = self._make_job(spec)
@@ -596,6 +684,7 @@ class Scheduler:
         job.run_start = started
         job.vkey = victim_order_key(job)
         self._running[job.id] = job
+        self.usage.hold(self._usage_keys(job.spec), self.now, job.gpus)
         self._class_gpus[job.cls.name] = self._class_gpus.get(job.cls.name, 0) + job.gpus
         if state is JobState.RUNNING:
             remaining = job.remaining_estimate()
@@ -634,6 +723,7 @@ class Scheduler:
             self.ledger.release(job.id, idx, mask)
         job.alloc = []
         self.quota.charge(job.charges, -1)
+        self.usage.hold(self._usage_keys(job.spec), self.now, -job.gpus)
         self._ends_remove(job)
         del self._running[job.id]
         left = self._class_gpus[job.cls.name] - job.gpus
@@ -1258,6 +1348,7 @@ class Scheduler:
                 "preemptor": job.preemptor,
                 "victims": sorted(job.victims),
                 "plan": [[self.ledger.slots[i].node.name, c] for i, c in job.plan],
+                "score": -job.key[0],
             })
         unhealthy = []
         lost = []
@@ -1273,7 +1364,9 @@ class Scheduler:
             {f: getattr(s.node, f) for f in s.node.__dataclass_fields__}
             for s in self.ledger.slots if s.node.name not in static
         ]
-        return {"now": self.now, "jobs": jobs, "unhealthy": unhealthy, "lost_nodes": lost, "added_nodes": added}
+        return {"now": self.now, "jobs": jobs, "unhealthy": unhealthy, "lost_nodes": lost, "added_nodes": added,
+                "usage": self.usage.snapshot(self.now) if self.now != float("-inf") else [],
+                "priority_recalc": [self._recalc_t, self._next_recalc]}
 
     @classmethod
     def restore(cls, rules: Rules, snap: dict) -> "Scheduler":
@@ -1296,6 +1389,8 @@ class Scheduler:
         sched.now = snap.get("now", float("-inf"))
         if sched.now != float("-inf"):
             sched.quota.set_time(sched.now)
+            sched.usage.restore(snap.get("usage", []), sched.now)
+        sched._recalc_t, sched._next_recalc = snap.get("priority_recalc", [float("-inf"), float("-inf")])
         for raw in snap["jobs"]:
             spec_raw = dict(raw["spec"])
             spec_raw["gpu_types"] = tuple(spec_raw.get("gpu_types", ()))
@@ -1310,6 +1405,8 @@ class Scheduler:
             job.preemptor = raw["preemptor"]
             job.victims = set(raw["victims"])
             job.plan = [(sched.ledger.by_name[n], c) for n, c in raw["plan"]]
+            if "score" in raw:  # the score it was queued with (computed at submit or the last recalc)
+                job.key = (-float(raw["score"]), spec.submit_time, natural_key(spec.id))
             state = JobState(raw["state"])
             job.history.append(Transition(sched.now, "", state.value, "restored", 0))
             if state is JobState.PENDING:

@@ -72,6 +72,29 @@ class Limit:
 
 
 @dataclass(frozen=True, slots=True)
+class PriorityRules:
+    """Multifactor priority (Slurm's priority/multifactor) and fair-share settings.
+
+    ``score = class_weight * class + fair_share_weight * F + age_weight * age +
+    size_weight * size``, each factor in [0, 1]; recomputed every ``recalc_s`` seconds.
+    """
+
+    class_weight: float = 1_000_000.0
+    fair_share_weight: float = 0.0
+    age_weight: float = 0.0
+    size_weight: float = 0.0
+    max_age_s: float = 7 * 86400.0
+    recalc_s: float = 300.0
+    half_life_s: float = 7 * 86400.0
+    fair_share_level: str = "team"  # or "user"
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether scores change with time (and need recalculating)."""
+        return self.fair_share_weight > 0 or self.age_weight > 0
+
+
+@dataclass(frozen=True, slots=True)
 class Rules:
     """Everything the scheduling core needs from the policy."""
 
@@ -88,6 +111,7 @@ class Rules:
     backfill_max_job_test: int = 1000
     default_team: str | None = None
     clock: Clock | None = None
+    priority: PriorityRules = field(default_factory=PriorityRules)
 
     def window_boundaries(self) -> tuple[float, ...]:
         """Seconds of the local day at which some window opens or closes."""

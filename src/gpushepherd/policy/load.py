@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpushepherd.model.clock import WEEKDAYS, Clock, Window
 from gpushepherd.model.cluster import Node
-from gpushepherd.model.rules import UNLIMITED, ClassRules, Limit, LimitUnit, Rules
+from gpushepherd.model.rules import UNLIMITED, ClassRules, Limit, LimitUnit, PriorityRules, Rules
 from gpushepherd.policy.schema import WINDOW_FIELDS, ClassSpec, PolicySpec, WindowSpec
 from gpushepherd.yamlio import YamlError, load_yaml, read_text
 
@@ -361,6 +361,16 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         backfill_max_job_test=spec.backfill.max_job_test,
         default_team=spec.default_team,
         clock=clock,
+        priority=PriorityRules(
+            class_weight=spec.priority.weights.class_,
+            fair_share_weight=spec.priority.weights.fair_share,
+            age_weight=spec.priority.weights.age,
+            size_weight=spec.priority.weights.size,
+            max_age_s=spec.priority.max_age_s,
+            recalc_s=spec.priority.recalc_s,
+            half_life_s=spec.fair_share.half_life_s,
+            fair_share_level=spec.fair_share.level,
+        ),
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]
@@ -174,6 +174,44 @@ class BackfillSpec(_Strict):
     max_job_test: PosInt = 1000
 
 
+class WeightsSpec(_Strict):
+    """Weights of the priority factors (each factor is in [0, 1])."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+    class_: Annotated[float, Field(ge=0)] = Field(default=1_000_000.0, alias="class")
+    fair_share: Annotated[float, Field(ge=0)] = 0.0
+    age: Annotated[float, Field(ge=0)] = 0.0
+    size: Annotated[float, Field(ge=0)] = 0.0
+
+
+class PrioritySpec(_Strict):
+    """Multifactor priority (Slurm's priority/multifactor): jobs are ordered by the
+    weighted sum of their factors, then submit time, then job id."""
+
+    weights: WeightsSpec = Field(default_factory=WeightsSpec)
+    #: the wait at which the age factor reaches 1 (Slurm's PriorityMaxAge)
+    max_age_s: PosFloat = 7 * 86400.0
+    #: how often scores are recomputed, seconds (Slurm's PriorityCalcPeriod)
+    recalc_s: PosFloat = 300.0
+
+
+class FairShareSpec(_Strict):
+    """Decayed usage: GPU-seconds held, halving every ``half_life_s`` seconds."""
+
+    half_life_s: float = 7 * 86400.0
+    #: rank teams (``team``) or also users within their team (``user``)
+    level: Literal["team", "user"] = "team"
+
+    @field_validator("half_life_s")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError("seconds > 0 (a half-life of 0 would forget all usage at once and turn fair-share "
+                             "into FIFO; to turn fair-share off set priority.weights.fair_share to 0)")
+        return v
+
+
 class PolicySpec(_Strict):
     version: Literal[1] = 1
     name: str = ""
@@ -185,3 +223,5 @@ class PolicySpec(_Strict):
     #: team for jobs that name none
     default_team: Name | None = None
     clock: ClockSpec = Field(default_factory=ClockSpec)
+    priority: PrioritySpec = Field(default_factory=PrioritySpec)
+    fair_share: FairShareSpec = Field(default_factory=FairShareSpec)

@@ -81,6 +81,7 @@ class SimResult:
     decisions: int
     scheduler: Scheduler
     usage_timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    usage_probes: dict[float, dict[tuple, float]] = field(default_factory=dict)
 
 
 class Simulator:
@@ -102,7 +103,8 @@ class Simulator:
     def __init__(self, rules: Rules, jobs: list[SimJob], events: list[Event | Restart] | None = None, *,
                  record_reasons: bool | set[str] = False, check_invariants: bool = False,
                  progress: Callable[[int, int], None] | None = None,
-                 track_usage: Callable[[JobSpec], str | None] | None = None):
+                 track_usage: Callable[[JobSpec], str | None] | None = None,
+                 probe_times: tuple[float, ...] = ()):
         self.rules = rules
         self.sched = Scheduler(rules)
         self.jobs = jobs
@@ -112,6 +114,9 @@ class Simulator:
         self.progress = progress
         self.track_usage = track_usage
         self.records: dict[str, JobRecord] = {}
+        #: decayed usage of every entity right after each probe time: {t: {key: GPU-seconds}}
+        self.probe_times = tuple(sorted(set(probe_times)))
+        self.usage_probes: dict[float, dict[tuple, float]] = {}
         self._heap: list[tuple[float, int, int, object]] = []
         self._n = 0
 
@@ -130,6 +135,8 @@ class Simulator:
                 self._push(sj.spec.submit_time, 2, sj.spec)
         for e in self.events:
             self._push(e.t, 1, e)
+        for t in self.probe_times:
+            self._push(t, 3, None)
         sched = self.sched
         ticks: set[float] = set()
         total = len(self.jobs)
@@ -221,6 +228,8 @@ class Simulator:
                 t_last = t
             if self.record_reasons:
                 self._record_reasons(t)
+            if t in self.probe_times:
+                self.usage_probes[t] = {key: sched.usage.value(key, t) for key in sorted(sched.usage.entries)}
             if self.check:
                 sched.check_invariants()
             wake = sched.next_wakeup()
@@ -236,7 +245,9 @@ class Simulator:
                 rec.state = job.state.value
         if self.progress is not None:
             self.progress(finished, total)
-        return SimResult(records, capacity_gpu_s, busy_gpu_s, t_first, t_last, n_decisions, sched, timeline)
+        result = SimResult(records, capacity_gpu_s, busy_gpu_s, t_first, t_last, n_decisions, sched, timeline)
+        result.usage_probes = self.usage_probes
+        return result
 
     # -- decisions -> future events -------------------------------------------
     def _on_start(self, rec: JobRecord, d: Start) -> None:

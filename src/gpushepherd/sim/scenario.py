@@ -112,6 +112,16 @@ class GpuUnused(_Strict):
     after: float = 0.0
 
 
+class UsageAt(_Strict):
+    """Decayed usage (GPU-seconds) of a team, or of a user of a team, at ``t``."""
+
+    t: float
+    team: str
+    user: str | None = None
+    gpu_seconds: float
+    tolerance: Annotated[float, Field(ge=0)] = 0.5
+
+
 class Expect(_Strict):
     starts: dict[str, StartExpect | list[StartExpect]] = Field(default_factory=dict)
     ends: dict[str, float] = Field(default_factory=dict)
@@ -123,6 +133,7 @@ class Expect(_Strict):
     team_usage: dict[str, list[Annotated[tuple[float, int], Field(strict=False)]]] = Field(default_factory=dict)
     max_team_usage: dict[str, int] = Field(default_factory=dict)
     gpu_never_used: list[GpuUnused] = Field(default_factory=list)
+    usage_at: list[UsageAt] = Field(default_factory=list)
 
 
 class Variant(_Strict):
@@ -327,6 +338,9 @@ def _check_expect(expect: Expect, where: str, ids: dict, teams: set, nodes: dict
         for team in getattr(expect, name):
             if team not in teams:
                 fail(f"{where}.{name}.{team}", team, "a team of the scenario's jobs: " + ", ".join(sorted(teams)))
+    for i, u in enumerate(expect.usage_at):
+        if u.team not in teams:
+            fail(f"{where}.usage_at[{i}].team", u.team, "a team of the scenario's jobs: " + ", ".join(sorted(teams)))
     for i, g in enumerate(expect.gpu_never_used):
         if g.node not in nodes or g.gpu >= nodes[g.node]:
             fail(f"{where}.gpu_never_used[{i}]", f"{g.node}:{g.gpu}", "a GPU of a node of the scenario")
@@ -375,7 +389,7 @@ def _run_one(spec: ScenarioSpec, name: str, policy_raw: dict, job_changes: dict,
     for e in spec.events:
         events.append(_event(e))
     sim = Simulator(policy.rules, jobs, events, record_reasons=True, check_invariants=True,
-                    track_usage=lambda s: s.team)
+                    track_usage=lambda s: s.team, probe_times=tuple(u.t for u in expect.usage_at))
     try:
         result = sim.run()
     except (SpecError, ValueError) as exc:
@@ -517,6 +531,12 @@ def check_expect(result: SimResult, expect: Expect) -> list[str]:
         peak = max((u for _, u in result.usage_timeline.get(team, [])), default=0)
         if peak > cap:
             fails.append(f"team {team}: held {peak} GPUs at peak, expected at most {cap}")
+    for u in expect.usage_at:
+        key = ("team", u.team) if u.user is None else ("user", u.team, u.user)
+        got = result.usage_probes.get(u.t, {}).get(key, 0.0)
+        if abs(got - u.gpu_seconds) > u.tolerance:
+            who = u.team if u.user is None else f"{u.team}/{u.user}"
+            fails.append(f"usage of {who} at t={u.t:g}: {got:.1f} GPU-s, expected {u.gpu_seconds:g} +- {u.tolerance:g}")
     for item in expect.gpu_never_used:
         node, gpu, after = item.node, item.gpu, item.after
         for r in recs.values():
