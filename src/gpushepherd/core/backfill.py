@@ -190,7 +190,10 @@ def hold_for_preemptor(sched: "Scheduler", job: Job, now: float) -> Reservation:
         for idx, mask in sched.jobs[vid].alloc:
             coming[idx] = coming.get(idx, 0) + mask.bit_count()
     spare = {n: max(0, ledger.slots[n].free + coming.get(n, 0) - c) for n, c in claims.items()}
-    return Reservation(job.id, now, claims, spare, hold=True, quota=quota_spare(sched, job, now), key=job.key)
+    # a reclaimer's victims may queue ahead of it (same class, borrowers): its hold
+    # then binds every job, or a requeued borrower would take its GPUs back at once
+    key = (-INF,) if job.reclaim else job.key
+    return Reservation(job.id, now, claims, spare, hold=True, quota=quota_spare(sched, job, now), key=key)
 
 
 def conflict(reservations: list[Reservation], counts: Counts, end: float, key: tuple) -> Reservation | None:

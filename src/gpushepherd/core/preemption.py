@@ -218,3 +218,89 @@ def lower_jobs_would_make_room(sched: "Scheduler", job: Job, only: set[int] | No
     avail = {i: ledger.slots[i].free + lower[i] for i in cand}
     totals = {i: ledger.slots[i].healthy for i in cand}
     return place_counts(avail, cand, totals, job.shape) is not None
+
+
+def reclaim_victims(sched: "Scheduler", job: Job, now: float,
+                    exclude: frozenset[int] = frozenset()) -> tuple[tuple[list[Job], Counts] | None, float]:
+    """Victims for a job that reclaims its team's lent nominal quota (Kueue's
+    ``reclaimWithinCohort``), and the placement counts it then gets; the time until
+    which a failure stays valid (a too-young victim passing the minimum runtime).
+
+    Candidates: RUNNING preemptible jobs of the cohort's other members while that member
+    holds more than its nominal quota (of any class, or only of lower classes with
+    ``reclaim: lower_priority``), and - when class preemption applies - jobs of a lower
+    class. They are taken in victim order until the job fits both the free GPUs (nodes
+    in ``exclude`` aside) and every limit it counts against; then any victim whose GPUs
+    and quota are not needed is dropped (last taken first). Nothing is returned unless
+    the whole job fits."""
+    cohort, member = job.cohort
+    quota = sched.quota
+    ledger = sched.ledger
+    minrt = sched.rules.preemption_min_runtime_s
+    lower_only = cohort.reclaim == "lower_priority"
+    prio = job.cls.priority
+    use = {m.team: quota.usage.get((m.limit, ""), 0) for m in cohort.members}
+    nominal = {m.team: m.nominal for m in cohort.members}
+    until = INF
+    cands: list[tuple[Job, str | None]] = []  # (victim, the member it borrows for, or None)
+    for v in sched.running_jobs():
+        if v.state is not JobState.RUNNING or not v.preemptible:
+            continue
+        if v.cls.preempt_only_if_checkpointable and not v.checkpointable:
+            continue
+        lender = None
+        if v.cohort is not None and v.cohort[0] is cohort and v.cohort[1] is not member:
+            if not lower_only or v.cls.priority < prio:
+                lender = v.cohort[1].team
+        if lender is None and v.cls.priority >= prio:
+            continue
+        if now - v.run_start < minrt:
+            until = min(until, v.run_start + minrt)
+            continue
+        cands.append((v, lender))
+    cands.sort(key=lambda c: _vkey(c[0]))
+    cand_nodes = [i for i in members_of(ledger, sched.groups_for(job)) if i not in exclude]
+    node_set = set(cand_nodes)
+    totals = {i: ledger.slots[i].healthy for i in cand_nodes}
+    avail = {i: ledger.slots[i].free for i in cand_nodes}
+    need = {(i, user): quota.usage.get((i, user), 0) + amount - quota.current[i] for i, user, amount in job.charges}
+
+    def apply(v: Job, sign: int) -> None:
+        for idx, mask in v.alloc:
+            if idx in node_set:
+                avail[idx] += sign * mask.bit_count()
+        for i, user, amount in v.charges:
+            if (i, user) in need:
+                need[(i, user)] -= sign * amount
+        if v.cohort is not None and v.cohort[0] is cohort:
+            use[v.cohort[1].team] -= sign * v.gpus
+
+    def fits() -> Counts | None:
+        if any(n > 0 for n in need.values()):
+            return None
+        return place_counts(dict(avail), cand_nodes, totals, job.shape)
+
+    chosen: list[Job] = []
+    placed = None
+    for v, lender in cands:
+        if lender is not None and v.cls.priority >= prio and use[lender] <= nominal[lender]:
+            continue  # its member no longer borrows
+        if lender is not None and use[lender] <= nominal[lender] and v.cls.priority >= prio:
+            continue
+        chosen.append(v)
+        apply(v, 1)
+        placed = fits()
+        if placed is not None:
+            break
+    if placed is None:
+        return None, until
+    for v in reversed(chosen[:-1]):
+        apply(v, -1)
+        if fits() is not None:
+            chosen.remove(v)
+        else:
+            apply(v, 1)
+    placed = fits()
+    if placed is None:  # pragma: no cover - dropping only ever keeps a fitting set
+        return None, until
+    return (sorted(chosen, key=_vkey), placed), until

@@ -27,6 +27,9 @@ class QuotaBook:
         self.current: list[int] = [lim.max for lim in self.limits]
         self.window: list[str] = [""] * len(self.limits)
         self.windowed: tuple[int, ...] = tuple(i for i, lim in enumerate(self.limits) if lim.windows)
+        #: cohort capacity limits: a capacity reason, not a hard limit (they can be
+        #: freed by reclaiming borrowed GPUs)
+        self.cohort_limits = frozenset(i for i, lim in enumerate(self.limits) if lim.cohort)
 
     def set_time(self, t: float) -> list[tuple[int, int, int]]:
         """Bring windowed limits to their value at ``t``; returns ``(limit, old, new)``
@@ -49,6 +52,7 @@ class QuotaBook:
             found = tuple(
                 i for i, lim in enumerate(self.limits)
                 if (lim.team is None or lim.team in chain)
+                and (not lim.members or any(m in chain for m in lim.members))
                 and (lim.workload_class is None or lim.workload_class == workload_class)
             )
             self._applicable[key] = found
@@ -71,11 +75,15 @@ class QuotaBook:
                 return self.limits[i]
         return None
 
-    def blocking(self, charges: tuple[Charge, ...]) -> tuple[int, int] | None:
-        """The first limit (policy order) the job would exceed now: ``(limit index, usage)``."""
+    def blocking(self, charges: tuple[Charge, ...], cohort: bool = False) -> tuple[int, int] | None:
+        """The first limit (policy order) the job would exceed now: ``(limit index,
+        usage)``; hard limits only, or with ``cohort`` cohort capacity limits only."""
         usage = self.usage
         current = self.current
+        cohorts = self.cohort_limits
         for i, user, amount in charges:
+            if (i in cohorts) != cohort:
+                continue
             used = usage.get((i, user), 0)
             if used + amount > current[i]:
                 return i, used

@@ -33,7 +33,7 @@ from gpushepherd.core import backfill
 from gpushepherd.core.fairshare import UsageBook, factor
 from gpushepherd.core.ledger import Ledger, bits, lowest_bits
 from gpushepherd.core.placement import Counts, Shape, members_of, place_counts, place_live
-from gpushepherd.core.preemption import lower_jobs_would_make_room, victim_order_key, victims_for
+from gpushepherd.core.preemption import lower_jobs_would_make_room, reclaim_victims, victim_order_key, victims_for
 from gpushepherd.core.queue import PendingQueue, estimate_band
 from gpushepherd.core.quota import QuotaBook
 from gpushepherd.core.state import INF, Job, Transition
@@ -229,6 +229,7 @@ class Scheduler:
         self._teams_seen: set[str] = set(rules.teams)
         self._users_seen: dict[str, set[str]] = {}
         self._class_gpus: dict[str, int] = {}  # class -> GPUs held
+        self._cohort_cache: dict[str, tuple | None] = {}
         self._seq = 0
         self._event_no = 0
         self._pass = 0
@@ -437,7 +438,13 @@ class Scheduler:
             checkpointable=cls.checkpointable if spec.checkpointable is None else spec.checkpointable,
             estimate_s=estimate,
             time_limit_s=limit,
+            cohort=self._cohort_of(spec.team),
         )
+
+    def _cohort_of(self, team: str):
+        if team not in self._cohort_cache:
+            self._cohort_cache[team] = self.rules.cohort_of(team) if self.rules.cohorts else None
+        return self._cohort_cache[team]
 
     def _shape_for(self, spec: JobSpec, ckey: tuple) -> Shape:
         biggest = self._max_node_cache.get(ckey)
@@ -711,6 +718,7 @@ class Scheduler:
             job.first_start = self.now
         job.victims = set()
         job.plan = []
+        job.reclaim = False
         self._occupy(job, alloc, self.now, JobState.RUNNING)
         placement = Placement(tuple(parts))
         self._log(job, JobState.PENDING, JobState.RUNNING, f"placed on {placement}")
@@ -854,6 +862,7 @@ class Scheduler:
                 v.preemptor = None
         job.victims = set()
         job.plan = []
+        job.reclaim = False
 
     def _preempt(self, victim: Job, preemptor: Job | None, out: list[Decision], reason: str = "") -> None:
         grace = victim.cls.grace_period_s if victim.checkpointable else 0.0
@@ -1029,6 +1038,9 @@ class Scheduler:
                 return _GO
         prio = job.cls.priority
         can_preempt = ctx.minp is not None and ctx.minp < prio
+        can_reclaim = job.cohort is not None and self._may_reclaim(job)
+        if can_reclaim:
+            can_preempt = True
         if ledger.free_total == 0 and not can_preempt and not self._preemptors:
             self._note_blocked(job)
             return _BREAK  # nothing can start without evicting, and nothing may be evicted
@@ -1056,12 +1068,24 @@ class Scheduler:
         if self._hard_reason(job) is not None:
             job.reason_pass = -1  # named when asked, with the usage as it is then
             return _DEAD
+        # cohort capacity (borrowed quota can be reclaimed: a capacity reason)
+        short = self.quota.blocking(job.charges, cohort=True) if job.cohort is not None else None
         # 4. place on free GPUs
         counts = None
         if ctx.fail_fit.get(fkey, INF) > shape.k:
             counts = place_live(ledger, self.groups_for(job), shape)
             if counts is None:
                 ctx.fail_fit[fkey] = shape.k
+        if short is not None:
+            # the cohort has no quota to spare: only reclaiming borrowed GPUs helps
+            if can_reclaim:
+                ctx.materialize()
+                if self._reclaim(job, res, out):
+                    ctx.minp = min(self._preemptible, default=None)
+                    return _GO
+            job.reason_pass = -1
+            self._note_blocked(job)
+            return _DEAD
         if counts is not None:
             held = self._class_hold(job)
             if held is not None:
@@ -1094,23 +1118,19 @@ class Scheduler:
         #    higher-priority job never waits behind a backfill plan)
         if can_preempt:
             pkey = (fkey, prio)
-            if ctx.fail_preempt.get(pkey, INF) > shape.k:
+            if ctx.fail_preempt.get(pkey, INF) > shape.k and ctx.minp is not None and ctx.minp < prio:
                 ctx.materialize()
                 found = self._victims(job, res)
                 if found is not None:
-                    victims, plan = found
-                    for v in victims:
-                        self._preempt(v, job, out)
-                    job.victims = {v.id for v in victims}
-                    job.plan = plan
-                    self._preemptors[job.id] = job
-                    res.append(backfill.hold_for_preemptor(self, job, now))
-                    job.reason = PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
-                    self._log(job, JobState.PENDING, JobState.PENDING, "preempting " + ",".join(v.id for v in victims))
-                    self._note_blocked(job)
+                    self._begin_preemption(job, *found, res, out)
                     ctx.minp = min(self._preemptible, default=None)
                     return _GO
                 ctx.fail_preempt[pkey] = shape.k
+            if can_reclaim:
+                ctx.materialize()
+                if self._reclaim(job, res, out):
+                    ctx.minp = min(self._preemptible, default=None)
+                    return _GO
         # capacity reason, then 5. a reservation for the top blocked jobs
         # (Resources, NoFit or NoPreemptibleVictims: worked out when someone asks)
         job.reason_pass = -1
@@ -1126,6 +1146,47 @@ class Scheduler:
                 return _GO
         return _DEAD
 
+    def _begin_preemption(self, job: Job, victims: list[Job], plan, res: list[backfill.Reservation],
+                          out: list[Decision], why: str = "preempting ") -> None:
+        """Signal ``victims`` for ``job``; the GPUs they free are held for it."""
+        for v in victims:
+            self._preempt(v, job, out, "reclaim" if why.startswith("reclaiming") else "")
+        job.victims = {v.id for v in victims}
+        job.plan = plan
+        job.reclaim = why.startswith("reclaiming")
+        self._preemptors[job.id] = job
+        res.append(backfill.hold_for_preemptor(self, job, self.now))
+        job.reason = PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
+        self._log(job, JobState.PENDING, JobState.PENDING, why + ",".join(v.id for v in victims))
+        self._note_blocked(job)
+
+    def _may_reclaim(self, job: Job) -> bool:
+        """Whether ``job`` may reclaim lent quota: its cohort reclaims, its team stays
+        within its nominal quota once the job runs, and some other member borrows."""
+        if not self.rules.preemption_enabled:
+            return False
+        cohort, member = job.cohort
+        if cohort.reclaim == "never":
+            return False
+        usage = self.quota.usage
+        if usage.get((member.limit, ""), 0) + job.gpus > member.nominal:
+            return False
+        return any(m is not member and usage.get((m.limit, ""), 0) > m.nominal for m in cohort.members)
+
+    def _reclaim(self, job: Job, res: list[backfill.Reservation], out: list[Decision]) -> bool:
+        """Preempt borrowers of the job's cohort (and lower-class work) so that it fits
+        its GPUs and quota; ``False`` when no victim set works."""
+        rem = job.remaining_estimate()
+        end = self.now + rem if rem is not None else INF
+        claimed = frozenset(n for r in res if not (end <= r.start or job.key < r.key) for n in r.claims)
+        found, until = reclaim_victims(self, job, self.now, claimed)
+        if found is None:
+            if until != INF and until > self.now and until not in self._wakeups:
+                heapq.heappush(self._wakeups, until)
+            return False
+        self._begin_preemption(job, *found, res, out, why="reclaiming quota from ")
+        return True
+
     def _try_preemptor(self, job: Job, res: list[backfill.Reservation], out: list[Decision]) -> str:
         """A preemptor's turn: ``started`` if it fits now without taking what another
         reservation needs; ``waiting`` while victims are still exiting (its hold stays);
@@ -1137,6 +1198,7 @@ class Scheduler:
         end = self.now + rem if rem is not None else INF
         others = [r for r in res if r.job_id != job.id]
         if (counts is not None and self._hard_reason(job) is None
+                and (job.cohort is None or self.quota.blocking(job.charges, cohort=True) is None)
                 and backfill.conflict(others, counts, end, job.key) is None
                 and backfill.quota_conflict(others, job.charges, end, job.key) is None):
             res[:] = others
@@ -1150,6 +1212,7 @@ class Scheduler:
         res[:] = others
         del self._preemptors[job.id]
         job.plan = []
+        job.reclaim = False
         return "released"
 
     def _note_blocked(self, job: Job) -> None:
@@ -1313,6 +1376,11 @@ class Scheduler:
         counts = place_live(self.ledger, self.groups_for(job), job.shape)
         if counts is None:
             return self._capacity_reason(job)
+        if job.cohort is not None:
+            short = self.quota.blocking(job.charges, cohort=True)
+            if short is not None:
+                i, used = short
+                return PendingReason(R.COHORT_QUOTA, f"{self.quota.limits[i].path}={self.quota.current[i]}, in use {used}")
         held = self._class_hold(job)
         if held is not None:
             return held

@@ -11,7 +11,7 @@ class ReasonCode(str, enum.Enum):
 
     Precedence when several apply (the core reports the first that holds):
     hard limits (``ExceedsCapacity``, ``QuotaExceeded``, ``WindowLimit``) ->
-    capacity (``Resources``, ``NoFit``, ``NoPreemptibleVictims``) ->
+    capacity (``Resources``, ``CohortQuota``, ``NoFit``, ``NoPreemptibleVictims``) ->
     holds (``ReservedFor``, ``HeldForPreemptor``, ``PreemptionInProgress``, ``Priority``).
     """
 
@@ -23,6 +23,9 @@ class ReasonCode(str, enum.Enum):
     WINDOW_LIMIT = "WindowLimit"
     #: not enough free GPUs in total on the nodes the job may use
     RESOURCES = "Resources"
+    #: the GPUs are free, but the team's cohort has lent or used all it has (Kueue's
+    #: "insufficient unused quota in cohort"); detail names the cohort limit
+    COHORT_QUOTA = "CohortQuota"
     #: enough free GPUs in total, but not in the shape the job needs; detail names it
     NO_FIT = "NoFit"
     #: evicting lower-priority work would make room, but none of it may be preempted

@@ -54,6 +54,9 @@ class Limit:
     workload_class: str | None = None
     per_user: bool = False
     windows: tuple[tuple[Window, int], ...] = ()
+    #: a cohort's capacity limit: counts the jobs of these teams (and their descendants)
+    members: tuple[str, ...] = ()
+    cohort: str = ""
 
     @property
     def loosest(self) -> int:
@@ -69,6 +72,36 @@ class Limit:
             if window.open_at(weekday, second):
                 return value, window.name
         return self.max, ""
+
+
+@dataclass(frozen=True, slots=True)
+class CohortMember:
+    """A team of a cohort: its nominal quota and the index of the limit that counts
+    all its GPUs (``teams.T.borrowing_limit``, unlimited when no limit is set)."""
+
+    team: str
+    nominal: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cohort:
+    """Teams that lend each other idle nominal quota (Kueue's cohort).
+
+    ``reclaim``: ``any`` - a member within its nominal quota may preempt borrowers of
+    any class; ``lower_priority`` - only of lower classes; ``never``.
+    """
+
+    name: str
+    members: tuple[CohortMember, ...]
+    reclaim: str = "any"
+
+    def member(self, chain: tuple[str, ...]) -> CohortMember | None:
+        """The member a team (given as itself and its ancestors) belongs to."""
+        for m in self.members:
+            if m.team in chain:
+                return m
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +145,16 @@ class Rules:
     default_team: str | None = None
     clock: Clock | None = None
     priority: PriorityRules = field(default_factory=PriorityRules)
+    cohorts: dict[str, Cohort] = field(default_factory=dict)
+
+    def cohort_of(self, team: str) -> tuple[Cohort, CohortMember] | None:
+        """The cohort a team counts in (through itself or an ancestor), and its member."""
+        chain = self.ancestors(team)
+        for cohort in self.cohorts.values():
+            m = cohort.member(chain)
+            if m is not None:
+                return cohort, m
+        return None
 
     def window_boundaries(self) -> tuple[float, ...]:
         """Seconds of the local day at which some window opens or closes."""

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpushepherd.model.clock import WEEKDAYS, Clock, Window
 from gpushepherd.model.cluster import Node
-from gpushepherd.model.rules import UNLIMITED, ClassRules, Limit, LimitUnit, PriorityRules, Rules
+from gpushepherd.model.rules import UNLIMITED, ClassRules, Cohort, CohortMember, Limit, LimitUnit, PriorityRules, Rules
 from gpushepherd.policy.schema import WINDOW_FIELDS, ClassSpec, PolicySpec, WindowSpec
 from gpushepherd.yamlio import YamlError, load_yaml, read_text
 
@@ -344,6 +344,9 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         raise PolicyError(source, field, value, "an IANA time zone such as Europe/Berlin (clock.timezone) and an "
                           "ISO 8601 local time such as 2026-11-30T08:00:00 (clock.start)") from None
 
+    limits = _limits(spec, source)
+    cohorts = _cohorts(spec, teams, nominal, limits, source)
+
     if spec.default_team is not None and spec.teams and spec.default_team not in spec.teams:
         raise PolicyError(source, "default_team", spec.default_team, "a team defined under teams")
 
@@ -353,7 +356,8 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         teams=teams,
         nominal_gpus={n: v for n, v in nominal.items()},
         shares={n: t.shares for n, t in spec.teams.items() if t.shares is not None},
-        limits=tuple(_limits(spec, source)),
+        limits=tuple(limits),
+        cohorts=cohorts,
         preemption_enabled=spec.preemption.enabled,
         preemption_min_runtime_s=spec.preemption.min_runtime_s,
         backfill_enabled=spec.backfill.enabled,
@@ -423,3 +427,78 @@ def _limits(spec: PolicySpec, source: str) -> list[Limit]:
                 out.append(Limit(f"teams.{name}.classes.{cname}.max_running_jobs", lim.max_running_jobs,
                                  LimitUnit.JOBS, team=name, workload_class=cname))
     return out
+
+
+#: at most this many members of a cohort may keep part of their nominal quota from
+#: lending (each subset of them is one compiled limit)
+MAX_GUARDED = 8
+
+
+def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, int],
+             limits: list[Limit], source: str) -> dict[str, Cohort]:
+    """Check the cohorts and compile them into limits (appended to ``limits``).
+
+    A member T may hold at most ``nominal + borrowing_limit`` (a limit that also counts
+    all of T's GPUs for reclaim). The cohort's rule ``sum of max(usage_m, guard_m) <= C``
+    (``guard = nominal - lending_limit``, ``C`` the sum of nominal quotas) becomes, for
+    every subset S of the guarded members, ``usage of the members outside S <= C - guard
+    of S`` (design note 005)."""
+    where: dict[str, str] = {}
+    out: dict[str, Cohort] = {}
+    for cname, co in sorted(spec.cohorts.items()):
+        members = []
+        for k, team in enumerate(co.members):
+            field = f"cohorts.{cname}.members[{k}]"
+            if team not in spec.teams:
+                raise PolicyError(source, field, team, "a team defined under teams: " + ", ".join(sorted(spec.teams)))
+            if team in where:
+                raise PolicyError(source, field, team, f"a team in one cohort only (it is in {where[team]} already)")
+            where[team] = cname
+            members.append(team)
+        for team in members:
+            chain = _chain(teams, team)
+            for other in members:
+                if other != team and other in chain:
+                    raise PolicyError(source, f"cohorts.{cname}.members", team,
+                                      f"teams that are not each other's parents ({other} is an ancestor of {team})")
+    for name, team in sorted(spec.teams.items()):
+        for fld in ("borrowing_limit", "lending_limit"):
+            if getattr(team, fld) is not None and name not in where:
+                raise PolicyError(source, f"teams.{name}.{fld}", getattr(team, fld),
+                                  "set only for a team that is a member of a cohort (cohorts.<name>.members)")
+        if team.lending_limit is not None and team.lending_limit > (team.nominal_gpus or 0):
+            raise PolicyError(source, f"teams.{name}.lending_limit", team.lending_limit,
+                              f"at most the team's nominal_gpus ({team.nominal_gpus or 0})")
+    for cname, co in sorted(spec.cohorts.items()):
+        members = []
+        for team in co.members:
+            t = spec.teams[team]
+            idx = len(limits)
+            cap = UNLIMITED if t.borrowing_limit is None else nominal.get(team, 0) + t.borrowing_limit
+            limits.append(Limit(f"teams.{team}.borrowing_limit", cap, team=team))
+            members.append(CohortMember(team, nominal.get(team, 0), idx))
+        capacity = sum(m.nominal for m in members)
+        guards = {m.team: m.nominal - spec.teams[m.team].lending_limit for m in members
+                  if spec.teams[m.team].lending_limit is not None and spec.teams[m.team].lending_limit < m.nominal}
+        if len(guards) > MAX_GUARDED:
+            raise PolicyError(source, f"cohorts.{cname}.members", len(guards),
+                              f"at most {MAX_GUARDED} members with a lending_limit below their nominal_gpus")
+        guarded = sorted(guards)
+        for bits in range(1 << len(guarded)):
+            subset = [g for j, g in enumerate(guarded) if bits >> j & 1]
+            outside = tuple(m.team for m in members if m.team not in subset)
+            if not outside:
+                continue
+            cap = capacity - sum(guards[g] for g in subset)
+            path = f"cohorts.{cname}" + (f"(keeping {'+'.join(subset)} lending_limit)" if subset else "")
+            limits.append(Limit(path, cap, members=outside, cohort=cname))
+        out[cname] = Cohort(cname, tuple(members), co.reclaim)
+    return out
+
+
+def _chain(teams: dict[str, str | None], team: str) -> list[str]:
+    chain, cur = [], teams.get(team)
+    while cur is not None and cur not in chain:
+        chain.append(cur)
+        cur = teams.get(cur)
+    return chain

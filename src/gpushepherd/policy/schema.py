@@ -144,6 +144,10 @@ class TeamSpec(_Strict):
 
     nominal_gpus: NonNegInt | None = None
     max_gpus: NonNegInt | None = None
+    #: in a cohort: how many GPUs beyond ``nominal_gpus`` the team may borrow (unset: any)
+    borrowing_limit: NonNegInt | None = None
+    #: in a cohort: how much of ``nominal_gpus`` others may borrow (unset: all of it)
+    lending_limit: NonNegInt | None = None
     #: the team's relative weight (Slurm's ``Fairshare=`` shares); the trace mapping
     #: spreads mapped jobs over teams by it
     shares: PosInt | None = None
@@ -155,6 +159,19 @@ class TeamSpec(_Strict):
     windows: list[WindowSpec] = Field(default_factory=list)
     description: str = ""
 
+
+
+class CohortSpec(_Strict):
+    """Teams that lend each other idle nominal quota (Kueue's cohort): the cohort holds
+    the sum of its members' ``nominal_gpus``; a member may borrow what others do not
+    use (within its ``borrowing_limit`` and their ``lending_limit``), and a member that
+    needs its nominal quota back preempts borrowers (``reclaim``)."""
+
+    members: Annotated[list[Name], Field(min_length=1, max_length=1000)]
+    #: any: borrowers of any class are preempted to give nominal quota back (Kueue's
+    #: reclaimWithinCohort: Any); lower_priority: only of lower classes; never
+    reclaim: Literal["any", "lower_priority", "never"] = "any"
+    description: str = ""
 
 
 class PreemptionSpec(_Strict):
@@ -218,6 +235,7 @@ class PolicySpec(_Strict):
     cluster: ClusterSpec
     classes: dict[Name, ClassSpec] = Field(default_factory=dict)
     teams: dict[Name, TeamSpec] = Field(default_factory=dict)
+    cohorts: dict[Name, CohortSpec] = Field(default_factory=dict)
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     backfill: BackfillSpec = Field(default_factory=BackfillSpec)
     #: team for jobs that name none
