@@ -152,3 +152,19 @@ def test_cohort_quota_holds_and_reclaim_only_takes_borrowed_gpus(sc):
                     assert held[victim.team] > teams[victim.team]["nominal_gpus"], (d, held)
     for rec in result.records.values():
         assert all(t >= 0 for t, _ in rec.starts)
+
+
+def test_a_restart_keeps_the_reclaimers_hold():
+    """Restored mid-reclaim (victim inside its grace period), the same-class borrower
+    queued ahead must not take the GPUs back: the outcome equals the run without restart."""
+    raw = policy_dict(nodes=[("n1", 2)], teams={"A": {"nominal_gpus": 2}, "B": {"nominal_gpus": 0}},
+                      classes={"training": {"grace_period_s": 30}}, cohorts={"c": {"members": ["A", "B"]}})
+    rules = policy_from_dict(raw).rules
+    jobs = [SimJob(job("b1", 2, team="B", cls="training", submit=0, preemptible=True, checkpointable=True), 1000),
+            SimJob(job("a1", 2, team="A", cls="training", submit=10), 100)]
+    from gpushepherd.sim.engine import Restart
+    plain = Simulator(rules, jobs, check_invariants=True).run()
+    restarted = Simulator(rules, jobs, [Restart(20)], check_invariants=True).run()
+    for res in (plain, restarted):
+        assert res.records["a1"].starts[0][0] == 40  # after b1's 30 s grace
+        assert res.records["b1"].starts[1][0] == 140

@@ -33,6 +33,7 @@ from gpushepherd.core import backfill
 from gpushepherd.core.fairshare import UsageBook, factor
 from gpushepherd.core.ledger import Ledger, bits, lowest_bits
 from gpushepherd.core.placement import Counts, Shape, members_of, place_counts, place_live
+from gpushepherd.core.predict import RuntimePredictor
 from gpushepherd.core.preemption import lower_jobs_would_make_room, reclaim_victims, victim_order_key, victims_for
 from gpushepherd.core.queue import PendingQueue, estimate_band
 from gpushepherd.core.quota import QuotaBook
@@ -89,6 +90,10 @@ def validate_spec(rules: Rules, spec: JobSpec) -> None:
         raise SpecError(f"{where}: gpu_mem_mib: {spec.gpu_mem_mib!r} is not allowed: MiB >= 0")
     if spec.submit_time != spec.submit_time or spec.submit_time in (INF, -INF):
         raise SpecError(f"{where}: submit_time: {spec.submit_time!r} is not allowed: a finite number of seconds")
+    if spec.deadline is not None and not (spec.deadline == spec.deadline and spec.deadline > spec.submit_time
+                                          and spec.deadline != INF):
+        raise SpecError(f"{where}: deadline: {spec.deadline!r} is not allowed: a finite time after submit_time "
+                        f"({spec.submit_time})")
     cls = rules.classes[spec.workload_class]
     if cls.max_runtime_s is not None and spec.time_limit_s is not None and spec.time_limit_s > cls.max_runtime_s:
         raise SpecError(f"{where}: time_limit_s: {spec.time_limit_s!r} is not allowed: at most the max runtime of "
@@ -230,6 +235,8 @@ class Scheduler:
         self._users_seen: dict[str, set[str]] = {}
         self._class_gpus: dict[str, int] = {}  # class -> GPUs held
         self._cohort_cache: dict[str, tuple | None] = {}
+        pr = rules.prediction
+        self.predictor = RuntimePredictor(pr.quantile, pr.history, pr.min_jobs) if pr.enabled else None
         self._seq = 0
         self._event_no = 0
         self._pass = 0
@@ -418,7 +425,11 @@ class Scheduler:
         limit = spec.time_limit_s or cls.default_time_limit_s or cls.max_runtime_s
         if limit is not None and cls.max_runtime_s is not None:
             limit = min(limit, cls.max_runtime_s)
-        estimate = spec.runtime_estimate_s if spec.runtime_estimate_s is not None else limit
+        estimate = spec.runtime_estimate_s
+        if estimate is None and self.predictor is not None:
+            estimate = self.predictor.predict(spec.team, spec.user, limit)
+        if estimate is None:
+            estimate = limit
         if estimate is not None and limit is not None:
             estimate = min(estimate, limit)
         ckey = (cls.pools, tuple(sorted(spec.gpu_types)), spec.gpu_mem_mib)
@@ -431,7 +442,7 @@ class Scheduler:
             spec=spec,
             seq=self._seq,
             cls=cls,
-            key=self._order_key(spec, cls),
+            key=self._order_key(spec, cls, estimate),
             shape=shape,
             charges=charges,
             preemptible=cls.preemptible if spec.preemptible is None else spec.preemptible,
@@ -491,11 +502,11 @@ class Scheduler:
 
     def priority_factors(self, job_id: str) -> dict[str, float]:
         """A job's priority factor by factor, weighted (what Slurm's ``sprio`` shows):
-        ``class``, ``fair_share``, ``age``, ``size`` and their sum ``priority``."""
+        ``class``, ``fair_share``, ``age``, ``size``, ``time_limit`` and their sum ``priority``."""
         job = self.jobs[job_id]
-        return self._factors(job.spec, job.cls)
+        return self._factors(job.spec, job.cls, job.estimate_s)
 
-    def _factors(self, spec: JobSpec, cls) -> dict[str, float]:
+    def _factors(self, spec: JobSpec, cls, estimate: float | None = None) -> dict[str, float]:
         pr = self.rules.priority
         out = {"class": pr.class_weight * cls.priority / self._max_prio, "fair_share": 0.0, "age": 0.0, "size": 0.0}
         if pr.fair_share_weight:
@@ -505,15 +516,26 @@ class Scheduler:
         if pr.size_weight:
             total = self.ledger.healthy_total or 1
             out["size"] = pr.size_weight * min(1.0, spec.gpus / total)
-        out["priority"] = out["class"] + out["fair_share"] + out["age"] + out["size"]
+        out["time_limit"] = 0.0
+        if pr.time_limit_weight:
+            limit = spec.time_limit_s or cls.default_time_limit_s or cls.max_runtime_s
+            if limit is not None and cls.max_runtime_s is not None:
+                limit = min(limit, cls.max_runtime_s)
+            if estimate is None:
+                estimate = spec.runtime_estimate_s
+            if estimate is not None:  # the job's estimate or a prediction, when it has one
+                limit = estimate if limit is None else min(limit, estimate)
+            if limit is not None:
+                out["time_limit"] = pr.time_limit_weight * max(0.0, 1.0 - limit / pr.max_time_limit_s)
+        out["priority"] = out["class"] + out["fair_share"] + out["age"] + out["size"] + out["time_limit"]
         return out
 
-    def _order_key(self, spec: JobSpec, cls) -> tuple:
+    def _order_key(self, spec: JobSpec, cls, estimate: float | None = None) -> tuple:
         """Queue order: priority (high first), then submit time, then job id."""
         pr = self.rules.priority
-        if not (pr.dynamic or pr.size_weight):
+        if not (pr.dynamic or pr.size_weight or pr.time_limit_weight):
             return (-pr.class_weight * cls.priority / self._max_prio, spec.submit_time, natural_key(spec.id))
-        return (-self._factors(spec, cls)["priority"], spec.submit_time, natural_key(spec.id))
+        return (-self._factors(spec, cls, estimate)["priority"], spec.submit_time, natural_key(spec.id))
 
     def _maybe_recalc(self, t: float) -> None:
         """Every ``priority.recalc_s`` (at its multiples) scores are recomputed from the
@@ -528,7 +550,7 @@ class Scheduler:
         jobs = list(self._queue)
         self._queue = PendingQueue()
         for job in jobs:
-            job.key = self._order_key(job.spec, job.cls)
+            job.key = self._order_key(job.spec, job.cls, job.estimate_s)
             self._queue.add(job)
         self._full = True
 
@@ -536,6 +558,7 @@ class Scheduler:
         job = self._make_job(spec)
         self.jobs[spec.id] = job
         self._log(job, "", JobState.PENDING, "submitted")
+        self._check_deadline(job, "submit")
         self._enqueue(job)
         self._new.append(job)
 
@@ -568,6 +591,9 @@ class Scheduler:
             return  # a stale or repeated exit: usage is never released twice
         state, status = job.state, e.status
         if status is ExitStatus.COMPLETED:
+            if self.predictor is not None:
+                ran = (job.done_s if job.checkpointable else 0.0) + self.now - job.run_start
+                self.predictor.observe(job.spec.team, job.spec.user, job.time_limit_s, ran)
             self._end(job, JobState.COMPLETED, "exit 0")
         elif state is JobState.PREEMPTING or status is ExitStatus.PREEMPTED:
             ran = (job.signal_t if job.signal_t is not None else self.now) - job.run_start
@@ -723,6 +749,29 @@ class Scheduler:
         placement = Placement(tuple(parts))
         self._log(job, JobState.PENDING, JobState.RUNNING, f"placed on {placement}")
         out.append(Start(self.now, job.id, placement))
+        self._check_deadline(job, "start")
+
+    def _check_deadline(self, job: Job, stage: str) -> None:
+        """Flag a job that cannot end by its deadline even if it runs from now on
+        without a break (by its remaining estimate, else its time limit)."""
+        deadline = job.spec.deadline
+        if deadline is None:
+            return
+        rem = job.remaining_estimate()
+        if rem is None:
+            rem = job.run_limit()
+        if rem is None:
+            return
+        end = self.now + rem
+        if end > deadline:
+            job.deadline_flags.append((self.now, stage, end))
+            self._log(job, job.state, job.state, f"deadline at risk ({stage}): ends at {end:g} at the earliest, "
+                      f"deadline {deadline:g}")
+
+    def deadline_at_risk(self, job_id: str) -> list[tuple[float, str, float]]:
+        """``(time, "submit" | "start", earliest end)`` each time the job was found
+        unable to meet its deadline (empty: never, or no deadline)."""
+        return list(self.jobs[job_id].deadline_flags)
 
     def _release(self, job: Job) -> None:
         if job.state is JobState.RUNNING:
@@ -1417,6 +1466,9 @@ class Scheduler:
                 "victims": sorted(job.victims),
                 "plan": [[self.ledger.slots[i].node.name, c] for i, c in job.plan],
                 "score": -job.key[0],
+                "reclaim": job.reclaim,
+                "estimate_s": job.estimate_s,
+                "deadline_flags": [list(f) for f in job.deadline_flags],
             })
         unhealthy = []
         lost = []
@@ -1434,7 +1486,8 @@ class Scheduler:
         ]
         return {"now": self.now, "jobs": jobs, "unhealthy": unhealthy, "lost_nodes": lost, "added_nodes": added,
                 "usage": self.usage.snapshot(self.now) if self.now != float("-inf") else [],
-                "priority_recalc": [self._recalc_t, self._next_recalc]}
+                "priority_recalc": [self._recalc_t, self._next_recalc],
+                "predictor": self.predictor.snapshot() if self.predictor is not None else []}
 
     @classmethod
     def restore(cls, rules: Rules, snap: dict) -> "Scheduler":
@@ -1459,6 +1512,8 @@ class Scheduler:
             sched.quota.set_time(sched.now)
             sched.usage.restore(snap.get("usage", []), sched.now)
         sched._recalc_t, sched._next_recalc = snap.get("priority_recalc", [float("-inf"), float("-inf")])
+        if sched.predictor is not None:
+            sched.predictor.restore(snap.get("predictor", []))
         for raw in snap["jobs"]:
             spec_raw = dict(raw["spec"])
             spec_raw["gpu_types"] = tuple(spec_raw.get("gpu_types", ()))
@@ -1473,6 +1528,10 @@ class Scheduler:
             job.preemptor = raw["preemptor"]
             job.victims = set(raw["victims"])
             job.plan = [(sched.ledger.by_name[n], c) for n, c in raw["plan"]]
+            job.reclaim = bool(raw.get("reclaim", False))
+            if "estimate_s" in raw:  # the estimate it was given at submit (a prediction may differ now)
+                job.estimate_s = raw["estimate_s"]
+            job.deadline_flags = [(float(t), str(stage), float(end)) for t, stage, end in raw.get("deadline_flags", [])]
             if "score" in raw:  # the score it was queued with (computed at submit or the last recalc)
                 job.key = (-float(raw["score"]), spec.submit_time, natural_key(spec.id))
             state = JobState(raw["state"])

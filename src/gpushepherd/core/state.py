@@ -62,6 +62,8 @@ class Job:
     sig: int = -1  # sub-queue signature (shape, class, charges, estimate band)
     fkey: int = -1  # id of (node filter, layout mode, pod size): placement memos key on it
     pend_est: float = INF  # remaining estimate while pending (INF: none)
+    #: deadline flags: (time, "submit" | "start", earliest end by the estimate)
+    deadline_flags: list[tuple[float, str, float]] = field(default_factory=list)
     reclaim: bool = False  # its victims were taken by reclaim (they may be queued ahead of it)
     cohort: tuple | None = None  # (Cohort, CohortMember) of the job's team, if any
 

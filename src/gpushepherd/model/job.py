@@ -88,6 +88,9 @@ class JobSpec:
             used for reservations and backfill (``None``: the time limit).
         preemptible / checkpointable: ``None`` takes the workload class's default.
         submit_time: submit time, seconds on the scheduler's time axis.
+        deadline: when the job must be done, seconds on the same axis (``None``: no
+            deadline). A job that cannot end by it - by its runtime estimate or time
+            limit - is flagged at submit and at each start; it is not refused.
     """
 
     id: str
@@ -104,6 +107,7 @@ class JobSpec:
     preemptible: bool | None = None
     checkpointable: bool | None = None
     submit_time: float = 0.0
+    deadline: float | None = None
 
     @property
     def pods(self) -> int:

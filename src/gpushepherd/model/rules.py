@@ -109,13 +109,18 @@ class PriorityRules:
     """Multifactor priority (Slurm's priority/multifactor) and fair-share settings.
 
     ``score = class_weight * class + fair_share_weight * F + age_weight * age +
-    size_weight * size``, each factor in [0, 1]; recomputed every ``recalc_s`` seconds.
+    size_weight * size + time_limit_weight * short``, each factor in [0, 1]; ``short`` =
+    ``1 - time limit / max_time_limit_s`` (shortest-limit-first, as PBS's walltime sort;
+    the limit the user gave, or a runtime prediction when the job carries one - never
+    the true duration); recomputed every ``recalc_s``.
     """
 
     class_weight: float = 1_000_000.0
     fair_share_weight: float = 0.0
     age_weight: float = 0.0
     size_weight: float = 0.0
+    time_limit_weight: float = 0.0
+    max_time_limit_s: float = 7 * 86400.0
     max_age_s: float = 7 * 86400.0
     recalc_s: float = 300.0
     half_life_s: float = 7 * 86400.0
@@ -125,6 +130,16 @@ class PriorityRules:
     def dynamic(self) -> bool:
         """Whether scores change with time (and need recalculating)."""
         return self.fair_share_weight > 0 or self.age_weight > 0
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionRules:
+    """Runtime prediction from finished jobs (``gpushepherd.core.predict``)."""
+
+    enabled: bool = False
+    quantile: float = 0.9
+    history: int = 20
+    min_jobs: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +161,7 @@ class Rules:
     clock: Clock | None = None
     priority: PriorityRules = field(default_factory=PriorityRules)
     cohorts: dict[str, Cohort] = field(default_factory=dict)
+    prediction: PredictionRules = field(default_factory=PredictionRules)
 
     def cohort_of(self, team: str) -> tuple[Cohort, CohortMember] | None:
         """The cohort a team counts in (through itself or an ancestor), and its member."""

@@ -16,7 +16,17 @@ from pydantic import BaseModel, ValidationError
 
 from gpushepherd.model.clock import WEEKDAYS, Clock, Window
 from gpushepherd.model.cluster import Node
-from gpushepherd.model.rules import UNLIMITED, ClassRules, Cohort, CohortMember, Limit, LimitUnit, PriorityRules, Rules
+from gpushepherd.model.rules import (
+    UNLIMITED,
+    ClassRules,
+    Cohort,
+    CohortMember,
+    Limit,
+    LimitUnit,
+    PredictionRules,
+    PriorityRules,
+    Rules,
+)
 from gpushepherd.policy.schema import WINDOW_FIELDS, ClassSpec, PolicySpec, WindowSpec
 from gpushepherd.yamlio import YamlError, load_yaml, read_text
 
@@ -358,6 +368,8 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         shares={n: t.shares for n, t in spec.teams.items() if t.shares is not None},
         limits=tuple(limits),
         cohorts=cohorts,
+        prediction=PredictionRules(enabled=spec.prediction.enabled, quantile=spec.prediction.quantile,
+                                   history=spec.prediction.history, min_jobs=spec.prediction.min_jobs),
         preemption_enabled=spec.preemption.enabled,
         preemption_min_runtime_s=spec.preemption.min_runtime_s,
         backfill_enabled=spec.backfill.enabled,
@@ -371,6 +383,8 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
             age_weight=spec.priority.weights.age,
             size_weight=spec.priority.weights.size,
             max_age_s=spec.priority.max_age_s,
+            time_limit_weight=spec.priority.weights.time_limit,
+            max_time_limit_s=spec.priority.max_time_limit_s,
             recalc_s=spec.priority.recalc_s,
             half_life_s=spec.fair_share.half_life_s,
             fair_share_level=spec.fair_share.level,

@@ -174,6 +174,18 @@ class CohortSpec(_Strict):
     description: str = ""
 
 
+class PredictionSpec(_Strict):
+    """Runtime predictions from the user's (else the team's) completed jobs: a job
+    without an estimate of its own is predicted ``time limit x`` the ``quantile`` of
+    the ratios run time / time limit of the last ``history`` completed jobs (Tsafrir
+    et al., TPDS 2007). Used for reservations, backfill and the time_limit factor."""
+
+    enabled: bool = False
+    quantile: Annotated[float, Field(gt=0, le=1)] = 0.9
+    history: Annotated[int, Field(ge=1, le=1000)] = 20
+    min_jobs: Annotated[int, Field(ge=1, le=1000)] = 3
+
+
 class PreemptionSpec(_Strict):
     enabled: bool = True
     #: a running job younger than this is not preempted (no thrash)
@@ -200,6 +212,8 @@ class WeightsSpec(_Strict):
     fair_share: Annotated[float, Field(ge=0)] = 0.0
     age: Annotated[float, Field(ge=0)] = 0.0
     size: Annotated[float, Field(ge=0)] = 0.0
+    #: shorter time limits rank higher (factor 1 - limit / max_time_limit_s)
+    time_limit: Annotated[float, Field(ge=0)] = 0.0
 
 
 class PrioritySpec(_Strict):
@@ -209,6 +223,8 @@ class PrioritySpec(_Strict):
     weights: WeightsSpec = Field(default_factory=WeightsSpec)
     #: the wait at which the age factor reaches 1 (Slurm's PriorityMaxAge)
     max_age_s: PosFloat = 7 * 86400.0
+    #: the time limit at which the time_limit factor reaches 0 (longer limits: 0 too)
+    max_time_limit_s: PosFloat = 7 * 86400.0
     #: how often scores are recomputed, seconds (Slurm's PriorityCalcPeriod)
     recalc_s: PosFloat = 300.0
 
@@ -236,6 +252,7 @@ class PolicySpec(_Strict):
     classes: dict[Name, ClassSpec] = Field(default_factory=dict)
     teams: dict[Name, TeamSpec] = Field(default_factory=dict)
     cohorts: dict[Name, CohortSpec] = Field(default_factory=dict)
+    prediction: PredictionSpec = Field(default_factory=PredictionSpec)
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     backfill: BackfillSpec = Field(default_factory=BackfillSpec)
     #: team for jobs that name none

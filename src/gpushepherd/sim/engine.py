@@ -98,15 +98,19 @@ class Simulator:
             instant), or a set of job ids.
         check_invariants: call ``Scheduler.check_invariants`` after each instant.
         progress: called as ``progress(jobs_finished, jobs_total)`` now and then.
+        scheduler: builds the scheduler from ``rules`` (default: gpushepherd's core;
+            ``gpushepherd.baselines`` has others). Restarts, reasons and invariant checks
+            need the core.
     """
 
     def __init__(self, rules: Rules, jobs: list[SimJob], events: list[Event | Restart] | None = None, *,
                  record_reasons: bool | set[str] = False, check_invariants: bool = False,
                  progress: Callable[[int, int], None] | None = None,
                  track_usage: Callable[[JobSpec], str | None] | None = None,
-                 probe_times: tuple[float, ...] = ()):
+                 probe_times: tuple[float, ...] = (),
+                 scheduler: Callable[[Rules], Scheduler] | None = None):
         self.rules = rules
-        self.sched = Scheduler(rules)
+        self.sched = (scheduler or Scheduler)(rules)
         self.jobs = jobs
         self.events = list(events or [])
         self.record_reasons = record_reasons

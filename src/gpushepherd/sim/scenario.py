@@ -67,6 +67,8 @@ class JobEntry(_Strict):
     checkpointable: bool | None = None
     gpu_types: list[str] = Field(default_factory=list)
     gpu_mem_mib: Annotated[int, Field(ge=0)] = 0
+    #: must be done by this time (seconds); a job that cannot make it is flagged
+    deadline: Annotated[float, Field(gt=0)] | None = None
 
 
 class EventEntry(_Strict):
@@ -418,6 +420,7 @@ def _sim_job(job_id: str, data: dict) -> SimJob:
             None if data.get("time_limit") or duration == "unbounded" else float(duration) or None),
         preemptible=data.get("preemptible"), checkpointable=data.get("checkpointable"),
         submit_time=float(data["submit"]),
+        deadline=data.get("deadline"),
     )
     return SimJob(spec, None if duration == "unbounded" else float(duration))
 
