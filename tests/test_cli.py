@@ -200,3 +200,14 @@ def test_full_philly_trace_on_2816_gpus(tmp_path):
     assert o["jobs"] == 111549 and o["finished"] == 111549
     assert o["jct_s"]["mean"] >= o["lower_bound_jct_s"] > 0
     assert 0 < o["utilisation"] <= 1
+
+
+def test_scenario_run_explains_a_job_per_variant_and_rejects_unknown_jobs():
+    path = str(ROOT / "examples/scenarios/S07.yaml")
+    ok = run("scenario", "run", "-q", "--explain", "G2", path)
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.count("reclaiming quota from E1") == 2  # the scenario and its same-class variant
+    assert "QuotaExceeded(teams.G.max_gpus=4, in use 2)" in ok.output
+    bad = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "scenario", "run", "--explain", "nope", path],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--explain: 'nope' is not allowed" in bad.stderr, bad.stderr

@@ -32,7 +32,7 @@ from gpushepherd.policy.load import PolicyError, load_policy, override_cluster, 
 from gpushepherd.sim.engine import Simulator
 from gpushepherd.sim.mapping import to_sim_jobs
 from gpushepherd.sim.metrics import job_table, summarize, write_jobs
-from gpushepherd.sim.scenario import ScenarioError, load_scenario, run_scenario
+from gpushepherd.sim.scenario import ScenarioError, expand_ids, load_scenario, run_scenario
 from gpushepherd.sim.traces import TraceError, parse_days, read_trace, select
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -313,15 +313,27 @@ def _num(t: float) -> str:
 def scenario_run(
     files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Scenario YAML files (format: docs/scenarios.md).")],
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only PASS/FAIL lines.")] = False,
+    explain: Annotated[Optional[list[str]], typer.Option("--explain", metavar="JOB",
+                                                         help="Also print this job's history and pending reasons "
+                                                              "(repeatable).")] = None,
 ) -> None:
     """Run scenarios and check their expected outcome; exit 1 if any expectation fails."""
     failed = 0
     with _errors():
         specs = [(path, load_scenario(path)) for path in files]  # all files valid before any runs
+        known = {j for _p, spec in specs for entry in spec.jobs for j in expand_ids(entry.id)}
+        for job_id in explain or []:
+            if job_id not in known:
+                raise ScenarioError(f"--explain: {job_id!r} is not allowed: a job of the scenarios "
+                                    f"({', '.join(sorted(known)[:20])})")
         for path, spec in specs:
             for outcome in run_scenario(spec, str(path)):
                 if not quiet:
                     _print_timeline(outcome)
+                for job_id in explain or []:
+                    if job_id in outcome.result.records:
+                        out.print(Text(f"{outcome.name}:", style="bold"))
+                        _explain(outcome.result, job_id)
                 if outcome.passed:
                     out.print(Text("PASS", style="green") + Text(f" {outcome.name}"))
                 else:
