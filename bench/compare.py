@@ -101,6 +101,8 @@ def main() -> int:
     ap.add_argument("--perfect", action="store_true", help="also run with perfect estimates (reference)")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (default 2)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of an earlier compare.json that this run does not redo")
     ap.add_argument("--one", nargs=3, metavar=("TRACE", "POLICY", "ESTIMATES"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -131,6 +133,12 @@ def main() -> int:
         rows = list(pool.map(launch, runs))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge and (out / "compare.json").exists():
+        redone = {(r["trace"], r["policy"], r["estimates"]) for r in rows}
+        old = [r for r in json.loads((out / "compare.json").read_text())
+               if (r["trace"], r["policy"], r["estimates"]) not in redone]
+        order = {p: i for i, p in enumerate(POLICIES)}
+        rows = sorted(old + rows, key=lambda r: (r["estimates"] != "limit", order.get(r["policy"], 99)))
     md = table(rows)
     (out / "compare.md").write_text(md)
     (out / "compare.json").write_text(json.dumps(rows, indent=1))
