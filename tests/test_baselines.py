@@ -4,8 +4,8 @@ time-limit priority factor orders shortest limit first."""
 from importlib import resources
 
 import pytest
-
 from builders import job, policy_dict
+
 from gpushepherd.baselines import BASELINES
 from gpushepherd.model import Preempt, Start
 from gpushepherd.policy import policy_from_dict

@@ -1,14 +1,14 @@
 """Nominal quota, borrowing and lending in cohorts, and reclaim (design note 005)."""
 
 import pytest
+from builders import job, policy_dict
 from hypothesis import given
 from hypothesis import strategies as st
+from test_properties import SLOW, Scenario, run
 
-from builders import job, policy_dict
 from gpushepherd.model import Preempt
 from gpushepherd.policy import PolicyError, policy_from_dict
 from gpushepherd.sim.engine import SimJob, Simulator
-from test_properties import SLOW, Scenario, run
 
 
 def _rules(teams, nodes=(("n1", 8),), reclaim="any", preemption=True, **extra):

@@ -1,8 +1,8 @@
 """Deadlines: a job that cannot end by its deadline is flagged at submit and at start."""
 
 import pytest
-
 from builders import job, policy_dict
+
 from gpushepherd.core.scheduler import SpecError, validate_spec
 from gpushepherd.policy import policy_from_dict
 from gpushepherd.sim.engine import Restart, SimJob, Simulator

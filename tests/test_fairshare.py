@@ -3,15 +3,15 @@ nothing, and properties over random workloads."""
 
 import math
 
+from builders import job, policy_dict
 from hypothesis import given
 from hypothesis import strategies as st
+from test_properties import SLOW, Scenario, check_restore, scenarios
 
-from builders import job, policy_dict
 from gpushepherd.core import Scheduler
 from gpushepherd.core.fairshare import UsageBook
 from gpushepherd.policy import policy_from_dict
 from gpushepherd.sim.engine import SimJob, Simulator
-from test_properties import SLOW, Scenario, check_restore, scenarios
 
 H = 3600.0
 

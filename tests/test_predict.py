@@ -1,11 +1,11 @@
 """Runtime predictions from finished jobs (core/predict.py)."""
 
+import pytest
 from builders import job, policy_dict
+
 from gpushepherd.core.predict import RuntimePredictor
 from gpushepherd.policy import PolicyError, policy_from_dict
 from gpushepherd.sim.engine import Restart, SimJob, Simulator
-
-import pytest
 
 
 def test_prediction_is_the_quantile_of_the_users_ratios_then_the_teams():
