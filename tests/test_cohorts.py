@@ -1,7 +1,7 @@
 """Nominal quota, borrowing and lending in cohorts, and reclaim (design note 005)."""
 
 import pytest
-from builders import job, policy_dict
+from builders import job, node, policy_dict
 from hypothesis import given
 from hypothesis import strategies as st
 from test_properties import SLOW, Scenario, run
@@ -68,7 +68,7 @@ def test_preemption_disabled_disables_reclaim():
 
 @pytest.mark.parametrize("cohorts, teams, field, allowed", [
     ({"c": {"members": ["X"]}}, {"A": {}}, "cohorts.c.members[0]", "a team defined under teams"),
-    ({"c": {"members": ["A"]}, "d": {"members": ["A"]}}, {"A": {}}, "cohorts.d.members[0]", "one cohort only"),
+    ({"c": {"members": ["A"]}, "d": {"members": ["A"]}}, {"A": {}}, "cohorts.d.members[0]", "one cohort per pool only"),
     ({"c": {"members": ["A", "K"]}}, {"A": {}, "K": {"parent": "A"}}, "cohorts.c.members", "not each other's parents"),
     ({"c": {"members": ["A"]}}, {"A": {"nominal_gpus": 2, "lending_limit": 3}}, "teams.A.lending_limit",
      "at most the team's nominal_gpus"),
@@ -168,3 +168,39 @@ def test_a_restart_keeps_the_reclaimers_hold():
     for res in (plain, restarted):
         assert res.records["a1"].starts[0][0] == 40  # after b1's 30 s grace
         assert res.records["b1"].starts[1][0] == 140
+
+
+def test_nominal_quota_per_pool():
+    """Team A is guaranteed 2 GPUs of the inference pool and 4 of the training pool:
+    each cohort counts only the jobs confined to its pool, so A borrowing in one pool
+    is reclaimed there while its quota in the other pool is untouched."""
+    raw = policy_dict(
+        nodes=[node("i1", 2, pool="inference"), node("t1", 4, pool="training")],
+        classes={"serve": {"priority": 350, "pools": ["inference"]}, "train": {"priority": 250, "pools": ["training"],
+                                                                                "preemptible": True,
+                                                                                "checkpointable": True}},
+        teams={"A": {}, "B": {}},
+        cohorts={"inf": {"pool": "inference", "members": [{"team": "A", "nominal_gpus": 2}, "B"]},
+                 "trn": {"pool": "training", "members": [{"team": "A", "nominal_gpus": 0},
+                                                          {"team": "B", "nominal_gpus": 4}]}})
+    rules = policy_from_dict(raw).rules
+    paths = [lim.path for lim in rules.limits]
+    assert "cohorts.inf" in paths and "cohorts.trn" in paths
+    jobs = [SimJob(job("a-train", 4, cls="train", team="A", submit=0), 1000),  # A borrows B's training GPUs
+            SimJob(job("a-serve", 2, cls="serve", team="A", submit=0), 1000),  # within A's inference nominal
+            SimJob(job("b-train", 2, cls="train", team="B", submit=10), 100)]  # B reclaims in training only
+    res = Simulator(rules, jobs, check_invariants=True).run()
+    assert res.records["a-train"].preempted_at == [10.0]
+    assert res.records["a-serve"].preempted_at == [] and res.records["a-serve"].starts[0][0] == 0
+    assert res.records["b-train"].starts[0][0] == 10
+
+
+def test_a_cohort_pool_must_exist_and_its_nominal_fit_the_pool():
+    base = dict(nodes=[node("i1", 2, pool="inference")], teams={"A": {}})
+    with pytest.raises(PolicyError) as exc:
+        policy_from_dict(policy_dict(**base, cohorts={"c": {"pool": "gpuz", "members": ["A"]}}))
+    assert "cohorts.c.pool" in str(exc.value) and "gpuz" in str(exc.value)
+    with pytest.raises(PolicyError) as exc:
+        policy_from_dict(policy_dict(**base, cohorts={"c": {"pool": "inference",
+                                                            "members": [{"team": "A", "nominal_gpus": 3}]}}))
+    assert "cohorts.c.members" in str(exc.value) and "at most pool inference's 2 GPUs" in str(exc.value)

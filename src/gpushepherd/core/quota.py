@@ -49,10 +49,13 @@ class QuotaBook:
         found = self._applicable.get(key)
         if found is None:
             chain = set(self.rules.ancestors(team))
+            cls = self.rules.classes.get(workload_class)
+            pools = cls.pools if cls is not None else None
             found = tuple(
                 i for i, lim in enumerate(self.limits)
                 if (lim.team is None or lim.team in chain)
                 and (not lim.members or any(m in chain for m in lim.members))
+                and (lim.pools is None or (pools is not None and set(pools) <= set(lim.pools)))
                 and (lim.workload_class is None or lim.workload_class == workload_class)
             )
             self._applicable[key] = found

@@ -234,7 +234,7 @@ class Scheduler:
         self._teams_seen: set[str] = set(rules.teams)
         self._users_seen: dict[str, set[str]] = {}
         self._class_gpus: dict[str, int] = {}  # class -> GPUs held
-        self._cohort_cache: dict[str, tuple | None] = {}
+        self._cohort_cache: dict[tuple, tuple | None] = {}
         pr = rules.prediction
         self.predictor = RuntimePredictor(pr.quantile, pr.history, pr.min_jobs) if pr.enabled else None
         self._seq = 0
@@ -449,13 +449,14 @@ class Scheduler:
             checkpointable=cls.checkpointable if spec.checkpointable is None else spec.checkpointable,
             estimate_s=estimate,
             time_limit_s=limit,
-            cohort=self._cohort_of(spec.team),
+            cohort=self._cohort_of(spec.team, cls.pools),
         )
 
-    def _cohort_of(self, team: str):
-        if team not in self._cohort_cache:
-            self._cohort_cache[team] = self.rules.cohort_of(team) if self.rules.cohorts else None
-        return self._cohort_cache[team]
+    def _cohort_of(self, team: str, pools):
+        key = (team, pools)
+        if key not in self._cohort_cache:
+            self._cohort_cache[key] = self.rules.cohort_of(team, pools) if self.rules.cohorts else None
+        return self._cohort_cache[key]
 
     def _shape_for(self, spec: JobSpec, ckey: tuple) -> Shape:
         biggest = self._max_node_cache.get(ckey)

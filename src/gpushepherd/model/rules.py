@@ -57,6 +57,8 @@ class Limit:
     #: a cohort's capacity limit: counts the jobs of these teams (and their descendants)
     members: tuple[str, ...] = ()
     cohort: str = ""
+    #: counts only jobs whose class may run in these pools alone (``None``: any job)
+    pools: tuple[str, ...] | None = None
 
     @property
     def loosest(self) -> int:
@@ -95,6 +97,11 @@ class Cohort:
     name: str
     members: tuple[CohortMember, ...]
     reclaim: str = "any"
+    pools: tuple[str, ...] | None = None  # the pool its quota is for (None: all)
+
+    def covers(self, class_pools: tuple[str, ...] | None) -> bool:
+        """Whether jobs of a class allowed ``class_pools`` count in this cohort."""
+        return self.pools is None or (class_pools is not None and set(class_pools) <= set(self.pools))
 
     def member(self, chain: tuple[str, ...]) -> CohortMember | None:
         """The member a team (given as itself and its ancestors) belongs to."""
@@ -163,14 +170,18 @@ class Rules:
     cohorts: dict[str, Cohort] = field(default_factory=dict)
     prediction: PredictionRules = field(default_factory=PredictionRules)
 
-    def cohort_of(self, team: str) -> tuple[Cohort, CohortMember] | None:
-        """The cohort a team counts in (through itself or an ancestor), and its member."""
+    def cohort_of(self, team: str, class_pools: tuple[str, ...] | None = None) -> tuple[Cohort, CohortMember] | None:
+        """The cohort a job of ``team`` (through itself or an ancestor) whose class may
+        run in ``class_pools`` counts in, and its member; a pool's cohort first."""
         chain = self.ancestors(team)
+        found = None
         for cohort in self.cohorts.values():
+            if not cohort.covers(class_pools):
+                continue
             m = cohort.member(chain)
-            if m is not None:
-                return cohort, m
-        return None
+            if m is not None and (found is None or (found[0].pools is None and cohort.pools is not None)):
+                found = (cohort, m)
+        return found
 
     def window_boundaries(self) -> tuple[float, ...]:
         """Seconds of the local day at which some window opens or closes."""

@@ -355,7 +355,7 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
                           "ISO 8601 local time such as 2026-11-30T08:00:00 (clock.start)") from None
 
     limits = _limits(spec, source)
-    cohorts = _cohorts(spec, teams, nominal, limits, source)
+    cohorts = _cohorts(spec, teams, nominal, limits, source, pool_gpus)
 
     if spec.default_team is not None and spec.teams and spec.default_team not in spec.teams:
         raise PolicyError(source, "default_team", spec.default_team, "a team defined under teams")
@@ -449,51 +449,76 @@ MAX_GUARDED = 8
 
 
 def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, int],
-             limits: list[Limit], source: str) -> dict[str, Cohort]:
+             limits: list[Limit], source: str, pool_gpus: dict[str, int] | None = None) -> dict[str, Cohort]:
     """Check the cohorts and compile them into limits (appended to ``limits``).
 
     A member T may hold at most ``nominal + borrowing_limit`` (a limit that also counts
     all of T's GPUs for reclaim). The cohort's rule ``sum of max(usage_m, guard_m) <= C``
     (``guard = nominal - lending_limit``, ``C`` the sum of nominal quotas) becomes, for
     every subset S of the guarded members, ``usage of the members outside S <= C - guard
-    of S`` (design note 005)."""
-    where: dict[str, str] = {}
-    out: dict[str, Cohort] = {}
+    of S`` (design note 005). A cohort with a ``pool`` counts only the jobs whose class
+    may run in that pool alone; a team is in at most one cohort per pool (and one
+    without a pool)."""
+    pool_gpus = pool_gpus or {}
+    where: dict[tuple[str, str | None], str] = {}
+    quota: dict[str, list[tuple[str, int, int | None, int | None]]] = {}
     for cname, co in sorted(spec.cohorts.items()):
-        members = []
-        for k, team in enumerate(co.members):
+        if co.pool is not None and co.pool not in pool_gpus:
+            raise PolicyError(source, f"cohorts.{cname}.pool", co.pool, "a pool of the cluster: " + ", ".join(sorted(pool_gpus)))
+        rows = []
+        for k, entry in enumerate(co.members):
             field = f"cohorts.{cname}.members[{k}]"
+            team = entry if isinstance(entry, str) else entry.team
             if team not in spec.teams:
                 raise PolicyError(source, field, team, "a team defined under teams: " + ", ".join(sorted(spec.teams)))
-            if team in where:
-                raise PolicyError(source, field, team, f"a team in one cohort only (it is in {where[team]} already)")
-            where[team] = cname
-            members.append(team)
+            if (team, co.pool) in where:
+                scope = f"pool {co.pool}" if co.pool else "all pools"
+                raise PolicyError(source, field, team,
+                                  f"a team in one cohort per pool only (it is in {where[(team, co.pool)]} for {scope})")
+            where[(team, co.pool)] = cname
+            t = spec.teams[team]
+            if isinstance(entry, str):
+                nom, bl, ll = nominal.get(team, 0), t.borrowing_limit, t.lending_limit
+                lfield = f"teams.{team}.lending_limit"
+            else:
+                nom = entry.nominal_gpus if entry.nominal_gpus is not None else nominal.get(team, 0)
+                bl = entry.borrowing_limit if entry.borrowing_limit is not None else t.borrowing_limit
+                ll = entry.lending_limit if entry.lending_limit is not None else t.lending_limit
+                lfield = f"{field}.lending_limit" if entry.lending_limit is not None else f"teams.{team}.lending_limit"
+            if ll is not None and ll > nom:
+                raise PolicyError(source, lfield, ll, f"at most the team's nominal_gpus in the cohort ({nom})")
+            rows.append((team, nom, bl, ll))
+        members = [r[0] for r in rows]
         for team in members:
             chain = _chain(teams, team)
             for other in members:
                 if other != team and other in chain:
                     raise PolicyError(source, f"cohorts.{cname}.members", team,
                                       f"teams that are not each other's parents ({other} is an ancestor of {team})")
+        if co.pool is not None and sum(r[1] for r in rows) > pool_gpus[co.pool]:
+            raise PolicyError(source, f"cohorts.{cname}.members", sum(r[1] for r in rows),
+                              f"nominal GPUs that add up to at most pool {co.pool}'s {pool_gpus[co.pool]} GPUs")
+        quota[cname] = rows
+    in_cohort = {team for team, _pool in where}
     for name, team in sorted(spec.teams.items()):
         for fld in ("borrowing_limit", "lending_limit"):
-            if getattr(team, fld) is not None and name not in where:
+            if getattr(team, fld) is not None and name not in in_cohort:
                 raise PolicyError(source, f"teams.{name}.{fld}", getattr(team, fld),
                                   "set only for a team that is a member of a cohort (cohorts.<name>.members)")
-        if team.lending_limit is not None and team.lending_limit > (team.nominal_gpus or 0):
-            raise PolicyError(source, f"teams.{name}.lending_limit", team.lending_limit,
-                              f"at most the team's nominal_gpus ({team.nominal_gpus or 0})")
+    out: dict[str, Cohort] = {}
     for cname, co in sorted(spec.cohorts.items()):
+        pools = None if co.pool is None else (co.pool,)
         members = []
-        for team in co.members:
-            t = spec.teams[team]
+        guards = {}
+        for team, nom, bl, ll in quota[cname]:
             idx = len(limits)
-            cap = UNLIMITED if t.borrowing_limit is None else nominal.get(team, 0) + t.borrowing_limit
-            limits.append(Limit(f"teams.{team}.borrowing_limit", cap, team=team))
-            members.append(CohortMember(team, nominal.get(team, 0), idx))
+            cap = UNLIMITED if bl is None else nom + bl
+            path = f"teams.{team}.borrowing_limit" if co.pool is None else f"cohorts.{cname}.{team}.borrowing_limit"
+            limits.append(Limit(path, cap, team=team, pools=pools))
+            members.append(CohortMember(team, nom, idx))
+            if ll is not None and ll < nom:
+                guards[team] = nom - ll
         capacity = sum(m.nominal for m in members)
-        guards = {m.team: m.nominal - spec.teams[m.team].lending_limit for m in members
-                  if spec.teams[m.team].lending_limit is not None and spec.teams[m.team].lending_limit < m.nominal}
         if len(guards) > MAX_GUARDED:
             raise PolicyError(source, f"cohorts.{cname}.members", len(guards),
                               f"at most {MAX_GUARDED} members with a lending_limit below their nominal_gpus")
@@ -505,8 +530,8 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
                 continue
             cap = capacity - sum(guards[g] for g in subset)
             path = f"cohorts.{cname}" + (f"(keeping {'+'.join(subset)} lending_limit)" if subset else "")
-            limits.append(Limit(path, cap, members=outside, cohort=cname))
-        out[cname] = Cohort(cname, tuple(members), co.reclaim)
+            limits.append(Limit(path, cap, members=outside, cohort=cname, pools=pools))
+        out[cname] = Cohort(cname, tuple(members), co.reclaim, pools)
     return out
 
 

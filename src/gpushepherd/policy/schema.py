@@ -13,7 +13,7 @@ it names. Numeric priorities follow the public scenario conventions: 400 / 300 /
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -161,17 +161,34 @@ class TeamSpec(_Strict):
 
 
 
+class CohortMemberSpec(_Strict):
+    """A team's quota in one cohort (overrides the team's own fields)."""
+
+    team: Name
+    nominal_gpus: NonNegInt | None = None
+    borrowing_limit: NonNegInt | None = None
+    lending_limit: NonNegInt | None = None
+
+
 class CohortSpec(_Strict):
     """Teams that lend each other idle nominal quota (Kueue's cohort): the cohort holds
     the sum of its members' ``nominal_gpus``; a member may borrow what others do not
     use (within its ``borrowing_limit`` and their ``lending_limit``), and a member that
     needs its nominal quota back preempts borrowers (``reclaim``)."""
 
-    members: Annotated[list[Name], Field(min_length=1, max_length=1000)]
+    #: team names (their nominal_gpus, borrowing_limit and lending_limit apply), or
+    #: entries that give the team's quota in this cohort (per pool)
+    members: Annotated[list[Union[Name, "CohortMemberSpec"]], Field(min_length=1, max_length=1000)]
+    #: the pool the cohort's quota is for: it counts the jobs whose class may run only
+    #: in this pool (classes.X.pools); unset: every job of its members, anywhere
+    pool: Name | None = None
     #: any: borrowers of any class are preempted to give nominal quota back (Kueue's
     #: reclaimWithinCohort: Any); lower_priority: only of lower classes; never
     reclaim: Literal["any", "lower_priority", "never"] = "any"
     description: str = ""
+
+
+CohortSpec.model_rebuild()
 
 
 class PredictionSpec(_Strict):
