@@ -204,3 +204,9 @@ def test_a_cohort_pool_must_exist_and_its_nominal_fit_the_pool():
         policy_from_dict(policy_dict(**base, cohorts={"c": {"pool": "inference",
                                                             "members": [{"team": "A", "nominal_gpus": 3}]}}))
     assert "cohorts.c.members" in str(exc.value) and "at most pool inference's 2 GPUs" in str(exc.value)
+
+
+def test_a_member_entry_with_an_unknown_field_is_named():
+    with pytest.raises(PolicyError) as exc:
+        policy_from_dict(policy_dict(teams={"A": {}}, cohorts={"c": {"members": [{"team": "A", "nominal": 2}]}}))
+    assert "cohorts.c.members[0].nominal" in str(exc.value) and "nominal_gpus" in str(exc.value)

@@ -468,7 +468,7 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
         rows = []
         for k, entry in enumerate(co.members):
             field = f"cohorts.{cname}.members[{k}]"
-            team = entry if isinstance(entry, str) else entry.team
+            team = entry.team
             if team not in spec.teams:
                 raise PolicyError(source, field, team, "a team defined under teams: " + ", ".join(sorted(spec.teams)))
             if (team, co.pool) in where:
@@ -477,14 +477,11 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
                                   f"a team in one cohort per pool only (it is in {where[(team, co.pool)]} for {scope})")
             where[(team, co.pool)] = cname
             t = spec.teams[team]
-            if isinstance(entry, str):
-                nom, bl, ll = nominal.get(team, 0), t.borrowing_limit, t.lending_limit
-                lfield = f"teams.{team}.lending_limit"
-            else:
-                nom = entry.nominal_gpus if entry.nominal_gpus is not None else nominal.get(team, 0)
-                bl = entry.borrowing_limit if entry.borrowing_limit is not None else t.borrowing_limit
-                ll = entry.lending_limit if entry.lending_limit is not None else t.lending_limit
-                lfield = f"{field}.lending_limit" if entry.lending_limit is not None else f"teams.{team}.lending_limit"
+            # the entry's own quota fields, else the team's
+            nom = entry.nominal_gpus if entry.nominal_gpus is not None else nominal.get(team, 0)
+            bl = entry.borrowing_limit if entry.borrowing_limit is not None else t.borrowing_limit
+            ll = entry.lending_limit if entry.lending_limit is not None else t.lending_limit
+            lfield = f"{field}.lending_limit" if entry.lending_limit is not None else f"teams.{team}.lending_limit"
             if ll is not None and ll > nom:
                 raise PolicyError(source, lfield, ll, f"at most the team's nominal_gpus in the cohort ({nom})")
             rows.append((team, nom, bl, ll))

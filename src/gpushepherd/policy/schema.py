@@ -13,7 +13,7 @@ it names. Numeric priorities follow the public scenario conventions: 400 / 300 /
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -178,7 +178,7 @@ class CohortSpec(_Strict):
 
     #: team names (their nominal_gpus, borrowing_limit and lending_limit apply), or
     #: entries that give the team's quota in this cohort (per pool)
-    members: Annotated[list[Union[Name, "CohortMemberSpec"]], Field(min_length=1, max_length=1000)]
+    members: Annotated[list[CohortMemberSpec], Field(min_length=1, max_length=1000)]
     #: the pool the cohort's quota is for: it counts the jobs whose class may run only
     #: in this pool (classes.X.pools); unset: every job of its members, anywhere
     pool: Name | None = None
@@ -187,8 +187,13 @@ class CohortSpec(_Strict):
     reclaim: Literal["any", "lower_priority", "never"] = "any"
     description: str = ""
 
-
-CohortSpec.model_rebuild()
+    @field_validator("members", mode="before")
+    @classmethod
+    def _names_are_members(cls, value: Any) -> Any:
+        # a plain team name is a member with the team's own quota fields
+        if isinstance(value, list):
+            return [{"team": v} if isinstance(v, str) else v for v in value]
+        return value
 
 
 class PredictionSpec(_Strict):
