@@ -40,10 +40,24 @@ def test_a_borrower_cannot_reclaim_and_a_team_over_nominal_does_not_evict():
     jobs = [SimJob(job("a1", 2, team="A", cls="training", submit=0), 1000),
             SimJob(job("b1", 2, team="B", cls="training", submit=0, preemptible=True, checkpointable=True), 50),
             SimJob(job("b2", 2, team="B", cls="training", submit=60, preemptible=True, checkpointable=True), 500),
-            SimJob(job("a2", 1, team="A", cls="training", submit=70), 10)]
+            SimJob(job("a2", 1, team="A", cls="training", submit=70, preemptible=True, checkpointable=True), 10)]
     res = Simulator(rules, jobs, check_invariants=True).run()
     assert not res.records["b2"].preempted_at
     assert res.records["a2"].starts[0][0] == 560
+
+
+def test_work_that_may_not_be_preempted_never_borrows():
+    """A borrowed GPU must be reclaimable: a non-preemptible job runs within its team's
+    nominal quota only, so the lender's guarantee holds."""
+    rules = _rules({"A": {"nominal_gpus": 2}, "B": {"nominal_gpus": 2}}, nodes=(("n1", 4),))
+    jobs = [SimJob(job("b-inf", 2, team="B", cls="production-inference", submit=0), 100),
+            SimJob(job("b-inf2", 1, team="B", cls="production-inference", submit=1), 100),
+            SimJob(job("b-batch", 1, team="B", cls="batch", submit=2), 500)]
+    res = Simulator(rules, jobs, check_invariants=True, record_reasons=True).run()
+    assert res.records["b-inf"].starts[0][0] == 0
+    assert res.records["b-batch"].starts[0][0] == 2  # preemptible work may borrow
+    assert res.records["b-inf2"].starts[0][0] == 100  # waits for B's own nominal
+    assert any("teams.B.nominal_gpus(not preemptible)=2" in r[2] for r in res.records["b-inf2"].reasons)
 
 
 def test_reclaim_takes_the_fewest_youngest_borrowers_and_holds_the_gpus():

@@ -44,8 +44,8 @@ class QuotaBook:
                 self.current[i] = value
         return changes
 
-    def applicable(self, team: str, workload_class: str) -> tuple[int, ...]:
-        key = (team, workload_class)
+    def applicable(self, team: str, workload_class: str, evictable: bool = True) -> tuple[int, ...]:
+        key = (team, workload_class, evictable)
         found = self._applicable.get(key)
         if found is None:
             chain = set(self.rules.ancestors(team))
@@ -57,14 +57,17 @@ class QuotaBook:
                 and (not lim.members or any(m in chain for m in lim.members))
                 and (lim.pools is None or (pools is not None and set(pools) <= set(lim.pools)))
                 and (lim.workload_class is None or lim.workload_class == workload_class)
+                and not (lim.unevictable_only and evictable)
             )
             self._applicable[key] = found
         return found
 
-    def charges(self, team: str, workload_class: str, user: str, gpus: int) -> tuple[Charge, ...]:
-        """What a job of this team, class, user and size counts against each limit."""
+    def charges(self, team: str, workload_class: str, user: str, gpus: int,
+                evictable: bool = True) -> tuple[Charge, ...]:
+        """What a job of this team, class, user and size counts against each limit
+        (``evictable``: whether it may be preempted, which some limits ask)."""
         out = []
-        for i in self.applicable(team, workload_class):
+        for i in self.applicable(team, workload_class, evictable):
             lim = self.limits[i]
             amount = gpus if lim.unit is LimitUnit.GPUS else 1
             out.append((i, user if lim.per_user else "", amount))

@@ -435,7 +435,10 @@ class Scheduler:
         ckey = (cls.pools, tuple(sorted(spec.gpu_types)), spec.gpu_mem_mib)
         shape = self._shape_for(spec, ckey)
         self._seq += 1
-        charges = self.quota.charges(spec.team, spec.workload_class, spec.user, spec.gpus)
+        preemptible = cls.preemptible if spec.preemptible is None else spec.preemptible
+        checkpointable = cls.checkpointable if spec.checkpointable is None else spec.checkpointable
+        evictable = preemptible and not (cls.preempt_only_if_checkpointable and not checkpointable)
+        charges = self.quota.charges(spec.team, spec.workload_class, spec.user, spec.gpus, evictable)
         self._teams_seen.add(spec.team)
         self._users_seen.setdefault(spec.team, set()).add(spec.user)
         return Job(
@@ -445,8 +448,8 @@ class Scheduler:
             key=self._order_key(spec, cls, estimate),
             shape=shape,
             charges=charges,
-            preemptible=cls.preemptible if spec.preemptible is None else spec.preemptible,
-            checkpointable=cls.checkpointable if spec.checkpointable is None else spec.checkpointable,
+            preemptible=preemptible,
+            checkpointable=checkpointable,
             estimate_s=estimate,
             time_limit_s=limit,
             cohort=self._cohort_of(spec.team, cls.pools),

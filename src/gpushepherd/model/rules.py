@@ -59,6 +59,8 @@ class Limit:
     cohort: str = ""
     #: counts only jobs whose class may run in these pools alone (``None``: any job)
     pools: tuple[str, ...] | None = None
+    #: counts only jobs that may not be preempted (they could never be reclaimed)
+    unevictable_only: bool = False
 
     @property
     def loosest(self) -> int:

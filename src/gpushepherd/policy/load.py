@@ -513,6 +513,10 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
             path = f"teams.{team}.borrowing_limit" if co.pool is None else f"cohorts.{cname}.{team}.borrowing_limit"
             limits.append(Limit(path, cap, team=team, pools=pools))
             members.append(CohortMember(team, nom, idx))
+            # work that may not be preempted could never be reclaimed: it never borrows
+            prefix = f"teams.{team}" if co.pool is None else f"cohorts.{cname}.{team}"
+            limits.append(Limit(f"{prefix}.nominal_gpus(not preemptible)", nom, team=team, pools=pools,
+                                unevictable_only=True))
             if ll is not None and ll < nom:
                 guards[team] = nom - ll
         capacity = sum(m.nominal for m in members)
