@@ -1131,11 +1131,8 @@ class Scheduler:
                 ctx.fail_fit[fkey] = shape.k
         if short is not None:
             # the cohort has no quota to spare: only reclaiming borrowed GPUs helps
-            if can_reclaim:
-                ctx.materialize()
-                if self._reclaim(job, res, out):
-                    ctx.minp = min(self._preemptible, default=None)
-                    return _GO
+            if can_reclaim and self._reclaim(job, ctx, out):
+                return _GO
             job.reason_pass = -1
             self._note_blocked(job)
             return _DEAD
@@ -1179,11 +1176,8 @@ class Scheduler:
                     ctx.minp = min(self._preemptible, default=None)
                     return _GO
                 ctx.fail_preempt[pkey] = shape.k
-            if can_reclaim:
-                ctx.materialize()
-                if self._reclaim(job, res, out):
-                    ctx.minp = min(self._preemptible, default=None)
-                    return _GO
+            if can_reclaim and self._reclaim(job, ctx, out):
+                return _GO
         # capacity reason, then 5. a reservation for the top blocked jobs
         # (Resources, NoFit or NoPreemptibleVictims: worked out when someone asks)
         job.reason_pass = -1
@@ -1226,9 +1220,11 @@ class Scheduler:
             return False
         return any(m is not member and usage.get((m.limit, ""), 0) > m.nominal for m in cohort.members)
 
-    def _reclaim(self, job: Job, res: list[backfill.Reservation], out: list[Decision]) -> bool:
+    def _reclaim(self, job: Job, ctx: "_Pass", out: list[Decision]) -> bool:
         """Preempt borrowers of the job's cohort (and lower-class work) so that it fits
         its GPUs and quota; ``False`` when no victim set works."""
+        ctx.materialize()
+        res = ctx.res
         rem = job.remaining_estimate()
         end = self.now + rem if rem is not None else INF
         claimed = frozenset(n for r in res if not (end <= r.start or job.key < r.key) for n in r.claims)
@@ -1238,6 +1234,7 @@ class Scheduler:
                 heapq.heappush(self._wakeups, until)
             return False
         self._begin_preemption(job, *found, res, out, why="reclaiming quota from ")
+        ctx.minp = min(self._preemptible, default=None)
         return True
 
     def _try_preemptor(self, job: Job, res: list[backfill.Reservation], out: list[Decision]) -> str:
