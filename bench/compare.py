@@ -106,6 +106,11 @@ def main() -> int:
     ap.add_argument("--one", nargs=3, metavar=("TRACE", "POLICY", "ESTIMATES"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
+        trace, policy, estimates = args.one
+        if trace not in TRACES or policy not in POLICIES or estimates not in ("limit", "perfect"):
+            print(f"compare: --one: {args.one} is not allowed: TRACE in {', '.join(TRACES)}, POLICY in "
+                  f"{', '.join(POLICIES)}, ESTIMATES limit or perfect", file=sys.stderr)
+            return 2
         print(json.dumps(one(*args.one)))
         return 0
     traces = args.only or list(TRACES)
@@ -114,6 +119,15 @@ def main() -> int:
             print(f"compare: trace {TRACES[t]['path']} not found (it lives in ../shared/traces)", file=sys.stderr)
             return 2
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES] or ([] if policies else [args.policies])
+    if bad:
+        print(f"compare: --policies: {bad[0]!r} is not allowed: a comma-separated list of {', '.join(POLICIES)}",
+              file=sys.stderr)
+        return 2
+    if args.jobs < 1:
+        print(f"compare: --jobs: {args.jobs} is not allowed: at least 1", file=sys.stderr)
+        return 2
+    policies = list(dict.fromkeys(policies))
     runs = [(t, p, "limit") for t in traces for p in policies]
     if args.perfect:
         runs += [(t, p, "perfect") for t in traces for p in policies if p in USES_ESTIMATES]
