@@ -128,6 +128,15 @@ def main() -> int:
         print(f"compare: --jobs: {args.jobs} is not allowed: at least 1", file=sys.stderr)
         return 2
     policies = list(dict.fromkeys(policies))
+    out = Path(args.out)
+    try:  # the output folder must be writable before minutes of runs
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".write-test").write_text("")
+        (out / ".write-test").unlink()
+    except OSError as exc:
+        print(f"compare: --out: {args.out!r} is not allowed: a folder that can be written ({exc.strerror})",
+              file=sys.stderr)
+        return 2
     runs = [(t, p, "limit") for t in traces for p in policies]
     if args.perfect:
         runs += [(t, p, "perfect") for t in traces for p in policies if p in USES_ESTIMATES]
@@ -145,8 +154,6 @@ def main() -> int:
     print(f"{len(runs)} runs, {args.jobs} at a time")
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(pool.map(launch, runs))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.merge and (out / "compare.json").exists():
         redone = {(r["trace"], r["policy"], r["estimates"]) for r in rows}
         old = [r for r in json.loads((out / "compare.json").read_text())

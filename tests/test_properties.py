@@ -141,7 +141,10 @@ def scenarios(draw, *, operator: bool = True, hardware: bool = True, preemption:
             kw["runtime_estimate_s"] = duration
         elif draw(st.booleans()):
             kw["runtime_estimate_s"] = float(draw(st.integers(1, 80)))
-        spec = job(f"j{i + 1}", gpus, draw(st.sampled_from(STANDARD_CLASSES)), draw(st.sampled_from(list(teams))),
+        cls = draw(st.sampled_from(STANDARD_CLASSES))
+        if cls == "production-inference" and kw["preemptible"]:
+            kw["preemptible"] = None  # refused at submit: production inference is never preempted
+        spec = job(f"j{i + 1}", gpus, cls, draw(st.sampled_from(list(teams))),
                    submit=float(draw(st.sampled_from(range(0, 31)))), user=draw(st.sampled_from(["u1", "u2"])), **kw)
         jobs.append((spec, duration))
 

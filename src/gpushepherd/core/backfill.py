@@ -190,9 +190,13 @@ def hold_for_preemptor(sched: "Scheduler", job: Job, now: float) -> Reservation:
         for idx, mask in sched.jobs[vid].alloc:
             coming[idx] = coming.get(idx, 0) + mask.bit_count()
     spare = {n: max(0, ledger.slots[n].free + coming.get(n, 0) - c) for n, c in claims.items()}
-    # a reclaimer's victims may queue ahead of it (same class, borrowers): its hold
-    # then binds every job, or a requeued borrower would take its GPUs back at once
-    key = (-INF,) if job.reclaim else job.key
+    # a victim may queue ahead of its preemptor - a reclaimed borrower of the same
+    # class, or any victim when priority weights other than class order the queue -
+    # so the hold binds every job, or the requeued victim would take the GPUs back at
+    # once (an eviction loop)
+    pr = sched.rules.priority
+    by_class_alone = not (pr.dynamic or pr.size_weight or pr.time_limit_weight)
+    key = (-INF,) if job.reclaim or not by_class_alone else job.key
     return Reservation(job.id, now, claims, spare, hold=True, quota=quota_spare(sched, job, now), key=key)
 
 

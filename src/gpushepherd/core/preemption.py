@@ -257,6 +257,8 @@ def reclaim_victims(sched: "Scheduler", job: Job, now: float,
         if now - v.run_start < minrt:
             until = min(until, v.run_start + minrt)
             continue
+        if v.run_start >= now:
+            continue  # placed in this very instant: never evicted at once (no churn)
         cands.append((v, lender))
     cands.sort(key=lambda c: _vkey(c[0]))
     cand_nodes = [i for i in members_of(ledger, sched.groups_for(job)) if i not in exclude]

@@ -95,6 +95,9 @@ def validate_spec(rules: Rules, spec: JobSpec) -> None:
         raise SpecError(f"{where}: deadline: {spec.deadline!r} is not allowed: a finite time after submit_time "
                         f"({spec.submit_time})")
     cls = rules.classes[spec.workload_class]
+    if spec.preemptible and cls.name == "production-inference":
+        raise SpecError(f"{where}: preemptible: True is not allowed: production inference is never preempted "
+                        "(use another class for work that may be)")
     if cls.max_runtime_s is not None and spec.time_limit_s is not None and spec.time_limit_s > cls.max_runtime_s:
         raise SpecError(f"{where}: time_limit_s: {spec.time_limit_s!r} is not allowed: at most the max runtime of "
                         f"class {cls.name} ({cls.max_runtime_s} s)")
@@ -1254,6 +1257,8 @@ class Scheduler:
             res[:] = others
             self._start(job, counts, out)
             backfill.consume(res, counts, end, job.charges, job.key)
+            self._pass += 1  # reasons given earlier in this pass may name its hold: recompute on demand
+            job.reason_pass = self._pass
             return "started"
         if job.victims:
             job.reason = PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))

@@ -355,7 +355,7 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
                           "ISO 8601 local time such as 2026-11-30T08:00:00 (clock.start)") from None
 
     limits = _limits(spec, source)
-    cohorts = _cohorts(spec, teams, nominal, limits, source, pool_gpus)
+    cohorts = _cohorts(spec, teams, nominal, limits, source, pool_gpus, [c.pools for c in classes.values()])
 
     if spec.default_team is not None and spec.teams and spec.default_team not in spec.teams:
         raise PolicyError(source, "default_team", spec.default_team, "a team defined under teams")
@@ -449,7 +449,8 @@ MAX_GUARDED = 8
 
 
 def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, int],
-             limits: list[Limit], source: str, pool_gpus: dict[str, int] | None = None) -> dict[str, Cohort]:
+             limits: list[Limit], source: str, pool_gpus: dict[str, int] | None = None,
+             class_pools: list | None = None) -> dict[str, Cohort]:
     """Check the cohorts and compile them into limits (appended to ``limits``).
 
     A member T may hold at most ``nominal + borrowing_limit`` (a limit that also counts
@@ -492,9 +493,21 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
                 if other != team and other in chain:
                     raise PolicyError(source, f"cohorts.{cname}.members", team,
                                       f"teams that are not each other's parents ({other} is an ancestor of {team})")
-        if co.pool is not None and sum(r[1] for r in rows) > pool_gpus[co.pool]:
+        have = pool_gpus[co.pool] if co.pool is not None else sum(pool_gpus.values())
+        where_ = f"pool {co.pool}'s" if co.pool is not None else "the cluster's"
+        if sum(r[1] for r in rows) > have:
             raise PolicyError(source, f"cohorts.{cname}.members", sum(r[1] for r in rows),
-                              f"nominal GPUs that add up to at most pool {co.pool}'s {pool_gpus[co.pool]} GPUs")
+                              f"nominal GPUs that add up to at most {where_} {have} GPUs")
+        for k, (team, nom, _bl, _ll) in enumerate(rows):
+            cap = spec.teams[team].max_gpus
+            if cap is not None and nom > cap:
+                raise PolicyError(source, f"cohorts.{cname}.members[{k}].nominal_gpus", nom,
+                                  f"at most team {team}'s max_gpus ({cap})")
+        if co.pool is not None and class_pools is not None and not any(
+                p is not None and set(p) <= {co.pool} for p in class_pools):
+            raise PolicyError(source, f"cohorts.{cname}.pool", co.pool,
+                              "a pool some class is confined to (classes.X.pools: [" + co.pool + "]); "
+                              "otherwise the cohort counts no job")
         quota[cname] = rows
     in_cohort = {team for team, _pool in where}
     for name, team in sorted(spec.teams.items()):

@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]
-PosFloat = Annotated[float, Field(gt=0)]
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+#: a weight: finite, >= 0
+Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
 
 
@@ -116,7 +118,7 @@ class ClassSpec(_Strict):
     preempt_only_if_checkpointable: bool | None = None
     max_runtime_s: PosFloat | None = None
     default_time_limit_s: PosFloat | None = None
-    grace_period_s: Annotated[float, Field(ge=0)] | None = None
+    grace_period_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     pools: list[Name] | None = None
     max_gpus: NonNegInt | None = None
     max_gpus_per_user: NonNegInt | None = None
@@ -207,11 +209,18 @@ class PredictionSpec(_Strict):
     history: Annotated[int, Field(ge=1, le=1000)] = 20
     min_jobs: Annotated[int, Field(ge=1, le=1000)] = 3
 
+    @model_validator(mode="after")
+    def _min_jobs_within_history(self) -> "PredictionSpec":
+        if self.min_jobs > self.history:
+            raise ValueError(f"min_jobs ({self.min_jobs}) is more than history ({self.history}): "
+                             "predictions could never be made; allowed: min_jobs <= history")
+        return self
+
 
 class PreemptionSpec(_Strict):
     enabled: bool = True
     #: a running job younger than this is not preempted (no thrash)
-    min_runtime_s: Annotated[float, Field(ge=0)] = 0.0
+    min_runtime_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
 
 
 class BackfillSpec(_Strict):
@@ -230,12 +239,12 @@ class WeightsSpec(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 
-    class_: Annotated[float, Field(ge=0)] = Field(default=1_000_000.0, alias="class")
-    fair_share: Annotated[float, Field(ge=0)] = 0.0
-    age: Annotated[float, Field(ge=0)] = 0.0
-    size: Annotated[float, Field(ge=0)] = 0.0
+    class_: Weight = Field(default=1_000_000.0, alias="class")
+    fair_share: Weight = 0.0
+    age: Weight = 0.0
+    size: Weight = 0.0
     #: shorter time limits rank higher (factor 1 - limit / max_time_limit_s)
-    time_limit: Annotated[float, Field(ge=0)] = 0.0
+    time_limit: Weight = 0.0
 
 
 class PrioritySpec(_Strict):
@@ -254,7 +263,7 @@ class PrioritySpec(_Strict):
 class FairShareSpec(_Strict):
     """Decayed usage: GPU-seconds held, halving every ``half_life_s`` seconds."""
 
-    half_life_s: float = 7 * 86400.0
+    half_life_s: Annotated[float, Field(allow_inf_nan=False)] = 7 * 86400.0
     #: rank teams (``team``) or also users within their team (``user``)
     level: Literal["team", "user"] = "team"
 

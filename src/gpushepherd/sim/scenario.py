@@ -320,11 +320,17 @@ def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
         for job_id, change in v.jobs.items():
             if job_id not in ids or not ids[job_id].startswith("jobs["):
                 fail(f"variants[{i}].jobs.{job_id}", job_id, "a job of the scenario's jobs list")
-            unknown = sorted(set(change) - set(JobEntry.model_fields) - {"class"} - {"id"})
+            unknown = sorted((set(change) - set(JobEntry.model_fields) - {"class"}) | ({"id"} & set(change)))
             if unknown:
                 fail(f"variants[{i}].jobs.{job_id}.{unknown[0]}", unknown[0],
-                     "a job field: " + ", ".join(sorted(set(JobEntry.model_fields) - {"workload_class"} | {"class"})))
+                     "a job field other than id: " + ", ".join(sorted(set(JobEntry.model_fields) - {"workload_class", "id"}
+                                                                     | {"class"})))
         _check_expect(v.expect, f"variants[{i}].expect", ids, teams, nodes, fail)
+        if v.policy:  # a variant's policy must compile before anything runs
+            try:
+                policy_from_dict(_merge(spec.policy, v.policy), f"{source}#variants[{i}].policy")
+            except PolicyError as exc:
+                raise ScenarioError(str(exc)) from None
 
 
 def _check_expect(expect: Expect, where: str, ids: dict, teams: set, nodes: dict, fail) -> None:
