@@ -119,3 +119,13 @@ def test_cluster_override():
     for bad in ("4", "x8", "0x8", "4x0", "ax8", "4x8:T:-1", "4x8:a:b:c"):
         with pytest.raises(PolicyError):
             override_cluster({"cluster": CLUSTER}, bad)
+
+
+def test_exponent_floats_are_numbers_as_in_yaml_1_2():
+    """PyYAML's YAML 1.1 reads 6e5 as a string; a policy means a number."""
+    from gpushepherd.yamlio import load_yaml
+
+    assert load_yaml("a: 6e5\nb: 1e-3\nc: -2E3\nd: e5\ne: 6e5x") == {"a": 600000.0, "b": 0.001, "c": -2000.0,
+                                                                     "d": "e5", "e": "6e5x"}
+    raw = load_yaml("cluster: {nodes: [{name: n1, gpus: 1}]}\npriority: {max_time_limit_s: 6e5}")
+    assert policy_from_dict(raw).rules.priority.max_time_limit_s == 600000.0

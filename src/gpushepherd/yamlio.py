@@ -8,6 +8,7 @@ with the file, the line and column where known, and what is wrong.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,16 @@ class _Loader(yaml.SafeLoader):
                                 f"mapping (first on line {seen[key].line + 1}); allowed: each key once")
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 (PyYAML) reads 6e5 or 1e-3 as strings; YAML 1.2 and every user read them as
+# numbers. Our own copy of the resolvers, so PyYAML's SafeLoader is left as it is.
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def read_text(path: str | Path) -> str:
