@@ -322,15 +322,17 @@ def scenario_run(
     with _errors():
         specs = [(path, load_scenario(path)) for path in files]  # all files valid before any runs
         known = {j for _p, spec in specs for entry in spec.jobs for j in expand_ids(entry.id)}
-        for job_id in explain or []:
+        explain = list(dict.fromkeys(explain or []))
+        for job_id in explain:
             if job_id not in known:
-                raise ScenarioError(f"--explain: {job_id!r} is not allowed: a job of the scenarios "
+                shown = repr(job_id) if len(job_id) <= 60 else repr(job_id[:57] + "...")
+                raise ScenarioError(f"--explain: {shown} is not allowed: a job of the scenarios "
                                     f"({', '.join(sorted(known)[:20])})")
         for path, spec in specs:
             for outcome in run_scenario(spec, str(path)):
                 if not quiet:
                     _print_timeline(outcome)
-                for job_id in explain or []:
+                for job_id in explain:
                     if job_id in outcome.result.records:
                         out.print(Text(f"{outcome.name}:", style="bold"))
                         _explain(outcome.result, job_id)
