@@ -20,7 +20,16 @@ def test_a_victim_ranked_above_its_preemptor_does_not_take_the_gpus_back(priorit
     rules = policy_from_dict(policy_dict(nodes=[("n1", gpus_low)], priority=priority)).rules
     jobs = [SimJob(job("R", gpus_low, cls="sandbox", submit=0, runtime_estimate_s=100), 100),
             SimJob(job("I", 1, cls="production-inference", submit=1, time_limit_s=900), 100)]
-    res = Simulator(rules, jobs, check_invariants=True).run()
+    sim = Simulator(rules, jobs, check_invariants=True)
+    inner, calls = sim.sched.handle, []
+
+    def handle(events):  # the loop happened inside one instant: fail instead of hanging
+        calls.append(1)
+        assert len(calls) < 200, "evict-and-restart loop"
+        return inner(events)
+
+    sim.sched.handle = handle
+    res = sim.run()
     assert res.records["I"].starts[0][0] == 1 and res.records["R"].preempted_at == [1.0]
     assert len(res.records["R"].starts) == 2 and res.records["R"].starts[1][0] == 101
 

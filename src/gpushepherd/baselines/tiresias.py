@@ -104,6 +104,7 @@ class TiresiasScheduler:
         return best
 
     def pending_jobs(self) -> list:
+        """Pending jobs in 2D-LAS order (a copy)."""
         return [j for _, j in self._pending]
 
     # -- internals -----------------------------------------------------------

@@ -61,6 +61,8 @@ class UsageBook:
         return [[*key, self._at(e, t)] for key, e in sorted(self.entries.items())]
 
     def restore(self, rows: list[list], t: float) -> None:
+        """Load ``snapshot(t)`` rows as the usage at ``t`` (GPUs held: none until the
+        running jobs are re-occupied). Raises ``ValueError`` for a negative usage."""
         for row in rows:
             key, value = tuple(row[:-1]), float(row[-1])
             if value < 0:

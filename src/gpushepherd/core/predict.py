@@ -54,9 +54,11 @@ class RuntimePredictor:
         return None
 
     def snapshot(self) -> list[list]:
+        """``[[kind, team, (user,) [ratios...]], ...]`` sorted by key, ratios oldest first."""
         return [[*key, list(q)] for key, q in sorted(self.ratios.items())]
 
     def restore(self, rows: list[list]) -> None:
+        """Load ``snapshot()`` rows (the last ``history`` ratios of each key are kept)."""
         for row in rows:
             key, values = tuple(row[:-1]), row[-1]
             self.ratios[key] = deque((float(v) for v in values), maxlen=self.history)

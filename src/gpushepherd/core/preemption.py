@@ -243,7 +243,7 @@ def reclaim_victims(sched: "Scheduler", job: Job, now: float,
     nominal = {m.team: m.nominal for m in cohort.members}
     until = INF
     cands: list[tuple[Job, str | None]] = []  # (victim, the member it borrows for, or None)
-    for v in sched.running_jobs():
+    for v in sched.holding():
         if v.state is not JobState.RUNNING or not v.preemptible:
             continue
         if v.cls.preempt_only_if_checkpointable and not v.checkpointable:
@@ -286,9 +286,7 @@ def reclaim_victims(sched: "Scheduler", job: Job, now: float,
     placed = None
     for v, lender in cands:
         if lender is not None and v.cls.priority >= prio and use[lender] <= nominal[lender]:
-            continue  # its member no longer borrows
-        if lender is not None and use[lender] <= nominal[lender] and v.cls.priority >= prio:
-            continue
+            continue  # its member no longer borrows (and class preemption does not apply)
         chosen.append(v)
         apply(v, 1)
         placed = fits()

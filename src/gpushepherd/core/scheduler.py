@@ -233,6 +233,7 @@ class Scheduler:
         self.usage = UsageBook(rules.priority.half_life_s)
         self._max_prio = max((c.priority for c in rules.classes.values()), default=1) or 1
         self._recalc_t = float("-inf")  # when scores were last recomputed
+        self._last_submit = float("-inf")  # the latest submit time seen
         self._next_recalc = float("-inf")
         self._teams_seen: set[str] = set(rules.teams)
         self._users_seen: dict[str, set[str]] = {}
@@ -314,10 +315,9 @@ class Scheduler:
         pr = self.rules.priority
         if pr.fair_share_weight and self._running:
             return True
-        if pr.age_weight:
-            horizon = self._recalc_t - pr.max_age_s
-            return any(j.spec.submit_time > horizon for j in self._queue)
-        return False
+        # age: some pending job may still be below max_age_s (the newest submission is
+        # a cheap upper bound; a spare recalculation is harmless)
+        return bool(pr.age_weight) and self._last_submit > self._recalc_t - pr.max_age_s
 
     def _window_matters(self) -> bool:
         """Whether a window boundary can change anything: a pending job counts against
@@ -425,9 +425,8 @@ class Scheduler:
     def _make_job(self, spec: JobSpec) -> Job:
         rules = self.rules
         cls = rules.classes[spec.workload_class]
-        limit = spec.time_limit_s or cls.default_time_limit_s or cls.max_runtime_s
-        if limit is not None and cls.max_runtime_s is not None:
-            limit = min(limit, cls.max_runtime_s)
+        self._last_submit = max(self._last_submit, spec.submit_time)  # also on restore
+        limit = _time_limit(spec, cls)
         estimate = spec.runtime_estimate_s
         if estimate is None and self.predictor is not None:
             estimate = self.predictor.predict(spec.team, spec.user, limit)
@@ -525,9 +524,7 @@ class Scheduler:
             out["size"] = pr.size_weight * min(1.0, spec.gpus / total)
         out["time_limit"] = 0.0
         if pr.time_limit_weight:
-            limit = spec.time_limit_s or cls.default_time_limit_s or cls.max_runtime_s
-            if limit is not None and cls.max_runtime_s is not None:
-                limit = min(limit, cls.max_runtime_s)
+            limit = _time_limit(spec, cls)
             if estimate is None:
                 estimate = spec.runtime_estimate_s
             if estimate is not None:  # the job's estimate or a prediction, when it has one
@@ -1197,16 +1194,17 @@ class Scheduler:
         return _DEAD
 
     def _begin_preemption(self, job: Job, victims: list[Job], plan, res: list[backfill.Reservation],
-                          out: list[Decision], why: str = "preempting ") -> None:
+                          out: list[Decision], reclaim: bool = False) -> None:
         """Signal ``victims`` for ``job``; the GPUs they free are held for it."""
         for v in victims:
-            self._preempt(v, job, out, "reclaim" if why.startswith("reclaiming") else "")
+            self._preempt(v, job, out, "reclaim" if reclaim else "")
         job.victims = {v.id for v in victims}
         job.plan = plan
-        job.reclaim = why.startswith("reclaiming")
+        job.reclaim = reclaim
         self._preemptors[job.id] = job
         res.append(backfill.hold_for_preemptor(self, job, self.now))
         job.reason = PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
+        why = "reclaiming quota from " if reclaim else "preempting "
         self._log(job, JobState.PENDING, JobState.PENDING, why + ",".join(v.id for v in victims))
         self._note_blocked(job)
 
@@ -1236,7 +1234,7 @@ class Scheduler:
             if until != INF and until > self.now and until not in self._wakeups:
                 heapq.heappush(self._wakeups, until)
             return False
-        self._begin_preemption(job, *found, res, out, why="reclaiming quota from ")
+        self._begin_preemption(job, *found, res, out, reclaim=True)
         ctx.minp = min(self._preemptible, default=None)
         return True
 
@@ -1629,6 +1627,15 @@ class Scheduler:
                             if victim:
                                 lower_vic[idx][j] += mask.bit_count()
         assert lower_all == self._lower_all and lower_vic == self._lower_vic, "per-node class counters drifted"
+
+
+def _time_limit(spec: JobSpec, cls) -> float | None:
+    """Seconds a job may run: its own limit, else the class default, else the class's
+    max runtime; never above the class's max runtime (``None``: no limit)."""
+    limit = spec.time_limit_s or cls.default_time_limit_s or cls.max_runtime_s
+    if limit is not None and cls.max_runtime_s is not None:
+        limit = min(limit, cls.max_runtime_s)
+    return limit
 
 
 def spec_with(spec: JobSpec, **changes) -> JobSpec:
