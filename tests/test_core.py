@@ -14,7 +14,7 @@ import pytest
 
 from builders import job, placed, policy, scheduler, simulate, submit
 from gpushepherd.core.scheduler import Scheduler, SpecError
-from gpushepherd.model.decisions import Preempt, Start, Stop
+from gpushepherd.model.decisions import Preempt, Reject, Start, Stop
 from gpushepherd.model.events import (
     GpuHealthChanged,
     JobAdopted,
@@ -123,11 +123,14 @@ def test_pods_never_split_across_nodes():
 
 
 # ----------------------------------------------------------- hard limits, reasons
-def test_a_job_larger_than_the_cluster_exceeds_capacity_and_does_not_block_others():
+def test_a_job_larger_than_the_cluster_is_rejected_at_submit_and_does_not_block_others():
     rules = policy(nodes=[("n1", 8)])
     sched, out = scheduler(rules, job("huge", 9), job("small", 2, submit=1))
     assert starts(out) == {"small": {"n1": (0, 1)}}
-    assert reason(sched, "huge") == (R.EXCEEDS_CAPACITY, "gpus=9")
+    rejected = [d for d in out if isinstance(d, Reject)]
+    assert [(d.job_id, d.reason) for d in rejected] == [("huge", "gpus=9: the nodes it may use have 8 in all")]
+    assert sched.jobs["huge"].state is JobState.REJECTED
+    assert sched.pending_reason("huge") is None
     sched.check_invariants()
 
 
@@ -168,9 +171,10 @@ def test_no_fit_on_one_node_versus_too_few_gpus():
     sched.handle(submit(job("two", 2, submit=1), job("three", 3, submit=1)))
     assert reason(sched, "two") == (R.NO_FIT, "single-node")
     assert reason(sched, "three") == (R.RESOURCES, "")
-    # same_node on a job larger than any node can never run
-    sched.handle(submit(job("wide", 5, same_node=True, submit=2)))
-    assert reason(sched, "wide")[0] is R.EXCEEDS_CAPACITY
+    # same_node on a job larger than any node can never run: refused at submit
+    out = sched.handle(submit(job("wide", 5, same_node=True, submit=2)))
+    assert [(d.job_id, d.reason) for d in out if isinstance(d, Reject)] == [
+        ("wide", "gpus=5,same_node: at most 4 on one node")]
 
 
 def test_class_reserved_gpus_are_kept_for_their_class():
@@ -606,7 +610,8 @@ def test_a_gang_of_pods_that_can_never_fit_exceeds_capacity():
     # 5 pods x 2 GPUs on nodes of 1, 1, 8 GPUs: 10 GPUs in all, room for 4 pods only
     rules = policy(nodes=[("n1", 1), ("n2", 1), ("n3", 8)], backfill=False)
     sched, out = scheduler(rules, job("gang", 10, gpus_per_pod=2), job("small", 1))
-    assert reason(sched, "gang")[0] is R.EXCEEDS_CAPACITY
+    assert sched.jobs["gang"].state is JobState.REJECTED
+    assert "the gang cannot be laid out" in sched.jobs["gang"].reason.detail
     assert set(starts(out)) == {"small"}  # it does not block a strict-order queue
 
 

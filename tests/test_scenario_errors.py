@@ -66,8 +66,8 @@ def test_empty_and_list_files(tmp_path):
     assert "a YAML mapping" in _error(tmp_path, "- a\n- b\n")
 
 
-def test_a_job_larger_than_the_cluster_stays_pending(tmp_path):
+def test_a_job_larger_than_the_cluster_is_rejected(tmp_path):
     p = tmp_path / "s.yaml"
     p.write_text(HEAD + "jobs:\n  - {id: A, class: batch, submit: 0, gpus: 9, duration: 1}\n"
-                 "expect: {never_starts: [A], pending: {A: {from: 0, to: never, reason: ExceedsCapacity}}}\n")
+                 "expect: {never_starts: [A], final_state: {A: REJECTED}}\n")
     assert run_scenario(load_scenario(p), str(p))[0].passed

@@ -23,11 +23,14 @@ LN2 = math.log(2.0)
 class UsageBook:
     """Decayed usage per entity key (``("all",)``, ``("team", t)``, ``("user", t, u)``)."""
 
-    def __init__(self, half_life_s: float):
+    def __init__(self, half_life_s: float, unit: int = 1):
+        """``unit``: holds are integers in 1/``unit`` GPU (the core uses 7000 per GPU,
+        so that shares add and subtract exactly); values are GPU-seconds."""
         if not half_life_s > 0:
             raise ValueError("half_life_s must be > 0")
         self.half_life = float(half_life_s)
-        self.entries: dict[tuple, list[float]] = {}  # key -> [V, t, gpus held]
+        self._k = self.half_life / LN2 / unit
+        self.entries: dict[tuple, list[float]] = {}  # key -> [V, t, units held (an exact integer)]
 
     def _at(self, entry: list[float], t: float) -> float:
         v, t0, g = entry
@@ -35,7 +38,7 @@ class UsageBook:
         if dt <= 0:
             return v
         decay = 2.0 ** (-dt / self.half_life)
-        return v * decay + g * (self.half_life / LN2) * (1.0 - decay)
+        return v * decay + g * self._k * (1.0 - decay)
 
     def value(self, key: tuple, t: float) -> float:
         """Decayed GPU-seconds of ``key`` at ``t`` (0 for an unknown key)."""
@@ -43,11 +46,12 @@ class UsageBook:
         return 0.0 if entry is None else self._at(entry, t)
 
     def hold(self, keys: tuple[tuple, ...], t: float, gpus: int) -> None:
-        """``keys`` start (``gpus`` > 0) or stop (< 0) holding ``gpus`` GPUs at ``t``."""
+        """``keys`` start (``gpus`` > 0) or stop (< 0) holding ``gpus`` units (GPUs x
+        ``unit``) at ``t``."""
         for key in keys:
             entry = self.entries.get(key)
             if entry is None:
-                entry = self.entries[key] = [0.0, t, 0.0]
+                entry = self.entries[key] = [0.0, t, 0]
             else:
                 entry[0] = self._at(entry, t)
                 entry[1] = max(entry[1], t)
@@ -67,7 +71,7 @@ class UsageBook:
             key, value = tuple(row[:-1]), float(row[-1])
             if value < 0:
                 raise ValueError(f"snapshot: usage of {key} is negative")
-            self.entries[key] = [value, t, 0.0]
+            self.entries[key] = [value, t, 0]
 
 
 def factor(usage: float, parent_usage: float, share: float) -> float:

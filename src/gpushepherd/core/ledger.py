@@ -12,6 +12,12 @@ from bisect import bisect_left, insort
 
 from gpushepherd.model.cluster import Node
 
+#: holder of a GPU that hosts shares (``fraction``, ``time_slice``, ``mps``) or is in
+#: MIG mode: out of the whole-GPU inventory while it does
+SHARED = "#shared"
+MIG = "#mig"
+FULL_MILLI = 1000
+
 
 def lowest_bits(mask: int, k: int) -> int:
     """The ``k`` lowest set bits of ``mask`` (GPUs by lowest index, the conventions' rule)."""
@@ -40,41 +46,100 @@ def popcount(mask: int) -> int:
     return mask.bit_count()
 
 
+class ShareCard:
+    """A GPU that hosts shares: its mode (the kind of its first share), what is used of
+    it (milli-GPU, MiB, slots) and by whom. ``cap_slots`` 0: no slot limit."""
+
+    __slots__ = ("mode", "milli", "mem", "slots", "cap_mem", "cap_slots", "holders", "key")
+
+    def __init__(self, mode: str, cap_mem: int, cap_slots: int):
+        self.mode = mode
+        self.milli = 0
+        self.mem = 0
+        self.slots = 0
+        self.cap_mem = cap_mem
+        self.cap_slots = cap_slots
+        self.holders: dict[str, tuple[int, int, int]] = {}
+        self.key: tuple = ()
+
+    def room(self) -> tuple[int, int]:
+        """``(primary, MiB)`` left: the ordering key of tightest-card-first (primary:
+        slots for time-slicing, milli-GPU otherwise)."""
+        primary = self.cap_slots - self.slots if self.mode == "time_slice" else FULL_MILLI - self.milli
+        return primary, self.cap_mem - self.mem
+
+    def fits(self, milli: int, mem: int, slots: int) -> bool:
+        return (self.milli + milli <= FULL_MILLI and self.mem + mem <= self.cap_mem
+                and (not self.cap_slots or self.slots + slots <= self.cap_slots))
+
+
+class MigCard:
+    """A GPU in MIG mode: its layout (``MigInstance`` by start) and each instance's holder."""
+
+    __slots__ = ("layout", "holders", "healthy")
+
+    def __init__(self, layout: tuple):
+        self.layout = tuple(layout)
+        self.holders: list[str | None] = [None] * len(self.layout)
+        self.healthy = True
+
+    def free_of(self, profile: str) -> int | None:
+        """Position of the free instance of ``profile`` with the lowest start, or ``None``."""
+        if not self.healthy:
+            return None
+        for pos, inst in enumerate(self.layout):
+            if inst.profile == profile and self.holders[pos] is None:
+                return pos
+        return None
+
+    def free_count(self) -> int:
+        return sum(1 for h in self.holders if h is None) if self.healthy else 0
+
+
 class NodeSlot:
-    """Live state of one node. ``free`` is the number of healthy free GPUs."""
+    """Live state of one node. ``free`` is the number of healthy free (whole) GPUs;
+    ``healthy`` counts GPUs that can be handed out whole (MIG GPUs never are)."""
 
     __slots__ = ("idx", "node", "total", "all_mask", "healthy_mask", "free_mask", "free", "group", "alive", "holder",
-                 "healthy")
+                 "healthy", "cards", "migs", "mig_mask")
 
     def __init__(self, idx: int, node: Node, group: int):
         self.idx = idx
         self.node = node
         self.total = node.gpus
         self.all_mask = (1 << node.gpus) - 1
-        self.healthy_mask = self.all_mask
-        self.free_mask = self.all_mask
-        self.free = node.gpus
+        self.mig_mask = 0
+        self.migs: dict[int, MigCard] = {}
+        for g, layout in node.mig:
+            self.mig_mask |= 1 << g
+            self.migs[g] = MigCard(layout)
+        self.healthy_mask = self.all_mask & ~self.mig_mask
+        self.free_mask = self.healthy_mask
+        self.free = self.free_mask.bit_count()
         self.group = group
         self.alive = True
-        self.holder: list[str | None] = [None] * node.gpus
-        self.healthy = node.gpus  # healthy GPUs (kept equal to popcount(healthy_mask))
+        self.holder: list[str | None] = [MIG if self.mig_mask >> g & 1 else None for g in range(node.gpus)]
+        self.healthy = self.free  # whole-capable healthy GPUs (kept equal to popcount(healthy_mask))
+        self.cards: dict[int, ShareCard] = {}
 
 
 class Group:
     """Nodes with one shape key; ``buckets[f]`` holds the indices (ascending) of the
     group's live nodes with exactly ``f`` free GPUs."""
 
-    __slots__ = ("gid", "shape", "gpus", "node", "members", "buckets", "free_sum", "healthy_sum")
+    __slots__ = ("gid", "shape", "gpus", "node", "members", "buckets", "free_sum", "healthy_sum", "open")
 
     def __init__(self, gid: int, shape: tuple, node: Node):
         self.gid = gid
         self.shape = shape
-        self.gpus = node.gpus
+        self.gpus = node.gpus - len(node.mig)  # GPUs that can be handed out whole
         self.node = node  # a representative, for the filters
         self.members: list[int] = []
-        self.buckets: list[list[int]] = [[] for _ in range(node.gpus + 1)]
+        self.buckets: list[list[int]] = [[] for _ in range(self.gpus + 1)]
         self.free_sum = 0
         self.healthy_sum = 0
+        #: share mode -> sorted ``(primary room, MiB room, node index, GPU)`` of its cards
+        self.open: dict[str, list[tuple[int, int, int, int]]] = {}
 
 
 class Ledger:
@@ -122,9 +187,9 @@ class Ledger:
         insort(group.members, idx)
         insort(group.buckets[slot.free], idx)
         group.free_sum += slot.free
-        group.healthy_sum += slot.total
+        group.healthy_sum += slot.healthy
         self.free_total += slot.free
-        self.healthy_total += slot.total
+        self.healthy_total += slot.healthy
         self.changes.append(idx)
         return slot
 
@@ -134,8 +199,13 @@ class Ledger:
         slot = self.slots[idx]
         if not slot.alive:
             return []
-        holders = sorted({h for h in slot.holder if h is not None})
+        holders = sorted({h for h in slot.holder if h is not None and h not in (SHARED, MIG)}
+                         | {h for card in slot.cards.values() for h in card.holders}
+                         | {h for card in slot.migs.values() for h in card.holders if h is not None})
         group = self.groups[slot.group]
+        for g, card in list(slot.cards.items()):
+            self._unindex(slot, g, card)
+        slot.cards = {}
         _remove_sorted(group.buckets[slot.free], idx)
         _remove_sorted(group.members, idx)
         group.free_sum -= slot.free
@@ -161,14 +231,24 @@ class Ledger:
             self.free_total += new - old
             slot.free = new
 
-    def set_gpu_health(self, idx: int, gpu: int, healthy: bool) -> str | None:
-        """Mark one GPU healthy or not. Returns the job holding it, if any (an
-        unhealthy GPU under a job is the caller's to handle)."""
+    def set_gpu_health(self, idx: int, gpu: int, healthy: bool) -> list[str]:
+        """Mark one GPU healthy or not. Returns the jobs holding it or a share or MIG
+        instance of it (on an unhealthy GPU they are the caller's to handle)."""
         slot = self.slots[idx]
         bit = 1 << gpu
+        if not slot.alive:
+            return []
+        if slot.mig_mask & bit:
+            card = slot.migs[gpu]
+            card.healthy = healthy
+            self.changes.append(idx)
+            return sorted(h for h in card.holders if h is not None)
+        holders = [slot.holder[gpu]] if slot.holder[gpu] not in (None, SHARED) else []
+        if gpu in slot.cards:
+            holders = sorted(slot.cards[gpu].holders)
         was = bool(slot.healthy_mask & bit)
-        if was == healthy or not slot.alive:
-            return slot.holder[gpu]
+        if was == healthy:
+            return holders
         group = self.groups[slot.group]
         if healthy:
             slot.healthy_mask |= bit
@@ -184,7 +264,11 @@ class Ledger:
             self.healthy_total -= 1
             if slot.free_mask & bit:
                 self._set_free(slot, slot.free_mask & ~bit)
-        return slot.holder[gpu]
+            card = slot.cards.get(gpu)
+            if card is not None:  # no new shares on it; its holders are the caller's
+                self._unindex(slot, gpu, card)
+                card.key = ()
+        return holders
 
     # -- allocation ----------------------------------------------------------
     def allocate(self, job_id: str, idx: int, mask: int) -> None:
@@ -205,6 +289,148 @@ class Ledger:
                 slot.holder[g] = None
         if slot.alive:
             self._set_free(slot, slot.free_mask | (mask & slot.healthy_mask))
+
+    # -- shares ----------------------------------------------------------------
+    def _index(self, slot: NodeSlot, gpu: int, card: ShareCard) -> None:
+        if not slot.alive or not slot.healthy_mask >> gpu & 1:
+            card.key = ()
+            return
+        primary, mem = card.room()
+        card.key = (primary, mem, slot.idx, gpu)
+        insort(self.groups[slot.group].open.setdefault(card.mode, []), card.key)
+
+    def _unindex(self, slot: NodeSlot, gpu: int, card: ShareCard) -> None:
+        if card.key:
+            _remove_sorted(self.groups[slot.group].open[card.mode], card.key)
+            card.key = ()
+
+    def best_card(self, groups: list[int], kind: str, milli: int, mem: int, slots: int) -> tuple[int, int] | None:
+        """The card already shared in mode ``kind`` with the least room left that
+        still fits ``(milli, MiB, slots)``: ``(node index, GPU)`` or ``None``. Every
+        card of ``groups`` is considered (tightest first: primary room, then MiB
+        room, then node and GPU index)."""
+        primary = slots if kind == "time_slice" else milli
+        best = None
+        slots_of = self.slots
+        for g in groups:
+            lst = self.groups[g].open.get(kind)
+            if not lst:
+                continue
+            for key in lst[bisect_left(lst, (primary, mem)):]:
+                if best is not None and key >= best:
+                    break
+                if slots_of[key[2]].cards[key[3]].fits(milli, mem, slots):
+                    best = key
+                    break
+        return None if best is None else (best[2], best[3])
+
+    def fresh_card(self, groups: list[int]) -> tuple[int, int] | None:
+        """A whole free GPU to open as a new shared card: the node with the fewest
+        free GPUs (bin-packing, as whole-GPU jobs), its lowest free GPU."""
+        idx = self.best_fit(groups, 1)
+        if idx is None:
+            return None
+        mask = self.slots[idx].free_mask
+        return idx, (mask & -mask).bit_length() - 1
+
+    def allocate_share(self, job_id: str, idx: int, gpu: int, kind: str, need: tuple[int, int, int]) -> None:
+        """Give ``job_id`` a ``kind`` share of ``need`` = ``(milli, MiB, slots)`` on
+        GPU ``gpu`` of node ``idx``. Raises ``ValueError`` if the GPU is neither free
+        nor shared in the same mode with room (memory is never over-committed, a
+        card's fractions never exceed 1000 milli)."""
+        slot = self.slots[idx]
+        milli, mem, slots = need
+        card = slot.cards.get(gpu)
+        node = slot.node
+        if card is None:
+            if not slot.alive or not slot.free_mask >> gpu & 1:
+                raise ValueError(f"GPU {gpu} of {node.name} is not free for a share of {job_id}")
+            cap_slots = node.ts_replicas if kind == "time_slice" else node.mps_clients if kind == "mps" else 0
+            card = ShareCard(kind, node.gpu_mem_mib, cap_slots)
+            if not card.fits(milli, mem, slots):
+                raise ValueError(f"a {kind} share {need} of {job_id} does not fit GPU {gpu} of {node.name}")
+            slot.holder[gpu] = SHARED
+            self._set_free(slot, slot.free_mask & ~(1 << gpu))
+            slot.cards[gpu] = card
+        else:
+            if card.mode != kind or not card.fits(milli, mem, slots) or job_id in card.holders or not card.key:
+                raise ValueError(f"a {kind} share {need} of {job_id} does not fit GPU {gpu} of {node.name} "
+                                 f"({card.mode}: {card.milli} milli, {card.mem} MiB, {card.slots} slots used)")
+            self._unindex(slot, gpu, card)
+        card.milli += milli
+        card.mem += mem
+        card.slots += slots
+        card.holders[job_id] = need
+        self._index(slot, gpu, card)
+        self.changes.append(idx)
+
+    def release_share(self, job_id: str, idx: int, gpu: int) -> None:
+        """Take ``job_id``'s share off the card; the last one out frees the GPU."""
+        slot = self.slots[idx]
+        card = slot.cards.get(gpu)
+        if card is None or job_id not in card.holders:
+            return
+        self._unindex(slot, gpu, card)
+        milli, mem, slots = card.holders.pop(job_id)
+        card.milli -= milli
+        card.mem -= mem
+        card.slots -= slots
+        self.changes.append(idx)
+        if card.holders:
+            self._index(slot, gpu, card)
+            return
+        del slot.cards[gpu]
+        slot.holder[gpu] = None
+        if slot.alive and slot.healthy_mask >> gpu & 1:
+            self._set_free(slot, slot.free_mask | (1 << gpu))
+
+    def best_mig(self, groups: list[int], profile: str) -> tuple[int, int, int] | None:
+        """A free MIG instance of ``profile``: on the card with the fewest free
+        instances (tightest), then lowest node and GPU index; the instance with the
+        lowest start. Returns ``(node index, GPU, instance position)`` or ``None``."""
+        best = None
+        for g in groups:
+            grp = self.groups[g]
+            if not grp.node.mig:
+                continue
+            for idx in grp.members:
+                slot = self.slots[idx]
+                for gpu in sorted(slot.migs):
+                    card = slot.migs[gpu]
+                    pos = card.free_of(profile)
+                    if pos is not None:
+                        key = (card.free_count(), idx, gpu, pos)
+                        if best is None or key < best:
+                            best = key
+        return None if best is None else best[1:]
+
+    def allocate_mig(self, job_id: str, idx: int, gpu: int, pos: int) -> None:
+        """Give MIG instance ``pos`` of GPU ``gpu`` on node ``idx`` to ``job_id``.
+        Raises ``ValueError`` if it is taken or the GPU is not in MIG mode."""
+        slot = self.slots[idx]
+        card = slot.migs.get(gpu)
+        if card is None or not slot.alive or not 0 <= pos < len(card.layout) or card.holders[pos] is not None:
+            raise ValueError(f"MIG instance {pos} of GPU {gpu} on {slot.node.name} is not free for {job_id}")
+        card.holders[pos] = job_id
+        self.changes.append(idx)
+
+    def release_mig(self, job_id: str, idx: int, gpu: int, pos: int) -> None:
+        card = self.slots[idx].migs.get(gpu)
+        if card is not None and 0 <= pos < len(card.holders) and card.holders[pos] == job_id:
+            card.holders[pos] = None
+            self.changes.append(idx)
+
+    def reconfigure_mig(self, idx: int, gpu: int, layout: tuple) -> None:
+        """Replace the layout of an idle MIG GPU. Raises ``ValueError`` while any
+        instance is held."""
+        slot = self.slots[idx]
+        card = slot.migs.get(gpu)
+        if card is None or any(h is not None for h in card.holders):
+            raise ValueError(f"GPU {gpu} of {slot.node.name} is not an idle MIG GPU")
+        new = MigCard(layout)
+        new.healthy = card.healthy
+        slot.migs[gpu] = new
+        self.changes.append(idx)
 
     # -- queries -------------------------------------------------------------
     def best_fit(self, groups: list[int], k: int) -> int | None:
@@ -258,10 +484,34 @@ class Ledger:
             assert slot.idx in grp.buckets[slot.free], f"{slot.node.name}: not in bucket {slot.free}"
             free_total += slot.free
             healthy_total += slot.healthy
+            for g, card in slot.cards.items():
+                assert slot.holder[g] == SHARED and not slot.free_mask >> g & 1, f"{slot.node.name}:{g} shared but free"
+                sums = [sum(v[i] for v in card.holders.values()) for i in range(3)]
+                assert sums == [card.milli, card.mem, card.slots], f"{slot.node.name}:{g}: share sums drifted"
+                assert card.holders, f"{slot.node.name}:{g}: an empty shared card"
+                assert card.milli <= FULL_MILLI, f"{slot.node.name}:{g}: {card.milli} milli > 1000"
+                assert card.mem <= card.cap_mem, f"{slot.node.name}:{g}: {card.mem} MiB > {card.cap_mem}"
+                assert not card.cap_slots or card.slots <= card.cap_slots, f"{slot.node.name}:{g}: slots over"
+                if card.key:
+                    assert card.key == (*card.room(), slot.idx, g)
+                    lst = self.groups[slot.group].open[card.mode]
+                    i = bisect_left(lst, card.key)
+                    assert i < len(lst) and lst[i] == card.key, f"{slot.node.name}:{g}: not indexed"
+            for g, h in enumerate(slot.holder):
+                if h == SHARED:
+                    assert g in slot.cards
+                if h == MIG:
+                    assert slot.mig_mask >> g & 1
+            assert not slot.healthy_mask & slot.mig_mask, f"{slot.node.name}: a MIG GPU counted as whole"
         assert free_total == self.free_total, f"free_total {self.free_total} != {free_total}"
         assert healthy_total == self.healthy_total
         for grp in self.groups:
             assert grp.free_sum == sum(self.slots[i].free for i in grp.members)
+            for mode, lst in grp.open.items():
+                assert lst == sorted(lst)
+                for key in lst:
+                    card = self.slots[key[2]].cards.get(key[3])
+                    assert card is not None and card.key == key and card.mode == mode, f"stale open-card entry {key}"
             assert sum(len(b) for b in grp.buckets) == len(grp.members)
 
 

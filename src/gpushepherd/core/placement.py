@@ -20,20 +20,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpushepherd.core.ledger import Ledger
+from gpushepherd.core.ledger import Ledger, lowest_bits
+from gpushepherd.model.job import GpuShare
 
 Counts = list[tuple[int, int]]  # [(node index, GPUs on it)]
 
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """How a job's GPUs must be laid out. ``ckey`` keys the job's node filter."""
+    """How a job's GPUs must be laid out. ``ckey`` keys the job's node filter;
+    ``mode`` ``share``: part of one GPU (``share``)."""
 
     k: int
-    mode: str  # "single" | "multi" | "pods"
+    mode: str  # "single" | "multi" | "pods" | "share"
     per_pod: int
     pods: int
     ckey: tuple
+    share: GpuShare | None = None
 
 
 def best_fit_counts(avail: dict[int, int], candidates: list[int], k: int) -> int | None:
@@ -145,4 +148,45 @@ def members_of(ledger: Ledger, groups: list[int]) -> list[int]:
     for g in groups:
         out.extend(ledger.groups[g].members)
     out.sort()
+    return out
+
+
+def pick_gpus(free_mask: int, k: int, islands: tuple[tuple[int, ...], ...]) -> int:
+    """Which ``k`` free GPUs of a node a job gets, as a mask.
+
+    Without NVLink islands: the lowest free indices (the conventions' rule). With
+    islands: the island with the fewest free GPUs that still holds all ``k`` (ties:
+    lowest first index), so that a multi-GPU job stays on one island and single-GPU
+    jobs fill broken islands first, keeping whole pairs for the jobs that need them
+    (the topology rule of Kubernetes' TopologyManager and KAI's topology plugin);
+    when no island holds ``k``, the fullest islands' GPUs are taken first.
+    """
+    if not islands:
+        return lowest_bits(free_mask, k)
+    best = None
+    for island in islands:
+        mask = 0
+        for g in island:
+            mask |= 1 << g
+        free = (free_mask & mask).bit_count()
+        if free >= k and (best is None or (free, island[0]) < best[0]):
+            best = ((free, island[0]), free_mask & mask)
+    if best is not None:
+        return lowest_bits(best[1], k)
+    # spread: islands with the most free GPUs first, then GPUs outside any island
+    order = []
+    inside = 0
+    for island in islands:
+        mask = 0
+        for g in island:
+            mask |= 1 << g
+        inside |= mask
+        order.append((-(free_mask & mask).bit_count(), island[0], free_mask & mask))
+    order.sort()
+    out = 0
+    for _neg, _first, mask in order + [(0, 0, free_mask & ~inside)]:
+        take = min(k - out.bit_count(), mask.bit_count())
+        out |= lowest_bits(mask, take)
+        if out.bit_count() == k:
+            break
     return out

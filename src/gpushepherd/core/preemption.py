@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from gpushepherd.core.placement import Counts, members_of, place_counts
 from gpushepherd.core.state import INF, Job
-from gpushepherd.model.job import JobState, natural_key
+from gpushepherd.model.job import GPU_UNITS, JobState, natural_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpushepherd.core.scheduler import Scheduler
@@ -240,7 +240,7 @@ def reclaim_victims(sched: "Scheduler", job: Job, now: float,
     lower_only = cohort.reclaim == "lower_priority"
     prio = job.cls.priority
     use = {m.team: quota.usage.get((m.limit, ""), 0) for m in cohort.members}
-    nominal = {m.team: m.nominal for m in cohort.members}
+    nominal = {m.team: m.nominal * GPU_UNITS for m in cohort.members}
     until = INF
     cands: list[tuple[Job, str | None]] = []  # (victim, the member it borrows for, or None)
     for v in sched.holding():
@@ -275,7 +275,7 @@ def reclaim_victims(sched: "Scheduler", job: Job, now: float,
             if (i, user) in need:
                 need[(i, user)] -= sign * amount
         if v.cohort is not None and v.cohort[0] is cohort:
-            use[v.cohort[1].team] -= sign * v.gpus
+            use[v.cohort[1].team] -= sign * v.units
 
     def fits() -> Counts | None:
         if any(n > 0 for n in need.values()):

@@ -5,10 +5,15 @@ counts, a parent team's caps) is a counter keyed by the limit and, for per-user
 limits, the user. Admission asks every limit that counts the job whether
 ``usage + amount <= max`` (Kueue's ClusterQueue ``nominalQuota`` check and Slurm's
 ``GrpTRES`` / ``MaxTRESPerUser`` association limits work the same way).
+
+GPU limits count in ``GPU_UNITS`` (7000) per GPU, so that fractions (milli-GPU x 7),
+MIG instances (compute slices x 1000) and whole GPUs are exact integers; ``fmt``
+turns a count back into GPUs for reasons.
 """
 
 from __future__ import annotations
 
+from gpushepherd.model.job import GPU_UNITS
 from gpushepherd.model.rules import Limit, LimitUnit, Rules
 
 #: (limit index, user or "", amount)
@@ -24,7 +29,8 @@ class QuotaBook:
         self.usage: dict[tuple[int, str], int] = {}
         self._applicable: dict[tuple[str, str], tuple[int, ...]] = {}
         #: each limit's value now, and the window that gives it ('' outside windows)
-        self.current: list[int] = [lim.max for lim in self.limits]
+        self.scale: list[int] = [GPU_UNITS if lim.unit is LimitUnit.GPUS else 1 for lim in self.limits]
+        self.current: list[int] = [lim.max * sc for lim, sc in zip(self.limits, self.scale)]
         self.window: list[str] = [""] * len(self.limits)
         self.windowed: tuple[int, ...] = tuple(i for i, lim in enumerate(self.limits) if lim.windows)
         #: cohort capacity limits: a capacity reason, not a hard limit (they can be
@@ -38,6 +44,7 @@ class QuotaBook:
         clock = self.rules.clock
         for i in self.windowed:
             value, name = self.limits[i].at(clock, t)
+            value *= self.scale[i]
             self.window[i] = name
             if value != self.current[i]:
                 changes.append((i, self.current[i], value))
@@ -62,14 +69,21 @@ class QuotaBook:
             self._applicable[key] = found
         return found
 
-    def charges(self, team: str, workload_class: str, user: str, gpus: int,
+    def fmt(self, i: int, value: int) -> str:
+        """A count of limit ``i`` in the policy's unit (GPUs, or jobs)."""
+        if self.scale[i] == 1:
+            return str(value)
+        return f"{value / self.scale[i]:.4g}" if value % self.scale[i] else str(value // self.scale[i])
+
+    def charges(self, team: str, workload_class: str, user: str, units: int,
                 evictable: bool = True) -> tuple[Charge, ...]:
-        """What a job of this team, class, user and size counts against each limit
-        (``evictable``: whether it may be preempted, which some limits ask)."""
+        """What a job of this team, class, user and size (``units``: GPU units, 7000
+        per GPU) counts against each limit (``evictable``: whether it may be
+        preempted, which some limits ask)."""
         out = []
         for i in self.applicable(team, workload_class, evictable):
             lim = self.limits[i]
-            amount = gpus if lim.unit is LimitUnit.GPUS else 1
+            amount = units if lim.unit is LimitUnit.GPUS else 1
             out.append((i, user if lim.per_user else "", amount))
         return tuple(out)
 
@@ -77,7 +91,7 @@ class QuotaBook:
         """A limit whose loosest value (over its windows) is below the job's own amount:
         it can never start."""
         for i, _user, amount in charges:
-            if amount > self.limits[i].loosest:
+            if amount > self.limits[i].loosest * self.scale[i]:
                 return self.limits[i]
         return None
 

@@ -26,20 +26,21 @@ import heapq
 import math
 from bisect import bisect_left, insort
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from itertools import groupby
 
 from gpushepherd.core import backfill
 from gpushepherd.core.fairshare import UsageBook, factor
-from gpushepherd.core.ledger import Ledger, bits, lowest_bits
-from gpushepherd.core.placement import Counts, Shape, members_of, place_counts, place_live
+from gpushepherd.core.filters import describe, inventory_misfit, job_filter, node_ok, share_fits_card, whole_gpus
+from gpushepherd.core.ledger import MIG, SHARED, Ledger, bits
+from gpushepherd.core.placement import Counts, Shape, members_of, pick_gpus, place_counts, place_live
 from gpushepherd.core.predict import RuntimePredictor
 from gpushepherd.core.preemption import lower_jobs_would_make_room, reclaim_victims, victim_order_key, victims_for
 from gpushepherd.core.queue import PendingQueue, estimate_band
 from gpushepherd.core.quota import QuotaBook
 from gpushepherd.core.state import INF, Job, Transition
 from gpushepherd.model.cluster import Node
-from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
+from gpushepherd.model.decisions import Decision, Preempt, Reject, Start, Stop
 from gpushepherd.model.events import (
     Event,
     GpuHealthChanged,
@@ -52,7 +53,8 @@ from gpushepherd.model.events import (
     NodeLost,
     Tick,
 )
-from gpushepherd.model.job import ExitStatus, JobSpec, JobState, natural_key
+from gpushepherd.model.job import GPU_UNITS, SHARE_KINDS, ExitStatus, GpuShare, JobSpec, JobState, natural_key
+from gpushepherd.model.mig import MigError, MigInstance, profile as mig_profile
 from gpushepherd.model.placement import Placement
 from gpushepherd.model.reasons import PendingReason, ReasonCode
 from gpushepherd.model.rules import Rules
@@ -95,12 +97,44 @@ def validate_spec(rules: Rules, spec: JobSpec) -> None:
         raise SpecError(f"{where}: deadline: {spec.deadline!r} is not allowed: a finite time after submit_time "
                         f"({spec.submit_time})")
     cls = rules.classes[spec.workload_class]
+    _validate_share(spec, cls, where)
     if spec.preemptible and cls.name == "production-inference":
         raise SpecError(f"{where}: preemptible: True is not allowed: production inference is never preempted "
                         "(use another class for work that may be)")
     if cls.max_runtime_s is not None and spec.time_limit_s is not None and spec.time_limit_s > cls.max_runtime_s:
         raise SpecError(f"{where}: time_limit_s: {spec.time_limit_s!r} is not allowed: at most the max runtime of "
                         f"class {cls.name} ({cls.max_runtime_s} s)")
+
+
+def _validate_share(spec: JobSpec, cls, where: str) -> None:
+    share = spec.share
+    mode = share.kind if share is not None else "whole"
+    if cls.sharing is not None and mode not in cls.sharing:
+        raise SpecError(f"{where}: sharing: {mode!r} is not allowed for class {cls.name}: one of "
+                        f"{', '.join(cls.sharing)}")
+    if share is None:
+        return
+    if share.kind not in SHARE_KINDS:
+        raise SpecError(f"{where}: share.kind: {share.kind!r} is not allowed: one of {', '.join(SHARE_KINDS)}")
+    if spec.gpus != 1 or spec.gpus_per_pod:
+        raise SpecError(f"{where}: gpus: {spec.gpus!r} is not allowed with a {share.kind} share: 1 (a share is "
+                        "part of one GPU)")
+    for name in ("milli", "mem_mib", "slots"):
+        value = getattr(share, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise SpecError(f"{where}: share.{name}: {value!r} is not allowed: an integer >= 0")
+    if share.kind == "fraction" and not (0 < share.milli <= 1000 or (share.milli == 0 and share.mem_mib > 0)):
+        raise SpecError(f"{where}: gpu_fraction: {share.milli / 1000:g} is not allowed: 0.001 .. 1 (or 0 with "
+                        "gpu_mem_mib > 0)")
+    if share.kind == "time_slice" and (share.slots < 1 or share.mem_mib < 1):
+        raise SpecError(f"{where}: time_slice: replicas {share.slots}, gpu_mem_mib {share.mem_mib} is not allowed: "
+                        "at least 1 replica and the GPU memory it uses declared (time-sliced jobs share memory "
+                        "without isolation)")
+    if share.kind == "mps" and (share.slots < 1 or not 0 < share.milli <= 1000):
+        raise SpecError(f"{where}: mps: {share.slots} clients at {share.milli / 10:g}% SM is not allowed: at least "
+                        "1 client and an SM percentage in (0, 100]")
+    if share.kind == "mig" and not share.profile:
+        raise SpecError(f"{where}: mig_profile: '' is not allowed: a MIG profile name such as 1g.10gb")
 
 
 #: within one instant's hardware and operator events: a node lost, then a node added
@@ -230,7 +264,7 @@ class Scheduler:
         self._mk_flags: list[list[list[bool]]] = []
         self._uniform: int | None = None
         # multifactor priority and fair-share (Slurm's priority/multifactor)
-        self.usage = UsageBook(rules.priority.half_life_s)
+        self.usage = UsageBook(rules.priority.half_life_s, GPU_UNITS)
         self._max_prio = max((c.priority for c in rules.classes.values()), default=1) or 1
         self._recalc_t = float("-inf")  # when scores were last recomputed
         self._last_submit = float("-inf")  # the latest submit time seen
@@ -247,6 +281,7 @@ class Scheduler:
         self._full = True  # something other than a submission changed since the last pass
         self._new: list[Job] = []
         self._first_blocked: tuple | None = None
+        self._pending_shares = 0  # pending jobs that want a share of a GPU
 
     # ------------------------------------------------------------------ API
     def handle(self, events: Event | Iterable[Event]) -> list[Decision]:
@@ -385,24 +420,19 @@ class Scheduler:
         return found
 
     def groups_for(self, job: Job) -> list[int]:
-        """Shape groups of the ledger whose nodes the job may use (class pools, GPU type, memory)."""
+        """Shape groups of the ledger whose nodes the job may use (``filters.node_ok``:
+        pools, GPU type, memory, selector, taints, driver, cache, sharing kind)."""
         ckey = job.shape.ckey
         found = self._groups_cache.get(ckey)
         if found is None:
-            pools, types, mem = ckey
-            found = [
-                g.gid for g in self.ledger.groups
-                if (pools is None or g.node.pool in pools)
-                and (not types or g.node.gpu_type in types)
-                and g.node.gpu_mem_mib >= mem
-            ]
+            found = [g.gid for g in self.ledger.groups if node_ok(g.node, ckey)]
             self._groups_cache[ckey] = found
         return found
 
     # ------------------------------------------------------------ events
     def _apply(self, e: Event, out: list[Decision]) -> None:
         if isinstance(e, JobSubmitted):
-            self._submit(e.spec)
+            self._submit(e.spec, out)
         elif isinstance(e, JobFinished):
             self._finished(e, out)
         elif isinstance(e, JobCancelled):
@@ -434,13 +464,14 @@ class Scheduler:
             estimate = limit
         if estimate is not None and limit is not None:
             estimate = min(estimate, limit)
-        ckey = (cls.pools, tuple(sorted(spec.gpu_types)), spec.gpu_mem_mib)
+        ckey = job_filter(cls, spec)
         shape = self._shape_for(spec, ckey)
         self._seq += 1
         preemptible = cls.preemptible if spec.preemptible is None else spec.preemptible
         checkpointable = cls.checkpointable if spec.checkpointable is None else spec.checkpointable
         evictable = preemptible and not (cls.preempt_only_if_checkpointable and not checkpointable)
-        charges = self.quota.charges(spec.team, spec.workload_class, spec.user, spec.gpus, evictable)
+        units = self._units(spec, ckey)
+        charges = self.quota.charges(spec.team, spec.workload_class, spec.user, units, evictable)
         self._teams_seen.add(spec.team)
         self._users_seen.setdefault(spec.team, set()).add(spec.user)
         return Job(
@@ -455,7 +486,48 @@ class Scheduler:
             estimate_s=estimate,
             time_limit_s=limit,
             cohort=self._cohort_of(spec.team, cls.pools),
+            units=units,
         )
+
+    def _units(self, spec: JobSpec, ckey: tuple) -> int:
+        """GPU units (7000 per GPU) the job counts against quotas: whole GPUs x 7000; a
+        fraction its milli x 7 (memory only: its share of the largest card it may use,
+        rounded up); time-slicing its replicas' share of the card (the most replicas
+        a node it may use offers); MPS its clients' SM share; MIG its compute slices
+        x 1000 (a seventh of the GPU each)."""
+        share = spec.share
+        if share is None:
+            return spec.gpus * GPU_UNITS
+        nodes = [s.node for s in self.ledger.slots if node_ok(s.node, ckey)] or list(self.rules.nodes)
+        if share.kind == "fraction":
+            if share.milli:
+                return share.milli * 7
+            mem = max((n.gpu_mem_mib for n in nodes), default=0)
+            return GPU_UNITS if not mem else max(1, min(GPU_UNITS, -(-share.mem_mib * GPU_UNITS // mem)))
+        if share.kind == "time_slice":
+            reps = max((n.ts_replicas for n in nodes), default=0)
+            return GPU_UNITS if not reps else max(1, min(GPU_UNITS, -(-share.slots * GPU_UNITS // reps)))
+        if share.kind == "mps":
+            return min(GPU_UNITS, share.milli * share.slots * 7)
+        try:
+            types = {n.gpu_type for n in nodes if n.mig}
+            slices = max((mig_profile(t, share.profile).compute_slices for t in sorted(types)), default=7)
+        except MigError:
+            slices = 7
+        return slices * 1000
+
+    def inventory_misfit(self, job: Job) -> str | None:
+        """Why no node the scheduler knows (lost ones included, all idle and healthy)
+        could ever hold ``job``; ``None`` when one could. Quota limits are not looked
+        at (a policy can change; the job then waits with ``ExceedsCapacity``)."""
+        nodes = [s.node for s in self.ledger.slots]
+        misfit = inventory_misfit(nodes, job.cls, job.spec, job.shape.ckey)
+        if misfit is None and job.shape.mode in ("multi", "pods"):
+            cand = [s.idx for s in self.ledger.slots if node_ok(s.node, job.shape.ckey)]
+            totals = {i: whole_gpus(self.ledger.slots[i].node) for i in cand}
+            if place_counts(dict(totals), cand, totals, job.shape) is None:
+                misfit = f"{describe(job.cls, job.spec)}: the gang cannot be laid out on the nodes it may use"
+        return misfit
 
     def _cohort_of(self, team: str, pools):
         key = (team, pools)
@@ -464,15 +536,11 @@ class Scheduler:
         return self._cohort_cache[key]
 
     def _shape_for(self, spec: JobSpec, ckey: tuple) -> Shape:
+        if spec.share is not None:
+            return Shape(1, "share", 1, 1, ckey, spec.share)
         biggest = self._max_node_cache.get(ckey)
         if biggest is None:
-            pools, types, mem = ckey
-            biggest = max(
-                (s.node.gpus for s in self.ledger.slots
-                 if (pools is None or s.node.pool in pools) and (not types or s.node.gpu_type in types)
-                 and s.node.gpu_mem_mib >= mem),
-                default=0,
-            )
+            biggest = max((whole_gpus(s.node) for s in self.ledger.slots if node_ok(s.node, ckey)), default=0)
             self._max_node_cache[ckey] = biggest
         if spec.gpus_per_pod and spec.gpus_per_pod < spec.gpus and not spec.same_node:
             return Shape(spec.gpus, "pods", spec.gpus_per_pod, spec.gpus // spec.gpus_per_pod, ckey)
@@ -558,15 +626,25 @@ class Scheduler:
             self._queue.add(job)
         self._full = True
 
-    def _submit(self, spec: JobSpec) -> None:
+    def _submit(self, spec: JobSpec, out: list[Decision]) -> None:
         job = self._make_job(spec)
         self.jobs[spec.id] = job
         self._log(job, "", JobState.PENDING, "submitted")
+        misfit = self.inventory_misfit(job)
+        if misfit is not None:
+            job.state = JobState.REJECTED
+            job.reason = PendingReason(R.EXCEEDS_CAPACITY, misfit)
+            self._log(job, JobState.PENDING, JobState.REJECTED, f"rejected: {misfit}")
+            out.append(Reject(self.now, job.id, misfit))
+            return
         self._check_deadline(job, "submit")
         self._enqueue(job)
         self._new.append(job)
 
     def _adopt(self, e: JobAdopted, out: list[Decision]) -> None:
+        if e.spec.share is not None:
+            self._adopt_share(e)
+            return
         if e.placement is None or e.placement.gpu_count != e.spec.gpus:
             raise SpecError(f"job {e.spec.id!r}: placement: {e.placement} is not allowed: exactly {e.spec.gpus} GPUs")
         job = self._make_job(e.spec)
@@ -587,6 +665,39 @@ class Scheduler:
         self._occupy(job, alloc, e.started_at if e.started_at is not None else self.now, JobState.RUNNING)
         job.first_start = job.run_start
         self._log(job, "", JobState.RUNNING, f"adopted on {e.placement}")
+        self._full = True
+
+    def _adopt_share(self, e: JobAdopted) -> None:
+        """Adopt a running share: a card share on the placement's one GPU, or the free
+        instance of its MIG profile with the lowest start on that GPU."""
+        spec = e.spec
+        where = f"job {spec.id!r}: placement: {e.placement}"
+        if e.placement is None or len(e.placement.parts) != 1 or len(e.placement.parts[0][1]) != 1:
+            raise SpecError(f"{where} is not allowed: one GPU of one node for a share")
+        name, (gpu,) = e.placement.parts[0]
+        ledger = self.ledger
+        idx = ledger.by_name.get(name)
+        if idx is None or not ledger.slots[idx].alive or not 0 <= gpu < ledger.slots[idx].total:
+            raise SpecError(f"{where} is not allowed: a GPU of a live node")
+        job = self._make_job(spec)
+        try:
+            if spec.share.kind == "mig":
+                card = ledger.slots[idx].migs.get(gpu)
+                pos = card.free_of(spec.share.profile) if card is not None else None
+                if pos is None:
+                    raise ValueError(f"no free {spec.share.profile} instance on GPU {gpu} of {name}")
+                ledger.allocate_mig(spec.id, idx, gpu, pos)
+                job.share_at = (gpu, pos)
+            else:
+                ledger.allocate_share(spec.id, idx, gpu, spec.share.kind, spec.share.need())
+                job.share_at = (gpu,)
+        except ValueError as exc:
+            raise SpecError(f"{where} is not allowed: {exc}") from None
+        self.jobs[spec.id] = job
+        job.runs = 1
+        self._occupy(job, [(idx, 0)], e.started_at if e.started_at is not None else self.now, JobState.RUNNING)
+        job.first_start = job.run_start
+        self._log(job, "", JobState.RUNNING, f"adopted on {e.placement}[{spec.share}]")
         self._full = True
 
     def _finished(self, e: JobFinished, out: list[Decision]) -> None:
@@ -648,6 +759,8 @@ class Scheduler:
         self._max_node_cache.clear()
         for job in list(self._queue):
             self._queue.remove(job)
+            if job.share is not None:
+                self._pending_shares -= 1
             job.shape = self._shape_for(job.spec, job.shape.ckey)
             self._enqueue(job)
         self._full = True
@@ -664,9 +777,10 @@ class Scheduler:
         idx = self.ledger.by_name.get(e.node)
         if idx is None or not 0 <= e.gpu < self.ledger.slots[idx].total:
             raise ValueError(f"gpu health event for unknown GPU {e.node}:{e.gpu}")
-        holder = self.ledger.set_gpu_health(idx, e.gpu, e.healthy)
-        if not e.healthy and holder is not None:
-            self._lose(self.jobs[holder], "gpu-failed", out)
+        holders = self.ledger.set_gpu_health(idx, e.gpu, e.healthy)
+        if not e.healthy:
+            for holder in holders:
+                self._lose(self.jobs[holder], "gpu-failed", out)
         self._topology_changed()
 
     def _topology_changed(self) -> None:
@@ -697,10 +811,12 @@ class Scheduler:
         shape = job.shape
         # failures are monotone in the GPU count within one filter and layout (and pod
         # size), so the memo key leaves the count out
-        fk = (shape.ckey, shape.mode, shape.per_pod if shape.mode == "pods" else 0)
+        fk = (shape.ckey, shape.mode, shape.per_pod if shape.mode == "pods" else 0, shape.share)
         job.fkey = self._fkey_ids.setdefault(fk, len(self._fkey_ids))
         job.sig = self._sig_id(shape, job.cls.name, job.charges, estimate_band(rem))
         self._queue.add(job)
+        if job.share is not None:
+            self._pending_shares += 1
         job.state = JobState.PENDING
         job.reason = PendingReason(R.NEW)
         job.reason_pass = -1
@@ -708,6 +824,8 @@ class Scheduler:
     def _dequeue(self, job: Job) -> None:
         self._preemptors.pop(job.id, None)
         self._queue.remove(job)
+        if job.share is not None:
+            self._pending_shares -= 1
 
     def _occupy(self, job: Job, alloc: list[tuple[int, int]], started: float, state: JobState) -> None:
         """Give ``job`` the GPUs of ``alloc`` since ``started`` and book everything that
@@ -721,8 +839,8 @@ class Scheduler:
         job.run_start = started
         job.vkey = victim_order_key(job)
         self._running[job.id] = job
-        self.usage.hold(self._usage_keys(job.spec), self.now, job.gpus)
-        self._class_gpus[job.cls.name] = self._class_gpus.get(job.cls.name, 0) + job.gpus
+        self.usage.hold(self._usage_keys(job.spec), self.now, job.units)
+        self._class_gpus[job.cls.name] = self._class_gpus.get(job.cls.name, 0) + job.units
         if state is JobState.RUNNING:
             remaining = job.remaining_estimate()
             self._ends_add(job, started + remaining if remaining is not None else INF)
@@ -740,9 +858,26 @@ class Scheduler:
         alloc = []
         for idx, c in counts:
             slot = ledger.slots[idx]
-            mask = lowest_bits(slot.free_mask, c)
+            mask = pick_gpus(slot.free_mask, c, slot.node.nvlink_islands)
             alloc.append((idx, mask))
             parts.append((slot.node.name, bits(mask)))
+        self._launch(job, alloc, Placement(tuple(parts)), out)
+
+    def _start_share(self, job: Job, idx: int, gpu: int, pos: int | None, out: list[Decision]) -> None:
+        ledger = self.ledger
+        share = job.share
+        slot = ledger.slots[idx]
+        if pos is None:
+            ledger.allocate_share(job.id, idx, gpu, share.kind, share.need())
+            job.share_at = (gpu,)
+            what = str(share)
+        else:
+            ledger.allocate_mig(job.id, idx, gpu, pos)
+            job.share_at = (gpu, pos)
+            what = f"mig:{share.profile}@{slot.migs[gpu].layout[pos].start}"
+        self._launch(job, [(idx, 0)], Placement(((slot.node.name, (gpu,)),), share=what), out)
+
+    def _launch(self, job: Job, alloc: list[tuple[int, int]], placement: Placement, out: list[Decision]) -> None:
         job.runs += 1
         if job.first_start is None:
             job.first_start = self.now
@@ -750,7 +885,6 @@ class Scheduler:
         job.plan = []
         job.reclaim = False
         self._occupy(job, alloc, self.now, JobState.RUNNING)
-        placement = Placement(tuple(parts))
         self._log(job, JobState.PENDING, JobState.RUNNING, f"placed on {placement}")
         out.append(Start(self.now, job.id, placement))
         self._check_deadline(job, "start")
@@ -782,12 +916,18 @@ class Scheduler:
             self._count_running(job, -1)
         for idx, mask in job.alloc:
             self.ledger.release(job.id, idx, mask)
+            if job.share_at:
+                if len(job.share_at) == 1:
+                    self.ledger.release_share(job.id, idx, job.share_at[0])
+                else:
+                    self.ledger.release_mig(job.id, idx, *job.share_at)
         job.alloc = []
+        job.share_at = ()
         self.quota.charge(job.charges, -1)
-        self.usage.hold(self._usage_keys(job.spec), self.now, -job.gpus)
+        self.usage.hold(self._usage_keys(job.spec), self.now, -job.units)
         self._ends_remove(job)
         del self._running[job.id]
-        left = self._class_gpus[job.cls.name] - job.gpus
+        left = self._class_gpus[job.cls.name] - job.units
         if left:
             self._class_gpus[job.cls.name] = left
         else:
@@ -803,7 +943,7 @@ class Scheduler:
             self._running_prio[p] = left
         else:
             del self._running_prio[p]
-        if job.preemptible:
+        if job.preemptible and job.share is None:  # shares free no whole GPU: never class-preemption victims
             if sign > 0:
                 self._preemptible.setdefault(p, {})[job.id] = job
             else:
@@ -1089,6 +1229,8 @@ class Scheduler:
                 return _GO
             if outcome == "waiting":
                 return _GO
+        if job.shape.mode == "share":
+            return self._consider_share(job, ctx, out)
         prio = job.cls.priority
         can_preempt = ctx.minp is not None and ctx.minp < prio
         can_reclaim = job.cohort is not None and self._may_reclaim(job)
@@ -1096,6 +1238,8 @@ class Scheduler:
             can_preempt = True
         if ledger.free_total == 0 and not can_preempt and not self._preemptors:
             self._note_blocked(job)
+            if self._pending_shares:
+                return _DEAD  # a share queued behind may still fit a shared card or a MIG instance
             return _BREAK  # nothing can start without evicting, and nothing may be evicted
         shape = job.shape
         fkey = job.fkey
@@ -1193,6 +1337,88 @@ class Scheduler:
                 return _GO
         return _DEAD
 
+    def _consider_share(self, job: Job, ctx: "_Pass", out: list[Decision]) -> object:
+        """A share's turn: hard limits, cohort quota, then the tightest card that fits
+        (a fresh GPU only when none does, and then only where no reservation of a job
+        ahead is delayed). Shares neither preempt nor take reservations."""
+        if ctx.budget <= 0:
+            return _BREAK
+        ctx.budget -= 1
+        fkey = job.fkey
+        job.reason_pass = -1  # named when asked
+        if ctx.fail_fit.get(fkey, INF) <= 1 or self._hard_reason(job) is not None:
+            self._note_blocked(job)
+            return _DEAD
+        if job.cohort is not None and self.quota.blocking(job.charges, cohort=True) is not None:
+            self._note_blocked(job)
+            return _DEAD
+        ctx.materialize()
+        res = ctx.res
+        end = self.now + job.pend_est
+        if res and backfill.quota_conflict(res, job.charges, end, job.key) is not None:
+            self._note_blocked(job)
+            return _DEAD
+        spot = self._place_share(job, res, end)
+        if spot is None:
+            ctx.fail_fit[fkey] = 1
+            self._note_blocked(job)
+            return _DEAD
+        idx, gpu, pos, fresh = spot
+        if fresh and self._class_hold(job) is not None:
+            self._note_blocked(job)
+            return _DEAD
+        self._start_share(job, idx, gpu, pos, out)
+        if res:
+            backfill.consume(res, [(idx, 1)] if fresh else [], end, job.charges, job.key)
+        ctx.started.append(job)
+        ctx.took_gpus()
+        return _GO
+
+    def _place_share(self, job: Job, res: list[backfill.Reservation] | None = None,
+                     end: float = INF) -> tuple[int, int, int | None, bool] | None:
+        """Where a share goes: ``(node index, GPU, MIG instance position or None,
+        opens a fresh GPU)``. Nodes that hold the job's cache key first (when it
+        names one), then the rest; within them the tightest card that fits, else a
+        whole free GPU by bin-packing whose start delays no reservation in ``res``."""
+        groups = self.groups_for(job)
+        spec = job.spec
+        tiers = [groups]
+        if spec.cache_key and not spec.cache_required:
+            cached = [g for g in groups if spec.cache_key in self.ledger.groups[g].node.cached]
+            if cached and len(cached) < len(groups):
+                tiers = [cached, [g for g in groups if g not in cached]]
+        for tier in tiers:
+            spot = self._place_share_in(job, tier, res, end)
+            if spot is not None:
+                return spot
+        return None
+
+    def _place_share_in(self, job: Job, groups: list[int], res, end: float):
+        ledger = self.ledger
+        share = job.share
+        if share.kind == "mig":
+            found = ledger.best_mig(groups, share.profile)
+            return None if found is None else (found[0], found[1], found[2], False)
+        need = share.need()
+        found = ledger.best_card(groups, share.kind, *need)
+        if found is not None:
+            return found[0], found[1], None, False
+        fits = [g for g in groups if share_fits_card(ledger.groups[g].node, share)]
+        if not fits or ledger.free_in(fits) == 0:
+            return None
+        idx = ledger.best_fit(fits, 1)
+        if idx is not None and res and backfill.conflict(res, [(idx, 1)], end, job.key) is not None:
+            idx = None
+            for cand in sorted(members_of(ledger, fits), key=lambda i: (ledger.slots[i].free, i)):
+                if ledger.slots[cand].free and backfill.conflict(res, [(cand, 1)], end, job.key) is None:
+                    idx = cand
+                    break
+        if idx is None:
+            return None
+        slot = ledger.slots[idx]
+        mask = pick_gpus(slot.free_mask, 1, slot.node.nvlink_islands)
+        return idx, mask.bit_length() - 1, None, True
+
     def _begin_preemption(self, job: Job, victims: list[Job], plan, res: list[backfill.Reservation],
                           out: list[Decision], reclaim: bool = False) -> None:
         """Signal ``victims`` for ``job``; the GPUs they free are held for it."""
@@ -1217,9 +1443,9 @@ class Scheduler:
         if cohort.reclaim == "never":
             return False
         usage = self.quota.usage
-        if usage.get((member.limit, ""), 0) + job.gpus > member.nominal:
+        if usage.get((member.limit, ""), 0) + job.units > member.nominal * GPU_UNITS:
             return False
-        return any(m is not member and usage.get((m.limit, ""), 0) > m.nominal for m in cohort.members)
+        return any(m is not member and usage.get((m.limit, ""), 0) > m.nominal * GPU_UNITS for m in cohort.members)
 
     def _reclaim(self, job: Job, ctx: "_Pass", out: list[Decision]) -> bool:
         """Preempt borrowers of the job's cohort (and lower-class work) so that it fits
@@ -1293,8 +1519,9 @@ class Scheduler:
             lim, now_max, window = quota.limits[i], quota.current[i], quota.window[i]
             if lim.windows:  # the limit in force is a time window's
                 where = f"@{window}" if window else "@outside windows"
-                return PendingReason(R.WINDOW_LIMIT, f"{lim.path}{where}={now_max}, in use {used}")
-            return PendingReason(R.QUOTA_EXCEEDED, f"{lim.path}={now_max}, in use {used}")
+                return PendingReason(R.WINDOW_LIMIT, f"{lim.path}{where}={quota.fmt(i, now_max)}, "
+                                     f"in use {quota.fmt(i, used)}")
+            return PendingReason(R.QUOTA_EXCEEDED, f"{lim.path}={quota.fmt(i, now_max)}, in use {quota.fmt(i, used)}")
         if self._exceeds_capacity(job):
             return PendingReason(R.EXCEEDS_CAPACITY, self._capacity_detail(job))
         return None
@@ -1303,6 +1530,10 @@ class Scheduler:
         """The job can never fit the healthy nodes it may use, even all empty (too big
         for any node, for all of them together, or a gang that cannot be packed)."""
         never = self._cap_cache.get(job.fkey + job.shape.k * 1_000_003)
+        if never is None and job.shape.mode == "share":
+            live = [s.node for s in self.ledger.slots if s.alive]
+            never = inventory_misfit(live, job.cls, job.spec, job.shape.ckey) is not None
+            self._cap_cache[job.fkey + job.shape.k * 1_000_003] = never
         if never is None:
             ledger = self.ledger
             cand = members_of(ledger, self.groups_for(job))
@@ -1312,21 +1543,37 @@ class Scheduler:
         return never
 
     def _capacity_detail(self, job: Job) -> str:
-        spec = job.spec
-        parts = [f"gpus={spec.gpus}"]
-        if job.cls.pools is not None:
-            parts.append("pools=" + "|".join(job.cls.pools))
-        if spec.gpu_types:
-            parts.append("gpu_types=" + "|".join(spec.gpu_types))
-        if spec.gpu_mem_mib:
-            parts.append(f"gpu_mem_mib>={spec.gpu_mem_mib}")
-        if job.shape.mode == "single" and spec.same_node:
-            parts.append("same_node")
-        return ",".join(parts)
+        text = describe(job.cls, job.spec)
+        if job.shape.mode == "single" and job.spec.same_node:
+            text += ",same_node"
+        return text
+
+    def _share_reason(self, job: Job) -> PendingReason:
+        """Why no card takes a share now: the dimension that binds (the conventions'
+        ``insufficient_gpu_memory``, ``insufficient_gpu_fraction``,
+        ``no_free_mig_slice``, ``no_free_mps_replica``)."""
+        share = job.share
+        ledger = self.ledger
+        groups = self.groups_for(job)
+        if share.kind == "mig":
+            return PendingReason(R.NO_FIT, f"mig-slice {share.profile}")
+        milli, mem, slots = share.need()
+        fresh = ledger.free_in([g for g in groups if share_fits_card(ledger.groups[g].node, share)]) > 0
+        if fresh:  # a whole GPU is free, but reserved or held for another class
+            return PendingReason(R.NO_FIT, "gpu")
+        if mem and ledger.best_card(groups, share.kind, milli, 0, slots) is not None:
+            return PendingReason(R.NO_FIT, "gpu-memory")
+        if share.kind == "time_slice":
+            return PendingReason(R.NO_FIT, "time-slice-replica")
+        if share.kind == "mps":
+            return PendingReason(R.NO_FIT, "mps-client")
+        return PendingReason(R.NO_FIT, "gpu-fraction" if milli else "gpu-memory")
 
     def _capacity_reason(self, job: Job) -> PendingReason:
         ledger = self.ledger
         groups = self.groups_for(job)
+        if job.shape.mode == "share":
+            return self._share_reason(job)
         free_here = ledger.free_in(groups)
         if (self.rules.preemption_enabled and self._has_lower_running(job)
                 and self._room(job)
@@ -1338,6 +1585,8 @@ class Scheduler:
             return PendingReason(R.NO_FIT, what)
         if ledger.free_total >= job.shape.k and len(groups) < len(ledger.groups):
             return PendingReason(R.NO_FIT, self._constraint_names(job))
+        if any(ledger.groups[g].node.mig or any(ledger.groups[g].open.values()) for g in groups):
+            return PendingReason(R.NO_FIT, "whole-gpu")  # capacity left only as shares or MIG instances
         return PendingReason(R.RESOURCES)
 
     def _constraint_names(self, job: Job) -> str:
@@ -1409,10 +1658,10 @@ class Scheduler:
         for cls in self.rules.classes.values():
             if cls.reserved_gpus and cls.name != job.cls.name:
                 used = self._class_usage(cls.name)
-                if used < cls.reserved_gpus:
-                    held += cls.reserved_gpus - used
+                if used < cls.reserved_gpus * GPU_UNITS:
+                    held += cls.reserved_gpus * GPU_UNITS - used
                     holder = holder or cls.name
-        if held and self.ledger.free_total - job.gpus < held:
+        if held and self.ledger.free_total * GPU_UNITS - job.units < held:
             return PendingReason(R.RESERVED_FOR, f"classes.{holder}.reserved_gpus")
         return None
 
@@ -1426,14 +1675,14 @@ class Scheduler:
         hard = self._hard_reason(job)
         if hard is not None:
             return hard
+        if job.shape.mode == "share":
+            return self._share_reason_now(job)
         counts = place_live(self.ledger, self.groups_for(job), job.shape)
         if counts is None:
             return self._capacity_reason(job)
-        if job.cohort is not None:
-            short = self.quota.blocking(job.charges, cohort=True)
-            if short is not None:
-                i, used = short
-                return PendingReason(R.COHORT_QUOTA, f"{self.quota.limits[i].path}={self.quota.current[i]}, in use {used}")
+        short = self._cohort_reason(job)
+        if short is not None:
+            return short
         held = self._class_hold(job)
         if held is not None:
             return held
@@ -1443,6 +1692,38 @@ class Scheduler:
                    or backfill.conflict(self.reservations, counts, end, job.key))
         if blocker is not None:
             return PendingReason(R.HELD_FOR_PREEMPTOR if blocker.hold else R.RESERVED_FOR, blocker.job_id)
+        return PendingReason(R.PRIORITY, "not reached by the last pass")
+
+    def _cohort_reason(self, job: Job) -> PendingReason | None:
+        """``CohortQuota`` when the job's cohort has no quota to spare now."""
+        short = self.quota.blocking(job.charges, cohort=True) if job.cohort is not None else None
+        if short is None:
+            return None
+        i, used = short
+        quota = self.quota
+        return PendingReason(R.COHORT_QUOTA, f"{quota.limits[i].path}={quota.fmt(i, quota.current[i])}, "
+                             f"in use {quota.fmt(i, used)}")
+
+    def _share_reason_now(self, job: Job) -> PendingReason:
+        short = self._cohort_reason(job)
+        if short is not None:
+            return short
+        rem = job.remaining_estimate()
+        end = self.now + rem if rem is not None else INF
+        blocker = backfill.quota_conflict(self.reservations, job.charges, end, job.key)
+        if blocker is not None:
+            return PendingReason(R.HELD_FOR_PREEMPTOR if blocker.hold else R.RESERVED_FOR, blocker.job_id)
+        spot = self._place_share(job, self.reservations, end)
+        if spot is None:
+            if self._place_share(job) is not None:
+                blocker = next((r for r in self.reservations if not job.key < r.key), None)
+                if blocker is not None:
+                    return PendingReason(R.HELD_FOR_PREEMPTOR if blocker.hold else R.RESERVED_FOR, blocker.job_id)
+            return self._share_reason(job)
+        if spot[3]:
+            held = self._class_hold(job)
+            if held is not None:
+                return held
         return PendingReason(R.PRIORITY, "not reached by the last pass")
 
     # ------------------------------------------------------ state, invariants
@@ -1457,7 +1738,9 @@ class Scheduler:
         for job in sorted(self.jobs.values(), key=lambda j: j.seq):
             spec = job.spec
             jobs.append({
-                "spec": {f: getattr(spec, f) for f in spec.__dataclass_fields__},
+                "spec": {f: (asdict(spec.share) if f == "share" and spec.share is not None else getattr(spec, f))
+                         for f in spec.__dataclass_fields__},
+                "share_at": list(job.share_at),
                 "state": job.state.value,
                 "alloc": [[self.ledger.slots[i].node.name, list(bits(m))] for i, m in job.alloc],
                 "run_start": job.run_start,
@@ -1485,7 +1768,8 @@ class Scheduler:
                     unhealthy.append([slot.node.name, g])
         static = {n.name for n in self.rules.nodes}
         added = [
-            {f: getattr(s.node, f) for f in s.node.__dataclass_fields__}
+            {f: ([[g, [[i.start, i.profile] for i in layout]] for g, layout in s.node.mig] if f == "mig"
+                 else getattr(s.node, f)) for f in s.node.__dataclass_fields__}
             for s in self.ledger.slots if s.node.name not in static
         ]
         return {"now": self.now, "jobs": jobs, "unhealthy": unhealthy, "lost_nodes": lost, "added_nodes": added,
@@ -1504,7 +1788,10 @@ class Scheduler:
         sched = cls(rules)
         for raw in snap.get("added_nodes", []):
             node = Node(**{**raw, "labels": tuple(tuple(x) for x in raw.get("labels", ())),
-                           "nvlink_islands": tuple(tuple(x) for x in raw.get("nvlink_islands", ()))})
+                           "nvlink_islands": tuple(tuple(x) for x in raw.get("nvlink_islands", ())),
+                           **{f: tuple(raw.get(f, ())) for f in ("gpu_uuids", "taints", "cached")},
+                           "mig": tuple((g, tuple(MigInstance(start, prof) for start, prof in layout))
+                                        for g, layout in raw.get("mig", ()))})
             sched.ledger.add_node(node)
         for name in snap.get("lost_nodes", []):
             if name in sched.ledger.by_name:
@@ -1521,6 +1808,10 @@ class Scheduler:
         for raw in snap["jobs"]:
             spec_raw = dict(raw["spec"])
             spec_raw["gpu_types"] = tuple(spec_raw.get("gpu_types", ()))
+            spec_raw["node_selector"] = tuple(tuple(x) for x in spec_raw.get("node_selector", ()))
+            spec_raw["tolerations"] = tuple(spec_raw.get("tolerations", ()))
+            if spec_raw.get("share") is not None:
+                spec_raw["share"] = GpuShare(**spec_raw["share"])
             spec = JobSpec(**spec_raw)
             job = sched._make_job(spec)
             sched.jobs[spec.id] = job
@@ -1552,6 +1843,15 @@ class Scheduler:
                     for g in gpus:
                         mask |= 1 << g
                     alloc.append((idx, mask))
+                at = tuple(raw.get("share_at", ()))
+                if spec.share is not None:
+                    if len(alloc) != 1 or not at:
+                        raise ValueError(f"snapshot: share job {spec.id} without its card")
+                    if len(at) == 1:
+                        sched.ledger.allocate_share(spec.id, alloc[0][0], at[0], spec.share.kind, spec.share.need())
+                    else:
+                        sched.ledger.allocate_mig(spec.id, alloc[0][0], at[0], at[1])
+                    job.share_at = at
                 sched._occupy(job, alloc, raw["run_start"], state)
             else:
                 job.state = state
@@ -1577,7 +1877,17 @@ class Scheduler:
         for job in self.jobs.values():
             if job.state.holds_gpus:
                 assert job.id in self._running, f"{job.id} holds GPUs but is not in the running set"
-                assert sum(m.bit_count() for _, m in job.alloc) == job.gpus, f"{job.id}: wrong GPU count"
+                if job.share is not None:
+                    (idx, mask), = job.alloc
+                    slot = self.ledger.slots[idx]
+                    assert mask == 0 and job.share_at, f"{job.id}: a share holding whole GPUs"
+                    if len(job.share_at) == 1:
+                        card = slot.cards.get(job.share_at[0])
+                        assert not slot.alive or (card is not None and job.id in card.holders), f"{job.id}: share lost"
+                    else:
+                        assert slot.migs[job.share_at[0]].holders[job.share_at[1]] == job.id, f"{job.id}: MIG lost"
+                else:
+                    assert sum(m.bit_count() for _, m in job.alloc) == job.gpus, f"{job.id}: wrong GPU count"
                 for idx, mask in job.alloc:
                     for g in bits(mask):
                         assert (idx, g) not in held, f"GPU {idx}:{g} given to {held.get((idx, g))} and {job.id}"
@@ -1590,8 +1900,14 @@ class Scheduler:
                 assert job.id not in self._running
         for slot in self.ledger.slots:
             for g, h in enumerate(slot.holder):
-                if h is not None:
+                if h is not None and h not in (SHARED, MIG):
                     assert held.get((slot.idx, g)) == h, f"ledger says {slot.node.name}:{g} is {h}'s"
+            for g, card in slot.cards.items():
+                for h in card.holders:
+                    assert self.jobs[h].state.holds_gpus and self.jobs[h].share_at == (g,), f"stale share {h}"
+            for g, mig in slot.migs.items():
+                for pos, h in enumerate(mig.holders):
+                    assert h is None or self.jobs[h].share_at == (g, pos), f"stale MIG holder {h}"
         assert {k: v for k, v in self.quota.usage.items() if v} == expect_usage, "usage counters drifted"
         assert all(v > 0 for v in self.quota.usage.values()), "negative usage"
         self._queue.check()
@@ -1606,10 +1922,10 @@ class Scheduler:
         allc: dict[int, int] = {}
         gpus: dict[str, int] = {}
         for job in self._running.values():
-            gpus[job.cls.name] = gpus.get(job.cls.name, 0) + job.gpus
+            gpus[job.cls.name] = gpus.get(job.cls.name, 0) + job.units
             if job.state is JobState.RUNNING:
                 allc[job.cls.priority] = allc.get(job.cls.priority, 0) + 1
-                if job.preemptible:
+                if job.preemptible and job.share is None:
                     counts[job.cls.priority] = counts.get(job.cls.priority, 0) + 1
         assert counts == {p: len(js) for p, js in self._preemptible.items()}, "preemptible index drifted"
         assert allc == self._running_prio, "running counters drifted"

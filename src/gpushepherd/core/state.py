@@ -66,6 +66,8 @@ class Job:
     deadline_flags: list[tuple[float, str, float]] = field(default_factory=list)
     reclaim: bool = False  # its victims were taken by reclaim (they may be queued ahead of it)
     cohort: tuple | None = None  # (Cohort, CohortMember) of the job's team, if any
+    units: int = 0  # GPU units (7000 per GPU) it counts against quotas
+    share_at: tuple[int, ...] = ()  # a share's (GPU,) or MIG (GPU, instance position) on alloc's node
 
     @property
     def id(self) -> str:
@@ -74,6 +76,15 @@ class Job:
     @property
     def gpus(self) -> int:
         return self.spec.gpus
+
+    @property
+    def share(self):
+        return self.spec.share
+
+    @property
+    def fraction(self) -> float:
+        """GPUs it holds for usage accounting (a share: its fraction of one GPU)."""
+        return self.units / 7000
 
     def remaining_estimate(self) -> float | None:
         if self.estimate_s is None:

@@ -41,3 +41,11 @@ class Stop(Decision):
     reason: str = ""
     grace_s: float = 0.0
     requeue: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Reject(Decision):
+    """The job was refused at submit: no node of the inventory could ever hold it
+    (``reason`` says which constraint). It never runs; its state is ``REJECTED``."""
+
+    reason: str = ""

@@ -14,7 +14,8 @@ class JobState(str, enum.Enum):
     ``RUNNING -> PREEMPTING`` (signalled, inside its grace period, still holding its
     GPUs) ``-> PENDING`` (requeued); ``RUNNING -> STOPPING`` (its time limit passed,
     signalled, inside its grace period) ``-> TIMEOUT``. A job on a lost node goes back
-    to ``PENDING``.
+    to ``PENDING``. ``PENDING -> REJECTED`` at submit when no node of the inventory
+    could ever hold the job (Slurm's "Requested node configuration is not available").
     """
 
     PENDING = "PENDING"
@@ -25,6 +26,7 @@ class JobState(str, enum.Enum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     TIMEOUT = "TIMEOUT"
+    REJECTED = "REJECTED"
 
     @property
     def terminal(self) -> bool:
@@ -35,7 +37,8 @@ class JobState(str, enum.Enum):
         return self is JobState.RUNNING or self is JobState.PREEMPTING or self is JobState.STOPPING
 
 
-_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
+                       JobState.REJECTED})
 
 
 class ExitStatus(str, enum.Enum):
@@ -66,6 +69,60 @@ def natural_key(text: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != "")
 
 
+#: kinds of GPU sharing, and what a class may be allowed (``whole``: whole GPUs)
+SHARE_KINDS = ("fraction", "time_slice", "mps", "mig")
+SHARING_MODES = ("whole",) + SHARE_KINDS
+#: quota units per GPU: the least common multiple of milli-GPUs and MIG's seven
+#: compute slices, so that every share is an exact integer number of units
+GPU_UNITS = 7000
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShare:
+    """Part of one physical GPU (a job with a share has ``gpus == 1``).
+
+    Attributes:
+        kind: ``fraction`` (a compute fraction and/or GPU memory, the fractional-GPU
+            model of Ray and KAI), ``time_slice`` (replicas of a time-sliced card, the
+            NVIDIA device plugin's model), ``mps`` (MPS client processes) or ``mig``
+            (one MIG instance).
+        milli: ``fraction``: compute share in 1/1000 GPU (0: memory only);
+            ``mps``: each client's SM percentage x 10 (1000: no SM limit).
+        mem_mib: GPU memory in MiB the job declares (``mps``: per client); the sum of
+            declared memory on a card never exceeds the card's memory.
+        slots: ``time_slice``: replicas taken; ``mps``: client processes.
+        profile: ``mig``: the MIG profile name (``1g.10gb``).
+    """
+
+    kind: str
+    milli: int = 0
+    mem_mib: int = 0
+    slots: int = 1
+    profile: str = ""
+
+    def need(self) -> tuple[int, int, int]:
+        """What it takes of a card: ``(milli, MiB, slots)`` (not for ``mig``)."""
+        if self.kind == "mps":
+            return self.milli * self.slots, self.mem_mib * self.slots, self.slots
+        if self.kind == "time_slice":
+            return 0, self.mem_mib, self.slots
+        return self.milli, self.mem_mib, 0
+
+    def __str__(self) -> str:
+        if self.kind == "mig":
+            return f"mig:{self.profile}"
+        parts = [self.kind]
+        if self.milli and self.kind == "fraction":
+            parts.append(f"{self.milli / 1000:g}")
+        if self.kind == "mps":
+            parts.append(f"{self.slots}x{self.milli / 10:g}%")
+        if self.kind == "time_slice":
+            parts.append(f"{self.slots} replica" + ("s" if self.slots != 1 else ""))
+        if self.mem_mib:
+            parts.append(f"{self.mem_mib}MiB")
+        return ":".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """What a user submits. The scheduler never sees a job's true duration.
@@ -91,6 +148,16 @@ class JobSpec:
         deadline: when the job must be done, seconds on the same axis (``None``: no
             deadline). A job that cannot end by it - by its runtime estimate or time
             limit - is flagged at submit and at each start; it is not refused.
+        share: part of one GPU instead of whole GPUs (``gpus`` is then 1); see
+            ``GpuShare``.
+        node_selector: ``(label, value)`` pairs a node must carry (Kubernetes'
+            nodeSelector).
+        tolerations: taints (``key=value`` or ``key``) the job tolerates; a node with a
+            taint the job does not tolerate is not used (NoSchedule).
+        min_driver: lowest NVIDIA driver version the job accepts (``"535.104"``; '':
+            any); compared numerically part by part.
+        cache_key: a model or dataset the job reads; nodes that report it cached are
+            preferred (or required with ``cache_required``).
     """
 
     id: str
@@ -108,6 +175,12 @@ class JobSpec:
     checkpointable: bool | None = None
     submit_time: float = 0.0
     deadline: float | None = None
+    share: GpuShare | None = None
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[str, ...] = ()
+    min_driver: str = ""
+    cache_key: str = ""
+    cache_required: bool = False
 
     @property
     def pods(self) -> int:

@@ -10,9 +10,13 @@ class Placement:
     """GPUs given to a job: ``((node_name, (gpu_index, ...)), ...)``.
 
     Parts are in the order the nodes were chosen; GPU indices ascend within a part.
+    ``share``: for part of one GPU, what part (``fraction:0.18``, ``time_slice:1
+    replica:10240MiB``, ``mps:2x25%``, ``mig:1g.10gb@3`` - profile and start slice);
+    '' for whole GPUs.
     """
 
     parts: tuple[tuple[str, tuple[int, ...]], ...]
+    share: str = ""
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -23,4 +27,5 @@ class Placement:
         return sum(len(g) for _, g in self.parts)
 
     def __str__(self) -> str:
-        return " ".join(f"{n}:{','.join(map(str, g))}" for n, g in self.parts)
+        text = " ".join(f"{n}:{','.join(map(str, g))}" for n, g in self.parts)
+        return f"{text}[{self.share}]" if self.share else text

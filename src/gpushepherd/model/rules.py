@@ -28,6 +28,9 @@ class ClassRules:
     pools: tuple[str, ...] | None
     reserved_gpus: int = 0
     on_window_close: str = "drain"  # or "checkpoint-and-stop"
+    #: the kinds of GPU its jobs may take (``whole``, ``fraction``, ``time_slice``,
+    #: ``mps``, ``mig``); ``None``: any
+    sharing: tuple[str, ...] | None = None
 
 
 class LimitUnit(str, enum.Enum):

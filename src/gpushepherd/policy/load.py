@@ -27,6 +27,7 @@ from gpushepherd.model.rules import (
     PriorityRules,
     Rules,
 )
+from gpushepherd.model.mig import MigError, layout_from_names
 from gpushepherd.policy.schema import WINDOW_FIELDS, ClassSpec, PolicySpec, WindowSpec
 from gpushepherd.yamlio import YamlError, load_yaml, read_text
 
@@ -34,7 +35,8 @@ from gpushepherd.yamlio import YamlError, load_yaml, read_text
 STANDARD_CLASSES: dict[str, dict[str, Any]] = {
     "production-inference": dict(
         priority=400, preemptible=False, checkpointable=False, preempt_only_if_checkpointable=False,
-        description="latency-critical serving; never preempted",
+        sharing=["whole", "mig"],  # isolated GPUs only: no time-slicing, MPS or fractions
+        description="latency-critical serving; never preempted; whole GPUs or MIG instances",
     ),
     "training": dict(
         priority=300, preemptible=True, checkpointable=False, preempt_only_if_checkpointable=True,
@@ -223,19 +225,51 @@ def _translate(exc: ValidationError, source: str) -> PolicyError:
     return PolicyError(source, path, value, msg[0].lower() + msg[1:] if msg else "a valid value")
 
 
-def expand_nodes(spec: PolicySpec) -> tuple[Node, ...]:
+def expand_nodes(spec: PolicySpec, source: str = "<policy>") -> tuple[Node, ...]:
     """Node groups -> nodes, in file order. A group of ``count`` > 1 named ``gpu``
     becomes ``gpu-001 .. gpu-NNN`` (zero-padded to the count's width, at least 3)."""
     nodes: list[Node] = []
-    for group in spec.cluster.nodes:
+    for gi, group in enumerate(spec.cluster.nodes):
         width = max(3, len(str(group.count)))
         names = [group.name] if group.count == 1 else [f"{group.name}-{i:0{width}d}" for i in range(1, group.count + 1)]
         islands = tuple(tuple(sorted(i)) for i in group.nvlink_islands)
         labels = tuple(sorted(group.labels.items()))
+        sharing = group.sharing_spec()
+        mig = _mig_layouts(group, source, f"cluster.nodes[{gi}]")
         for name in names:
             nodes.append(Node(name=name, gpus=group.gpus, gpu_type=group.gpu_type, gpu_mem_mib=group.gpu_mem_mib,
-                              pool=group.pool, labels=labels, nvlink_islands=islands))
+                              pool=group.pool, labels=labels, nvlink_islands=islands,
+                              gpu_uuids=tuple(group.gpu_uuids), driver=group.driver, cuda=group.cuda,
+                              taints=tuple(sorted(group.taints)), cached=tuple(sorted(set(group.cached))),
+                              fractions=sharing.fractions,
+                              ts_replicas=sharing.time_slicing.replicas if sharing.time_slicing else 0,
+                              mps_clients=sharing.mps.max_clients if sharing.mps else 0, mig=mig))
     return tuple(nodes)
+
+
+def _mig_layouts(group, source: str, path: str) -> tuple:
+    """``(gpu index, layout)`` for each GPU of ``group`` in MIG mode, validated against
+    NVIDIA's profiles for the group's GPU type (``gpushepherd.model.mig``).
+
+    Raises:
+        PolicyError: a GPU type without MIG, an unknown profile, a layout that does not
+            fit the GPU (naming the field and what is allowed).
+    """
+    out = []
+    for key in sorted(group.mig, key=lambda k: int(k.lstrip("g"))):
+        spec = group.mig[key]
+        if not spec.enabled:
+            continue
+        where = f"{path}.mig.{key}.layout"
+        if not spec.layout:
+            raise PolicyError(source, where, [], "at least one MIG profile (a GPU in MIG mode with no instances "
+                              "serves nobody; set enabled: false instead)")
+        try:
+            layout = layout_from_names(group.gpu_type, spec.layout)
+        except MigError as exc:
+            raise PolicyError(source, where, spec.layout, str(exc)) from None
+        out.append((int(key.lstrip("g")), layout))
+    return tuple(out)
 
 
 def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
@@ -254,6 +288,7 @@ def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
         pools=tuple(base["pools"]) if base.get("pools") is not None else None,
         reserved_gpus=int(base.get("reserved_gpus", 0)),
         on_window_close=base.get("on_window_close") or "drain",
+        sharing=tuple(base["sharing"]) if base.get("sharing") is not None else None,
     )
 
 
@@ -265,7 +300,7 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         PolicyError: duplicate node, unknown pool/class/parent team, a parent cycle,
             nominal or reserved GPUs that add up to more than their pool has.
     """
-    nodes = expand_nodes(spec)
+    nodes = expand_nodes(spec, source)
     seen: set[str] = set()
     for i, node in enumerate(nodes):
         if node.name in seen:

@@ -30,8 +30,44 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+class TimeSlicingSpec(_Strict):
+    replicas: Annotated[int, Field(ge=1, le=64)]
+
+
+class MpsSpec(_Strict):
+    max_clients: Annotated[int, Field(ge=1, le=48)]
+
+
+class SharingSpec(_Strict):
+    """What the node's non-MIG GPUs allow besides whole-GPU jobs (R10): ``fractions``
+    (a compute fraction and/or declared GPU memory, Ray/KAI style; on by default),
+    ``time_slicing`` replicas per GPU (NVIDIA device plugin), MPS clients per GPU."""
+
+    fractions: bool = True
+    time_slicing: TimeSlicingSpec | None = None
+    mps: MpsSpec | None = None
+
+
+class MigGpuSpec(_Strict):
+    """One GPU's MIG mode: ``layout`` lists profile names (``1g.10gb``) of NVIDIA's MIG
+    user guide for the node's GPU type; they are placed at valid starts."""
+
+    enabled: bool = True
+    layout: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(default_factory=list)
+
+
+#: ``sharing`` shorthands: ``memory_slices`` / ``fractions`` (the default), ``exclusive``
+SHARING_SHORTHANDS = ("memory_slices", "fractions", "exclusive")
+
+
 class NodeGroupSpec(_Strict):
-    """One node (``count`` 1) or ``count`` identical nodes named ``<name>-001 ..``."""
+    """One node (``count`` 1) or ``count`` identical nodes named ``<name>-001 ..``.
+
+    Inventory fields (R11): GPU type and memory, driver / CUDA versions, NVLink
+    islands, GPU UUIDs (one node only), taints, cached model/dataset keys, labels; how
+    its GPUs may be shared (``sharing``) and which are in MIG mode (``mig``: GPU index
+    or ``gN`` -> layout).
+    """
 
     name: Name
     count: Annotated[int, Field(ge=1, le=100_000)] = 1
@@ -41,6 +77,31 @@ class NodeGroupSpec(_Strict):
     pool: Name = "default"
     labels: dict[Name, Annotated[str, Field(strict=False, coerce_numbers_to_str=True)]] = Field(default_factory=dict)
     nvlink_islands: list[list[NonNegInt]] = Field(default_factory=list)
+    gpu_uuids: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default_factory=list)
+    driver: Annotated[str, Field(max_length=32, pattern=r"^(\d+(\.\d+)*)?$")] = ""
+    cuda: Annotated[str, Field(max_length=32, pattern=r"^(\d+(\.\d+)*)?$")] = ""
+    taints: list[Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][^\s]*$")]] = Field(
+        default_factory=list)
+    cached: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(default_factory=list)
+    sharing: SharingSpec | Literal["memory_slices", "fractions", "exclusive"] = Field(default_factory=SharingSpec)
+    mig: dict[Annotated[str, Field(pattern=r"^g?\d+$")], MigGpuSpec] = Field(default_factory=dict)
+
+    def sharing_spec(self) -> SharingSpec:
+        if isinstance(self.sharing, SharingSpec):
+            return self.sharing
+        return SharingSpec(fractions=self.sharing != "exclusive")
+
+    @model_validator(mode="after")
+    def _inventory_fits_node(self) -> "NodeGroupSpec":
+        if self.gpu_uuids and (self.count != 1 or len(self.gpu_uuids) != self.gpus
+                               or len(set(self.gpu_uuids)) != self.gpus):
+            raise ValueError(f"gpu_uuids: {len(self.gpu_uuids)} UUIDs is not allowed: one distinct UUID per GPU "
+                             f"({self.gpus}), on a single node (count 1)")
+        for key in self.mig:
+            g = int(key.lstrip("g"))
+            if g >= self.gpus:
+                raise ValueError(f"mig: GPU {key!r} is not allowed: an index 0..{self.gpus - 1} (or g0..g{self.gpus - 1})")
+        return self
 
     @model_validator(mode="after")
     def _islands_inside_node(self) -> "NodeGroupSpec":
@@ -128,6 +189,9 @@ class ClassSpec(_Strict):
     windows: list[WindowSpec] = Field(default_factory=list)
     #: what happens to running jobs over a limit when a window closes
     on_window_close: Literal["drain", "checkpoint-and-stop"] | None = None
+    #: the kinds of GPU its jobs may take (R10): e.g. production inference
+    #: ``[whole, mig]``, sandbox ``[time_slice, mig]``; unset: any
+    sharing: list[Literal["whole", "fraction", "time_slice", "mps", "mig"]] | None = Field(default=None, min_length=1)
     description: str | None = None
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpushepherd.core.scheduler import Scheduler
-from gpushepherd.model.decisions import Preempt, Start, Stop
+from gpushepherd.model.decisions import Preempt, Reject, Start, Stop
 from gpushepherd.model.events import Event, JobAdopted, JobFinished, JobSubmitted, Tick
 from gpushepherd.model.job import ExitStatus, JobSpec, JobState
 from gpushepherd.model.placement import Placement
@@ -199,7 +199,7 @@ class Simulator:
                 rec = records[d.job_id]
                 if isinstance(d, Start):
                     self._on_start(rec, d)
-                    held += d.placement.gpu_count
+                    held += self._gpus_of(rec)
                     if self.track_usage is not None:
                         self._usage(usage, timeline, rec.spec, d.placement.gpu_count, t)
                 elif isinstance(d, Preempt):
@@ -212,6 +212,10 @@ class Simulator:
                             self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
                     else:
                         self._signal(rec, t, d.grace_s, ExitStatus.TIMEOUT)
+                elif isinstance(d, Reject):
+                    rec.end = t
+                    rec.state = "REJECTED"
+                    finished += 1
             # jobs that ended in this instant (an exit, or a cancel while pending)
             for e in batch:
                 job_id = getattr(e, "job_id", None)
@@ -280,7 +284,8 @@ class Simulator:
         """A run ends at ``t``; returns the GPUs it held. With ``bank`` the work done
         before the signal is kept (checkpointable jobs only)."""
         job = self.sched.jobs[rec.spec.id]
-        rec.gpu_seconds += (t - rec.run_start) * rec.spec.gpus
+        gpus = self._gpus_of(rec)
+        rec.gpu_seconds += (t - rec.run_start) * gpus
         rec.state = "ENDED"
         if bank and job.checkpointable:
             signal_t = rec.signal_t
@@ -290,7 +295,13 @@ class Simulator:
         rec.signal_t = None
         rec.exit_at = INF
         rec.run += 1  # any exit still queued for the closed run is stale now
-        return rec.spec.gpus
+        return gpus
+
+    def _gpus_of(self, rec: JobRecord) -> float:
+        """GPUs a run holds: whole GPUs, or a share's fraction of one (quota units)."""
+        if rec.spec.share is None:
+            return rec.spec.gpus
+        return self.sched.jobs[rec.spec.id].fraction
 
     def _usage(self, usage: dict, timeline: dict, spec: JobSpec, delta: int, t: float) -> None:
         key = self.track_usage(spec)

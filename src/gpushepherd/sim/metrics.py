@@ -63,7 +63,8 @@ def _group(df: pd.DataFrame) -> dict[str, Any]:
     return {
         "jobs": int(len(df)),
         "finished": int(len(ended)),
-        "unfinished": int(len(df) - len(ended)),
+        "rejected": int((df["state"] == "REJECTED").sum()),
+        "unfinished": int(len(df) - len(ended) - (df["state"] == "REJECTED").sum()),
         "jct_s": _stats(ended["jct"].to_numpy(dtype=float)),
         "queueing_delay_s": _stats(started["queueing_delay"].to_numpy(dtype=float)),
         "mean_duration_s": float(ended["duration"].mean()) if len(ended) else None,

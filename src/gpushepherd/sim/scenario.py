@@ -10,6 +10,7 @@ jobs or policy fields changed. See ``docs/scenarios.md`` for the format.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,7 +28,7 @@ from gpushepherd.model.events import (
     NodeAdded,
     NodeLost,
 )
-from gpushepherd.model.job import JobSpec
+from gpushepherd.model.job import GpuShare, JobSpec
 from gpushepherd.model.placement import Placement
 from gpushepherd.policy.load import Policy, PolicyError, policy_from_dict
 from gpushepherd.sim.engine import Restart, SimJob, SimResult, Simulator
@@ -66,9 +67,22 @@ class JobEntry(_Strict):
     preemptible: bool | None = None
     checkpointable: bool | None = None
     gpu_types: list[str] = Field(default_factory=list)
+    #: whole-GPU jobs: the least memory per GPU; shares: the GPU memory declared
+    #: (a job with neither ``gpus`` nor another share field asks for memory only)
     gpu_mem_mib: Annotated[int, Field(ge=0)] = 0
     #: must be done by this time (seconds); a job that cannot make it is flagged
     deadline: Annotated[float, Field(gt=0)] | None = None
+    #: part of one GPU (R10): a fraction, time-slicing replicas, MPS clients, a MIG profile
+    gpu_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    ts_replicas: Annotated[int, Field(ge=1)] | None = None
+    mps_clients: Annotated[int, Field(ge=1)] | None = None
+    mps_sm_percent: Annotated[float, Field(gt=0, le=100)] = 100.0
+    mig_profile: str | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[str] = Field(default_factory=list)
+    min_driver: str = ""
+    cache_key: str = ""
+    cache_required: bool = False
 
 
 class EventEntry(_Strict):
@@ -90,6 +104,11 @@ class InitialAllocation(_Strict):
     gpus: Annotated[int, Field(ge=1)] = 1
     gpu_indices: list[Annotated[int, Field(ge=0)]] | None = None
     ends: Annotated[float, Field(gt=0)]
+    #: a share of GPU ``gpu``: a fraction (and/or ``gpu_mem_mib``) or a MIG profile
+    gpu: Annotated[int, Field(ge=0)] | None = None
+    fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    gpu_mem_mib: Annotated[int, Field(ge=0)] = 0
+    mig_profile: str | None = None
     preemptible: bool | None = None
     checkpointable: bool | None = None
 
@@ -281,6 +300,10 @@ def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
         if a.node not in nodes:
             fail(f"{path}.node", a.node, "a node of the cluster: " + ", ".join(sorted(nodes)))
         taken = used.setdefault(a.node, set())
+        if a.fraction is not None or a.mig_profile is not None or a.gpu_mem_mib:
+            if a.gpu is None or a.gpu >= nodes[a.node]:
+                fail(f"{path}.gpu", a.gpu, f"the index of the GPU the share is on, 0 to {nodes[a.node] - 1}")
+            continue
         if a.gpu_indices is not None:
             gpus = a.gpu_indices
             if len(gpus) != a.gpus or len(set(gpus)) != len(gpus) or max(gpus, default=0) >= nodes[a.node]:
@@ -416,10 +439,15 @@ def _sim_job(job_id: str, data: dict) -> SimJob:
         per_pod = None
         same_node = data.get("same_node", False)
     duration = data["duration"]
+    share = _share_of(job_id, data)
     spec = JobSpec(
         id=job_id, team=data.get("team", "default"), user=data.get("user") or "",
         workload_class=data["workload_class"], gpus=gpus, gpus_per_pod=per_pod, same_node=same_node,
-        gpu_mem_mib=data.get("gpu_mem_mib", 0), gpu_types=tuple(data.get("gpu_types") or ()),
+        gpu_mem_mib=0 if share is not None else data.get("gpu_mem_mib", 0),
+        gpu_types=tuple(data.get("gpu_types") or ()), share=share,
+        node_selector=tuple(sorted((data.get("node_selector") or {}).items())),
+        tolerations=tuple(data.get("tolerations") or ()), min_driver=data.get("min_driver") or "",
+        cache_key=data.get("cache_key") or "", cache_required=bool(data.get("cache_required")),
         time_limit_s=data.get("time_limit"),
         # the conventions: the duration is the runtime estimate unless a time limit is given
         runtime_estimate_s=data.get("estimate") or (
@@ -431,10 +459,46 @@ def _sim_job(job_id: str, data: dict) -> SimJob:
     return SimJob(spec, None if duration == "unbounded" else float(duration))
 
 
+def milli_of(fraction: float, where: str) -> int:
+    """``0.18`` -> 180 milli-GPU, exactly (the decimal the user wrote, not its binary float).
+
+    Raises:
+        ScenarioError: a fraction that is not a multiple of 0.001.
+    """
+    exact = Decimal(repr(fraction)) * 1000
+    if exact != exact.to_integral_value():
+        raise ScenarioError(f"{where}: {fraction!r} is not allowed: a multiple of 0.001 GPU")
+    return int(exact)
+
+
+def _share_of(job_id: str, data: dict) -> GpuShare | None:
+    mem = data.get("gpu_mem_mib", 0) or 0
+    where = f"job {job_id}"
+    if data.get("mig_profile"):
+        return GpuShare("mig", profile=data["mig_profile"])
+    if data.get("ts_replicas"):
+        return GpuShare("time_slice", mem_mib=mem, slots=data["ts_replicas"])
+    if data.get("mps_clients"):
+        return GpuShare("mps", milli=milli_of(data.get("mps_sm_percent", 100.0) / 100, f"{where}: mps_sm_percent"),
+                        mem_mib=mem, slots=data["mps_clients"])
+    if data.get("gpu_fraction") is not None:
+        return GpuShare("fraction", milli=milli_of(data["gpu_fraction"], f"{where}: gpu_fraction"), mem_mib=mem)
+    if not data.get("gpus") and not data.get("gang") and mem:
+        return GpuShare("fraction", mem_mib=mem)
+    return None
+
+
 def _adopt(policy: Policy, alloc: InitialAllocation, earlier: list[InitialAllocation]) -> JobAdopted:
     node = next((n for n in policy.rules.nodes if n.name == alloc.node), None)
     if node is None:
         raise ScenarioError(f"initial_allocations: node {alloc.node!r} is not allowed: a node of the cluster")
+    share = _share_of(alloc.job, {"mig_profile": alloc.mig_profile, "gpu_fraction": alloc.fraction,
+                                  "gpu_mem_mib": alloc.gpu_mem_mib})
+    if share is not None:
+        spec = JobSpec(id=alloc.job, team=alloc.team, user=alloc.user, workload_class=alloc.workload_class,
+                       gpus=1, share=share, preemptible=alloc.preemptible, checkpointable=alloc.checkpointable,
+                       runtime_estimate_s=alloc.ends, submit_time=0.0)
+        return JobAdopted(0.0, spec, Placement(((alloc.node, (alloc.gpu or 0,)),)), 0.0)
     if alloc.gpu_indices is not None:
         gpus = tuple(alloc.gpu_indices)
     else:

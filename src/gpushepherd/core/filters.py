@@ -1,0 +1,138 @@
+"""Node filters: which nodes a job may use, and whether the inventory can ever hold it.
+
+A job's filter key (``ckey``) gathers everything static a node must offer: the class's
+pools, GPU types, minimum GPU memory, node selector, tolerations, minimum driver, a
+required cache key and the kind of GPU it takes (whole or a share kind). Nodes with one
+shape key (``Node.shape_key``) pass or fail a filter together, so the core filters
+node groups, not nodes (Kubernetes' filter plugins, evaluated per equivalence class).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from gpushepherd.model.cluster import Node
+from gpushepherd.model.job import GpuShare, JobSpec
+from gpushepherd.model.rules import ClassRules
+
+_VERSION_PART = re.compile(r"\d+")
+
+
+def version_key(text: str) -> tuple[int, ...]:
+    """``"535.104.05"`` -> ``(535, 104, 5)``: driver versions compare part by part as
+    numbers (``535.54`` < ``535.104``)."""
+    return tuple(int(p) for p in _VERSION_PART.findall(text))
+
+
+def taint_key(taint: str) -> str:
+    """``gpu=inference:NoSchedule`` -> ``gpu``."""
+    return taint.split(":", 1)[0].split("=", 1)[0]
+
+
+def tolerates(taints: Iterable[str], tolerations: Iterable[str]) -> bool:
+    """Whether every taint is tolerated: a toleration equal to the taint (``key=value``,
+    Kubernetes' ``Equal``) or naming only its key (``Exists``)."""
+    tol = set(tolerations)
+    for taint in taints:
+        plain = taint.split(":", 1)[0]
+        if plain not in tol and taint not in tol and taint_key(taint) not in tol:
+            return False
+    return True
+
+
+def job_filter(cls: ClassRules, spec: JobSpec) -> tuple:
+    """The filter key of a job of class ``cls``."""
+    kind = spec.share.kind if spec.share is not None else "whole"
+    return (cls.pools, tuple(sorted(spec.gpu_types)), spec.gpu_mem_mib, tuple(sorted(spec.node_selector)),
+            tuple(sorted(spec.tolerations)), spec.min_driver, spec.cache_key if spec.cache_required else "", kind)
+
+
+def node_ok(node: Node, ckey: tuple) -> bool:
+    """Whether ``node`` passes the filter ``ckey`` (static properties only)."""
+    pools, types, mem, selector, tolerations, min_driver, cache, kind = ckey
+    if pools is not None and node.pool not in pools:
+        return False
+    if types and node.gpu_type not in types:
+        return False
+    if node.gpu_mem_mib < mem:
+        return False
+    for key, value in selector:
+        if node.label(key) != value:
+            return False
+    if node.taints and not tolerates(node.taints, tolerations):
+        return False
+    if min_driver and (not node.driver or version_key(node.driver) < version_key(min_driver)):
+        return False
+    if cache and cache not in node.cached:
+        return False
+    return node.supports(kind)
+
+
+def whole_gpus(node: Node) -> int:
+    """GPUs of the node that can be handed out whole (MIG GPUs never are)."""
+    return node.gpus - len(node.mig)
+
+
+def share_fits_card(node: Node, share: GpuShare) -> bool:
+    """Whether one empty card of ``node`` could hold ``share`` (MIG: some card's layout
+    has the profile)."""
+    if share.kind == "mig":
+        return any(inst.profile == share.profile for _g, layout in node.mig for inst in layout)
+    milli, mem, slots = share.need()
+    if milli > 1000 or mem > node.gpu_mem_mib:
+        return False
+    if share.kind == "time_slice":
+        return slots <= node.ts_replicas
+    if share.kind == "mps":
+        return slots <= node.mps_clients
+    return True
+
+
+def describe(cls: ClassRules, spec: JobSpec) -> str:
+    """The job's constraints in the policy's words, for reasons and rejections."""
+    parts = []
+    if spec.share is not None:
+        parts.append(f"share={spec.share}")
+    else:
+        parts.append(f"gpus={spec.gpus}")
+    if cls.pools is not None:
+        parts.append("pools=" + "|".join(cls.pools))
+    if spec.gpu_types:
+        parts.append("gpu_types=" + "|".join(spec.gpu_types))
+    if spec.gpu_mem_mib:
+        parts.append(f"gpu_mem_mib>={spec.gpu_mem_mib}")
+    for k, v in spec.node_selector:
+        parts.append(f"node_selector.{k}={v}")
+    if spec.min_driver:
+        parts.append(f"min_driver={spec.min_driver}")
+    if spec.cache_required:
+        parts.append(f"cache={spec.cache_key}")
+    return ",".join(parts)
+
+
+def inventory_misfit(nodes: Iterable[Node], cls: ClassRules, spec: JobSpec, ckey: tuple) -> str | None:
+    """Why no node of ``nodes`` could ever hold the job, even all idle; ``None`` when one
+    could. Whole-GPU gangs are checked by count here; the core checks their layout."""
+    nodes = list(nodes)
+    eligible = [n for n in nodes if node_ok(n, ckey)]
+    if not eligible:
+        return "no node offers " + describe(cls, spec) + _inventory_summary(nodes)
+    if spec.share is not None:
+        if not any(share_fits_card(n, spec.share) for n in eligible):
+            return f"no GPU can hold share={spec.share}" + _inventory_summary(eligible)
+        return None
+    if spec.same_node and not any(whole_gpus(n) >= spec.gpus for n in eligible):
+        return f"gpus={spec.gpus},same_node: at most {max(whole_gpus(n) for n in eligible)} on one node"
+    total = sum(whole_gpus(n) for n in eligible)
+    if spec.gpus > total:
+        return f"gpus={spec.gpus}: the nodes it may use have {total} in all"
+    return None
+
+
+def _inventory_summary(nodes: list[Node]) -> str:
+    kinds = sorted({(n.gpu_type, n.gpu_mem_mib) for n in nodes})
+    if not kinds:
+        return " (no nodes)"
+    shown = ", ".join(f"{t}/{m} MiB" if m else t for t, m in kinds[:6])
+    return f" (the cluster has {shown}{', ...' if len(kinds) > 6 else ''})"
