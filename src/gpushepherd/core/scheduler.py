@@ -39,6 +39,7 @@ from gpushepherd.core.preemption import lower_jobs_would_make_room, reclaim_vict
 from gpushepherd.core.queue import PendingQueue, estimate_band
 from gpushepherd.core.quota import QuotaBook
 from gpushepherd.core.state import INF, Job, Transition
+from gpushepherd.core.stranded import stranded_capacity
 from gpushepherd.model.cluster import Node
 from gpushepherd.model.decisions import Decision, Preempt, Reject, Start, Stop
 from gpushepherd.model.events import (
@@ -515,6 +516,11 @@ class Scheduler:
         except MigError:
             slices = 7
         return slices * 1000
+
+    def stranded_capacity(self) -> dict:
+        """Free GPU capacity and the part of it no pending job could use now, by the
+        constraint that strands it (``gpushepherd.core.stranded``)."""
+        return stranded_capacity(self)
 
     def inventory_misfit(self, job: Job) -> str | None:
         """Why no node the scheduler knows (lost ones included, all idle and healthy)
@@ -1151,7 +1157,8 @@ class Scheduler:
             if len(out) > before:
                 self._pass += 1  # GPUs were taken: other jobs' reasons are recomputed on demand
                 for job in new:
-                    job.reason_pass = self._pass
+                    if job.reason_pass != -1:  # -1: worked out when asked
+                        job.reason_pass = self._pass
 
     #: how many jobs of one sub-queue a pass looks through for one short enough to
     #: backfill (its estimate band straddles the reservation's start)
@@ -1270,7 +1277,7 @@ class Scheduler:
         # 4. place on free GPUs
         counts = None
         if ctx.fail_fit.get(fkey, INF) > shape.k:
-            counts = place_live(ledger, self.groups_for(job), shape)
+            counts = self._place_whole(job)
             if counts is None:
                 ctx.fail_fit[fkey] = shape.k
         if short is not None:
@@ -1336,6 +1343,19 @@ class Scheduler:
             if ctx.n_reserved < ctx.depth:
                 return _GO
         return _DEAD
+
+    def _place_whole(self, job: Job) -> Counts | None:
+        """``place_live`` on the nodes the job may use; with a cache key it does not
+        require, the nodes that hold it first (model/dataset locality)."""
+        groups = self.groups_for(job)
+        key = job.spec.cache_key
+        if key and not job.spec.cache_required:
+            cached = [g for g in groups if key in self.ledger.groups[g].node.cached]
+            if cached and len(cached) < len(groups):
+                counts = place_live(self.ledger, cached, job.shape)
+                if counts is not None:
+                    return counts
+        return place_live(self.ledger, groups, job.shape)
 
     def _consider_share(self, job: Job, ctx: "_Pass", out: list[Decision]) -> object:
         """A share's turn: hard limits, cohort quota, then the tightest card that fits

@@ -82,6 +82,9 @@ class SimResult:
     scheduler: Scheduler
     usage_timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     usage_probes: dict[float, dict[tuple, float]] = field(default_factory=dict)
+    #: ``(t, free GPUs, stranded GPUs, {constraint: GPUs})`` sampled every
+    #: ``stranded_every_s`` (``Scheduler.stranded_capacity``)
+    stranded: list[tuple[float, float, float, dict[str, float]]] = field(default_factory=list)
 
 
 class Simulator:
@@ -101,6 +104,8 @@ class Simulator:
         scheduler: builds the scheduler from ``rules`` (default: gpushepherd's core;
             ``gpushepherd.baselines`` has others). Restarts, reasons and invariant checks
             need the core.
+        stranded_every_s: sample free and stranded GPU capacity after the first
+            instant at or past every multiple of this many seconds (``None``: never).
     """
 
     def __init__(self, rules: Rules, jobs: list[SimJob], events: list[Event | Restart] | None = None, *,
@@ -108,7 +113,12 @@ class Simulator:
                  progress: Callable[[int, int], None] | None = None,
                  track_usage: Callable[[JobSpec], str | None] | None = None,
                  probe_times: tuple[float, ...] = (),
-                 scheduler: Callable[[Rules], Scheduler] | None = None):
+                 scheduler: Callable[[Rules], Scheduler] | None = None,
+                 stranded_every_s: float | None = None):
+        if stranded_every_s is not None and not stranded_every_s > 0:
+            raise ValueError(f"stranded_every_s: {stranded_every_s!r} is not allowed: seconds > 0")
+        self.stranded_every_s = stranded_every_s
+        self.stranded: list[tuple[float, float, float, dict[str, float]]] = []
         self.rules = rules
         self.sched = (scheduler or Scheduler)(rules)
         self.jobs = jobs
@@ -147,6 +157,7 @@ class Simulator:
         finished = 0
         last_report = 0
         t_prev = None
+        next_sample = None
         capacity_gpu_s = 0.0
         busy_gpu_s = 0.0
         held = 0
@@ -240,6 +251,11 @@ class Simulator:
                 self.usage_probes[t] = {key: sched.usage.value(key, t) for key in sorted(sched.usage.entries)}
             if self.check:
                 sched.check_invariants()
+            every = self.stranded_every_s
+            if every is not None and (next_sample is None or t >= next_sample):
+                report = sched.stranded_capacity()
+                self.stranded.append((t, report["free_gpus"], report["stranded_gpus"], report["by_constraint"]))
+                next_sample = (t // every + 1) * every
             wake = sched.next_wakeup()
             if wake is not None and wake > t and wake not in ticks:
                 ticks.add(wake)
@@ -255,6 +271,7 @@ class Simulator:
             self.progress(finished, total)
         result = SimResult(records, capacity_gpu_s, busy_gpu_s, t_first, t_last, n_decisions, sched, timeline)
         result.usage_probes = self.usage_probes
+        result.stranded = self.stranded
         return result
 
     # -- decisions -> future events -------------------------------------------
