@@ -217,3 +217,28 @@ def test_policy_rejects_bad_inventory_fields():
         policy_from_dict({"cluster": {"nodes": [{"name": "n", "gpus": 2, "gpu_uuids": ["GPU-1"]}]}})
     with pytest.raises(PolicyError, match="driver"):
         policy_from_dict({"cluster": {"nodes": [{"name": "n", "gpus": 2, "driver": "latest"}]}})
+
+
+# -------------------------------------------------------- MIG reconfiguration
+def _reconf_run(events=()):
+    rules = policy(nodes=[node("n1", 1, mig=MIG7)], mig={"reconfigure": True, "delay_s": 60})
+    small = GpuShare("mig", profile="1g.10gb")
+    jobs = [SimJob(job("s1", share=small), 100.0), SimJob(job("big", share=GpuShare("mig", profile="3g.40gb"),
+                                                              submit=10), 100.0)]
+    return Simulator(rules, jobs, list(events), check_invariants=True).run()
+
+
+def test_an_idle_mig_gpu_is_repartitioned_for_the_pending_mix():
+    res = _reconf_run()
+    assert res.records["big"].reconfigurations == [100.0]
+    assert [(t, str(p)) for t, p in res.records["big"].starts] == [(160.0, "n1:0[mig:3g.40gb@4]")]
+    layout = res.scheduler.ledger.slots[0].migs[0].layout
+    assert [(i.start, i.profile) for i in layout] == [(0, "1g.10gb"), (1, "1g.10gb"), (2, "1g.10gb"),
+                                                     (3, "1g.10gb"), (4, "3g.40gb")]
+
+
+def test_a_restart_while_reconfiguring_keeps_the_plan():
+    from gpushepherd.sim.engine import Restart
+    res = _reconf_run([Restart(130.0)])
+    assert [t for t, _p in res.records["big"].starts] == [160.0]
+    assert res.records["big"].reconfigurations == [100.0]

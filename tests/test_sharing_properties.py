@@ -4,7 +4,8 @@
   milli-GPU; time-slicing replicas and MPS clients stay within the node's limits;
 * MIG instances never overlap and always form a valid layout; a GPU in MIG mode is
   never handed out whole; a whole-GPU allocation never shares its card;
-* every job ends (or is rejected at submit, when no node could ever hold it).
+* every job ends (or is rejected at submit, when no node could ever hold it), with
+  MIG reconfiguration on or off and across a restart of the scheduler.
 
 The per-instant checks are ``Scheduler.check_invariants`` (``Ledger.check`` asserts
 the card sums against their capacity) plus the explicit checks below.
@@ -19,7 +20,7 @@ from gpushepherd.core.ledger import MIG, SHARED
 from gpushepherd.model.job import GpuShare, JobSpec
 from gpushepherd.model.mig import MIG_MODELS, pack_layout, validate_layout
 from gpushepherd.policy import policy_from_dict
-from gpushepherd.sim.engine import SimJob, Simulator
+from gpushepherd.sim.engine import Restart, SimJob, Simulator
 
 PROFILES = sorted(MIG_MODELS["A100-80GB"])
 
@@ -92,10 +93,12 @@ def check_cards(sched) -> None:
 
 
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(clusters(), jobs(), st.booleans())
-def test_sharing_invariants_hold_at_every_instant(nodes, sim_jobs, preemption):
-    rules = policy_from_dict({"cluster": {"nodes": nodes}, "preemption": {"enabled": preemption}}).rules
-    sim = Simulator(rules, sim_jobs, check_invariants=True)
+@given(clusters(), jobs(), st.booleans(), st.booleans(), st.none() | st.integers(0, 120))
+def test_sharing_invariants_hold_at_every_instant(nodes, sim_jobs, preemption, reconfigure, restart_at):
+    rules = policy_from_dict({"cluster": {"nodes": nodes}, "preemption": {"enabled": preemption},
+                              "mig": {"reconfigure": reconfigure, "delay_s": 30}}).rules
+    events = [Restart(float(restart_at))] if restart_at is not None else []
+    sim = Simulator(rules, sim_jobs, events, check_invariants=True)
     orig = sim.sched.check_invariants
 
     def both():

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from gpushepherd.model.cluster import Node
 from gpushepherd.model.job import GpuShare, JobSpec
+from gpushepherd.model.mig import MigError, profile
 from gpushepherd.model.rules import ClassRules
 
 _VERSION_PART = re.compile(r"\d+")
@@ -74,10 +75,16 @@ def whole_gpus(node: Node) -> int:
     return node.gpus - len(node.mig)
 
 
-def share_fits_card(node: Node, share: GpuShare) -> bool:
+def share_fits_card(node: Node, share: GpuShare, reconfigurable: bool = False) -> bool:
     """Whether one empty card of ``node`` could hold ``share`` (MIG: some card's layout
-    has the profile)."""
+    has the profile, or - ``reconfigurable`` - its GPU model offers the profile)."""
     if share.kind == "mig":
+        if reconfigurable and node.mig:
+            try:
+                profile(node.gpu_type, share.profile)
+                return True
+            except MigError:
+                return False
         return any(inst.profile == share.profile for _g, layout in node.mig for inst in layout)
     milli, mem, slots = share.need()
     if milli > 1000 or mem > node.gpu_mem_mib:
@@ -111,15 +118,17 @@ def describe(cls: ClassRules, spec: JobSpec) -> str:
     return ",".join(parts)
 
 
-def inventory_misfit(nodes: Iterable[Node], cls: ClassRules, spec: JobSpec, ckey: tuple) -> str | None:
+def inventory_misfit(nodes: Iterable[Node], cls: ClassRules, spec: JobSpec, ckey: tuple,
+                     reconfigurable: bool = False) -> str | None:
     """Why no node of ``nodes`` could ever hold the job, even all idle; ``None`` when one
-    could. Whole-GPU gangs are checked by count here; the core checks their layout."""
+    could (``reconfigurable``: MIG GPUs may be re-partitioned). Whole-GPU gangs are
+    checked by count here; the core checks their layout."""
     nodes = list(nodes)
     eligible = [n for n in nodes if node_ok(n, ckey)]
     if not eligible:
         return "no node offers " + describe(cls, spec) + _inventory_summary(nodes)
     if spec.share is not None:
-        if not any(share_fits_card(n, spec.share) for n in eligible):
+        if not any(share_fits_card(n, spec.share, reconfigurable) for n in eligible):
             return f"no GPU can hold share={spec.share}" + _inventory_summary(eligible)
         return None
     if spec.same_node and not any(whole_gpus(n) >= spec.gpus for n in eligible):

@@ -76,16 +76,17 @@ class ShareCard:
 class MigCard:
     """A GPU in MIG mode: its layout (``MigInstance`` by start) and each instance's holder."""
 
-    __slots__ = ("layout", "holders", "healthy")
+    __slots__ = ("layout", "holders", "healthy", "reconfiguring")
 
     def __init__(self, layout: tuple):
         self.layout = tuple(layout)
         self.holders: list[str | None] = [None] * len(self.layout)
         self.healthy = True
+        self.reconfiguring = False  # out of service until the driver applies a new layout
 
     def free_of(self, profile: str) -> int | None:
         """Position of the free instance of ``profile`` with the lowest start, or ``None``."""
-        if not self.healthy:
+        if not self.healthy or self.reconfiguring:
             return None
         for pos, inst in enumerate(self.layout):
             if inst.profile == profile and self.holders[pos] is None:
@@ -93,7 +94,11 @@ class MigCard:
         return None
 
     def free_count(self) -> int:
-        return sum(1 for h in self.holders if h is None) if self.healthy else 0
+        return sum(1 for h in self.holders if h is None) if self.healthy and not self.reconfiguring else 0
+
+    @property
+    def idle(self) -> bool:
+        return all(h is None for h in self.holders)
 
 
 class NodeSlot:
@@ -420,12 +425,22 @@ class Ledger:
             card.holders[pos] = None
             self.changes.append(idx)
 
-    def reconfigure_mig(self, idx: int, gpu: int, layout: tuple) -> None:
-        """Replace the layout of an idle MIG GPU. Raises ``ValueError`` while any
-        instance is held."""
+    def begin_reconfigure(self, idx: int, gpu: int) -> None:
+        """Take an idle MIG GPU out of service for a new layout. Raises ``ValueError``
+        while any instance is held."""
         slot = self.slots[idx]
         card = slot.migs.get(gpu)
-        if card is None or any(h is not None for h in card.holders):
+        if card is None or not card.idle:
+            raise ValueError(f"GPU {gpu} of {slot.node.name} is not an idle MIG GPU")
+        card.reconfiguring = True
+        self.changes.append(idx)
+
+    def reconfigure_mig(self, idx: int, gpu: int, layout: tuple) -> None:
+        """Give an idle MIG GPU ``layout`` (``MigInstance``s) and put it back in
+        service. Raises ``ValueError`` while any instance is held."""
+        slot = self.slots[idx]
+        card = slot.migs.get(gpu)
+        if card is None or not card.idle:
             raise ValueError(f"GPU {gpu} of {slot.node.name} is not an idle MIG GPU")
         new = MigCard(layout)
         new.healthy = card.healthy

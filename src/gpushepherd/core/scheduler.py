@@ -41,7 +41,7 @@ from gpushepherd.core.quota import QuotaBook
 from gpushepherd.core.state import INF, Job, Transition
 from gpushepherd.core.stranded import stranded_capacity
 from gpushepherd.model.cluster import Node
-from gpushepherd.model.decisions import Decision, Preempt, Reject, Start, Stop
+from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import (
     Event,
     GpuHealthChanged,
@@ -50,12 +50,21 @@ from gpushepherd.model.events import (
     JobFinished,
     JobRequeueRequested,
     JobSubmitted,
+    MigReconfigured,
     NodeAdded,
     NodeLost,
     Tick,
 )
 from gpushepherd.model.job import GPU_UNITS, SHARE_KINDS, ExitStatus, GpuShare, JobSpec, JobState, natural_key
-from gpushepherd.model.mig import MigError, MigInstance, profile as mig_profile
+from gpushepherd.model.mig import (
+    MigError,
+    MigInstance,
+    layout_from_names,
+    mig_model,
+    profile as mig_profile,
+    profiles_for,
+    validate_layout,
+)
 from gpushepherd.model.placement import Placement
 from gpushepherd.model.reasons import PendingReason, ReasonCode
 from gpushepherd.model.rules import Rules
@@ -140,8 +149,8 @@ def _validate_share(spec: JobSpec, cls, where: str) -> None:
 
 #: within one instant's hardware and operator events: a node lost, then a node added
 #: (it may come back), then GPU health (of the node as it is now), then operator actions
-_SUBRANK = {"NodeLost": 0, "NodeAdded": 1, "GpuHealthChanged": 2, "JobAdopted": 3, "JobCancelled": 4,
-            "JobRequeueRequested": 5}
+_SUBRANK = {"NodeLost": 0, "NodeAdded": 1, "GpuHealthChanged": 2, "MigReconfigured": 3, "JobAdopted": 4,
+            "JobCancelled": 5, "JobRequeueRequested": 6}
 
 
 def _event_order(e: Event) -> tuple:
@@ -283,6 +292,8 @@ class Scheduler:
         self._new: list[Job] = []
         self._first_blocked: tuple | None = None
         self._pending_shares = 0  # pending jobs that want a share of a GPU
+        #: (node index, GPU) -> the layout ((start, profile), ...) a reconfiguration is applying
+        self._mig_plans: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {}
 
     # ------------------------------------------------------------------ API
     def handle(self, events: Event | Iterable[Event]) -> list[Decision]:
@@ -320,6 +331,8 @@ class Scheduler:
             if tightened:
                 self._close_windows(tightened, out)
             self._schedule(out)
+            if self.rules.mig_reconfigure and self._pending_shares:
+                self._plan_mig(out)
         return out
 
     def next_wakeup(self) -> float | None:
@@ -448,6 +461,8 @@ class Scheduler:
             self._gpu_health(e, out)
         elif isinstance(e, JobAdopted):
             self._adopt(e, out)
+        elif isinstance(e, MigReconfigured):
+            self._mig_reconfigured(e)
         elif isinstance(e, Tick):
             pass
         else:  # pragma: no cover
@@ -527,7 +542,7 @@ class Scheduler:
         could ever hold ``job``; ``None`` when one could. Quota limits are not looked
         at (a policy can change; the job then waits with ``ExceedsCapacity``)."""
         nodes = [s.node for s in self.ledger.slots]
-        misfit = inventory_misfit(nodes, job.cls, job.spec, job.shape.ckey)
+        misfit = inventory_misfit(nodes, job.cls, job.spec, job.shape.ckey, self.rules.mig_reconfigure)
         if misfit is None and job.shape.mode in ("multi", "pods"):
             cand = [s.idx for s in self.ledger.slots if node_ok(s.node, job.shape.ckey)]
             totals = {i: whole_gpus(self.ledger.slots[i].node) for i in cand}
@@ -672,6 +687,81 @@ class Scheduler:
         job.first_start = job.run_start
         self._log(job, "", JobState.RUNNING, f"adopted on {e.placement}")
         self._full = True
+
+    # ------------------------------------------------------- MIG reconfiguration
+    def _plan_mig(self, out: list[Decision]) -> None:
+        """Re-partition idle MIG GPUs for pending MIG jobs that find no free instance of
+        their profile (nor one in a layout being applied): in queue order, each such job
+        gets the first idle, healthy MIG GPU of a node it may use whose model has its
+        profile. The new layout holds its profile, then the profiles of later waiting
+        jobs that still fit (queue order), then the smallest profile in what is left, so
+        that no slice is wasted. Emits ``ReconfigureMig``; the GPU serves nobody until
+        ``MigReconfigured``."""
+        ledger = self.ledger
+        waiting = sorted((j for j in self._queue if j.share is not None and j.share.kind == "mig"),
+                         key=lambda j: j.key)
+        if not waiting:
+            return
+        supply = {key: [p for _s, p in layout] for key, layout in sorted(self._mig_plans.items())}
+        for i, job in enumerate(waiting):
+            prof = job.share.profile
+            if self._hard_reason(job) is not None or self._cohort_reason(job) is not None:
+                continue
+            groups = self.groups_for(job)
+            if ledger.best_mig(groups, prof) is not None:
+                continue  # an instance is free: the job waits for something else
+            nodes = self.nodes_for(job)
+            served = next((k for k in sorted(supply) if k[0] in nodes and prof in supply[k]), None)
+            if served is not None:
+                supply[served].remove(prof)
+                continue
+            target = None
+            for idx in members_of(ledger, groups):
+                slot = ledger.slots[idx]
+                model = mig_model(slot.node.gpu_type)
+                if model is None or prof.lower() not in {p.lower() for p in profiles_for(model)}:
+                    continue
+                for gpu in sorted(slot.migs):
+                    card = slot.migs[gpu]
+                    if card.idle and card.healthy and not card.reconfiguring:
+                        target = (idx, gpu)
+                        break
+                if target is not None:
+                    break
+            if target is None:
+                continue
+            idx, gpu = target
+            node = ledger.slots[idx].node
+            names = [prof]
+            for other in waiting[i + 1:]:
+                if idx in self.nodes_for(other) and _fits_layout(node.gpu_type, names + [other.share.profile]):
+                    names.append(other.share.profile)
+            profs = profiles_for(node.gpu_type)
+            smallest = min(profs.values(), key=lambda p: (p.size, p.compute_slices, "+" in p.name, p.name)).name
+            while _fits_layout(node.gpu_type, names + [smallest]):
+                names.append(smallest)
+            layout = tuple((inst.start, inst.profile) for inst in layout_from_names(node.gpu_type, names))
+            ledger.begin_reconfigure(idx, gpu)
+            self._mig_plans[target] = layout
+            rest = [p for _s, p in layout]
+            rest.remove(next(p for p in rest if p.lower() == prof.lower()))
+            supply[target] = rest
+            self._log(job, JobState.PENDING, JobState.PENDING,
+                      f"MIG reconfiguration of {node.name}:{gpu} to {','.join(p for _s, p in layout)}")
+            out.append(ReconfigureMig(self.now, job.id, node=node.name, gpu=gpu, layout=layout))
+            self._topology_changed()
+
+    def _mig_reconfigured(self, e: MigReconfigured) -> None:
+        ledger = self.ledger
+        idx = ledger.by_name.get(e.node)
+        if idx is None or e.gpu not in ledger.slots[idx].migs:
+            raise ValueError(f"MIG reconfiguration of unknown MIG GPU {e.node}:{e.gpu}")
+        slot = ledger.slots[idx]
+        layout = tuple(MigInstance(start, prof) for start, prof in e.layout)
+        validate_layout(slot.node.gpu_type, layout)
+        ledger.reconfigure_mig(idx, e.gpu, layout)
+        self._mig_plans.pop((idx, e.gpu), None)
+        self._topology_changed()
 
     def _adopt_share(self, e: JobAdopted) -> None:
         """Adopt a running share: a card share on the placement's one GPU, or the free
@@ -1552,7 +1642,7 @@ class Scheduler:
         never = self._cap_cache.get(job.fkey + job.shape.k * 1_000_003)
         if never is None and job.shape.mode == "share":
             live = [s.node for s in self.ledger.slots if s.alive]
-            never = inventory_misfit(live, job.cls, job.spec, job.shape.ckey) is not None
+            never = inventory_misfit(live, job.cls, job.spec, job.shape.ckey, self.rules.mig_reconfigure) is not None
             self._cap_cache[job.fkey + job.shape.k * 1_000_003] = never
         if never is None:
             ledger = self.ledger
@@ -1576,6 +1666,11 @@ class Scheduler:
         ledger = self.ledger
         groups = self.groups_for(job)
         if share.kind == "mig":
+            nodes = self.nodes_for(job)
+            coming = [f"{ledger.slots[i].node.name}:{g}" for (i, g), layout in sorted(self._mig_plans.items())
+                      if i in nodes and any(p == share.profile for _s, p in layout)]
+            if coming:
+                return PendingReason(R.NO_FIT, f"mig-slice {share.profile}, reconfiguring {','.join(coming)}")
             return PendingReason(R.NO_FIT, f"mig-slice {share.profile}")
         milli, mem, slots = share.need()
         fresh = ledger.free_in([g for g in groups if share_fits_card(ledger.groups[g].node, share)]) > 0
@@ -1784,7 +1879,10 @@ class Scheduler:
                 lost.append(slot.node.name)
                 continue
             for g in range(slot.total):
-                if not slot.healthy_mask >> g & 1:
+                if g in slot.migs:
+                    if not slot.migs[g].healthy:
+                        unhealthy.append([slot.node.name, g])
+                elif not slot.healthy_mask >> g & 1:
                     unhealthy.append([slot.node.name, g])
         static = {n.name for n in self.rules.nodes}
         added = [
@@ -1792,7 +1890,17 @@ class Scheduler:
                  else getattr(s.node, f)) for f in s.node.__dataclass_fields__}
             for s in self.ledger.slots if s.node.name not in static
         ]
+        mig = []
+        for slot in self.ledger.slots:
+            for g in sorted(slot.migs):
+                card = slot.migs[g]
+                static = dict(slot.node.mig).get(g)
+                if card.layout != static or card.reconfiguring:
+                    plan = self._mig_plans.get((slot.idx, g))
+                    mig.append([slot.node.name, g, [[i.start, i.profile] for i in card.layout],
+                                [list(x) for x in plan] if plan is not None else None])
         return {"now": self.now, "jobs": jobs, "unhealthy": unhealthy, "lost_nodes": lost, "added_nodes": added,
+                "mig": mig,
                 "usage": self.usage.snapshot(self.now) if self.now != float("-inf") else [],
                 "priority_recalc": [self._recalc_t, self._next_recalc],
                 "predictor": self.predictor.snapshot() if self.predictor is not None else []}
@@ -1818,6 +1926,12 @@ class Scheduler:
                 sched.ledger.remove_node(sched.ledger.by_name[name])
         for name, g in snap.get("unhealthy", []):
             sched.ledger.set_gpu_health(sched.ledger.by_name[name], g, False)
+        for name, g, layout, plan in snap.get("mig", []):
+            idx = sched.ledger.by_name[name]
+            sched.ledger.reconfigure_mig(idx, g, tuple(MigInstance(s, p) for s, p in layout))
+            if plan is not None:
+                sched.ledger.begin_reconfigure(idx, g)
+                sched._mig_plans[(idx, g)] = tuple((int(s), str(p)) for s, p in plan)
         sched.now = snap.get("now", float("-inf"))
         if sched.now != float("-inf"):
             sched.quota.set_time(sched.now)
@@ -1934,6 +2048,8 @@ class Scheduler:
         pend = {j.id for j in self.jobs.values() if j.state is JobState.PENDING}
         assert pend == {j.id for j in self._queue}, "pending set drifted"
         assert set(self._preemptors) <= pend, "a preemptor that is not pending"
+        for (idx, g) in self._mig_plans:
+            assert self.ledger.slots[idx].migs[g].reconfiguring, "a MIG plan on a GPU in service"
 
         assert len(self._ends) == len(self._running)
         for job in self._running.values():
@@ -1963,6 +2079,14 @@ class Scheduler:
                             if victim:
                                 lower_vic[idx][j] += mask.bit_count()
         assert lower_all == self._lower_all and lower_vic == self._lower_vic, "per-node class counters drifted"
+
+
+def _fits_layout(gpu_type: str, names: list[str]) -> bool:
+    try:
+        layout_from_names(gpu_type, names)
+    except MigError:
+        return False
+    return True
 
 
 def _time_limit(spec: JobSpec, cls) -> float | None:

@@ -78,7 +78,7 @@ def stranded_capacity(sched: "Scheduler") -> dict:
             free += slot.free
             if order:
                 usable = any(
-                    (j.shape.mode == "share" and share_fits_card(node, j.share) and j.share.kind != "mig")
+                    (j.shape.mode == "share" and j.share.kind != "mig" and share_fits_card(node, j.share))
                     or (j.shape.mode == "single" and slot.free >= j.shape.k)
                     or (j.shape.mode == "pods" and slot.free >= j.shape.per_pod)
                     or j.shape.mode == "multi"

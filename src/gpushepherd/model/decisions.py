@@ -49,3 +49,14 @@ class Reject(Decision):
     (``reason`` says which constraint). It never runs; its state is ``REJECTED``."""
 
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReconfigureMig(Decision):
+    """Re-partition idle MIG GPU ``gpu`` of ``node`` into ``layout`` (``((start,
+    profile), ...)``), for pending job ``job_id`` first. The GPU serves nobody until the
+    driver reports ``MigReconfigured``."""
+
+    node: str = ""
+    gpu: int = 0
+    layout: tuple[tuple[int, str], ...] = ()

@@ -58,6 +58,17 @@ class GpuHealthChanged(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class MigReconfigured(Event):
+    """The driver has applied a ``ReconfigureMig``: GPU ``gpu`` of ``node`` now has
+    ``layout`` (``((start, profile), ...)``) and is back in service."""
+
+    node: str = ""
+    gpu: int = 0
+    layout: tuple[tuple[int, str], ...] = ()
+    rank: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
 class JobCancelled(Event):
     job_id: str = ""
     rank: ClassVar[int] = 1

@@ -169,6 +169,9 @@ class Rules:
     backfill_enabled: bool = True
     backfill_reservations: int = 1
     backfill_max_job_test: int = 1000
+    #: re-partition idle MIG GPUs for the pending mix; the driver takes this long
+    mig_reconfigure: bool = False
+    mig_reconfigure_delay_s: float = 60.0
     default_team: str | None = None
     clock: Clock | None = None
     priority: PriorityRules = field(default_factory=PriorityRules)

@@ -287,6 +287,15 @@ class PreemptionSpec(_Strict):
     min_runtime_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
 
 
+class MigSpec(_Strict):
+    """MIG reconfiguration (issue #4): when pending jobs want profiles no free instance
+    offers, the core may re-partition an idle MIG GPU (``ReconfigureMig``); the GPU is
+    out of service for ``delay_s`` while the driver applies it."""
+
+    reconfigure: bool = False
+    delay_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 60.0
+
+
 class BackfillSpec(_Strict):
     """EASY-style backfill (Lifka 1995; Slurm's sched/backfill): the top blocked jobs
     get reservations; a later job may start now only if it cannot delay them."""
@@ -350,6 +359,7 @@ class PolicySpec(_Strict):
     prediction: PredictionSpec = Field(default_factory=PredictionSpec)
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     backfill: BackfillSpec = Field(default_factory=BackfillSpec)
+    mig: MigSpec = Field(default_factory=MigSpec)
     #: team for jobs that name none
     default_team: Name | None = None
     clock: ClockSpec = Field(default_factory=ClockSpec)

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpushepherd.core.scheduler import Scheduler
-from gpushepherd.model.decisions import Preempt, Reject, Start, Stop
-from gpushepherd.model.events import Event, JobAdopted, JobFinished, JobSubmitted, Tick
+from gpushepherd.model.decisions import Preempt, ReconfigureMig, Reject, Start, Stop
+from gpushepherd.model.events import Event, JobAdopted, JobFinished, JobSubmitted, MigReconfigured, Tick
 from gpushepherd.model.job import ExitStatus, JobSpec, JobState
 from gpushepherd.model.placement import Placement
 from gpushepherd.model.rules import Rules
@@ -63,6 +63,8 @@ class JobRecord:
     exit_status: ExitStatus = ExitStatus.COMPLETED
     gpu_seconds: float = 0.0
     signal_t: float | None = None
+    #: times a MIG reconfiguration was requested for this job
+    reconfigurations: list[float] = field(default_factory=list)
 
     @property
     def first_start(self) -> float | None:
@@ -223,6 +225,10 @@ class Simulator:
                             self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
                     else:
                         self._signal(rec, t, d.grace_s, ExitStatus.TIMEOUT)
+                elif isinstance(d, ReconfigureMig):
+                    rec.reconfigurations.append(t)
+                    self._push(t + self.rules.mig_reconfigure_delay_s, 1,
+                               MigReconfigured(t + self.rules.mig_reconfigure_delay_s, d.node, d.gpu, d.layout))
                 elif isinstance(d, Reject):
                     rec.end = t
                     rec.state = "REJECTED"

@@ -29,17 +29,28 @@ is used then.
 one node entry per trace node, every pod a ``batch`` job of team ``openb`` on one node
 (a Kubernetes pod never spans nodes); a pod of ``gpu_milli`` < 1000 takes a ``fraction``
 share of one GPU, any other pod whole GPUs.
+
+``arrivals`` and ``replay`` are the FGD paper's allocation experiment: pods arrive one
+after another and never leave, until the GPUs they requested reach ``target`` x the
+cluster's GPUs (Weng et al. use 1.3); the allocation is sampled as the arrived demand
+passes given levels. Arrival ``i`` is submitted at ``t = i`` seconds, alone in its
+instant (creation times only order the pods).
 """
 
 from __future__ import annotations
 
 import gzip
+import random
 import re
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from gpushepherd.model.decisions import Reject, Start
+from gpushepherd.model.events import JobSubmitted
 from gpushepherd.model.job import GpuShare, JobSpec
 from gpushepherd.sim.traces import TraceError
 
@@ -252,3 +263,130 @@ def job_spec(pod: OpenbPod, job_id: str, t: float) -> JobSpec:
     share = GpuShare(kind="fraction", milli=pod.gpu_milli) if pod.shared else None
     return JobSpec(id=job_id, team="openb", workload_class="batch", gpus=pod.num_gpu, same_node=True,
                    gpu_types=pod.gpu_spec, submit_time=t, share=share)
+
+
+def arrivals(pods: Sequence[OpenbPod], capacity_milli: int, target: float = 1.3,
+             seed: int | None = None) -> list[tuple[str, OpenbPod]]:
+    """The arrival sequence ``[(job id, pod)]``: pods until the GPUs they request reach
+    ``target`` x ``capacity_milli`` (the last pod may pass it by less than its own size).
+
+    ``seed`` ``None``: the pods in the given (creation) order, repeated - copy ``r`` of
+    pod ``p`` is job ``p-r<r>`` - so the same input always gives the same sequence.
+    With a seed, the ATC'23 artifact's workload tuning (``TunePodsByNodeTotalResource``
+    and ``--shuffle-pod`` in hkust-adsl/kubernetes-scheduler-simulator): every pod once,
+    then pods drawn with replacement (``random.Random(seed)``) until the target, the
+    whole list shuffled.
+
+    Raises:
+        ValueError: no pods, a capacity or target that is not positive.
+    """
+    if not pods:
+        raise ValueError("pods: [] is not allowed: at least one GPU pod")
+    if capacity_milli <= 0 or not target > 0:
+        raise ValueError(f"capacity {capacity_milli} milli-GPU, target {target!r}: both must be > 0")
+    limit = target * capacity_milli
+    out: list[tuple[str, OpenbPod]] = []
+    total = 0
+    if seed is None:
+        i = 0
+        while total < limit:
+            pod = pods[i % len(pods)]
+            rep = i // len(pods)
+            out.append((f"{pod.name}-r{rep}" if rep else pod.name, pod))
+            total += pod.demand_milli
+            i += 1
+        return out
+    rng = random.Random(seed)
+    for pod in pods:
+        if total >= limit:  # the trace alone is above the target: a prefix of it
+            break
+        out.append((pod.name, pod))
+        total += pod.demand_milli
+    n = 0
+    while total < limit:
+        pod = pods[rng.randrange(len(pods))]
+        out.append((f"{pod.name}-t{n}", pod))
+        total += pod.demand_milli
+        n += 1
+    rng.shuffle(out)
+    return out
+
+
+@dataclass(slots=True)
+class Sample:
+    """The cluster as the arrived demand first reaches ``level`` (fraction of capacity).
+
+    GPUs are GPU counts (shares as fractions); ``stranded`` / ``by_constraint`` come
+    from ``Scheduler.stranded_capacity()`` (``None`` when the scheduler has none)."""
+
+    level: float
+    pods: int
+    arrived: float
+    allocated: float
+    unallocated: float
+    started: int
+    pending: int
+    rejected: int
+    wall_s: float
+    free: float | None = None
+    stranded: float | None = None
+    by_constraint: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def allocated_share(self) -> float:
+        """Share of the arrived requested GPU capacity that is allocated."""
+        return self.allocated / self.arrived if self.arrived else 1.0
+
+
+def replay(rules, factory: Callable, seq: Sequence[tuple[str, OpenbPod]], capacity_milli: int,
+           levels: Sequence[float], progress: Callable[[int], None] | None = None,
+           check: bool = False) -> tuple[list[Sample], float]:
+    """Submit ``seq`` one pod per instant to ``factory(rules)``; pods never leave.
+
+    Returns the samples (one per level of ``levels`` the arrived demand reaches, and
+    one after the last pod when that pod reached none) and the wall time of the replay in seconds. ``progress(n)``
+    is called every 256 pods; ``check`` runs the core's invariant check at each sample.
+    """
+    sched = factory(rules)
+    todo = sorted(levels)
+    samples: list[Sample] = []
+    arrived = started = rejected = 0
+    t0 = time.perf_counter()
+    last = len(seq) - 1
+    for i, (job_id, pod) in enumerate(seq):
+        for d in sched.handle([JobSubmitted(float(i), job_spec(pod, job_id, float(i)))]):
+            if isinstance(d, Start):
+                started += 1
+            elif isinstance(d, Reject):
+                rejected += 1
+        arrived += pod.demand_milli
+        if progress is not None and i % 256 == 255:
+            progress(i + 1)
+        crossed = []
+        while todo and arrived >= todo[0] * capacity_milli:
+            crossed.append(todo.pop(0))
+        if not crossed and i == last:
+            crossed.append(arrived / capacity_milli)
+        for level in crossed:
+            samples.append(_sample(sched, level, i + 1, arrived, capacity_milli, started, rejected,
+                                   time.perf_counter() - t0, check))
+    if progress is not None:
+        progress(len(seq))
+    return samples, time.perf_counter() - t0
+
+
+def _sample(sched, level, pods, arrived, capacity_milli, started, rejected, wall, check) -> Sample:
+    if check:
+        sched.check_invariants()
+    held = 0
+    for job in sched.holding():
+        share = job.spec.share
+        held += share.milli if share is not None else job.spec.gpus * 1000
+    free = stranded = None
+    by: dict[str, float] = {}
+    sc = getattr(sched, "stranded_capacity", None)
+    if sc is not None:
+        got = sc()
+        free, stranded, by = got["free_gpus"], got["stranded_gpus"], dict(got.get("by_constraint", {}))
+    return Sample(level, pods, arrived / 1000, held / 1000, (capacity_milli - held) / 1000, started,
+                  len(sched.pending_jobs()), rejected, wall, free, stranded, by)
