@@ -242,3 +242,31 @@ def test_a_restart_while_reconfiguring_keeps_the_plan():
     res = _reconf_run([Restart(130.0)])
     assert [t for t, _p in res.records["big"].starts] == [160.0]
     assert res.records["big"].reconfigurations == [100.0]
+
+
+# ------------------------------------------------------------ anti-affinity
+def test_sandbox_and_production_inference_never_share_a_node():
+    rules = policy(nodes=[("n1", 4), ("n2", 4)], classes={"sandbox": {"avoid_nodes_with": ["production-inference"]}})
+    sched, out = scheduler(rules, job("inf", 1, cls="production-inference"), job("nb", 1, cls="sandbox", submit=1),
+                           job("nb2", cls="sandbox", share=frac(500), submit=2),
+                           job("inf2", 1, cls="production-inference", submit=3))
+    # best fit alone would put nb on n1 next to inf; the rule is symmetric for inf2
+    assert started(out) == {"inf": "n1:0", "nb": "n2:0", "nb2": "n2:1[fraction:0.5]", "inf2": "n1:1"}
+    # batch is not named: it may go anywhere
+    out = sched.handle(submit(job("b", 2, cls="batch", submit=5)))
+    assert started(out) == {"b": "n1:2,3"}
+
+
+def test_a_job_kept_off_the_only_node_with_room_says_anti_affinity():
+    rules = policy(nodes=[("n1", 4), ("n2", 4)], classes={"sandbox": {"avoid_nodes_with": ["production-inference"]}})
+    sched, out = scheduler(rules, job("inf", 1, cls="production-inference"), job("x", 3, cls="sandbox", submit=1),
+                           job("y", 3, cls="sandbox", same_node=True, submit=2))
+    assert started(out) == {"inf": "n1:0", "x": "n2:0,1,2"}
+    assert str(sched.pending_reason("y")) == "NoFit(anti-affinity)"  # n1 has 3 free, but inf runs there
+    out = sched.handle(done(10, "inf"))
+    assert started(out) == {"y": "n1:0,1,2"}
+
+
+def test_an_unknown_class_in_avoid_nodes_with_is_named():
+    with pytest.raises(PolicyError, match=r"classes\.sandbox\.avoid_nodes_with: 'inference' is not allowed"):
+        policy(nodes=[("n1", 1)], classes={"sandbox": {"avoid_nodes_with": ["inference"]}})

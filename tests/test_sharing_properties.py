@@ -4,6 +4,7 @@
   milli-GPU; time-slicing replicas and MPS clients stay within the node's limits;
 * MIG instances never overlap and always form a valid layout; a GPU in MIG mode is
   never handed out whole; a whole-GPU allocation never shares its card;
+* sandbox and training (anti-affine here) never hold GPUs on one node;
 * every job ends (or is rejected at submit, when no node could ever hold it), with
   MIG reconfiguration on or off and across a restart of the scheduler.
 
@@ -90,13 +91,17 @@ def check_cards(sched) -> None:
         for g, holder in enumerate(slot.holder):
             if holder not in (None, SHARED, MIG):
                 assert g not in slot.cards and g not in slot.migs  # a whole GPU shares its card with nobody
+    # class anti-affinity: no node holds sandbox and training jobs at once (both started there)
+    for idx, on in enumerate(sched._node_classes):
+        assert not ("sandbox" in on and "training" in on), f"{sched.ledger.slots[idx].node.name}: {on}"
 
 
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(), jobs(), st.booleans(), st.booleans(), st.none() | st.integers(0, 120))
 def test_sharing_invariants_hold_at_every_instant(nodes, sim_jobs, preemption, reconfigure, restart_at):
     rules = policy_from_dict({"cluster": {"nodes": nodes}, "preemption": {"enabled": preemption},
-                              "mig": {"reconfigure": reconfigure, "delay_s": 30}}).rules
+                              "mig": {"reconfigure": reconfigure, "delay_s": 30},
+                              "classes": {"sandbox": {"avoid_nodes_with": ["training"]}}}).rules
     events = [Restart(float(restart_at))] if restart_at is not None else []
     sim = Simulator(rules, sim_jobs, events, check_invariants=True)
     orig = sim.sched.check_invariants

@@ -309,7 +309,8 @@ class Ledger:
             _remove_sorted(self.groups[slot.group].open[card.mode], card.key)
             card.key = ()
 
-    def best_card(self, groups: list[int], kind: str, milli: int, mem: int, slots: int) -> tuple[int, int] | None:
+    def best_card(self, groups: list[int], kind: str, milli: int, mem: int, slots: int,
+                  exclude: frozenset[int] = frozenset()) -> tuple[int, int] | None:
         """The card already shared in mode ``kind`` with the least room left that
         still fits ``(milli, MiB, slots)``: ``(node index, GPU)`` or ``None``. Every
         card of ``groups`` is considered (tightest first: primary room, then MiB
@@ -324,7 +325,7 @@ class Ledger:
             for key in lst[bisect_left(lst, (primary, mem)):]:
                 if best is not None and key >= best:
                     break
-                if slots_of[key[2]].cards[key[3]].fits(milli, mem, slots):
+                if key[2] not in exclude and slots_of[key[2]].cards[key[3]].fits(milli, mem, slots):
                     best = key
                     break
         return None if best is None else (best[2], best[3])
@@ -389,7 +390,8 @@ class Ledger:
         if slot.alive and slot.healthy_mask >> gpu & 1:
             self._set_free(slot, slot.free_mask | (1 << gpu))
 
-    def best_mig(self, groups: list[int], profile: str) -> tuple[int, int, int] | None:
+    def best_mig(self, groups: list[int], profile: str,
+                 exclude: frozenset[int] = frozenset()) -> tuple[int, int, int] | None:
         """A free MIG instance of ``profile``: on the card with the fewest free
         instances (tightest), then lowest node and GPU index; the instance with the
         lowest start. Returns ``(node index, GPU, instance position)`` or ``None``."""
@@ -399,6 +401,8 @@ class Ledger:
             if not grp.node.mig:
                 continue
             for idx in grp.members:
+                if idx in exclude:
+                    continue
                 slot = self.slots[idx]
                 for gpu in sorted(slot.migs):
                     card = slot.migs[gpu]

@@ -292,6 +292,9 @@ class Scheduler:
         self._new: list[Job] = []
         self._first_blocked: tuple | None = None
         self._pending_shares = 0  # pending jobs that want a share of a GPU
+        #: per node index: class -> jobs of it holding GPUs there (class anti-affinity)
+        self._node_classes: list[dict[str, int]] = [{} for _ in self.ledger.slots]
+        self._anti = any(c.avoid for c in rules.classes.values())
         #: (node index, GPU) -> the layout ((start, profile), ...) a reconfiguration is applying
         self._mig_plans: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {}
 
@@ -930,6 +933,12 @@ class Scheduler:
         for idx, mask in alloc:
             self.ledger.allocate(job.id, idx, mask)
         self.quota.charge(job.charges, +1)
+        if self._anti:
+            for idx, _mask in alloc:
+                while idx >= len(self._node_classes):
+                    self._node_classes.append({})
+                on = self._node_classes[idx]
+                on[job.cls.name] = on.get(job.cls.name, 0) + 1
         job.alloc = alloc
         job.state = state
         job.run_start = started
@@ -1012,6 +1021,11 @@ class Scheduler:
             self._count_running(job, -1)
         for idx, mask in job.alloc:
             self.ledger.release(job.id, idx, mask)
+            if self._anti:
+                on = self._node_classes[idx]
+                on[job.cls.name] -= 1
+                if not on[job.cls.name]:
+                    del on[job.cls.name]
             if job.share_at:
                 if len(job.share_at) == 1:
                     self.ledger.release_share(job.id, idx, job.share_at[0])
@@ -1391,6 +1405,9 @@ class Scheduler:
                     akey = (fkey, end > min(r.start for r in res))
                     if ctx.fail_around.get(akey, INF) > shape.k:
                         counts = backfill.place_around(self, job, res, end)
+                        if counts is not None and self._anti and not self.avoided_nodes(job).isdisjoint(
+                                i for i, _c in counts):
+                            counts = None
                         if counts is None:
                             ctx.fail_around[akey] = shape.k
                         else:
@@ -1434,10 +1451,34 @@ class Scheduler:
                 return _GO
         return _DEAD
 
+    def avoided_nodes(self, job: Job) -> frozenset[int]:
+        """Nodes the job may not start on now: a job of a class it avoids holds GPUs
+        there (``classes.X.avoid_nodes_with``, symmetric)."""
+        avoid = job.cls.avoid
+        if not avoid or not self._anti:
+            return frozenset()
+        return frozenset(i for i, on in enumerate(self._node_classes) if on and not avoid.isdisjoint(on))
+
     def _place_whole(self, job: Job) -> Counts | None:
         """``place_live`` on the nodes the job may use; with a cache key it does not
-        require, the nodes that hold it first (model/dataset locality)."""
+        require, the nodes that hold it first (model/dataset locality); never on a node
+        it avoids (class anti-affinity)."""
         groups = self.groups_for(job)
+        avoided = self.avoided_nodes(job)
+        if avoided:
+            ledger = self.ledger
+            key = job.spec.cache_key
+            cand = [i for i in members_of(ledger, groups) if i not in avoided]
+            tiers = [cand]
+            if key and not job.spec.cache_required:
+                tiers = [[i for i in cand if key in ledger.slots[i].node.cached], cand]
+            for tier in tiers:
+                avail = {i: ledger.slots[i].free for i in tier}
+                totals = {i: ledger.slots[i].healthy for i in tier}
+                counts = place_counts(avail, tier, totals, job.shape) if tier else None
+                if counts is not None:
+                    return counts
+            return None
         key = job.spec.cache_key
         if key and not job.spec.cache_required:
             cached = [g for g in groups if key in self.ledger.groups[g].node.cached]
@@ -1506,21 +1547,24 @@ class Scheduler:
     def _place_share_in(self, job: Job, groups: list[int], res, end: float):
         ledger = self.ledger
         share = job.share
+        avoided = self.avoided_nodes(job)
         if share.kind == "mig":
-            found = ledger.best_mig(groups, share.profile)
+            found = ledger.best_mig(groups, share.profile, avoided)
             return None if found is None else (found[0], found[1], found[2], False)
         need = share.need()
-        found = ledger.best_card(groups, share.kind, *need)
+        found = ledger.best_card(groups, share.kind, *need, exclude=avoided)
         if found is not None:
             return found[0], found[1], None, False
         fits = [g for g in groups if share_fits_card(ledger.groups[g].node, share)]
         if not fits or ledger.free_in(fits) == 0:
             return None
         idx = ledger.best_fit(fits, 1)
-        if idx is not None and res and backfill.conflict(res, [(idx, 1)], end, job.key) is not None:
+        if idx is not None and (idx in avoided or (res and backfill.conflict(res, [(idx, 1)], end, job.key)
+                                                   is not None)):
             idx = None
             for cand in sorted(members_of(ledger, fits), key=lambda i: (ledger.slots[i].free, i)):
-                if ledger.slots[cand].free and backfill.conflict(res, [(cand, 1)], end, job.key) is None:
+                if (ledger.slots[cand].free and cand not in avoided
+                        and (not res or backfill.conflict(res, [(cand, 1)], end, job.key) is None)):
                     idx = cand
                     break
         if idx is None:
@@ -1580,7 +1624,7 @@ class Scheduler:
         ``released`` when its victims are gone and it still does not fit (the hold is
         dropped and it is scheduled like any job)."""
         job.reason_pass = self._pass
-        counts = place_live(self.ledger, self.groups_for(job), job.shape)
+        counts = self._place_whole(job)
         rem = job.remaining_estimate()
         end = self.now + rem if rem is not None else INF
         others = [r for r in res if r.job_id != job.id]
@@ -1792,8 +1836,10 @@ class Scheduler:
             return hard
         if job.shape.mode == "share":
             return self._share_reason_now(job)
-        counts = place_live(self.ledger, self.groups_for(job), job.shape)
+        counts = self._place_whole(job)
         if counts is None:
+            if self.avoided_nodes(job) and place_live(self.ledger, self.groups_for(job), job.shape) is not None:
+                return PendingReason(R.NO_FIT, "anti-affinity")
             return self._capacity_reason(job)
         short = self._cohort_reason(job)
         if short is not None:

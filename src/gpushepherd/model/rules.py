@@ -31,6 +31,9 @@ class ClassRules:
     #: the kinds of GPU its jobs may take (``whole``, ``fraction``, ``time_slice``,
     #: ``mps``, ``mig``); ``None``: any
     sharing: tuple[str, ...] | None = None
+    #: classes whose running jobs keep this class off a node (symmetric: compiled
+    #: from both sides' ``avoid_nodes_with``)
+    avoid: frozenset[str] = frozenset()
 
 
 class LimitUnit(str, enum.Enum):

@@ -7,6 +7,8 @@ applied: the caller gets a complete ``Policy`` or an exception.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,6 +291,7 @@ def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
         reserved_gpus=int(base.get("reserved_gpus", 0)),
         on_window_close=base.get("on_window_close") or "drain",
         sharing=tuple(base["sharing"]) if base.get("sharing") is not None else None,
+        avoid=frozenset(base.get("avoid_nodes_with") or ()),
     )
 
 
@@ -339,6 +342,15 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         if cls.max_runtime_s and cls.default_time_limit_s and cls.default_time_limit_s > cls.max_runtime_s:
             raise PolicyError(source, f"classes.{name}.default_time_limit_s", cls.default_time_limit_s,
                               f"at most max_runtime_s ({cls.max_runtime_s})")
+    avoid: dict[str, set[str]] = {name: set() for name in classes}
+    for name, cls in classes.items():
+        for other in sorted(cls.avoid):
+            if other not in classes:
+                raise PolicyError(source, f"classes.{name}.avoid_nodes_with", other,
+                                  "a workload class: " + ", ".join(sorted(classes)))
+            avoid[name].add(other)
+            avoid[other].add(name)
+    classes = {name: replace(cls, avoid=frozenset(avoid[name])) for name, cls in classes.items()}
     reserved_total = sum(c.reserved_gpus for c in classes.values())
     if reserved_total > total_gpus:
         raise PolicyError(source, "classes.*.reserved_gpus", reserved_total,

@@ -192,6 +192,9 @@ class ClassSpec(_Strict):
     #: the kinds of GPU its jobs may take (R10): e.g. production inference
     #: ``[whole, mig]``, sandbox ``[time_slice, mig]``; unset: any
     sharing: list[Literal["whole", "fraction", "time_slice", "mps", "mig"]] | None = Field(default=None, min_length=1)
+    #: anti-affinity (R11): jobs of this class do not start on a node where a job of
+    #: one of these classes holds GPUs, nor those on one where this class does
+    avoid_nodes_with: list[Name] = Field(default_factory=list)
     description: str | None = None
 
 
