@@ -32,6 +32,18 @@ def test_simulate_default_prints_a_replay_summary(tmp_path):
     assert 0 < o["utilisation"] <= 1
 
 
+def test_stranded_capacity_is_sampled_and_reported(tmp_path):
+    res = run("simulate", "--no-progress", "--stranded-every", "3600", "--cluster", "40x8",
+              "--json", str(tmp_path / "s.json"))
+    assert res.exit_code == 0, res.output
+    assert "stranded capacity (" in res.output
+    st = json.loads((tmp_path / "s.json").read_text())["stranded"]
+    assert st["samples"] > 24
+    assert 0 <= st["mean_stranded_gpus"] <= st["mean_free_gpus"] <= 320
+    assert st["max_stranded_gpus"] > 0  # whole-node gangs wait while GPUs are free one by one
+    assert set(st["mean_by_constraint"]) <= {"single-node"}  # one GPU type, no filters
+
+
 def test_per_job_output_recomputes_the_figures_and_is_byte_identical(tmp_path):
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     for out in (a, b):
@@ -129,6 +141,7 @@ def test_bad_trace_row_is_one_line_exit_2(tmp_path):
     (["--trace", "x.csv", "--map", "submit=a,gpus=b,duration=c"], "only with --format csv"),
     (["--explain", "no-such-job"], "--explain: job 'no-such-job' is not allowed"),
     (["--out", "o.csv", "--json", "o.csv"], "--json"),
+    (["--stranded-every", "0"], "--stranded-every: 0.0 is not allowed"),
 ])
 def test_bad_options_exit_2(args, fragment):
     res = run("simulate", "--no-progress", *args)

@@ -31,7 +31,7 @@ from gpushepherd.core.scheduler import SpecError
 from gpushepherd.policy.load import PolicyError, load_policy, override_cluster, policy_from_dict, read_policy_dict
 from gpushepherd.sim.engine import Simulator
 from gpushepherd.sim.mapping import to_sim_jobs
-from gpushepherd.sim.metrics import job_table, summarize, write_jobs
+from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs
 from gpushepherd.sim.scenario import ScenarioError, expand_ids, load_scenario, run_scenario
 from gpushepherd.sim.traces import TraceError, parse_days, read_trace, select
 
@@ -208,6 +208,7 @@ def simulate(
     json_path: Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="The figures as JSON to this file ('-': stdout instead of the table).")] = None,
     explain: Annotated[Optional[list[str]], typer.Option(metavar="JOB", help="Print this job's history and why it waited (repeatable).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
+    stranded_every: Annotated[Optional[float], typer.Option(metavar="SECONDS", help="Sample free GPUs that no pending job can use (stranded capacity) every SECONDS and report them by constraint.")] = None,
 ) -> None:
     """Replay a job trace through the scheduler.
 
@@ -226,6 +227,8 @@ def simulate(
             raise UsageError(f"--map is not allowed with --format {fmt}: only with --format csv")
         if cluster is not None and not cluster.strip():
             raise UsageError("--cluster: '' is not allowed: NODESxGPUS, e.g. 192x8")
+        if stranded_every is not None and not (stranded_every > 0 and stranded_every != float("inf")):
+            raise UsageError(f"--stranded-every: {stranded_every!r} is not allowed: seconds > 0")
         out_file = _output_path("--out", out_path, (".csv", ".csv.gz", ".parquet"))
         json_file = None if json_path == "-" else _output_path("--json", json_path, (".json",))
         if out_file is not None and json_file is not None and out_file.resolve() == json_file.resolve():
@@ -258,12 +261,14 @@ def simulate(
             with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=err, transient=True) as bar:
                 task = bar.add_task("sim", total=len(jobs))
-                result = Simulator(pol.rules, jobs, record_reasons=watch,
+                result = Simulator(pol.rules, jobs, record_reasons=watch, stranded_every_s=stranded_every,
                                    progress=lambda d, t: bar.update(task, completed=d)).run()
         else:
-            result = Simulator(pol.rules, jobs, record_reasons=watch).run()
+            result = Simulator(pol.rules, jobs, record_reasons=watch, stranded_every_s=stranded_every).run()
         df = job_table(result)
         summary = summarize(result, df)
+        if stranded_every is not None:
+            summary["stranded"] = stranded_summary(result)
         o = summary["overall"]
         title = f"{banner}\nutilisation {o['utilisation']:.1%}, makespan {_hours(o['makespan_s'])}"
         if o["jct_over_lower_bound"]:
@@ -278,6 +283,12 @@ def simulate(
         else:
             out.print(_summary_table(summary, title))
             out.print(LEGEND)
+            if "stranded" in summary:
+                st = summary["stranded"]
+                by = ", ".join(f"{k} {v:.1f}" for k, v in st["mean_by_constraint"].items()) or "none"
+                out.print(f"stranded capacity ({st['samples']} samples): mean free {st['mean_free_gpus']:.1f} GPUs, "
+                          f"of which stranded {st['mean_stranded_gpus']:.1f} (max {st['max_stranded_gpus']:.1f}); "
+                          f"mean by constraint: {by}")
         if json_file is not None:
             _write_atomically(json_file, "--json", lambda p: p.write_text(text, encoding="utf-8"))
             err.print(f"figures: {json_file}")

@@ -109,3 +109,22 @@ def write_jobs(df: pd.DataFrame, path: str | Path, like: str | Path | None = Non
         df.to_csv(path, index=False, lineterminator="\n", compression={"method": "gzip", "mtime": 0})
     else:
         raise ValueError(f"--out: {str(path)!r} is not allowed: a .csv, .csv.gz or .parquet file")
+
+
+def stranded_summary(result: SimResult) -> dict[str, Any]:
+    """Free and stranded GPU capacity over the samples of ``result.stranded``
+    (``Simulator(stranded_every_s=...)``): sample count, mean free and stranded GPUs,
+    the most stranded at once, and the mean stranded GPUs per constraint
+    (``gpushepherd.core.stranded``). Means are over samples, not time-weighted."""
+    rows = result.stranded
+    n = len(rows)
+    if not n:
+        return {"samples": 0, "mean_free_gpus": 0.0, "mean_stranded_gpus": 0.0, "max_stranded_gpus": 0.0,
+                "mean_by_constraint": {}}
+    by: dict[str, float] = {}
+    for _t, _free, _stranded, parts in rows:
+        for k, v in parts.items():
+            by[k] = by.get(k, 0.0) + v
+    return {"samples": n, "mean_free_gpus": sum(r[1] for r in rows) / n,
+            "mean_stranded_gpus": sum(r[2] for r in rows) / n, "max_stranded_gpus": max(r[2] for r in rows),
+            "mean_by_constraint": {k: v / n for k, v in sorted(by.items())}}
