@@ -292,6 +292,7 @@ class Scheduler:
         self._new: list[Job] = []
         self._first_blocked: tuple | None = None
         self._pending_shares = 0  # pending jobs that want a share of a GPU
+        self._misfit_cache: dict[tuple, str | None] = {}  # the inventory's verdict per job shape (nodes only grow)
         #: per node index: class -> jobs of it holding GPUs there (class anti-affinity)
         self._node_classes: list[dict[str, int]] = [{} for _ in self.ledger.slots]
         self._anti = any(c.avoid for c in rules.classes.values())
@@ -544,13 +545,18 @@ class Scheduler:
         """Why no node the scheduler knows (lost ones included, all idle and healthy)
         could ever hold ``job``; ``None`` when one could. Quota limits are not looked
         at (a policy can change; the job then waits with ``ExceedsCapacity``)."""
+        spec = job.spec
+        key = (job.shape, job.cls.name, spec.gpus, spec.same_node, spec.gpus_per_pod)
+        if key in self._misfit_cache:
+            return self._misfit_cache[key]
         nodes = [s.node for s in self.ledger.slots]
-        misfit = inventory_misfit(nodes, job.cls, job.spec, job.shape.ckey, self.rules.mig_reconfigure)
+        misfit = inventory_misfit(nodes, job.cls, spec, job.shape.ckey, self.rules.mig_reconfigure)
         if misfit is None and job.shape.mode in ("multi", "pods"):
             cand = [s.idx for s in self.ledger.slots if node_ok(s.node, job.shape.ckey)]
             totals = {i: whole_gpus(self.ledger.slots[i].node) for i in cand}
             if place_counts(dict(totals), cand, totals, job.shape) is None:
-                misfit = f"{describe(job.cls, job.spec)}: the gang cannot be laid out on the nodes it may use"
+                misfit = f"{describe(job.cls, spec)}: the gang cannot be laid out on the nodes it may use"
+        self._misfit_cache[key] = misfit
         return misfit
 
     def _cohort_of(self, team: str, pools):
@@ -853,6 +859,7 @@ class Scheduler:
         if node is None:
             return
         self.ledger.add_node(node)
+        self._misfit_cache.clear()
         self._groups_cache.clear()
         self._topology_changed()
         self._max_node_cache.clear()
