@@ -94,3 +94,16 @@ def simulate(rules: Rules, jobs: Iterable[tuple[JobSpec, float | None]], events:
 def placed(decision) -> dict[str, tuple[int, ...]]:
     """A ``Start`` decision's placement as ``{node: gpu indices}``."""
     return {name: tuple(gpus) for name, gpus in decision.placement.parts}
+
+
+def write_file(tmp_path, name: str, text: str):
+    """Write ``text`` to ``tmp_path / name``, gzip'd when the name ends in ``.gz``."""
+    import gzip
+
+    p = tmp_path / name
+    if name.endswith(".gz"):
+        with gzip.open(p, "wt") as f:
+            f.write(text)
+    else:
+        p.write_text(text)
+    return p

@@ -1,6 +1,5 @@
 """Trace readers, the seeded mapping, and their errors."""
 
-import gzip
 from pathlib import Path
 
 import pytest
@@ -8,6 +7,7 @@ import pytest
 from gpushepherd.policy import policy_from_dict
 from gpushepherd.sim.mapping import PHILLY_VCS, class_for, round_limit, to_sim_jobs, unit
 from gpushepherd.sim.traces import TraceError, parse_days, parse_mapping, read_csv, read_philly, read_trace, select
+from builders import write_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "traces"
@@ -35,14 +35,7 @@ def test_itp_reader_sorts_by_submit():
     assert [j.submit for j in jobs] == sorted(j.submit for j in jobs)
 
 
-def _write(tmp_path, name, text):
-    p = tmp_path / name
-    if name.endswith(".gz"):
-        with gzip.open(p, "wt") as f:
-            f.write(text)
-    else:
-        p.write_text(text)
-    return p
+_write = write_file
 
 
 @pytest.mark.parametrize("row, fragment", [

@@ -47,25 +47,45 @@ def node_free_milli(slot: NodeSlot) -> int:
 class NodeBestFit(Scheduler):
     """gpushepherd's core with node best-fit placement of shares (see the module docstring).
 
-    The summed free capacity of each node is kept from the ledger's change log, so a
-    placement scans the candidate nodes once without recomputing every node."""
+    Each node's summed free capacity and the largest room of its cards per mode are
+    kept from the ledger's change log (and the node's health mask: a shared card that
+    turns unhealthy is not in that log), so a placement scans the candidate nodes once,
+    looking inside a node only when it may fit."""
 
     def __init__(self, rules: Rules):
         super().__init__(rules)
         self._bf_free: list[int] = []
+        self._bf_room: list[dict[str, int]] = []
+        self._bf_health: list[int] = []
         self._bf_pos = 0
 
-    def _bf_sync(self) -> list[int]:
+    def _bf_node(self, idx: int) -> None:
+        slot = self.ledger.slots[idx]
+        self._bf_free[idx] = node_free_milli(slot)
+        self._bf_health[idx] = slot.healthy_mask
+        room: dict[str, int] = {}
+        if slot.alive:
+            for card in slot.cards.values():
+                if card.key:
+                    primary = card.room()[0]
+                    if primary > room.get(card.mode, -1):
+                        room[card.mode] = primary
+        self._bf_room[idx] = room
+
+    def _bf_sync(self) -> None:
         ledger = self.ledger
-        free = self._bf_free
         changes = ledger.changes
-        if len(free) < len(ledger.slots):
-            free.extend(node_free_milli(s) for s in ledger.slots[len(free):])
+        old = len(self._bf_free)
+        if old < len(ledger.slots):
+            self._bf_free.extend([0] * (len(ledger.slots) - old))
+            self._bf_room.extend({} for _ in range(len(ledger.slots) - old))
+            self._bf_health.extend([0] * (len(ledger.slots) - old))
+            for idx in range(old, len(ledger.slots)):
+                self._bf_node(idx)
         if self._bf_pos < len(changes):
             for idx in set(changes[self._bf_pos:]):
-                free[idx] = node_free_milli(ledger.slots[idx])
+                self._bf_node(idx)
             self._bf_pos = len(changes)
-        return free
 
     def _place_share_in(self, job, groups, res, end):
         share = job.share
@@ -74,8 +94,13 @@ class NodeBestFit(Scheduler):
         ledger = self.ledger
         need = share.need()
         kind = share.kind
-        free = self._bf_sync()
+        primary = need[2] if kind == "time_slice" else need[0]
+        self._bf_sync()
+        free, rooms, health, slots = self._bf_free, self._bf_room, self._bf_health, ledger.slots
         cand = members_of(ledger, groups)  # live nodes, ascending
+        for idx in cand:
+            if slots[idx].healthy_mask != health[idx]:
+                self._bf_node(idx)
         fresh_ok = {g: share_fits_card(ledger.groups[g].node, share) for g in groups}
         best = None
         best_free = 0
@@ -83,7 +108,9 @@ class NodeBestFit(Scheduler):
             f = free[idx]
             if best is not None and f >= best_free:
                 continue  # ties: the lower index (candidates are ascending)
-            slot = ledger.slots[idx]
+            slot = slots[idx]
+            if rooms[idx].get(kind, -1) < primary and not (slot.free and fresh_ok[slot.group]):
+                continue  # no card with room enough, no whole GPU to open
             if self._first_fit(slot, kind, need, fresh_ok[slot.group], res, end, job) is not None:
                 best, best_free = idx, f
         if best is None:

@@ -273,6 +273,7 @@ class Ledger:
             if card is not None:  # no new shares on it; its holders are the caller's
                 self._unindex(slot, gpu, card)
                 card.key = ()
+                self.changes.append(idx)
         return holders
 
     # -- allocation ----------------------------------------------------------

@@ -440,7 +440,9 @@ class Scheduler:
     def groups_for(self, job: Job) -> list[int]:
         """Shape groups of the ledger whose nodes the job may use (``filters.node_ok``:
         pools, GPU type, memory, selector, taints, driver, cache, sharing kind)."""
-        ckey = job.shape.ckey
+        return self._groups_of(job.shape.ckey)
+
+    def _groups_of(self, ckey: tuple) -> list[int]:
         found = self._groups_cache.get(ckey)
         if found is None:
             found = [g.gid for g in self.ledger.groups if node_ok(g.node, ckey)]
@@ -518,7 +520,7 @@ class Scheduler:
         share = spec.share
         if share is None:
             return spec.gpus * GPU_UNITS
-        nodes = [s.node for s in self.ledger.slots if node_ok(s.node, ckey)] or list(self.rules.nodes)
+        nodes = [self.ledger.groups[g].node for g in self._groups_of(ckey)] or list(self.rules.nodes)
         if share.kind == "fraction":
             if share.milli:
                 return share.milli * 7
