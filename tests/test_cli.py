@@ -142,6 +142,7 @@ def test_bad_trace_row_is_one_line_exit_2(tmp_path):
     (["--explain", "no-such-job"], "--explain: job 'no-such-job' is not allowed"),
     (["--out", "o.csv", "--json", "o.csv"], "--json"),
     (["--stranded-every", "0"], "--stranded-every: 0.0 is not allowed"),
+    (["--stranded-every", "5e-324"], "seconds >= 1"),
 ])
 def test_bad_options_exit_2(args, fragment):
     res = run("simulate", "--no-progress", *args)

@@ -20,6 +20,18 @@ def _error(tmp_path, text) -> str:
 
 
 @pytest.mark.parametrize("body, fragment", [
+    ("jobs:\n  - {id: A, class: batch, submit: 0, duration: 1, gpu_fraction: 0.5, mig_profile: 1g.10gb}\nexpect: {}\n",
+     "jobs[0].mig_profile: '1g.10gb' is not allowed: one of gpu_fraction"),
+    ("jobs:\n  - {id: A, class: batch, submit: 0, duration: 1, gpus: 2, gpu_fraction: 0.5}\nexpect: {}\n",
+     "jobs[0].gpus: 2 is not allowed: no gpus or gang with gpu_fraction"),
+    ("jobs:\n  - {id: A, class: batch, submit: 0, duration: 1, gpu_fraction: 0.0001}\nexpect: {}\n",
+     "jobs[0].gpu_fraction: 0.0001 is not allowed: a multiple of 0.001 GPU"),
+    ("jobs:\n  - {id: A, class: batch, submit: 0, duration: 1, gpus: 1, mps_sm_percent: 50}\nexpect: {}\n",
+     "jobs[0].mps_sm_percent: 50.0 is not allowed: only with mps_clients"),
+    ("jobs:\n  - {id: A, class: batch, submit: 0, duration: 1, mps_clients: 2, mps_sm_percent: 33.33}\nexpect: {}\n",
+     "jobs[0].mps_sm_percent: 33.33 is not allowed: a multiple of 0.1 percent"),
+    ("initial_allocations:\n  - {job: E, node: n1, gpus: 2, gpu: 0, fraction: 0.5, ends: 9}\nexpect: {}\n",
+     "initial_allocations[0].gpus: 2 is not allowed: 1 and no gpu_indices for a share"),
     ("jobs:\n" + JOB + JOB + "expect: {}\n", "jobs[1].id: 'A' is not allowed: an id used once only"),
     ("jobs:\n  - {id: A1..A3, class: batch, submit: 0, duration: 1}\n  - {id: A2, class: batch, submit: 0, duration: 1}\n"
      "expect: {}\n", "jobs[1].id: 'A2'"),
@@ -71,3 +83,15 @@ def test_a_job_larger_than_the_cluster_is_rejected(tmp_path):
     p.write_text(HEAD + "jobs:\n  - {id: A, class: batch, submit: 0, gpus: 9, duration: 1}\n"
                  "expect: {never_starts: [A], final_state: {A: REJECTED}}\n")
     assert run_scenario(load_scenario(p), str(p))[0].passed
+
+
+def test_initial_allocations_skip_shared_and_mig_gpus(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("scenario: x\npolicy: {cluster: {nodes: [{name: n1, gpus: 3, gpu_type: A100-80GB, "
+                 "mig: {g0: {layout: [7g.80gb]}}}]}}\n"
+                 "initial_allocations:\n  - {job: S, node: n1, gpu: 2, fraction: 0.5, ends: 50}\n"
+                 "  - {job: W, node: n1, gpus: 1, ends: 50}\n"
+                 "  - {job: G, node: n1, gpu: 2, fraction: 0.25, ends: 50}\n"
+                 "expect: {starts: {W: {t: 0, gpus: [1]}, S: {t: 0, gpus: [2]}, G: {t: 0, gpus: [2]}}}\n")
+    (outcome,) = run_scenario(load_scenario(p), str(p))
+    assert outcome.passed, outcome.failures

@@ -81,6 +81,7 @@ def test_time_slicing_counts_replicas_and_memory():
 
 def test_mps_clients_are_charged_per_process():
     rules = policy(nodes=[node("n1", 1, gpu_mem_mib=40000, sharing={"mps": {"max_clients": 8}})])
+    # each client's SM percentage counts: 4 clients at 25% fill the card's 100%
     two = GpuShare("mps", milli=250, mem_mib=5000, slots=2)  # 2 clients x 25% SM x 5000 MiB
     sched, out = scheduler(rules, job("a", share=two), job("b", share=two), job("c", share=two))
     assert set(started(out)) == {"a", "b"}  # 4 clients at 25% take the whole SM budget
@@ -270,3 +271,69 @@ def test_a_job_kept_off_the_only_node_with_room_says_anti_affinity():
 def test_an_unknown_class_in_avoid_nodes_with_is_named():
     with pytest.raises(PolicyError, match=r"classes\.sandbox\.avoid_nodes_with: 'inference' is not allowed"):
         policy(nodes=[("n1", 1)], classes={"sandbox": {"avoid_nodes_with": ["inference"]}})
+
+
+# ------------------------------------------------- bad input (hostile review)
+def test_mig_profiles_must_be_named_as_nvidia_does():
+    sched = Scheduler(policy(nodes=[node("n1", 1, mig=MIG7)], mig={"reconfigure": True}))
+    with pytest.raises(SpecError, match=r"mig_profile: '1G\.10GB' is not allowed: .*1g\.10gb"):
+        sched.handle(submit(job("a", share=GpuShare("mig", profile="1G.10GB"))))
+    with pytest.raises(SpecError, match="share: 'fraction' is not allowed: a GpuShare"):
+        sched.handle(submit(job("b", share="fraction")))
+
+
+def test_bad_hardware_events_apply_nothing_of_their_instant():
+    from gpushepherd.model.cluster import Node
+    from gpushepherd.model.events import GpuHealthChanged, NodeAdded, NodeLost
+    from gpushepherd.model.mig import MigInstance
+    sched, _ = scheduler(policy(nodes=[("n1", 2), ("n2", 2)]), job("w", 2))
+    bad = Node("n3", 1, "A100-80GB", mig=((0, (MigInstance(0, "7g.80gb"), MigInstance(0, "7g.80gb"))),))
+    with pytest.raises(ValueError, match="n3: mig: GPU 0"):
+        sched.handle([NodeLost(5, "n1"), NodeAdded(5, bad)])
+    with pytest.raises(ValueError, match="unknown GPU n2:7"):
+        sched.handle([NodeLost(5, "n1"), GpuHealthChanged(5, "n2", 7, False)])
+    assert sched.ledger.slots[0].alive and sched.jobs["w"].state is JobState.RUNNING and sched.now == 0
+
+
+def test_a_lost_node_drops_its_mig_plan_and_a_report_without_a_plan_is_ignored():
+    from gpushepherd.model.events import MigReconfigured, NodeAdded, NodeLost
+    rules = policy(nodes=[node("n1", 1, mig=MIG7)], mig={"reconfigure": True})
+    sched, out = scheduler(rules, job("big", share=GpuShare("mig", profile="3g.40gb")))
+    assert [type(d).__name__ for d in out] == ["ReconfigureMig"]
+    sched.handle([NodeLost(1, "n1")])
+    assert sched._mig_plans == {}
+    assert sched.handle([MigReconfigured(2, "n1", 0, ((0, "7g.80gb"),))]) == []  # no plan: stale, ignored
+    out = sched.handle([NodeAdded(3, rules.nodes[0])])  # back as the policy has it: planned again
+    assert [d.layout[-1] for d in out] == [(4, "3g.40gb")]
+    # the driver's report is the truth about the GPU, even when it is not what was asked
+    out = sched.handle([MigReconfigured(4, "n1", 0, ((0, "7g.80gb"),))])
+    assert [i.profile for i in sched.ledger.slots[0].migs[0].layout] == ["7g.80gb"]
+    assert [d.layout[-1] for d in out] == [(4, "3g.40gb")]  # and big's plan is asked for again
+    sched.check_invariants()
+
+
+def test_stranded_room_is_the_tightest_dimension_and_reconfiguring_gpus_are_not_free():
+    rules = policy(nodes=[node("n1", 1, gpu_mem_mib=24576, sharing={"time_slicing": {"replicas": 2}})])
+    ts = GpuShare("time_slice", mem_mib=1000, slots=1)
+    sched, _ = scheduler(rules, job("a", share=ts), job("b", share=ts), job("c", share=ts))
+    assert sched.stranded_capacity()["free_gpus"] == 0.0  # both replicas taken: nothing free
+    rules = policy(nodes=[node("n1", 1, mig=MIG7)], mig={"reconfigure": True})
+    sched, _ = scheduler(rules, job("big", share=GpuShare("mig", profile="3g.40gb")))
+    assert sched.stranded_capacity()["free_gpus"] == 0.0  # being re-partitioned: out of service
+
+
+def test_policy_mig_and_sharing_mistakes_are_named():
+    with pytest.raises(PolicyError, match="GPU 0 is already given as 'g0'"):
+        policy(nodes=[node("n1", 2, mig={"g0": {"layout": ["7g.80gb"]}, "0": {"layout": ["7g.80gb"]}})])
+    with pytest.raises(PolicyError, match="layout is not allowed with enabled: false"):
+        policy(nodes=[node("n1", 2, mig={"g0": {"enabled": False, "layout": ["7g.80gb"]}})])
+    with pytest.raises(PolicyError, match="'memory_slice' is not allowed: one of memory_slices, fractions, exclusive"):
+        policy(nodes=[node("n1", 2, sharing="memory_slice")])
+
+
+def test_a_share_cannot_be_adopted_where_the_node_offers_none():
+    from gpushepherd.model.events import JobAdopted
+    from gpushepherd.model.placement import Placement
+    sched = Scheduler(policy(nodes=[node("n1", 1, sharing="exclusive")]))
+    with pytest.raises(SpecError, match="does not offer a fraction:0.5 share"):
+        sched.handle([JobAdopted(0, job("e", share=frac(500)), Placement((("n1", (0,)),)), 0.0)])

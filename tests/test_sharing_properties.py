@@ -6,7 +6,8 @@
   never handed out whole; a whole-GPU allocation never shares its card;
 * sandbox and training (anti-affine here) never hold GPUs on one node;
 * every job ends (or is rejected at submit, when no node could ever hold it), with
-  MIG reconfiguration on or off and across a restart of the scheduler.
+  MIG reconfiguration on or off and across a restart of the scheduler, which changes
+  no decision.
 
 The per-instant checks are ``Scheduler.check_invariants`` (``Ledger.check`` asserts
 the card sums against their capacity) plus the explicit checks below.
@@ -111,6 +112,11 @@ def test_sharing_invariants_hold_at_every_instant(nodes, sim_jobs, preemption, r
         check_cards(sim.sched)
     sim.sched.check_invariants = both
     result = sim.run()
+    if restart_at is not None:  # a restart (snapshot, restore) changes no decision
+        plain = Simulator(rules, sim_jobs).run()
+        for sj in sim_jobs:
+            assert ([(t, str(p)) for t, p in result.records[sj.spec.id].starts]
+                    == [(t, str(p)) for t, p in plain.records[sj.spec.id].starts]), f"{sj.spec.id} differs"
     for sj in sim_jobs:
         rec = result.records[sj.spec.id]
         assert rec.state in ("COMPLETED", "REJECTED"), f"{sj.spec.id} ended {rec.state}"

@@ -227,8 +227,8 @@ def simulate(
             raise UsageError(f"--map is not allowed with --format {fmt}: only with --format csv")
         if cluster is not None and not cluster.strip():
             raise UsageError("--cluster: '' is not allowed: NODESxGPUS, e.g. 192x8")
-        if stranded_every is not None and not (stranded_every > 0 and stranded_every != float("inf")):
-            raise UsageError(f"--stranded-every: {stranded_every!r} is not allowed: seconds > 0")
+        if stranded_every is not None and not 1 <= stranded_every < float("inf"):
+            raise UsageError(f"--stranded-every: {stranded_every!r} is not allowed: seconds >= 1")
         out_file = _output_path("--out", out_path, (".csv", ".csv.gz", ".parquet"))
         json_file = None if json_path == "-" else _output_path("--json", json_path, (".json",))
         if out_file is not None and json_file is not None and out_file.resolve() == json_file.resolve():

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from gpushepherd.model.cluster import Node
 from gpushepherd.model.job import GpuShare, JobSpec
-from gpushepherd.model.mig import MigError, profile
+from gpushepherd.model.mig import MigError, profiles_for
 from gpushepherd.model.rules import ClassRules
 
 _VERSION_PART = re.compile(r"\d+")
@@ -81,8 +81,7 @@ def share_fits_card(node: Node, share: GpuShare, reconfigurable: bool = False) -
     if share.kind == "mig":
         if reconfigurable and node.mig:
             try:
-                profile(node.gpu_type, share.profile)
-                return True
+                return share.profile in profiles_for(node.gpu_type)
             except MigError:
                 return False
         return any(inst.profile == share.profile for _g, layout in node.mig for inst in layout)

@@ -68,6 +68,16 @@ class ShareCard:
         primary = self.cap_slots - self.slots if self.mode == "time_slice" else FULL_MILLI - self.milli
         return primary, self.cap_mem - self.mem
 
+    def room_fraction(self) -> float:
+        """The part of the card still free, in GPUs: the tightest of its compute,
+        memory and (time-slicing / MPS) slots left."""
+        parts = [(FULL_MILLI - self.milli) / FULL_MILLI]
+        if self.cap_mem:
+            parts.append((self.cap_mem - self.mem) / self.cap_mem)
+        if self.cap_slots:
+            parts.append((self.cap_slots - self.slots) / self.cap_slots)
+        return max(0.0, min(parts))
+
     def fits(self, milli: int, mem: int, slots: int) -> bool:
         return (self.milli + milli <= FULL_MILLI and self.mem + mem <= self.cap_mem
                 and (not self.cap_slots or self.slots + slots <= self.cap_slots))
@@ -352,6 +362,8 @@ class Ledger:
         if card is None:
             if not slot.alive or not slot.free_mask >> gpu & 1:
                 raise ValueError(f"GPU {gpu} of {node.name} is not free for a share of {job_id}")
+            if not node.supports(kind):
+                raise ValueError(f"{node.name} offers no {kind} shares (for {job_id})")
             cap_slots = node.ts_replicas if kind == "time_slice" else node.mps_clients if kind == "mps" else 0
             card = ShareCard(kind, node.gpu_mem_mib, cap_slots)
             if not card.fits(milli, mem, slots):

@@ -57,6 +57,7 @@ from gpushepherd.model.events import (
 )
 from gpushepherd.model.job import GPU_UNITS, SHARE_KINDS, ExitStatus, GpuShare, JobSpec, JobState, natural_key
 from gpushepherd.model.mig import (
+    MIG_MODELS,
     MigError,
     MigInstance,
     layout_from_names,
@@ -116,8 +117,15 @@ def validate_spec(rules: Rules, spec: JobSpec) -> None:
                         f"class {cls.name} ({cls.max_runtime_s} s)")
 
 
+#: every MIG profile name of every GPU model we know, sorted
+_MIG_NAMES = sorted({name for profiles in MIG_MODELS.values() for name in profiles},
+                    key=lambda n: (int(n.split("g.")[0]), n))
+
+
 def _validate_share(spec: JobSpec, cls, where: str) -> None:
     share = spec.share
+    if share is not None and not isinstance(share, GpuShare):
+        raise SpecError(f"{where}: share: {share!r} is not allowed: a GpuShare or None")
     mode = share.kind if share is not None else "whole"
     if cls.sharing is not None and mode not in cls.sharing:
         raise SpecError(f"{where}: sharing: {mode!r} is not allowed for class {cls.name}: one of "
@@ -143,8 +151,9 @@ def _validate_share(spec: JobSpec, cls, where: str) -> None:
     if share.kind == "mps" and (share.slots < 1 or not 0 < share.milli <= 1000):
         raise SpecError(f"{where}: mps: {share.slots} clients at {share.milli / 10:g}% SM is not allowed: at least "
                         "1 client and an SM percentage in (0, 100]")
-    if share.kind == "mig" and not share.profile:
-        raise SpecError(f"{where}: mig_profile: '' is not allowed: a MIG profile name such as 1g.10gb")
+    if share.kind == "mig" and share.profile not in _MIG_NAMES:
+        raise SpecError(f"{where}: mig_profile: {share.profile!r} is not allowed: a MIG profile as NVIDIA names it "
+                        f"(lower case), one of {', '.join(_MIG_NAMES)}")
 
 
 #: within one instant's hardware and operator events: a node lost, then a node added
@@ -319,6 +328,8 @@ class Scheduler:
             if t < self.now:
                 raise ValueError(f"event at t={t} is earlier than the scheduler's time {self.now}")
             for e in batch:
+                if isinstance(e, (NodeAdded, GpuHealthChanged, MigReconfigured)):
+                    self._validate_hardware(e)
                 if isinstance(e, (JobSubmitted, JobAdopted)):
                     if e.spec is None:
                         raise SpecError("JobSubmitted without a spec")
@@ -730,7 +741,7 @@ class Scheduler:
             for idx in members_of(ledger, groups):
                 slot = ledger.slots[idx]
                 model = mig_model(slot.node.gpu_type)
-                if model is None or prof.lower() not in {p.lower() for p in profiles_for(model)}:
+                if model is None or prof not in profiles_for(model):
                     continue
                 for gpu in sorted(slot.migs):
                     card = slot.migs[gpu]
@@ -755,7 +766,7 @@ class Scheduler:
             ledger.begin_reconfigure(idx, gpu)
             self._mig_plans[target] = layout
             rest = [p for _s, p in layout]
-            rest.remove(next(p for p in rest if p.lower() == prof.lower()))
+            rest.remove(prof)
             supply[target] = rest
             self._log(job, JobState.PENDING, JobState.PENDING,
                       f"MIG reconfiguration of {node.name}:{gpu} to {','.join(p for _s, p in layout)}")
@@ -763,10 +774,12 @@ class Scheduler:
             self._topology_changed()
 
     def _mig_reconfigured(self, e: MigReconfigured) -> None:
+        """Apply a reconfiguration the core asked for; a report for a plan it does not
+        hold (its node was lost since, or a repeated report) is stale and ignored."""
         ledger = self.ledger
         idx = ledger.by_name.get(e.node)
-        if idx is None or e.gpu not in ledger.slots[idx].migs:
-            raise ValueError(f"MIG reconfiguration of unknown MIG GPU {e.node}:{e.gpu}")
+        if idx is None or (idx, e.gpu) not in self._mig_plans:
+            return
         slot = ledger.slots[idx]
         layout = tuple(MigInstance(start, prof) for start, prof in e.layout)
         validate_layout(slot.node.gpu_type, layout)
@@ -787,6 +800,9 @@ class Scheduler:
         if idx is None or not ledger.slots[idx].alive or not 0 <= gpu < ledger.slots[idx].total:
             raise SpecError(f"{where} is not allowed: a GPU of a live node")
         job = self._make_job(spec)
+        node = ledger.slots[idx].node
+        if not node.supports(spec.share.kind) or not share_fits_card(node, spec.share):
+            raise SpecError(f"{where} is not allowed: node {name} does not offer a {spec.share} share")
         try:
             if spec.share.kind == "mig":
                 card = ledger.slots[idx].migs.get(gpu)
@@ -857,6 +873,41 @@ class Scheduler:
         self._requeue(job, "operator requeue")
         out.append(Stop(self.now, job.id, reason="requeue", requeue=True))
 
+    def _validate_hardware(self, e: Event) -> None:
+        """Refuse a hardware event before anything of its instant is applied: a GPU
+        that does not exist, a node whose MIG layouts are not valid NVIDIA layouts,
+        a reconfiguration to an invalid layout.
+
+        Raises:
+            ValueError: naming the node, GPU and what is allowed.
+        """
+        if isinstance(e, NodeAdded) and e.node is not None:
+            node = e.node
+            seen: set[int] = set()
+            for g, layout in node.mig:
+                if not isinstance(g, int) or not 0 <= g < node.gpus or g in seen:
+                    raise ValueError(f"node {node.name}: mig: GPU {g!r} is not allowed: distinct indices "
+                                     f"0..{node.gpus - 1}")
+                seen.add(g)
+                try:
+                    validate_layout(node.gpu_type, layout)
+                except MigError as exc:
+                    raise ValueError(f"node {node.name}: mig: GPU {g}: {exc}") from None
+                if not layout:
+                    raise ValueError(f"node {node.name}: mig: GPU {g}: an empty layout is not allowed")
+        elif isinstance(e, GpuHealthChanged):
+            idx = self.ledger.by_name.get(e.node)
+            if idx is None or not 0 <= e.gpu < self.ledger.slots[idx].total:
+                raise ValueError(f"gpu health event for unknown GPU {e.node}:{e.gpu}")
+        elif isinstance(e, MigReconfigured):
+            idx = self.ledger.by_name.get(e.node)
+            if idx is not None and (idx, e.gpu) in self._mig_plans:
+                try:
+                    validate_layout(self.ledger.slots[idx].node.gpu_type,
+                                    tuple(MigInstance(start, prof) for start, prof in e.layout))
+                except (MigError, TypeError, ValueError) as exc:
+                    raise ValueError(f"MIG reconfiguration of {e.node}:{e.gpu}: {exc}") from None
+
     def _node_added(self, node: Node | None) -> None:
         if node is None:
             return
@@ -879,6 +930,8 @@ class Scheduler:
             return
         for job_id in self.ledger.remove_node(idx):
             self._lose(self.jobs[job_id], "node-lost", out)
+        for key in [k for k in self._mig_plans if k[0] == idx]:
+            del self._mig_plans[key]  # the node comes back (if it does) as it is then
         self._topology_changed()
 
     def _gpu_health(self, e: GpuHealthChanged, out: list[Decision]) -> None:
@@ -1618,6 +1671,7 @@ class Scheduler:
         rem = job.remaining_estimate()
         end = self.now + rem if rem is not None else INF
         claimed = frozenset(n for r in res if not (end <= r.start or job.key < r.key) for n in r.claims)
+        claimed |= self.avoided_nodes(job)  # it never preempts onto a node it may not use
         found, until = reclaim_victims(self, job, self.now, claimed)
         if found is None:
             if until != INF and until > self.now and until not in self._wakeups:
@@ -1779,6 +1833,7 @@ class Scheduler:
         rem = job.remaining_estimate()
         end = self.now + rem if rem is not None else INF
         claimed = frozenset(n for r in res if not (end <= r.start or job.key < r.key) for n in r.claims)
+        claimed |= self.avoided_nodes(job)  # it never preempts onto a node it may not use
         key = (job.shape, job.cls.priority, claimed)
         memo = self._victim_memo.get(key)
         only = None
@@ -1939,11 +1994,11 @@ class Scheduler:
                         unhealthy.append([slot.node.name, g])
                 elif not slot.healthy_mask >> g & 1:
                     unhealthy.append([slot.node.name, g])
-        static = {n.name for n in self.rules.nodes}
+        static = {n.name: n for n in self.rules.nodes}
         added = [
             {f: ([[g, [[i.start, i.profile] for i in layout]] for g, layout in s.node.mig] if f == "mig"
                  else getattr(s.node, f)) for f in s.node.__dataclass_fields__}
-            for s in self.ledger.slots if s.node.name not in static
+            for s in self.ledger.slots if static.get(s.node.name) != s.node  # added, or re-added as another node
         ]
         mig = []
         for slot in self.ledger.slots:
@@ -1975,6 +2030,8 @@ class Scheduler:
                            **{f: tuple(raw.get(f, ())) for f in ("gpu_uuids", "taints", "cached")},
                            "mig": tuple((g, tuple(MigInstance(start, prof) for start, prof in layout))
                                         for g, layout in raw.get("mig", ()))})
+            if node.name in sched.ledger.by_name:  # a policy node that came back as another
+                sched.ledger.remove_node(sched.ledger.by_name[node.name])
             sched.ledger.add_node(node)
         for name in snap.get("lost_nodes", []):
             if name in sched.ledger.by_name:

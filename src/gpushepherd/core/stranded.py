@@ -7,8 +7,9 @@ both on one node, 0.1 of a card left for jobs that want 0.5. This module measure
 Definitions (all in GPUs; a share of a card in milli-GPU / 1000, a free MIG instance as
 its compute slices / 7):
 
-* *free*: healthy whole GPUs nobody holds, the unused part of shared cards, free MIG
-  instances - on live nodes.
+* *free*: healthy whole GPUs nobody holds, the unused part of shared cards (the
+  tightest of compute, memory and replicas/clients left), free MIG instances - on live
+  nodes; a MIG GPU being re-partitioned is out of service, not free.
 * *usable*: some pending job could take it if it were first in line - its filters
   (pool, type, memory, selector, taints, driver, cache, sharing kind) admit the node and
   the piece is big enough (a single-node job: the node's free GPUs; a share: the card's
@@ -90,7 +91,7 @@ def stranded_capacity(sched: "Scheduler") -> dict:
             card = slot.cards[gpu]
             if not card.key:  # an unhealthy card takes no new shares
                 continue
-            room = (1000 - card.milli) / 1000
+            room = card.room_fraction()
             if room <= 0:
                 continue
             free += room
@@ -101,7 +102,7 @@ def stranded_capacity(sched: "Scheduler") -> dict:
         # free MIG instances
         for gpu in sorted(slot.migs):
             card = slot.migs[gpu]
-            if not card.healthy:
+            if not card.healthy or card.reconfiguring:  # out of service, not free
                 continue
             for pos, inst in enumerate(card.layout):
                 if card.holders[pos] is not None:

@@ -87,7 +87,9 @@ class GpuShare:
             NVIDIA device plugin's model), ``mps`` (MPS client processes) or ``mig``
             (one MIG instance).
         milli: ``fraction``: compute share in 1/1000 GPU (0: memory only);
-            ``mps``: each client's SM percentage x 10 (1000: no SM limit).
+            ``mps``: each client's SM percentage x 10 (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``);
+            the clients on one card add up to at most 100% (1000), so that each gets
+            what it was promised.
         mem_mib: GPU memory in MiB the job declares (``mps``: per client); the sum of
             declared memory on a card never exceeds the card's memory.
         slots: ``time_slice``: replicas taken; ``mps``: client processes.

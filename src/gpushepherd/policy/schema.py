@@ -55,6 +55,12 @@ class MigGpuSpec(_Strict):
     enabled: bool = True
     layout: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _layout_only_when_enabled(self) -> "MigGpuSpec":
+        if not self.enabled and self.layout:
+            raise ValueError("layout is not allowed with enabled: false (a GPU out of MIG mode has no instances)")
+        return self
+
 
 #: ``sharing`` shorthands: ``memory_slices`` / ``fractions`` (the default), ``exclusive``
 SHARING_SHORTHANDS = ("memory_slices", "fractions", "exclusive")
@@ -83,13 +89,21 @@ class NodeGroupSpec(_Strict):
     taints: list[Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][^\s]*$")]] = Field(
         default_factory=list)
     cached: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(default_factory=list)
-    sharing: SharingSpec | Literal["memory_slices", "fractions", "exclusive"] = Field(default_factory=SharingSpec)
-    mig: dict[Annotated[str, Field(pattern=r"^g?\d+$")], MigGpuSpec] = Field(default_factory=dict)
+    sharing: SharingSpec = Field(default_factory=SharingSpec)
+    mig: dict[Annotated[str, Field(pattern=r"^g?[0-9]+$")], MigGpuSpec] = Field(default_factory=dict)
+
+    @field_validator("sharing", mode="before")
+    @classmethod
+    def _sharing_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value not in SHARING_SHORTHANDS:
+                raise ValueError(f"{value!r} is not allowed: one of {', '.join(SHARING_SHORTHANDS)}, or a mapping "
+                                 "with fractions, time_slicing: {replicas: N}, mps: {max_clients: N}")
+            return {"fractions": value != "exclusive"}
+        return value
 
     def sharing_spec(self) -> SharingSpec:
-        if isinstance(self.sharing, SharingSpec):
-            return self.sharing
-        return SharingSpec(fractions=self.sharing != "exclusive")
+        return self.sharing
 
     @model_validator(mode="after")
     def _inventory_fits_node(self) -> "NodeGroupSpec":
@@ -97,10 +111,14 @@ class NodeGroupSpec(_Strict):
                                or len(set(self.gpu_uuids)) != self.gpus):
             raise ValueError(f"gpu_uuids: {len(self.gpu_uuids)} UUIDs is not allowed: one distinct UUID per GPU "
                              f"({self.gpus}), on a single node (count 1)")
+        seen: dict[int, str] = {}
         for key in self.mig:
             g = int(key.lstrip("g"))
             if g >= self.gpus:
                 raise ValueError(f"mig: GPU {key!r} is not allowed: an index 0..{self.gpus - 1} (or g0..g{self.gpus - 1})")
+            if g in seen:
+                raise ValueError(f"mig: GPU {key!r} is not allowed: GPU {g} is already given as {seen[g]!r}")
+            seen[g] = key
         return self
 
     @model_validator(mode="after")

@@ -107,7 +107,8 @@ class Simulator:
             ``gpushepherd.baselines`` has others). Restarts, reasons and invariant checks
             need the core.
         stranded_every_s: sample free and stranded GPU capacity after the first
-            instant at or past every multiple of this many seconds (``None``: never).
+            instant at or past every multiple of this many seconds (>= 1; ``None``:
+            never).
     """
 
     def __init__(self, rules: Rules, jobs: list[SimJob], events: list[Event | Restart] | None = None, *,
@@ -117,8 +118,8 @@ class Simulator:
                  probe_times: tuple[float, ...] = (),
                  scheduler: Callable[[Rules], Scheduler] | None = None,
                  stranded_every_s: float | None = None):
-        if stranded_every_s is not None and not stranded_every_s > 0:
-            raise ValueError(f"stranded_every_s: {stranded_every_s!r} is not allowed: seconds > 0")
+        if stranded_every_s is not None and not 1 <= stranded_every_s < float("inf"):
+            raise ValueError(f"stranded_every_s: {stranded_every_s!r} is not allowed: seconds >= 1")
         self.stranded_every_s = stranded_every_s
         self.stranded: list[tuple[float, float, float, dict[str, float]]] = []
         self.rules = rules

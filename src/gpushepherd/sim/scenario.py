@@ -76,7 +76,8 @@ class JobEntry(_Strict):
     gpu_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     ts_replicas: Annotated[int, Field(ge=1)] | None = None
     mps_clients: Annotated[int, Field(ge=1)] | None = None
-    mps_sm_percent: Annotated[float, Field(gt=0, le=100)] = 100.0
+    #: each MPS client's SM percentage (a multiple of 0.1; default: 100 / mps_clients)
+    mps_sm_percent: Annotated[float, Field(gt=0, le=100)] | None = None
     mig_profile: str | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[str] = Field(default_factory=list)
@@ -286,10 +287,13 @@ def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
                 fail(f"jobs[{i}].id", job_id, f"an id used once only (also in {ids[job_id]})")
             ids[job_id] = f"jobs[{i}]"
         teams.add(entry.team)
+        _check_share_fields(entry, f"jobs[{i}]", fail)
     try:
-        nodes = {n.name: n.gpus for n in policy_from_dict(spec.policy, f"{source}#policy").rules.nodes}
+        node_list = policy_from_dict(spec.policy, f"{source}#policy").rules.nodes
     except PolicyError as exc:
         raise ScenarioError(str(exc)) from None
+    nodes = {n.name: n.gpus for n in node_list}
+    mig_gpus = {n.name: {g for g, _ in n.mig} for n in node_list}
     used: dict[str, set[int]] = {}
     for i, a in enumerate(spec.initial_allocations):
         path = f"initial_allocations[{i}]"
@@ -299,11 +303,22 @@ def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
         teams.add(a.team)
         if a.node not in nodes:
             fail(f"{path}.node", a.node, "a node of the cluster: " + ", ".join(sorted(nodes)))
-        taken = used.setdefault(a.node, set())
+        taken = used.setdefault(a.node, set(mig_gpus[a.node]))
         if a.fraction is not None or a.mig_profile is not None or a.gpu_mem_mib:
             if a.gpu is None or a.gpu >= nodes[a.node]:
                 fail(f"{path}.gpu", a.gpu, f"the index of the GPU the share is on, 0 to {nodes[a.node] - 1}")
+            if a.gpus != 1 or a.gpu_indices is not None:
+                fail(f"{path}.gpus", a.gpus, "1 and no gpu_indices for a share (it is part of one GPU)")
+            if a.fraction is not None and a.mig_profile is not None:
+                fail(f"{path}.mig_profile", a.mig_profile, "a MIG instance or a fraction, not both")
+            if a.fraction is not None:
+                _exact(a.fraction, 1000, f"{path}.fraction", "a multiple of 0.001 GPU", fail)
+            taken.add(a.gpu)  # no whole-GPU allocation may pick it
             continue
+        if a.gpu is not None:
+            if a.gpu_indices is not None or a.gpus != 1:
+                fail(f"{path}.gpu", a.gpu, "for a share or a single GPU; use gpu_indices for several")
+            a = a.model_copy(update={"gpu_indices": [a.gpu]})
         if a.gpu_indices is not None:
             gpus = a.gpu_indices
             if len(gpus) != a.gpus or len(set(gpus)) != len(gpus) or max(gpus, default=0) >= nodes[a.node]:
@@ -417,8 +432,9 @@ def _run_one(spec: ScenarioSpec, name: str, policy_raw: dict, job_changes: dict,
     for i, alloc in enumerate(spec.initial_allocations):
         events.append(_adopt(policy, alloc, spec.initial_allocations[:i]))
         jobs.append(SimJob(events[-1].spec, alloc.ends))
+    known = {n.name: n for n in policy.rules.nodes}
     for e in spec.events:
-        events.append(_event(e))
+        events.append(_event(e, known))
     sim = Simulator(policy.rules, jobs, events, record_reasons=True, check_invariants=True,
                     track_usage=lambda s: s.team, probe_times=tuple(u.t for u in expect.usage_at))
     try:
@@ -459,6 +475,33 @@ def _sim_job(job_id: str, data: dict) -> SimJob:
     return SimJob(spec, None if duration == "unbounded" else float(duration))
 
 
+def _exact(value: float, scale: int, path: str, allowed: str, fail) -> int:
+    exact = Decimal(repr(value)) * scale
+    if exact != exact.to_integral_value():
+        fail(path, value, allowed)
+    return int(exact)
+
+
+SHARE_FIELDS = ("gpu_fraction", "ts_replicas", "mps_clients", "mig_profile")
+
+
+def _check_share_fields(entry: JobEntry, path: str, fail) -> None:
+    """One share kind per job, none with ``gpus`` or a gang; exact fractions."""
+    given = [f for f in SHARE_FIELDS if getattr(entry, f) is not None]
+    if len(given) > 1:
+        fail(f"{path}.{given[1]}", getattr(entry, given[1]), f"one of {', '.join(SHARE_FIELDS)} per job "
+             f"(it also has {given[0]})")
+    if entry.mps_sm_percent is not None and entry.mps_clients is None:
+        fail(f"{path}.mps_sm_percent", entry.mps_sm_percent, "only with mps_clients")
+    if given and (entry.gpus is not None or entry.gang is not None):
+        fail(f"{path}.gpus", entry.gpus if entry.gpus is not None else "gang", f"no gpus or gang with {given[0]} "
+             "(a share is part of one GPU)")
+    if entry.gpu_fraction is not None:
+        _exact(entry.gpu_fraction, 1000, f"{path}.gpu_fraction", "a multiple of 0.001 GPU in (0, 1]", fail)
+    if entry.mps_sm_percent is not None:
+        _exact(entry.mps_sm_percent, 10, f"{path}.mps_sm_percent", "a multiple of 0.1 percent in (0, 100]", fail)
+
+
 def milli_of(fraction: float, where: str) -> int:
     """``0.18`` -> 180 milli-GPU, exactly (the decimal the user wrote, not its binary float).
 
@@ -479,8 +522,10 @@ def _share_of(job_id: str, data: dict) -> GpuShare | None:
     if data.get("ts_replicas"):
         return GpuShare("time_slice", mem_mib=mem, slots=data["ts_replicas"])
     if data.get("mps_clients"):
-        return GpuShare("mps", milli=milli_of(data.get("mps_sm_percent", 100.0) / 100, f"{where}: mps_sm_percent"),
-                        mem_mib=mem, slots=data["mps_clients"])
+        clients = data["mps_clients"]
+        pct = data.get("mps_sm_percent")
+        milli = 1000 // clients if pct is None else int(Decimal(repr(pct)) * 10)
+        return GpuShare("mps", milli=milli, mem_mib=mem, slots=clients)
     if data.get("gpu_fraction") is not None:
         return GpuShare("fraction", milli=milli_of(data["gpu_fraction"], f"{where}: gpu_fraction"), mem_mib=mem)
     if not data.get("gpus") and not data.get("gang") and mem:
@@ -501,9 +546,16 @@ def _adopt(policy: Policy, alloc: InitialAllocation, earlier: list[InitialAlloca
         return JobAdopted(0.0, spec, Placement(((alloc.node, (alloc.gpu or 0,)),)), 0.0)
     if alloc.gpu_indices is not None:
         gpus = tuple(alloc.gpu_indices)
+    elif alloc.gpu is not None:
+        gpus = (alloc.gpu,)
     else:
-        taken = {g for a in earlier if a.node == alloc.node for g in (a.gpu_indices or [])}
-        used = sum(a.gpus for a in earlier if a.node == alloc.node and a.gpu_indices is None)
+        # GPUs named by earlier allocations (indices, a share's GPU) and MIG GPUs are
+        # not picked; earlier automatic picks took the lowest of the rest
+        taken = {g for g, _ in node.mig}
+        for a in earlier:
+            if a.node == alloc.node:
+                taken.update(a.gpu_indices or ([a.gpu] if a.gpu is not None else []))
+        used = sum(a.gpus for a in earlier if a.node == alloc.node and a.gpu_indices is None and a.gpu is None)
         free = [g for g in range(node.gpus) if g not in taken]
         gpus = tuple(free[used:used + alloc.gpus])
     spec = JobSpec(id=alloc.job, team=alloc.team, user=alloc.user, workload_class=alloc.workload_class,
@@ -512,7 +564,7 @@ def _adopt(policy: Policy, alloc: InitialAllocation, earlier: list[InitialAlloca
     return JobAdopted(0.0, spec, Placement(((alloc.node, gpus),)), 0.0)
 
 
-def _event(e: EventEntry) -> Event | Restart:
+def _event(e: EventEntry, known: dict[str, Node] | None = None) -> Event | Restart:
     def need(name: str) -> Any:
         value = getattr(e, name)
         if value is None:
@@ -529,6 +581,8 @@ def _event(e: EventEntry) -> Event | Restart:
         return GpuHealthChanged(e.t, need("node"), need("gpu"), e.type == "gpu_healthy")
     if e.type == "node_lost":
         return NodeLost(e.t, need("node"))
+    if known and e.node in known and e.gpus is None:
+        return NodeAdded(e.t, known[e.node])  # a policy node comes back as the policy defines it
     return NodeAdded(e.t, Node(need("node"), need("gpus"), e.gpu_type))
 
 
