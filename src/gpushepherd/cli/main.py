@@ -208,7 +208,7 @@ def simulate(
     json_path: Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="The figures as JSON to this file ('-': stdout instead of the table).")] = None,
     explain: Annotated[Optional[list[str]], typer.Option(metavar="JOB", help="Print this job's history and why it waited (repeatable).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
-    stranded_every: Annotated[Optional[float], typer.Option(metavar="SECONDS", help="Sample free GPUs that no pending job can use (stranded capacity) every SECONDS and report them by constraint.")] = None,
+    stranded_every: Annotated[Optional[float], typer.Option(metavar="SECONDS", help="Sample free GPUs that no pending job can use (stranded capacity) at the first scheduling event at or after every multiple of SECONDS (>= 1) and report them by constraint (means over samples).")] = None,
 ) -> None:
     """Replay a job trace through the scheduler.
 
@@ -286,7 +286,8 @@ def simulate(
             if "stranded" in summary:
                 st = summary["stranded"]
                 by = ", ".join(f"{k} {v:.1f}" for k, v in st["mean_by_constraint"].items()) or "none"
-                out.print(f"stranded capacity ({st['samples']} samples): mean free {st['mean_free_gpus']:.1f} GPUs, "
+                out.print(f"stranded capacity ({st['samples']} samples, taken at scheduling events; means over "
+                          f"samples): mean free {st['mean_free_gpus']:.1f} GPUs, "
                           f"of which stranded {st['mean_stranded_gpus']:.1f} (max {st['max_stranded_gpus']:.1f}); "
                           f"mean by constraint: {by}")
         if json_file is not None:

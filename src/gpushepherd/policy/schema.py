@@ -92,13 +92,20 @@ class NodeGroupSpec(_Strict):
     sharing: SharingSpec = Field(default_factory=SharingSpec)
     mig: dict[Annotated[str, Field(pattern=r"^g?[0-9]+$")], MigGpuSpec] = Field(default_factory=dict)
 
+    @field_validator("mig", mode="before")
+    @classmethod
+    def _mig_int_keys(cls, value: Any) -> Any:
+        if isinstance(value, dict):  # YAML's `0:` is an int key: the same GPU as "0" or "g0"
+            return {str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v for k, v in value.items()}
+        return value
+
     @field_validator("sharing", mode="before")
     @classmethod
     def _sharing_shorthand(cls, value: Any) -> Any:
         if isinstance(value, str):
             if value not in SHARING_SHORTHANDS:
-                raise ValueError(f"{value!r} is not allowed: one of {', '.join(SHARING_SHORTHANDS)}, or a mapping "
-                                 "with fractions, time_slicing: {replicas: N}, mps: {max_clients: N}")
+                raise ValueError(f"one of {', '.join(SHARING_SHORTHANDS)}, or a mapping with fractions, "
+                                 "time_slicing: {replicas: N}, mps: {max_clients: N}")
             return {"fractions": value != "exclusive"}
         return value
 
