@@ -1,0 +1,255 @@
+"""The daemon end to end: a real `shepherd server` (uvicorn, SQLite in a tmp data
+directory, four fake GPUs) running real processes.
+
+Robust on a loaded machine: every wait is a poll loop with a generous deadline, no
+assertion depends on how long something took. Jobs wait for flag files, not for time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+POLICY = """\
+name: daemon-test
+cluster:
+  nodes:
+    - {name: local, gpus: 4, gpu_type: FAKE, gpu_mem_mib: 16384}
+teams:
+  ml: {}
+"""
+DEADLINE_S = 45.0
+
+
+def wait_for(what: str, fn, timeout: float = DEADLINE_S, every: float = 0.1):
+    """Poll ``fn`` until it returns something truthy; fail naming ``what``."""
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs (never existed, or a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+class Server:
+    def __init__(self, tmp: Path, name: str = "server"):
+        self.data = tmp / "data"
+        self.policy = tmp / "policy.yaml"
+        self.policy.write_text(POLICY)
+        self.log = tmp / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self, policy: bool = True) -> "Server":
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        args = [sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(self.data),
+                "--port", str(port)] + (["--policy", str(self.policy)] if policy else [])
+        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+
+        def up():
+            if self.proc.poll() is not None:
+                pytest.fail(f"server exited with {self.proc.returncode}: {self.log.read_text()}")
+            try:
+                return httpx.get(self.url + "/nodes", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+        wait_for("the server to answer", up, every=0.2)
+        return self
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    # -- the API --
+    def submit(self, code: str, gpus: int = 1, cls: str = "batch", **extra) -> str:
+        body = {"class": cls, "team": "ml", "user": "ana", "gpus": gpus,
+                "command": [sys.executable, "-c", code], "cwd": str(self.data.parent), **extra}
+        r = httpx.post(self.url + "/jobs", json=body, timeout=60)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def job(self, job_id: str) -> dict:
+        return httpx.get(f"{self.url}/jobs/{job_id}", timeout=60).json()
+
+    def wait_state(self, job_id: str, *states: str) -> dict:
+        return wait_for(f"job {job_id} in {states}", lambda: (j := self.job(job_id))["state"] in states and j)
+
+    def logs(self, job_id: str, **params) -> str:
+        return httpx.get(f"{self.url}/jobs/{job_id}/logs", params=params, timeout=60).text
+
+    def free_gpus(self) -> int:
+        return sum(n["free"] for n in httpx.get(self.url + "/nodes", timeout=60).json())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("daemon")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def fresh(tmp_path):
+    made: list[Server] = []
+
+    def make(name: str = "server") -> Server:
+        s = Server(tmp_path, name)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.stop()
+
+
+def test_a_job_runs_to_completion_with_its_output_and_gpus(server):
+    job_id = server.submit("import os; print('CVD=' + os.environ['CUDA_VISIBLE_DEVICES']); "
+                           "print('CKPT=' + os.environ['SHEPHERD_CHECKPOINT_DIR'])", gpus=2)
+    job = server.wait_state(job_id, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED" and job["exit_code"] == 0
+    out = server.logs(job_id)
+    assert "CVD=0,1" in out
+    assert f"CKPT={server.data.resolve() / 'checkpoints' / job_id}" in out
+    assert [h["to"] for h in job["history"]] == ["PENDING", "RUNNING", "COMPLETED"]
+    assert wait_for("all GPUs free", lambda: server.free_gpus() == 4)
+
+
+def test_cancel_ends_a_running_job_and_its_whole_process_group(server, tmp_path):
+    pids = tmp_path / "pids"
+    # the job starts a child of its own, then both sleep: cancel must end both
+    code = (f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+            f"time.sleep(600)']); open({str(pids)!r} + '.tmp', 'w').write(f'{{os.getpid()}} {{c.pid}}'); "
+            f"os.replace({str(pids)!r} + '.tmp', {str(pids)!r}); time.sleep(600)")
+    job_id = server.submit(code, gpus=3)
+    server.wait_state(job_id, "RUNNING")
+    wait_for("the job's pids", pids.exists)
+    parent, child = map(int, pids.read_text().split())
+    assert not gone(parent) and not gone(child)
+    r = httpx.post(f"{server.url}/jobs/{job_id}/cancel", timeout=60)
+    assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
+    job = server.wait_state(job_id, "CANCELLED")
+    assert job["history"][-1]["to"] == "CANCELLED"
+    wait_for("the job's processes to end", lambda: gone(parent) and gone(child))
+    assert server.free_gpus() == 4  # free at once, in every view
+    assert httpx.post(f"{server.url}/jobs/999/cancel", timeout=60).status_code == 404
+
+
+def test_checkpoint_exit_code_requeues_and_the_next_run_resumes(server):
+    code = ("import os, sys; d = os.environ['SHEPHERD_CHECKPOINT_DIR']; p = os.path.join(d, 'step')\n"
+            "if os.path.exists(p):\n    print('resumed from', open(p).read(), 'run', os.environ['SHEPHERD_RUN'])\n"
+            "else:\n    open(p, 'w').write('41'); sys.exit(int(os.environ['SHEPHERD_REQUEUE_EXIT_CODE']))")
+    job_id = server.submit(code)
+    job = server.wait_state(job_id, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED" and job["runs"] == 2
+    assert [h["to"] for h in job["history"]] == ["PENDING", "RUNNING", "PENDING", "RUNNING", "COMPLETED"]
+    assert "requeue" in job["history"][2]["reason"]
+    assert "resumed from 41 run 2" in server.logs(job_id)
+    assert server.logs(job_id, run=1) == ""
+
+
+def test_a_malformed_submission_is_422_naming_the_field(server):
+    def post(**body):
+        base = {"class": "batch", "team": "ml", "command": ["true"], "cwd": "/"}
+        base.update(body)
+        return httpx.post(server.url + "/jobs", json={k: v for k, v in base.items() if v is not None}, timeout=60)
+
+    before = len(httpx.get(server.url + "/jobs", timeout=60).json())
+    r = post(gpus="two")
+    assert r.status_code == 422 and ["body", "gpus"] in [d["loc"] for d in r.json()["detail"]]
+    r = post(command=None)
+    assert r.status_code == 422 and ["body", "command"] in [d["loc"] for d in r.json()["detail"]]
+    r = post(cwd="/no/such/dir")
+    assert r.status_code == 422 and "/no/such/dir" in r.text
+    r = post(**{"class": "trainnig"})  # the policy refuses it: field, value and what is allowed
+    detail = r.json()["detail"][0]
+    assert r.status_code == 422 and detail["loc"] == ["body", "class"]
+    assert detail["msg"].startswith("class: 'trainnig' is not allowed: one of ") and "training" in detail["msg"]
+    r = post(team="nobody")
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "team"]
+    assert len(httpx.get(server.url + "/jobs", timeout=60).json()) == before  # nothing accepted
+
+
+def test_kill9_of_the_server_loses_nothing(fresh, tmp_path):
+    go = tmp_path / "go"
+    s = fresh().start()
+    running = s.submit(f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nprint('done')",
+                       gpus=2)
+    s.wait_state(running, "RUNNING")
+    pending = s.submit("print('second')", gpus=4)  # waits for the first job's GPUs
+    assert s.job(pending)["state"] == "PENDING"
+    s.kill9()
+
+    s.start(policy=False)  # same data directory; the policy comes from the event log
+    assert s.job(running)["state"] == "RUNNING"  # re-attached, not restarted
+    assert s.job(running)["runs"] == 1
+    assert s.job(pending)["state"] == "PENDING"
+    go.write_text("")
+    assert s.wait_state(running, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert "done" in s.logs(running)
+    assert s.wait_state(pending, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert wait_for("all GPUs free", lambda: s.free_gpus() == 4)
+
+
+def test_a_run_lost_with_the_server_is_requeued(fresh, tmp_path):
+    pidfile = tmp_path / "pid"
+    s = fresh().start()
+    code = (f"import os, time\nif os.environ['SHEPHERD_RUN'] == '1':\n    open({str(pidfile)!r}, 'w').write("
+            f"str(os.getpgrp()))\n    time.sleep(600)\nprint('second run')")
+    job_id = s.submit(code)
+    s.wait_state(job_id, "RUNNING")
+    wait_for("the pid file", lambda: pidfile.exists() and pidfile.read_text())
+    s.kill9()
+    os.killpg(int(pidfile.read_text()), signal.SIGKILL)  # the machine "lost" the job too
+
+    s.start()
+    job = s.wait_state(job_id, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED" and job["runs"] == 2
+    assert "second run" in s.logs(job_id)
+    assert any(h["from"] == "RUNNING" and h["to"] == "PENDING" for h in job["history"])
+    assert wait_for("all GPUs free", lambda: s.free_gpus() == 4)
+
+
+def test_a_second_server_on_the_same_database_refuses_to_start(fresh):
+    first = fresh("first").start()
+    second = fresh("second")
+    second.data, second.policy = first.data, first.policy
+    port = free_port()
+    r = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(first.data),
+                        "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "another gpushepherd server holds it" in r.stderr and f"pid {first.proc.pid}" in r.stderr
+    assert first.free_gpus() == 4  # the first one is undisturbed
