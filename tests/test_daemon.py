@@ -23,8 +23,12 @@ name: daemon-test
 cluster:
   nodes:
     - {name: local, gpus: 4, gpu_type: FAKE, gpu_mem_mib: 16384}
+classes:
+  batch: {grace_period_s: 2}
+  sandbox: {grace_period_s: 1}
 teams:
   ml: {}
+preemption: {enabled: true}
 """
 DEADLINE_S = 45.0
 
@@ -181,6 +185,32 @@ def test_checkpoint_exit_code_requeues_and_the_next_run_resumes(server):
     assert server.logs(job_id, run=1) == ""
 
 
+def test_preemption_sends_sigterm_then_sigkill_after_the_grace_period_and_requeues(server, tmp_path):
+    pidfile = tmp_path / "pid"
+    # run 1 ignores SIGTERM: only the SIGKILL at the end of the grace period ends it
+    code = (f"import os, signal, time\nif os.environ['SHEPHERD_RUN'] == '1':\n"
+            f"    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+            f"    time.sleep(600)\nprint('run', os.environ['SHEPHERD_RUN'])")
+    victim = server.submit(code, gpus=4, cls="batch")
+    server.wait_state(victim, "RUNNING")
+    wait_for("the pid file", lambda: pidfile.exists() and pidfile.read_text())
+    urgent = server.submit("print('serving')", gpus=2, cls="production-inference")
+    assert server.wait_state(urgent, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert gone(int(pidfile.read_text()))
+    job = server.wait_state(victim, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED" and job["runs"] == 2 and job["preemptions"] == 1
+    assert [h["to"] for h in job["history"]][:4] == ["PENDING", "RUNNING", "PREEMPTING", "PENDING"]
+    assert "run 2" in server.logs(victim)
+    assert wait_for("all GPUs free", lambda: server.free_gpus() == 4)
+
+
+def test_a_job_past_its_time_limit_is_stopped_as_timeout(server):
+    job_id = server.submit("import time; time.sleep(600)", cls="sandbox", time_limit_s=1)
+    job = server.wait_state(job_id, "TIMEOUT", "COMPLETED", "FAILED")
+    assert job["state"] == "TIMEOUT" and job["exit_code"] is not None and job["exit_code"] < 0
+    assert wait_for("all GPUs free", lambda: server.free_gpus() == 4)
+
+
 def test_a_malformed_submission_is_422_naming_the_field(server):
     def post(**body):
         base = {"class": "batch", "team": "ml", "command": ["true"], "cwd": "/"}
@@ -253,3 +283,59 @@ def test_a_second_server_on_the_same_database_refuses_to_start(fresh):
     assert r.returncode == 2
     assert "another gpushepherd server holds it" in r.stderr and f"pid {first.proc.pid}" in r.stderr
     assert first.free_gpus() == 4  # the first one is undisturbed
+
+
+def test_a_restart_under_another_policy_replays_the_log_under_the_old_one(tmp_path):
+    from gpushepherd.daemon.server import Daemon, DaemonError
+    from gpushepherd.model.job import JobSpec
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    with pytest.raises(DaemonError, match="no policy: pass --policy FILE"):
+        Daemon(tmp_path / "data").start()
+    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05)
+    d.start()
+    job_id = d.submit(JobSpec(id="", team="ml", workload_class="batch", gpus=1), [sys.executable, "-c", "pass"],
+                      cwd=str(tmp_path))
+    wait_for("the job to complete", lambda: d.sched.jobs[job_id].state.value == "COMPLETED")
+    d.stop()
+
+    policy.write_text(POLICY.replace("  ml: {}", "  ml: {}\n  data: {}"))
+    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05)
+    d.start()
+    try:
+        assert [kind for _t, kind, _ in d.store.batches()].count("policy") == 2
+        assert d.sched.jobs[job_id].state.value == "COMPLETED"  # replayed (the old rules), then the new rules
+        second = d.submit(JobSpec(id="", team="data", workload_class="batch", gpus=1), ["true"], cwd=str(tmp_path))
+        assert int(second) == int(job_id) + 1
+        wait_for("the new team's job to complete", lambda: d.sched.jobs[second].state.value == "COMPLETED")
+    finally:
+        d.stop()
+
+
+def test_a_start_decided_before_a_crash_but_never_launched_is_launched_at_restart(tmp_path):
+    """The server died after committing a submission, before applying its Start."""
+    import json
+
+    from gpushepherd.daemon.server import Daemon
+    from gpushepherd.daemon.store import Store, spec_to_dict
+    from gpushepherd.model.events import JobSubmitted
+    from gpushepherd.model.job import JobSpec
+    import yaml
+
+    data = tmp_path / "data"
+    data.mkdir()
+    store = Store(Store.sqlite_url(data))
+    store.append_policy(time.time(), yaml.safe_load(POLICY))
+    spec = JobSpec(id="1", team="ml", workload_class="batch", gpus=1, submit_time=time.time())
+    store.append(spec.submit_time, [JobSubmitted(spec.submit_time, spec)],
+                 [dict(id="1", num=1, spec=json.dumps(spec_to_dict(spec)), shell=False, env="{}", cwd=str(tmp_path),
+                       argv=json.dumps([sys.executable, "-c", "print('launched late')"]), state="PENDING", run=0)])
+    d = Daemon(data, poll_s=0.05)
+    d.start()
+    try:
+        wait_for("the job to complete", lambda: d.sched.jobs["1"].state.value == "COMPLETED")
+        assert d.runs["1"] == 1
+        assert (d.backend.run_dir("1", 1) / "stdout").read_text() == "launched late\n"
+    finally:
+        d.stop()
