@@ -45,6 +45,13 @@ def wait_for(what: str, fn, timeout: float = DEADLINE_S, every: float = 0.1):
     pytest.fail(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
+def wait_for_file(flag: Path) -> str:
+    """A job's code: wait until ``flag`` exists (at most 120 s: a failed test leaks
+    nothing for long), then print ``done``."""
+    return (f"import os, time\nt0 = time.time()\nwhile not os.path.exists({str(flag)!r}) and time.time() - t0 < 120:\n"
+            f"    time.sleep(0.05)\nprint('done')")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -156,8 +163,8 @@ def test_cancel_ends_a_running_job_and_its_whole_process_group(server, tmp_path)
     pids = tmp_path / "pids"
     # the job starts a child of its own, then both sleep: cancel must end both
     code = (f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
-            f"time.sleep(600)']); open({str(pids)!r} + '.tmp', 'w').write(f'{{os.getpid()}} {{c.pid}}'); "
-            f"os.replace({str(pids)!r} + '.tmp', {str(pids)!r}); time.sleep(600)")
+            f"time.sleep(120)']); open({str(pids)!r} + '.tmp', 'w').write(f'{{os.getpid()}} {{c.pid}}'); "
+            f"os.replace({str(pids)!r} + '.tmp', {str(pids)!r}); time.sleep(120)")
     job_id = server.submit(code, gpus=3)
     server.wait_state(job_id, "RUNNING")
     wait_for("the job's pids", pids.exists)
@@ -189,8 +196,9 @@ def test_preemption_sends_sigterm_then_sigkill_after_the_grace_period_and_requeu
     pidfile = tmp_path / "pid"
     # run 1 ignores SIGTERM: only the SIGKILL at the end of the grace period ends it
     code = (f"import os, signal, time\nif os.environ['SHEPHERD_RUN'] == '1':\n"
-            f"    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
-            f"    time.sleep(600)\nprint('run', os.environ['SHEPHERD_RUN'])")
+            f"    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            f"    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+            f"    time.sleep(120)\nprint('run', os.environ['SHEPHERD_RUN'])")
     victim = server.submit(code, gpus=4, cls="batch")
     server.wait_state(victim, "RUNNING")
     wait_for("the pid file", lambda: pidfile.exists() and pidfile.read_text())
@@ -205,7 +213,7 @@ def test_preemption_sends_sigterm_then_sigkill_after_the_grace_period_and_requeu
 
 
 def test_a_job_past_its_time_limit_is_stopped_as_timeout(server):
-    job_id = server.submit("import time; time.sleep(600)", cls="sandbox", time_limit_s=1)
+    job_id = server.submit("import time; time.sleep(120)", cls="sandbox", time_limit_s=1)
     job = server.wait_state(job_id, "TIMEOUT", "COMPLETED", "FAILED")
     assert job["state"] == "TIMEOUT" and job["exit_code"] is not None and job["exit_code"] < 0
     assert wait_for("all GPUs free", lambda: server.free_gpus() == 4)
@@ -236,8 +244,7 @@ def test_a_malformed_submission_is_422_naming_the_field(server):
 def test_kill9_of_the_server_loses_nothing(fresh, tmp_path):
     go = tmp_path / "go"
     s = fresh().start()
-    running = s.submit(f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nprint('done')",
-                       gpus=2)
+    running = s.submit(wait_for_file(go), gpus=2)
     s.wait_state(running, "RUNNING")
     pending = s.submit("print('second')", gpus=4)  # waits for the first job's GPUs
     assert s.job(pending)["state"] == "PENDING"
@@ -258,7 +265,7 @@ def test_a_run_lost_with_the_server_is_requeued(fresh, tmp_path):
     pidfile = tmp_path / "pid"
     s = fresh().start()
     code = (f"import os, time\nif os.environ['SHEPHERD_RUN'] == '1':\n    open({str(pidfile)!r}, 'w').write("
-            f"str(os.getpgrp()))\n    time.sleep(600)\nprint('second run')")
+            f"str(os.getpgrp()))\n    time.sleep(120)\nprint('second run')")
     job_id = s.submit(code)
     s.wait_state(job_id, "RUNNING")
     wait_for("the pid file", lambda: pidfile.exists() and pidfile.read_text())
@@ -337,5 +344,34 @@ def test_a_start_decided_before_a_crash_but_never_launched_is_launched_at_restar
         wait_for("the job to complete", lambda: d.sched.jobs["1"].state.value == "COMPLETED")
         assert d.runs["1"] == 1
         assert (d.backend.run_dir("1", 1) / "stdout").read_text() == "launched late\n"
+    finally:
+        d.stop()
+
+
+def test_a_run_whose_pid_was_never_recorded_is_found_and_not_launched_twice(tmp_path):
+    """The server died between the fork and the commit of the pid."""
+    from gpushepherd.daemon.server import Daemon
+    from gpushepherd.model.job import JobSpec
+
+    go = tmp_path / "go"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05)
+    d.start()
+    code = wait_for_file(go)
+    job_id = d.submit(JobSpec(id="", team="ml", workload_class="batch", gpus=1), [sys.executable, "-c", code],
+                      cwd=str(tmp_path))
+    wait_for("the job to run", lambda: d.sched.jobs[job_id].state.value == "RUNNING")
+    d.stop()  # the loop ends, the job runs on
+    d.store.update_job(job_id, pid=None, pgid=None, proc_start=None)
+
+    d = Daemon(tmp_path / "data", poll_s=0.05)
+    d.start()
+    try:
+        assert job_id in d.backend.procs and d.backend.procs[job_id].popen is None  # re-attached
+        go.write_text("")
+        wait_for("the job to complete", lambda: d.sched.jobs[job_id].state.value == "COMPLETED")
+        assert d.runs[job_id] == 1 and not d.backend.run_dir(job_id, 2).exists()
+        assert (d.backend.run_dir(job_id, 1) / "stdout").read_text() == "done\n"
     finally:
         d.stop()

@@ -22,12 +22,68 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpushepherd.daemon.store import proc_start_time
 from gpushepherd.model.job import ExitStatus
 from gpushepherd.model.placement import Placement
 
 #: "checkpointed, requeue me" (the number Slurm users know from ``--requeue`` scripts)
 REQUEUE_EXIT_CODE = 85
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name (state first), or ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+
+
+def proc_start_time(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot, or ``None`` when
+    there is no such process (or no ``/proc``): with the pid it names one process."""
+    fields = _stat(pid)
+    return fields[19] if fields else None
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies, which an init that does
+    not reap may leave behind, do not count)."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields and fields[2] == str(pgid) and fields[0] not in "ZX":
+                return True
+    return False
+
+
+def find_runner(job_id: str, run: int) -> tuple[int, str | None] | None:
+    """The runner of run ``run`` of a job, found by its environment in ``/proc``:
+    ``(pid, start time)``, or ``None``. For a restart that finds a run launched but
+    its pid never recorded (the server died between the fork and the commit)."""
+    want = (f"SHEPHERD_JOB_ID={job_id}".encode(), f"SHEPHERD_RUN={run}".encode())
+    if not os.path.isdir("/proc"):
+        return None
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        fields = _stat(pid)
+        # the runner leads its group; the job's own processes carry the same variables
+        if all(w in env for w in want) and fields and fields[2] == entry and fields[0] not in "ZX":
+            return pid, fields[19]
+    return None
 
 
 def exit_status(code: int) -> ExitStatus:
@@ -114,10 +170,16 @@ class LocalBackend:
         self.procs[job_id] = proc
         return proc
 
-    def attach(self, job_id: str, run: int, pid: int, start: str | None) -> Proc | None:
-        """Re-attach to a run started by an earlier server. Returns ``None`` if its
-        process group is gone and it left no exit file (the run is lost)."""
+    def attach(self, job_id: str, run: int, pid: int | None, start: str | None) -> Proc | None:
+        """Re-attach to a run started by an earlier server (``pid``: its runner, ``None``
+        when it was never recorded: looked up by its environment). Returns ``None`` if
+        its process group is gone and it left no exit file (the run is lost)."""
         exit_file = self.run_dir(job_id, run) / "exit"
+        if pid is None:
+            found = find_runner(job_id, run)
+            if found is None and not exit_file.exists():
+                return None
+            pid, start = found or (0, None)
         proc = Proc(job_id, run, pid, start, exit_file)
         if exit_file.exists() or self._alive(proc):
             self.procs[job_id] = proc
@@ -127,22 +189,11 @@ class LocalBackend:
     def _alive(self, proc: Proc) -> bool:
         if proc.popen is not None:
             return proc.popen.poll() is None
-        if proc.start is not None and proc_start_time(proc.pid) != proc.start:
-            return self._group_alive(proc.pid)  # the leader is gone (or its pid reused)
-        try:
-            os.kill(proc.pid, 0)
-        except ProcessLookupError:
-            return self._group_alive(proc.pid)
-        except PermissionError:
-            return False  # a reused pid of another user
-        return True
-
-    @staticmethod
-    def _group_alive(pgid: int) -> bool:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
+        if proc.pid <= 0:
             return False
+        fields = _stat(proc.pid)
+        if fields is None or fields[0] in "ZX" or (proc.start is not None and fields[19] != proc.start):
+            return group_running(proc.pid)  # the leader is gone (or its pid reused): is its group?
         return True
 
     def exits(self) -> list[tuple[str, int | None]]:
@@ -154,7 +205,7 @@ class LocalBackend:
                 continue
             if proc.popen is not None:
                 proc.popen.wait()  # reap the runner
-            if self._group_alive(proc.pid):
+            if proc.pid > 0 and group_running(proc.pid):
                 self.kill_group(proc.pid)  # the job ended: what it left behind in its group goes too
             code = None
             try:
@@ -168,14 +219,15 @@ class LocalBackend:
     def signal(self, job_id: str, sig: int) -> None:
         """Send ``sig`` to the job's process group (nothing if it is gone)."""
         proc = self.procs.get(job_id)
-        if proc is None:
+        if proc is None or proc.pid <= 0:
             return
         try:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
 
-    def kill_group(self, pgid: int) -> None:
+    @staticmethod
+    def kill_group(pgid: int) -> None:
         """SIGKILL a process group not (or no longer) tracked, e.g. a cancelled job's
         group found alive after a restart."""
         try:

@@ -158,7 +158,7 @@ class Daemon:
                     self.deferred.append(self._lost(job))
                 elif row["kill_at"] is not None:
                     self.kills[job_id] = row["kill_at"]
-            elif row["pid"] and row["run"] and not row["state"] == JobState.REJECTED.value:
+            elif row["run"]:
                 proc = backend.attach(job_id, row["run"], row["pid"], row["proc_start"])
                 if proc is not None and not proc.exit_file.exists():
                     log.warning("job %s is %s but its processes live: killing them", job_id, job.state.value)
@@ -308,17 +308,19 @@ class Daemon:
             log.warning("MIG reconfiguration of %s GPU %d is not supported by the local backend yet", d.node, d.gpu)
 
     def _launch(self, job_id: str, run: int, placement: Placement, row: dict) -> None:
+        # the attempt is committed before the fork: a restart then looks for the run
+        # (find_runner) instead of launching it a second time
+        self.store.update_job(job_id, run=run, pid=None, pgid=None, proc_start=None, exit_code=None, kill_at=None)
         try:
             proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
                                       env=json.loads(row["env"]), cwd=row["cwd"], placement=placement)
         except OSError as exc:
             log.error("job %s: cannot start its runner: %s", job_id, exc)
-            self.store.update_job(job_id, run=run, pid=None, pgid=None, placement=str(placement))
+            self.store.update_job(job_id, placement=str(placement))
             self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
             return
         rdir = self.backend.run_dir(job_id, run)
-        self.store.update_job(job_id, run=run, pid=proc.pid, pgid=proc.pid, proc_start=proc.start,
-                              placement=str(placement), exit_code=None, kill_at=None,
+        self.store.update_job(job_id, pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
                               stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
 
     # ------------------------------------------------------------ views (hold self.lock)

@@ -145,18 +145,6 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
     raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue or tick")
 
 
-def proc_start_time(pid: int) -> str | None:
-    """The start time of process ``pid`` in clock ticks since boot (``/proc``), or
-    ``None`` when there is no such process (or no ``/proc``)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    # the command name may hold spaces and parentheses: fields follow the last ')'
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
