@@ -375,3 +375,75 @@ def test_a_run_whose_pid_was_never_recorded_is_found_and_not_launched_twice(tmp_
         assert (d.backend.run_dir(job_id, 1) / "stdout").read_text() == "done\n"
     finally:
         d.stop()
+
+
+def test_the_client_commands_against_a_real_server(server, tmp_path):
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    def shepherd(*args):
+        return CliRunner().invoke(app, [*args[:1], "--server", server.url, *args[1:]], catch_exceptions=False)
+
+    res = shepherd("submit", "--class", "batch", "--team", "ml", "--gpus", "2", "--env", "GREETING=hi", "-t", "10:00",
+                   "--chdir", str(tmp_path), "--", sys.executable, "-c",
+                   "import os; print(os.environ['GREETING'], os.getcwd())")
+    assert res.exit_code == 0, res.output
+    job_id = res.output.split()[-1]
+    assert res.output.startswith("Submitted job ")
+    res = shepherd("logs", job_id, "-f")  # follows until the job ends
+    assert res.exit_code == 0 and res.output == f"hi {tmp_path}\n"
+    assert server.job(job_id)["state"] == "COMPLETED"
+    line = next(x for x in shepherd("queue", "--all").output.splitlines() if x.split()[:1] == [job_id])
+    assert line.split()[1:3] == ["batch", "ml"] and "COMPLETED" in line
+    assert shepherd("why", job_id).output.strip() == f"job {job_id} is COMPLETED: exit 0"
+    show = shepherd("show", job_id).output
+    assert "PENDING -> RUNNING  placed on local:" in show and "RUNNING -> COMPLETED  exit 0" in show
+    assert "local" in shepherd("nodes").output and "ml" in shepherd("usage").output
+
+    res = shepherd("submit", "--class", "trainnig", "--team", "ml", "--", "true")
+    assert res.exit_code == 2 and "error: class: 'trainnig' is not allowed: one of " in res.output
+    res = shepherd("cancel", "999")
+    assert res.exit_code == 2 and "no such job" in res.output
+    res = CliRunner().invoke(app, ["queue", "--server", f"http://127.0.0.1:{free_port()}"])
+    assert res.exit_code == 1 and "no gpushepherd server at" in res.output
+
+
+def test_slurm_style_time_limits():
+    import typer
+
+    from gpushepherd.cli.daemon import parse_time
+
+    assert [parse_time(x) for x in ("90", "1:30", "2:00:00", "1-02:00:00", "1-2")] == [90, 90, 7200, 93600, 93600]
+    with pytest.raises(typer.BadParameter, match="'1h' is not allowed"):
+        parse_time("1h")
+
+
+def test_a_cancel_committed_before_a_crash_kills_the_job_at_restart(tmp_path):
+    """The server died after logging a cancel, before killing the job."""
+    from gpushepherd.daemon.server import Daemon
+    from gpushepherd.model.events import JobCancelled
+    from gpushepherd.model.job import JobSpec
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05)
+    d.start()
+    job_id = d.submit(JobSpec(id="", team="ml", workload_class="batch", gpus=4),
+                      [sys.executable, "-c", wait_for_file(tmp_path / "never")], cwd=str(tmp_path))
+    pgid = wait_for("the job's process", lambda: job_id in d.backend.procs and d.backend.procs[job_id].pid)
+    d.stop()
+    now = max(time.time(), d.sched.now)
+    d.store.append(now, [JobCancelled(now, job_id)])
+
+    d = Daemon(tmp_path / "data", poll_s=0.05)
+    d.start()
+    try:
+        assert d.sched.jobs[job_id].state.value == "CANCELLED"
+        from gpushepherd.daemon.local import group_running
+        wait_for("the cancelled job's processes to end", lambda: not group_running(pgid))
+        with d.lock:
+            assert d.nodes_view()[0]["free"] == 4
+        wait_for("the jobs table to say so", lambda: d.store.job_row(job_id)["state"] == "CANCELLED")
+    finally:
+        d.stop()

@@ -46,11 +46,18 @@ def _request(server: str | None, method: str, path: str, **kw: Any):
         except ValueError:
             detail = r.text
         if isinstance(detail, list):
-            detail = "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:]) or 'body'}: {d.get('msg')}"
-                               for d in detail)
+            detail = "; ".join(_located(d) for d in detail)
         err.print(f"error: {detail}", soft_wrap=True)
         raise typer.Exit(2)
     return r
+
+
+def _located(d: dict) -> str:
+    """``field: message`` of one FastAPI error entry (a message that already names its
+    field, as the policy's do, is kept as it is)."""
+    where = ".".join(str(x) for x in d.get("loc", [])[1:]) or "body"
+    msg = str(d.get("msg"))
+    return msg if msg.startswith(f"{where}: ") else f"{where}: {msg}"
 
 
 def parse_time(text: str) -> float:
