@@ -75,3 +75,9 @@ def test_a_second_server_is_refused_and_a_dead_ones_lock_taken_over(store):
         third.acquire_lock(120.0)
     third.acquire_lock(150.0)
     assert not other.heartbeat(151.0)
+
+
+def test_sqlite_runs_in_wal_mode_with_full_sync(store):
+    with store.engine.connect() as c:
+        assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert c.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL

@@ -160,7 +160,7 @@ class Store:
 
     Args:
         url: a SQLAlchemy URL (``sqlite:////path/shepherd.db``, ``postgresql://...``).
-            SQLite gets WAL journaling and a 30 s busy timeout.
+            SQLite gets WAL journaling, ``synchronous=FULL`` and a 30 s busy timeout.
     """
 
     def __init__(self, url: str):
@@ -171,7 +171,7 @@ class Store:
             def _sqlite_pragmas(dbapi_conn, _record):  # noqa: ANN001
                 cur = dbapi_conn.cursor()
                 cur.execute("PRAGMA journal_mode=WAL")
-                cur.execute("PRAGMA synchronous=NORMAL")
+                cur.execute("PRAGMA synchronous=FULL")  # an acknowledged event survives a power cut
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.close()
         metadata.create_all(self.engine)
