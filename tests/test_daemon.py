@@ -400,6 +400,8 @@ def test_the_client_commands_against_a_real_server(server, tmp_path):
     show = shepherd("show", job_id).output
     assert "PENDING -> RUNNING  placed on local:" in show and "RUNNING -> COMPLETED  exit 0" in show
     assert "local" in shepherd("nodes").output and "ml" in shepherd("usage").output
+    paths = httpx.get(server.url + "/openapi.json", timeout=60).json()["paths"]
+    assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/logs", "/nodes", "/usage"} <= set(paths)
 
     res = shepherd("submit", "--class", "trainnig", "--team", "ml", "--", "true")
     assert res.exit_code == 2 and "error: class: 'trainnig' is not allowed: one of " in res.output
