@@ -384,5 +384,9 @@ def policy_check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", 
                       f"{_plural(len(r.teams), 'team')}, {_plural(len(r.limits), 'limit')}")
 
 
+from gpushepherd.cli import daemon as _daemon_cli  # noqa: E402  (needs app, _console, _errors above)
+
+_daemon_cli.register(app)
+
 if __name__ == "__main__":  # pragma: no cover
     run()

@@ -1,0 +1,276 @@
+"""``shepherd server`` and its client commands, with the habits of Slurm users:
+``submit`` (sbatch), ``queue`` (squeue), ``show`` (scontrol show job), ``cancel``
+(scancel), ``logs``, ``why``, ``nodes`` (sinfo), ``usage`` (sshare).
+
+Client commands talk HTTP to ``--server`` (default ``$SHEPHERD_SERVER`` or
+http://127.0.0.1:8765). A refused request (bad field, unknown job) prints one
+``error:`` line and exits 2; an unreachable server exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+DEFAULT_PORT = 8765
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "REJECTED"}
+
+ServerOpt = Annotated[Optional[str], typer.Option("--server", help="Server URL (default $SHEPHERD_SERVER or "
+                                                  f"http://127.0.0.1:{DEFAULT_PORT}).")]
+
+
+def _url(server: str | None) -> str:
+    return (server or os.environ.get("SHEPHERD_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}").rstrip("/")
+
+
+def _request(server: str | None, method: str, path: str, **kw: Any):
+    import httpx
+
+    from gpushepherd.cli.main import err
+    url = _url(server)
+    try:
+        r = httpx.request(method, url + path, timeout=60.0, **kw)
+    except httpx.TransportError as exc:
+        err.print(f"error: no gpushepherd server at {url} ({exc}); start one with `shepherd server`", soft_wrap=True)
+        raise typer.Exit(1) from None
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail")
+        except ValueError:
+            detail = r.text
+        if isinstance(detail, list):
+            detail = "; ".join(_located(d) for d in detail)
+        err.print(f"error: {detail}", soft_wrap=True)
+        raise typer.Exit(2)
+    return r
+
+
+def _located(d: dict) -> str:
+    """``field: message`` of one FastAPI error entry (a message that already names its
+    field, as the policy's do, is kept as it is)."""
+    where = ".".join(str(x) for x in d.get("loc", [])[1:]) or "body"
+    msg = str(d.get("msg"))
+    return msg if msg.startswith(f"{where}: ") else f"{where}: {msg}"
+
+
+def parse_time(text: str) -> float:
+    """A Slurm-style time limit in seconds: ``SECONDS``, ``MM:SS``, ``HH:MM:SS`` or
+    ``D-HH[:MM[:SS]]``.
+
+    Raises:
+        typer.BadParameter: anything else.
+    """
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+(?:\.\d+)?)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not m:
+        raise typer.BadParameter(f"{text!r} is not allowed: seconds, MM:SS, HH:MM:SS or D-HH:MM:SS")
+    days, a, b, c = m.groups()
+    if days is not None:
+        parts = [float(a), float(b or 0), float(c or 0)]  # D-HH[:MM[:SS]]
+        return int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+    nums = [float(x) for x in (a, b, c) if x is not None]
+    total = 0.0
+    for n in nums:
+        total = total * 60 + n
+    return total
+
+
+def parse_share(text: str, mem_mib: int) -> dict:
+    """``fraction:0.25``, ``mig:1g.10gb``, ``time_slice[:N]``, ``mps:N[:PERCENT]`` or
+    ``mem`` (memory only, with ``--gpu-mem``) as the API's share body.
+
+    Raises:
+        typer.BadParameter: naming the value and what is allowed.
+    """
+    kind, _, arg = text.partition(":")
+    try:
+        if kind == "fraction":
+            return {"kind": "fraction", "milli": round(float(arg) * 1000), "mem_mib": mem_mib}
+        if kind == "mem":
+            return {"kind": "fraction", "milli": 0, "mem_mib": mem_mib}
+        if kind == "mig" and arg:
+            return {"kind": "mig", "profile": arg}
+        if kind == "time_slice":
+            return {"kind": "time_slice", "slots": int(arg or 1), "mem_mib": mem_mib}
+        if kind == "mps":
+            n, _, pct = arg.partition(":")
+            return {"kind": "mps", "slots": int(n or 1), "milli": round(float(pct or 100) * 10), "mem_mib": mem_mib}
+    except ValueError:
+        pass
+    raise typer.BadParameter(f"{text!r} is not allowed: fraction:F, mem, mig:PROFILE, time_slice[:N] or "
+                             "mps:N[:PERCENT]")
+
+
+def _fmt_t(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the server and client commands to ``app``."""
+    from gpushepherd.cli.main import _console, _errors
+
+    out = _console()
+
+    @app.command("server")
+    def server(data_dir: Annotated[Path, typer.Option("--data-dir", help="Logs, checkpoints and the SQLite "
+                                                      "database.")] = Path("shepherd-data"),
+               db: Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL (default: SQLite in "
+                                                         "--data-dir).")] = None,
+               policy: Annotated[Optional[Path], typer.Option("--policy", help="Policy YAML (default: the "
+                                                              "last one this database ran).")] = None,
+               port: Annotated[int, typer.Option("--port", min=1, max=65535)] = DEFAULT_PORT) -> None:
+        """Run the scheduler daemon on this server (HTTP API on 127.0.0.1 only)."""
+        import logging
+
+        import uvicorn
+
+        from gpushepherd.daemon.api import make_app
+        from gpushepherd.daemon.server import Daemon, DaemonError
+        from gpushepherd.daemon.store import LockHeld
+        from gpushepherd.cli.main import err
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        daemon = Daemon(data_dir, db, policy)
+        with _errors():
+            try:
+                daemon.start()
+            except (LockHeld, DaemonError) as exc:
+                err.print(f"error: {exc}", soft_wrap=True)
+                raise typer.Exit(2) from None
+        try:
+            # no auth yet: loopback only (design note 008)
+            uvicorn.run(make_app(daemon), host="127.0.0.1", port=port, log_level="warning")
+        finally:
+            daemon.stop()
+
+    @app.command("submit", context_settings={"allow_interspersed_args": False})
+    def submit(cmd: Annotated[list[str], typer.Argument(metavar="-- COMMAND [ARGS...]", help="The job's argv.")],
+               cls: Annotated[str, typer.Option("--class", "-c", help="Workload class.")],
+               team: Annotated[str, typer.Option("--team", "-A", help="Team (account).")],
+               user: Annotated[str, typer.Option("--user", "-u")] = os.environ.get("USER", ""),
+               gpus: Annotated[int, typer.Option("--gpus", "-G", min=1)] = 1,
+               share: Annotated[Optional[str], typer.Option("--share", help="Part of one GPU: fraction:0.25, "
+                                                            "mem, mig:1g.10gb, time_slice[:N], mps:N[:PCT].")] = None,
+               gpu_type: Annotated[list[str], typer.Option("--gpu-type", help="Allowed GPU type (repeat).")] = [],
+               gpu_mem: Annotated[int, typer.Option("--gpu-mem", min=0, help="GPU memory, MiB.")] = 0,
+               time_limit: Annotated[Optional[str], typer.Option("--time", "-t", help="Time limit: seconds, "
+                                                                 "HH:MM:SS or D-HH:MM:SS.")] = None,
+               preemptible: Annotated[Optional[bool], typer.Option("--preemptible/--no-preemptible")] = None,
+               checkpointable: Annotated[Optional[bool], typer.Option("--checkpointable/--no-checkpointable")] = None,
+               env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for the job (repeat).")] = [],
+               chdir: Annotated[Path, typer.Option("--chdir", "-D")] = Path("."),
+               shell: Annotated[bool, typer.Option("--shell", help="Run COMMAND with /bin/sh -c.")] = False,
+               server: ServerOpt = None) -> None:
+        """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py`."""
+        body: dict[str, Any] = {"class": cls, "team": team, "user": user, "gpus": gpus, "gpu_type": gpu_type,
+                                "command": [" ".join(cmd)] if shell else cmd, "shell": shell,
+                                "cwd": str(chdir.resolve()), "preemptible": preemptible,
+                                "checkpointable": checkpointable}
+        if share:
+            body["share"] = parse_share(share, gpu_mem)
+        else:
+            body["gpu_mem_mib"] = gpu_mem
+        if time_limit:
+            body["time_limit_s"] = parse_time(time_limit)
+        pairs = {}
+        for item in env:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise typer.BadParameter(f"{item!r} is not allowed: KEY=VALUE", param_hint="--env")
+            pairs[key] = value
+        body["env"] = pairs
+        job = _request(server, "POST", "/jobs", json=body).json()
+        out.print(f"Submitted job {job['id']}")
+
+    @app.command("queue")
+    def queue(state: Annotated[Optional[str], typer.Option("--state", "-t")] = None,
+              all_: Annotated[bool, typer.Option("--all", "-a", help="Also ended jobs.")] = False,
+              server: ServerOpt = None) -> None:
+        """Jobs: state, reason (or placement), estimated start, priority (squeue)."""
+        params = {"state": state} if state else {}
+        jobs = _request(server, "GET", "/jobs", params=params).json()
+        table = Table("JOBID", "CLASS", "TEAM", "USER", "GPUS", "STATE", "REASON / PLACEMENT", "EST. START",
+                      "PRIORITY", box=None)
+        for j in jobs:
+            if not (all_ or state) and j["state"] in TERMINAL:
+                continue
+            table.add_row(j["id"], j["class"], j["team"], j["user"], j["share"] or str(j["gpus"]), j["state"],
+                          j["reason"] or j["placement"] or "", _fmt_t(j["estimated_start"]), f"{j['priority']:.3f}")
+        out.print(table)
+
+    @app.command("show")
+    def show(job_id: Annotated[str, typer.Argument(metavar="JOB")], server: ServerOpt = None) -> None:
+        """One job: fields, its history of transitions and why it waits now."""
+        j = _request(server, "GET", f"/jobs/{job_id}").json()
+        for key in ("id", "state", "reason", "class", "team", "user", "gpus", "share", "placement", "priority",
+                    "runs", "preemptions", "exit_code", "command", "cwd", "stdout", "stderr", "checkpoint_dir"):
+            out.print(f"{key}: {j.get(key)}")
+        out.print(f"submit_time: {_fmt_t(j['submit_time'])}  estimated_start: {_fmt_t(j['estimated_start'])}")
+        out.print("history:")
+        for h in j["history"]:
+            out.print(f"  {_fmt_t(h['t'])}  {h['from'] or '-'} -> {h['to']}  {h['reason']}")
+
+    @app.command("why")
+    def why(job_id: Annotated[str, typer.Argument(metavar="JOB")], server: ServerOpt = None) -> None:
+        """Why a job is in its state now."""
+        j = _request(server, "GET", f"/jobs/{job_id}").json()
+        if j["state"] == "PENDING":
+            est = f"; estimated start {_fmt_t(j['estimated_start'])}" if j["estimated_start"] else ""
+            out.print(f"job {j['id']} is PENDING: {j['reason']}{est}")
+        elif j["placement"]:
+            out.print(f"job {j['id']} is {j['state']} on {j['placement']}")
+        else:
+            last = j["history"][-1]["reason"] if j["history"] else ""
+            out.print(f"job {j['id']} is {j['state']}: {last}")
+
+    @app.command("cancel")
+    def cancel(job_ids: Annotated[list[str], typer.Argument(metavar="JOB...")], server: ServerOpt = None) -> None:
+        """Cancel jobs (scancel); their GPUs are free at once."""
+        for job_id in job_ids:
+            r = _request(server, "POST", f"/jobs/{job_id}/cancel").json()
+            out.print(f"job {r['id']}: {r['state']}")
+
+    @app.command("logs")
+    def logs(job_id: Annotated[str, typer.Argument(metavar="JOB")],
+             stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr instead of stdout.")] = False,
+             follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+             server: ServerOpt = None) -> None:
+        """A job's output (its last run)."""
+        offset, run = 0, None
+        stream = "stderr" if stderr else "stdout"
+        while True:
+            j = _request(server, "GET", f"/jobs/{job_id}").json()
+            if run != j["runs"]:
+                run, offset = j["runs"], 0
+            r = _request(server, "GET", f"/jobs/{job_id}/logs",
+                         params={"stream": stream, "offset": offset, **({"run": run} if run else {})})
+            sys.stdout.write(r.text)
+            sys.stdout.flush()
+            offset = int(r.headers.get("X-Next-Offset", offset))
+            if not follow or j["state"] in TERMINAL:
+                return
+            time.sleep(1.0)
+
+    @app.command("nodes")
+    def nodes(server: ServerOpt = None) -> None:
+        """Nodes and their GPUs: free, and which job holds each (sinfo)."""
+        table = Table("NODE", "GPU TYPE", "GPUS", "FREE", "JOBS BY GPU", box=None)
+        for n in _request(server, "GET", "/nodes").json():
+            held = " ".join(f"{g['index']}:{','.join(g['jobs'])}" for g in n["gpu"] if g["jobs"])
+            table.add_row(n["name"], n["gpu_type"], str(n["gpus"]), str(n["free"]), held or "-")
+        out.print(table)
+
+    @app.command("usage")
+    def usage(server: ServerOpt = None) -> None:
+        """Per team: GPUs in use, decayed usage and fair-share factor (sshare)."""
+        table = Table("TEAM", "GPUS IN USE", "DECAYED GPU-H", "FAIR-SHARE", box=None)
+        for t in _request(server, "GET", "/usage").json()["teams"]:
+            table.add_row(t["team"], f"{t['gpus_in_use']:g}", f"{t['decayed_usage_gpu_s'] / 3600:.2f}",
+                          f"{t['fair_share_factor']:.3f}")
+        out.print(table)

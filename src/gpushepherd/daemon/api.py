@@ -1,0 +1,160 @@
+"""The HTTP API of ``shepherd server`` (FastAPI; the OpenAPI schema is at
+``/openapi.json``, the interactive docs at ``/docs``).
+
+Errors: a malformed body is 422 with FastAPI's ``detail`` list, whose ``loc`` names
+the field; a spec the policy refuses is 422 with ``detail`` a list of one entry whose
+``msg`` names the field, the value and what is allowed; an unknown job is 404.
+Handlers are plain functions (FastAPI runs them in its thread pool): they read the
+core under the daemon's lock and hand changes to the reconcile loop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Literal
+
+from fastapi import FastAPI, HTTPException, Query
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpushepherd import __version__
+from gpushepherd.core.scheduler import SpecError
+from gpushepherd.daemon.server import Daemon
+from gpushepherd.model.job import GpuShare, JobSpec
+
+
+class ShareBody(BaseModel):
+    """Part of one GPU (see ``gpushepherd.model.job.GpuShare``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["fraction", "time_slice", "mps", "mig"]
+    milli: int = Field(0, ge=0, le=1000, description="fraction: compute in 1/1000 GPU; mps: SM percent x 10")
+    mem_mib: int = Field(0, ge=0, description="GPU memory in MiB")
+    slots: int = Field(1, ge=1, description="time_slice: replicas; mps: client processes")
+    profile: str = Field("", description="mig: the MIG profile (1g.10gb)")
+
+
+class SubmitBody(BaseModel):
+    """A job submission. ``class`` is the workload class of the policy."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    workload_class: str = Field(alias="class", min_length=1)
+    team: str = Field(min_length=1)
+    user: str = ""
+    gpus: int = Field(1, ge=1, description="whole GPUs (1 with a share)")
+    share: ShareBody | None = None
+    gpu_type: list[str] = Field(default_factory=list, description="allowed GPU types (empty: any)")
+    gpu_mem_mib: int = Field(0, ge=0, description="minimum memory per GPU, MiB")
+    time_limit_s: float | None = Field(None, gt=0)
+    runtime_estimate_s: float | None = Field(None, gt=0)
+    preemptible: bool | None = None
+    checkpointable: bool | None = None
+    command: list[str] = Field(min_length=1, description="argv; with shell=true, one shell command line")
+    shell: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = Field(description="absolute path of an existing directory")
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd(cls, v: str) -> str:
+        if not os.path.isabs(v) or not os.path.isdir(v):
+            raise ValueError(f"{v!r} is not allowed: the absolute path of an existing directory")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str]) -> list[str]:
+        if not v[0]:
+            raise ValueError("'' is not allowed: a program name or path first")
+        return v
+
+    def spec(self) -> JobSpec:
+        share = GpuShare(**self.share.model_dump()) if self.share else None
+        return JobSpec(id="", team=self.team, workload_class=self.workload_class, gpus=self.gpus, user=self.user,
+                       gpu_types=tuple(self.gpu_type), gpu_mem_mib=self.gpu_mem_mib, time_limit_s=self.time_limit_s,
+                       runtime_estimate_s=self.runtime_estimate_s, preemptible=self.preemptible,
+                       checkpointable=self.checkpointable, share=share)
+
+
+def _spec_field(msg: str) -> str:
+    # SpecError text: "job 'ID': FIELD: VALUE is not allowed: ..."
+    parts = msg.split(": ")
+    return parts[1] if len(parts) > 2 and parts[0].startswith("job ") else "body"
+
+
+def make_app(daemon: Daemon) -> FastAPI:
+    """The FastAPI application serving ``daemon``."""
+    app = FastAPI(title="gpushepherd", version=__version__,
+                  description="GPU workload scheduler: submit jobs, see the queue and why a job waits.")
+
+    def view(job_id: str, history: bool = False) -> dict:
+        with daemon.lock:
+            v = daemon.job_view(job_id, history=history)
+        if v is None:
+            raise HTTPException(404, f"job {job_id!r}: no such job")
+        return v
+
+    @app.post("/jobs", status_code=201)
+    def submit(body: SubmitBody) -> dict:
+        """Submit a job; returns its id and state once it is in the event log."""
+        try:
+            job_id = daemon.submit(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd)
+        except SpecError as exc:
+            field = {"class": "class", "workload_class": "class"}.get(_spec_field(str(exc)), _spec_field(str(exc)))
+            return JSONResponse(status_code=422, content={"detail": [
+                {"loc": ["body", field], "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})
+        return view(job_id)
+
+    @app.get("/jobs")
+    def jobs(state: str | None = Query(None, description="only jobs in this state (PENDING, RUNNING, ...)")) -> list:
+        """Jobs in submission order: state, reason, estimated start, priority."""
+        with daemon.lock:
+            out = daemon.jobs_view()
+        return [j for j in out if state is None or j["state"] == state.upper()]
+
+    @app.get("/jobs/{job_id}")
+    def job(job_id: str) -> dict:
+        """One job: its transitions (history) and why it waits now."""
+        return view(job_id, history=True)
+
+    @app.post("/jobs/{job_id}/cancel")
+    def cancel(job_id: str) -> dict:
+        """Cancel a job (pending or running); its GPUs are free at once."""
+        try:
+            state = daemon.cancel(job_id)
+        except KeyError:
+            raise HTTPException(404, f"job {job_id!r}: no such job") from None
+        return {"id": job_id, "state": state}
+
+    @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
+    def logs(job_id: str, stream: Literal["stdout", "stderr"] = "stdout", run: int | None = Query(None, ge=1),
+             offset: int = Query(0, ge=0)) -> PlainTextResponse:
+        """A run's output (default: the last run) from byte ``offset``; the header
+        ``X-Next-Offset`` is where to continue (``logs -f``)."""
+        v = view(job_id)
+        run = run or v["runs"]
+        if not run:
+            return PlainTextResponse("", headers={"X-Next-Offset": "0"})
+        path = daemon.backend.run_dir(job_id, run) / stream
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        return PlainTextResponse(data.decode(errors="replace"), headers={"X-Next-Offset": str(offset + len(data))})
+
+    @app.get("/nodes")
+    def nodes() -> list:
+        """Nodes of the policy with each GPU's jobs and the free count."""
+        with daemon.lock:
+            return daemon.nodes_view()
+
+    @app.get("/usage")
+    def usage() -> dict:
+        """Per team: GPUs in use, decayed usage (GPU-seconds), fair-share factor."""
+        with daemon.lock:
+            return daemon.usage_view()
+
+    return app

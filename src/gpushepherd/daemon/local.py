@@ -1,0 +1,236 @@
+"""Local backend: each job runs as its own process group on this server.
+
+Layout under the data directory:
+
+* ``runs/<job>/<run>/stdout``, ``stderr``: the run's output;
+* ``runs/<job>/<run>/exit``: ``{"code": N}``, written by the runner when the job ends;
+* ``checkpoints/<job>/``: ``SHEPHERD_CHECKPOINT_DIR``, kept across runs and requeues.
+
+The checkpoint contract: a job that saved its state into ``SHEPHERD_CHECKPOINT_DIR``
+and exits with ``REQUEUE_EXIT_CODE`` (85) is requeued (``ExitStatus.PREEMPTED``) and
+finds the directory again on its next run. Preemption and time-limit stops send SIGTERM
+to the group, then SIGKILL after the grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpushepherd.model.job import ExitStatus
+from gpushepherd.model.placement import Placement
+
+#: "checkpointed, requeue me" (the number Slurm users know from ``--requeue`` scripts)
+REQUEUE_EXIT_CODE = 85
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name (state first), or ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+
+
+def proc_start_time(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot, or ``None`` when
+    there is no such process (or no ``/proc``): with the pid it names one process."""
+    fields = _stat(pid)
+    return fields[19] if fields else None
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies, which an init that does
+    not reap may leave behind, do not count)."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields and fields[2] == str(pgid) and fields[0] not in "ZX":
+                return True
+    return False
+
+
+def find_runner(job_id: str, run: int) -> tuple[int, str | None] | None:
+    """The runner of run ``run`` of a job, found by its environment in ``/proc``:
+    ``(pid, start time)``, or ``None``. For a restart that finds a run launched but
+    its pid never recorded (the server died between the fork and the commit)."""
+    want = (f"SHEPHERD_JOB_ID={job_id}".encode(), f"SHEPHERD_RUN={run}".encode())
+    if not os.path.isdir("/proc"):
+        return None
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        fields = _stat(pid)
+        # the runner leads its group; the job's own processes carry the same variables
+        if all(w in env for w in want) and fields and fields[2] == entry and fields[0] not in "ZX":
+            return pid, fields[19]
+    return None
+
+
+def exit_status(code: int) -> ExitStatus:
+    """The core's status for an exit code: 0 -> ``COMPLETED``, 85 -> ``PREEMPTED``
+    (requeue), anything else (a signal is negative) -> ``FAILED``. The core turns a
+    failure of a job it was preempting or stopping into a requeue or a ``TIMEOUT``."""
+    if code == 0:
+        return ExitStatus.COMPLETED
+    if code == REQUEUE_EXIT_CODE:
+        return ExitStatus.PREEMPTED
+    return ExitStatus.FAILED
+
+
+def visible_devices(placement: Placement) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a placement on this server: its GPU indices,
+    comma-separated, ascending (a share: its one GPU)."""
+    return ",".join(str(g) for g in sorted({g for _node, gpus in placement.parts for g in gpus}))
+
+
+@dataclass(slots=True)
+class Proc:
+    """One run's process group: ``pid`` (the runner, the group leader) == ``pgid``."""
+
+    job_id: str
+    run: int
+    pid: int
+    start: str | None
+    exit_file: Path
+    popen: subprocess.Popen | None = None  # None: re-attached after a restart (not our child)
+
+
+class LocalBackend:
+    """Starts, signals and watches job processes.
+
+    Args:
+        data_dir: the server's data directory (logs, exit files, checkpoints).
+    """
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = Path(data_dir)
+        self.procs: dict[str, Proc] = {}
+
+    def run_dir(self, job_id: str, run: int) -> Path:
+        return self.data_dir / "runs" / job_id / str(run)
+
+    def checkpoint_dir(self, job_id: str) -> Path:
+        return self.data_dir / "checkpoints" / job_id
+
+    def start(self, job_id: str, run: int, argv: list[str], *, shell: bool, env: dict[str, str], cwd: str,
+              placement: Placement) -> Proc:
+        """Start run ``run`` of a job on ``placement``; returns its process.
+
+        Raises:
+            OSError: the runner could not be started (the job's own command failing to
+                start is an exit code 127, reported like any exit).
+        """
+        rdir = self.run_dir(job_id, run)
+        rdir.mkdir(parents=True, exist_ok=True)
+        ckpt = self.checkpoint_dir(job_id)
+        ckpt.mkdir(parents=True, exist_ok=True)
+        full_env = dict(os.environ)
+        full_env.update(env)
+        full_env.update({
+            "CUDA_VISIBLE_DEVICES": visible_devices(placement),
+            "SHEPHERD_JOB_ID": job_id,
+            "SHEPHERD_RUN": str(run),
+            "SHEPHERD_CHECKPOINT_DIR": str(ckpt),
+            "SHEPHERD_REQUEUE_EXIT_CODE": str(REQUEUE_EXIT_CODE),
+            "SHEPHERD_GPU_SHARE": placement.share,
+        })
+        exit_file = rdir / "exit"
+        exit_file.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "gpushepherd.daemon.runner"] + (["--shell"] if shell else [])
+        cmd += [str(exit_file), "--", *argv]
+        # the runner must import gpushepherd even when the job's cwd or env differ
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH")) if p)
+        if "PYTHONPATH" in env:
+            full_env["PYTHONPATH"] = os.pathsep.join((pkg_root, env["PYTHONPATH"]))
+        with open(rdir / "stdout", "ab") as out, open(rdir / "stderr", "ab") as err:
+            popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd,
+                                     env=full_env, start_new_session=True, close_fds=True)
+        proc = Proc(job_id, run, popen.pid, proc_start_time(popen.pid), exit_file, popen)
+        self.procs[job_id] = proc
+        return proc
+
+    def attach(self, job_id: str, run: int, pid: int | None, start: str | None) -> Proc | None:
+        """Re-attach to a run started by an earlier server (``pid``: its runner, ``None``
+        when it was never recorded: looked up by its environment). Returns ``None`` if
+        its process group is gone and it left no exit file (the run is lost)."""
+        exit_file = self.run_dir(job_id, run) / "exit"
+        if pid is None:
+            found = find_runner(job_id, run)
+            if found is None and not exit_file.exists():
+                return None
+            pid, start = found or (0, None)
+        proc = Proc(job_id, run, pid, start, exit_file)
+        if exit_file.exists() or self._alive(proc):
+            self.procs[job_id] = proc
+            return proc
+        return None
+
+    def _alive(self, proc: Proc) -> bool:
+        if proc.popen is not None:
+            return proc.popen.poll() is None
+        if proc.pid <= 0:
+            return False
+        fields = _stat(proc.pid)
+        if fields is None or fields[0] in "ZX" or (proc.start is not None and fields[19] != proc.start):
+            return group_running(proc.pid)  # the leader is gone (or its pid reused): is its group?
+        return True
+
+    def exits(self) -> list[tuple[str, int | None]]:
+        """Runs that ended since the last call: ``(job id, exit code)``, ``None`` for
+        a run that ended without an exit code (lost)."""
+        out = []
+        for job_id, proc in list(self.procs.items()):
+            if self._alive(proc) and not proc.exit_file.exists():
+                continue
+            if proc.popen is not None:
+                proc.popen.wait()  # reap the runner
+            if proc.pid > 0 and group_running(proc.pid):
+                self.kill_group(proc.pid)  # the job ended: what it left behind in its group goes too
+            code = None
+            try:
+                code = int(json.loads(proc.exit_file.read_text())["code"])
+            except (OSError, ValueError, KeyError):
+                pass
+            del self.procs[job_id]
+            out.append((job_id, code))
+        return out
+
+    def signal(self, job_id: str, sig: int) -> None:
+        """Send ``sig`` to the job's process group (nothing if it is gone)."""
+        proc = self.procs.get(job_id)
+        if proc is None or proc.pid <= 0:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    @staticmethod
+    def kill_group(pgid: int) -> None:
+        """SIGKILL a process group not (or no longer) tracked, e.g. a cancelled job's
+        group found alive after a restart."""
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,382 @@
+"""The reconcile loop of ``shepherd server`` (design note 008).
+
+One thread owns the core. Each step it collects process exits, due SIGKILLs, API
+submissions and cancels, and a due tick (``Scheduler.next_wakeup``); commits them to
+the event log as one batch; feeds them to the core; applies the decisions through the
+local backend. It is the only place that reads the clock: seconds since the epoch,
+never going back.
+
+At start the core is rebuilt by replaying the log, then reconciled with the processes
+an earlier server started (re-attached, launched, killed or recorded as lost).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import signal
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
+from gpushepherd.daemon.local import LocalBackend, exit_status
+from gpushepherd.daemon.store import Store, spec_to_dict
+from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
+from gpushepherd.model.events import Event, JobCancelled, JobFinished, JobRequeueRequested, JobSubmitted, Tick
+from gpushepherd.model.job import ExitStatus, JobSpec, JobState
+from gpushepherd.model.placement import Placement
+from gpushepherd.policy.load import policy_from_dict, read_policy_dict
+
+log = logging.getLogger("gpushepherd.daemon")
+
+HEARTBEAT_S = 5.0
+
+
+class DaemonError(RuntimeError):
+    """The server cannot start; ``str()`` says why and what to do."""
+
+
+class Daemon:
+    """The server's state and its reconcile loop.
+
+    Args:
+        data_dir: logs, checkpoints, exit files, and the SQLite database by default.
+        db_url: a SQLAlchemy URL (default: SQLite in ``data_dir``).
+        policy_path: the policy file; ``None``: the last policy in the event log.
+        poll_s: seconds between loop steps when nothing wakes it (process exits are
+            polled).
+    """
+
+    def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
+                 poll_s: float = 0.2):
+        self.data_dir = Path(data_dir).resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(db_url or Store.sqlite_url(self.data_dir))
+        self.backend = LocalBackend(self.data_dir)
+        self.policy_path = policy_path
+        self.poll_s = poll_s
+        self.lock = threading.RLock()  # held by the loop while it changes the core; by readers
+        self.commands: queue.Queue = queue.Queue()
+        self.wake = threading.Event()
+        self.sched: Scheduler | None = None
+        self.rules = None
+        self.placements: dict[str, Placement] = {}  # last Start of each job
+        self.runs: Counter = Counter()  # Start decisions per job (run numbers)
+        self.kills: dict[str, float] = {}  # job -> SIGKILL due
+        self.deferred: list[Event] = []  # events found while reconciling, fed in the next step
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._beat = 0.0
+        self.next_num = 1
+
+    # ------------------------------------------------------------ start / stop
+    def start(self) -> None:
+        """Take the database lock, rebuild the core from the log, reconcile processes
+        and start the loop thread.
+
+        Raises:
+            LockHeld: another server holds the database.
+            DaemonError: no policy given and none logged.
+            PolicyError: the policy file is invalid.
+        """
+        now = time.time()
+        self.store.acquire_lock(now)
+        self._beat = now
+        try:
+            self._load_policy(now)
+            self._replay()
+            self.next_num = self.store.next_job_number()
+            self._reconcile()
+        except BaseException:
+            self.store.release_lock()
+            raise
+        self._thread = threading.Thread(target=self._loop, name="shepherd-reconcile", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop and release the lock. Jobs keep running: a restarted server
+        re-attaches to them."""
+        self._stop.set()
+        self.wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.store.release_lock()
+
+    def _load_policy(self, now: float) -> None:
+        logged = self.store.last_policy()
+        if self.policy_path is None:
+            if logged is None:
+                raise DaemonError(f"no policy: pass --policy FILE (the database {self.store.url} has none yet)")
+            return
+        raw = read_policy_dict(self.policy_path)
+        policy_from_dict(raw, source=str(self.policy_path))  # refuse a bad file before logging it
+        raw = json.loads(json.dumps(raw, default=str))
+        if raw != logged:
+            self.store.append_policy(now, raw)
+
+    def _replay(self) -> None:
+        sched = None
+        for _t, kind, item in self.store.batches():
+            if kind == "policy":
+                self.rules = policy_from_dict(item, source="policy in the event log").rules
+                if sched is None:
+                    sched = Scheduler(self.rules)
+                else:  # the server restarted under another policy: same state, new rules
+                    sched = Scheduler.restore(self.rules, json.loads(json.dumps(sched.snapshot())))
+                continue
+            for d in sched.handle(item):
+                self._track(d)
+        self.sched = sched
+
+    def _track(self, d: Decision) -> None:
+        if isinstance(d, Start):
+            self.placements[d.job_id] = d.placement
+            self.runs[d.job_id] += 1
+
+    def _reconcile(self) -> None:
+        """Make processes match the replayed core (the core is the truth)."""
+        sched, backend = self.sched, self.backend
+        for job_id, row in self.store.job_rows().items():
+            job = sched.jobs.get(job_id)
+            if job is None:
+                continue
+            if job.state.holds_gpus:
+                run = self.runs[job_id]
+                if row["run"] < run:  # decided, logged, but the server died before the fork
+                    log.warning("job %s: run %d was never launched; launching it now", job_id, run)
+                    self._launch(job_id, run, self.placements[job_id], row)
+                    continue
+                proc = backend.attach(job_id, run, row["pid"], row["proc_start"])
+                if proc is None:
+                    log.warning("job %s: run %d is gone without an exit code: lost", job_id, run)
+                    self.deferred.append(self._lost(job))
+                elif row["kill_at"] is not None:
+                    self.kills[job_id] = row["kill_at"]
+            elif row["run"]:
+                proc = backend.attach(job_id, row["run"], row["pid"], row["proc_start"])
+                if proc is not None and not proc.exit_file.exists():
+                    log.warning("job %s is %s but its processes live: killing them", job_id, job.state.value)
+                    backend.signal(job_id, signal.SIGKILL)
+            if row["state"] != job.state.value:
+                self.store.update_job(job_id, state=job.state.value)
+
+    @staticmethod
+    def _lost(job) -> Event:
+        """The event for a run that ended without an exit code (``t`` is set when fed)."""
+        if job.state is JobState.PREEMPTING:
+            return JobFinished(0.0, job.id, ExitStatus.PREEMPTED)
+        if job.state is JobState.STOPPING:
+            return JobFinished(0.0, job.id, ExitStatus.TIMEOUT)
+        return JobRequeueRequested(0.0, job.id)
+
+    # ------------------------------------------------------------ the API's side
+    def submit(self, spec: JobSpec, argv: list[str], *, shell: bool = False, env: dict[str, str] | None = None,
+               cwd: str, timeout: float = 60.0) -> str:
+        """Submit a job (``spec.id`` and ``submit_time`` are assigned); returns its id
+        once it is in the event log.
+
+        Raises:
+            SpecError: the policy refuses the spec (field, value, what is allowed).
+            TimeoutError: the loop did not answer within ``timeout`` seconds.
+        """
+        fut: Future = Future()
+        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd), fut))
+        self.wake.set()
+        return fut.result(timeout=timeout)
+
+    def cancel(self, job_id: str, timeout: float = 60.0) -> str:
+        """Cancel a job; returns its state after the cancel is applied.
+
+        Raises:
+            KeyError: no such job.
+        """
+        fut: Future = Future()
+        self.commands.put(("cancel", job_id, fut))
+        self.wake.set()
+        return fut.result(timeout=timeout)
+
+    # ------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self.lock:
+                    self.step()
+            except Exception:  # a step must never kill the server; it is retried
+                log.exception("reconcile step failed")
+            self.wake.wait(self.poll_s)
+            self.wake.clear()
+
+    def step(self) -> list[Decision]:
+        """One pass of the loop (called with ``self.lock`` held); returns the decisions."""
+        sched, backend = self.sched, self.backend
+        now = max(time.time(), sched.now)
+        if now - self._beat >= HEARTBEAT_S:
+            self._beat = now
+            if not self.store.heartbeat(now):
+                log.error("another server took over the database lock; stopping")
+                self._stop.set()
+                return []
+        batch: list[Event] = [replace(e, t=now) for e in self.deferred]
+        self.deferred = []
+        for job_id, code in backend.exits():
+            self.store.update_job(job_id, exit_code=code, kill_at=None)
+            self.kills.pop(job_id, None)
+            job = sched.jobs.get(job_id)
+            if job is None or not job.state.holds_gpus:
+                continue  # a cancelled or requeued run ending: the core released it already
+            if code is None:
+                batch.append(replace(self._lost(job), t=now))
+            else:
+                batch.append(JobFinished(now, job_id, exit_status(code)))
+        for job_id, due in list(self.kills.items()):
+            if due <= now:
+                backend.signal(job_id, signal.SIGKILL)
+                del self.kills[job_id]
+        rows, replies = [], []
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                break
+            self._command(now, cmd, batch, rows, replies)
+        wake = sched.next_wakeup()
+        if not batch and wake is not None and wake <= now:
+            batch.append(Tick(now))
+        if not batch:
+            return []
+        try:
+            self.store.append(now, batch, rows)  # committed before it is applied or acknowledged
+        except Exception as exc:
+            for fut, _ in replies:
+                fut.set_exception(exc)
+            self.deferred = [e for e in batch if not isinstance(e, JobSubmitted)]  # retried next step
+            raise
+        decisions = sched.handle(batch)
+        for fut, value in replies:
+            fut.set_result(value() if callable(value) else value)
+        for d in decisions:
+            self._apply(now, d)
+        touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None) for e in batch}
+        touched |= {d.job_id for d in decisions}
+        self.store.update_states({j: sched.jobs[j].state.value for j in touched if j in sched.jobs})
+        return decisions
+
+    def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list) -> None:
+        kind, arg, fut = cmd
+        if kind == "submit":
+            spec, argv, shell, env, cwd = arg
+            job_id = str(self.next_num)
+            spec = replace(spec, id=job_id, submit_time=now)
+            try:
+                validate_spec(self.rules, spec)
+            except SpecError as exc:
+                fut.set_exception(exc)
+                return
+            self.next_num += 1
+            batch.append(JobSubmitted(now, spec))
+            rows.append(dict(id=job_id, num=int(job_id), spec=json.dumps(spec_to_dict(spec)), argv=json.dumps(argv),
+                             shell=shell, env=json.dumps(env), cwd=cwd, state=JobState.PENDING.value, run=0))
+            replies.append((fut, job_id))
+        elif kind == "cancel":
+            job = self.sched.jobs.get(arg)
+            if job is None:
+                fut.set_exception(KeyError(arg))
+            elif job.state.terminal or any(isinstance(e, JobCancelled) and e.job_id == arg for e in batch):
+                fut.set_result(job.state.value)
+            else:
+                batch.append(JobCancelled(now, arg))
+                replies.append((fut, lambda j=job: j.state.value))
+
+    def _apply(self, now: float, d: Decision) -> None:
+        self._track(d)
+        if isinstance(d, Start):
+            self._launch(d.job_id, self.runs[d.job_id], d.placement, self.store.job_row(d.job_id))
+        elif isinstance(d, (Preempt, Stop)):
+            self.backend.signal(d.job_id, signal.SIGTERM)
+            due = now + d.grace_s
+            self.kills[d.job_id] = due
+            self.store.update_job(d.job_id, kill_at=due)
+        elif isinstance(d, Reject):
+            log.info("job %s rejected: %s", d.job_id, d.reason)
+        elif isinstance(d, ReconfigureMig):
+            log.warning("MIG reconfiguration of %s GPU %d is not supported by the local backend yet", d.node, d.gpu)
+
+    def _launch(self, job_id: str, run: int, placement: Placement, row: dict) -> None:
+        # the attempt is committed before the fork: a restart then looks for the run
+        # (find_runner) instead of launching it a second time
+        self.store.update_job(job_id, run=run, pid=None, pgid=None, proc_start=None, exit_code=None, kill_at=None)
+        try:
+            proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
+                                      env=json.loads(row["env"]), cwd=row["cwd"], placement=placement)
+        except OSError as exc:
+            log.error("job %s: cannot start its runner: %s", job_id, exc)
+            self.store.update_job(job_id, placement=str(placement))
+            self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
+            return
+        rdir = self.backend.run_dir(job_id, run)
+        self.store.update_job(job_id, pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
+                              stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
+
+    # ------------------------------------------------------------ views (hold self.lock)
+    def job_view(self, job_id: str, row: dict | None = None, history: bool = False) -> dict[str, Any] | None:
+        """What ``GET /jobs/{id}`` shows; ``None`` for an unknown job."""
+        job = self.sched.jobs.get(job_id)
+        row = row if row is not None else self.store.job_row(job_id)
+        if job is None or row is None:
+            return None
+        spec = job.spec
+        pending = job.state is JobState.PENDING
+        reason = self.sched.pending_reason(job_id) if pending else None
+        view = {
+            "id": job_id, "state": job.state.value, "class": spec.workload_class, "team": spec.team,
+            "user": spec.user, "gpus": spec.gpus, "share": str(spec.share) if spec.share else None,
+            "submit_time": spec.submit_time, "first_start": job.first_start, "runs": self.runs[job_id],
+            "preemptions": job.preemptions,
+            "placement": str(self.placements[job_id]) if job.state.holds_gpus else None,
+            "reason": str(reason) if reason is not None else None,
+            "estimated_start": self.sched.estimated_start(job_id) if pending else None,
+            "priority": self.sched.priority_factors(job_id)["priority"],
+            "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
+        }
+        if history:
+            view["history"] = [{"t": h.t, "from": str(getattr(h.from_state, "value", h.from_state)),
+                                "to": str(getattr(h.to_state, "value", h.to_state)), "reason": h.reason}
+                               for h in job.history]
+            view["cwd"] = row["cwd"]
+            view["stdout"], view["stderr"] = row["stdout"], row["stderr"]
+            view["checkpoint_dir"] = str(self.backend.checkpoint_dir(job_id))
+        return view
+
+    def jobs_view(self) -> list[dict]:
+        rows = self.store.job_rows()
+        return [v for v in (self.job_view(j, r) for j, r in rows.items()) if v is not None]
+
+    def nodes_view(self) -> list[dict]:
+        holders: dict[tuple[str, int], list[str]] = {}
+        for job in sorted(self.sched.holding(), key=lambda j: j.seq):
+            for node, gpus in self.placements[job.id].parts:
+                for g in gpus:
+                    holders.setdefault((node, g), []).append(job.id)
+        out = []
+        for node in self.rules.nodes:
+            gpus = [{"index": g, "jobs": holders.get((node.name, g), [])} for g in range(node.gpus)]
+            out.append({"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
+                        "free": sum(1 for g in gpus if not g["jobs"]), "gpu": gpus})
+        return out
+
+    def usage_view(self) -> dict:
+        sched = self.sched
+        t = sched.now
+        teams = sorted(set(self.rules.teams) | {j.spec.team for j in sched.jobs.values()})
+        in_use: Counter = Counter()
+        for job in sched.holding():
+            in_use[job.spec.team] += job.fraction
+        return {"t": t, "teams": [{"team": team, "gpus_in_use": in_use[team],
+                                   "decayed_usage_gpu_s": sched.usage.value(("team", team), t),
+                                   "fair_share_factor": sched.fair_share_factor(team)} for team in teams]}

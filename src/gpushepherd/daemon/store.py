@@ -1,0 +1,298 @@
+"""Persistence of the daemon (design note 008): the event log, the jobs table and the
+server lock, through SQLAlchemy Core.
+
+The event log is the state: every event the daemon feeds the core is appended here
+(and committed) before it is applied. The ``jobs`` table keeps what the core does not
+know (command, environment, processes). ``server_lock`` keeps a second server off the
+same database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine
+
+from gpushepherd.model.events import Event, JobCancelled, JobFinished, JobRequeueRequested, JobSubmitted, Tick
+from gpushepherd.model.job import ExitStatus, GpuShare, JobSpec
+
+SCHEMA_VERSION = 1
+#: a lock whose heartbeat is older than this is taken over (seconds)
+LOCK_STALE_S = 30.0
+
+metadata = MetaData()
+
+events = Table(
+    "events", metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("batch", Integer, nullable=False, index=True),
+    Column("t", Float, nullable=False),
+    Column("kind", String(32), nullable=False),  # policy | submit | exit | cancel | requeue | tick
+    Column("job_id", String(64), nullable=True),
+    Column("payload", Text, nullable=False, default="{}"),
+)
+
+jobs = Table(
+    "jobs", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("num", Integer, nullable=False, unique=True),  # the numeric id, for ordering
+    Column("spec", Text, nullable=False),
+    Column("argv", Text, nullable=False),
+    Column("shell", Boolean, nullable=False, default=False),
+    Column("env", Text, nullable=False, default="{}"),
+    Column("cwd", String(4096), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("run", Integer, nullable=False, default=0),  # last run launched (0: none)
+    Column("pid", Integer, nullable=True),
+    Column("pgid", Integer, nullable=True),
+    Column("proc_start", String(32), nullable=True),  # /proc/<pid>/stat start time: tells a reused pid
+    Column("placement", Text, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("kill_at", Float, nullable=True),  # SIGKILL due (epoch seconds) after a SIGTERM
+    Column("stdout", String(4096), nullable=True),
+    Column("stderr", String(4096), nullable=True),
+)
+
+server_lock = Table(
+    "server_lock", metadata,
+    Column("name", String(16), primary_key=True),
+    Column("token", String(64), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("since", Float, nullable=False),
+    Column("heartbeat", Float, nullable=False),
+)
+
+meta = Table(
+    "meta", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+
+class LockHeld(RuntimeError):
+    """Another server holds the database; ``str()`` names it and what to do."""
+
+
+# -- events <-> rows -------------------------------------------------------------
+def spec_to_dict(spec: JobSpec) -> dict:
+    d = asdict(spec)
+    d["gpu_types"] = list(spec.gpu_types)
+    d["node_selector"] = [list(p) for p in spec.node_selector]
+    d["tolerations"] = list(spec.tolerations)
+    return d
+
+
+def spec_from_dict(d: dict) -> JobSpec:
+    d = dict(d)
+    share = d.pop("share", None)
+    d["gpu_types"] = tuple(d.get("gpu_types") or ())
+    d["node_selector"] = tuple(tuple(p) for p in d.get("node_selector") or ())
+    d["tolerations"] = tuple(d.get("tolerations") or ())
+    return JobSpec(**d, share=GpuShare(**share) if share else None)
+
+
+def event_row(e: Event) -> dict:
+    """The row of one core event: ``kind``, ``job_id``, JSON ``payload``."""
+    if isinstance(e, JobSubmitted):
+        return {"kind": "submit", "job_id": e.spec.id, "payload": json.dumps(spec_to_dict(e.spec))}
+    if isinstance(e, JobFinished):
+        return {"kind": "exit", "job_id": e.job_id, "payload": json.dumps({"status": e.status.value})}
+    if isinstance(e, JobCancelled):
+        return {"kind": "cancel", "job_id": e.job_id, "payload": "{}"}
+    if isinstance(e, JobRequeueRequested):
+        return {"kind": "requeue", "job_id": e.job_id, "payload": "{}"}
+    if isinstance(e, Tick):
+        return {"kind": "tick", "job_id": None, "payload": "{}"}
+    raise TypeError(f"event {type(e).__name__} is not logged by the daemon")
+
+
+def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Event:
+    data = json.loads(payload)
+    if kind == "submit":
+        return JobSubmitted(t, spec_from_dict(data))
+    if kind == "exit":
+        return JobFinished(t, job_id, ExitStatus(data["status"]))
+    if kind == "cancel":
+        return JobCancelled(t, job_id)
+    if kind == "requeue":
+        return JobRequeueRequested(t, job_id)
+    if kind == "tick":
+        return Tick(t)
+    raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue or tick")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Store:
+    """The daemon's database.
+
+    Args:
+        url: a SQLAlchemy URL (``sqlite:////path/shepherd.db``, ``postgresql://...``).
+            SQLite gets WAL journaling, ``synchronous=FULL`` and a 30 s busy timeout.
+    """
+
+    def __init__(self, url: str):
+        self.url = url
+        self.engine: Engine = create_engine(url, future=True)
+        if self.engine.dialect.name == "sqlite":
+            @event.listens_for(self.engine, "connect")
+            def _sqlite_pragmas(dbapi_conn, _record):  # noqa: ANN001
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=FULL")  # an acknowledged event survives a power cut
+                cur.execute("PRAGMA busy_timeout=30000")
+                cur.close()
+        metadata.create_all(self.engine)
+        with self.engine.begin() as c:
+            if c.execute(select(meta.c.value).where(meta.c.key == "schema_version")).first() is None:
+                c.execute(insert(meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+        self.token = uuid.uuid4().hex
+        self._batch = self._last_batch()
+
+    @staticmethod
+    def sqlite_url(data_dir: Path) -> str:
+        return f"sqlite:///{Path(data_dir).resolve() / 'shepherd.db'}"
+
+    # -- the lock -------------------------------------------------------------
+    def acquire_lock(self, now: float) -> None:
+        """Become the one server of this database.
+
+        Raises:
+            LockHeld: another server holds it (alive, or its heartbeat is fresh).
+        """
+        host, pid = socket.gethostname(), os.getpid()
+        row = dict(token=self.token, host=host, pid=pid, since=now, heartbeat=now)
+        with self.engine.begin() as c:
+            held = c.execute(select(server_lock).where(server_lock.c.name == "server")).mappings().first()
+            if held is None:
+                c.execute(insert(server_lock).values(name="server", **row))
+                return
+            dead = held["host"] == host and not _pid_alive(held["pid"])
+            stale = now - held["heartbeat"] > LOCK_STALE_S
+            if not (dead or stale):
+                raise LockHeld(
+                    f"database {self.engine.url.render_as_string(hide_password=True)}: another gpushepherd server "
+                    f"holds it (pid {held['pid']} on host {held['host']}, since "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(held['since']))}, last seen "
+                    f"{now - held['heartbeat']:.0f} s ago); stop that server first - only one server may use "
+                    f"a database (a dead server's lock is taken over after {LOCK_STALE_S:.0f} s)")
+            # compare-and-swap on the old token: two servers starting at once cannot both win
+            res = c.execute(update(server_lock).where(server_lock.c.name == "server",
+                                                      server_lock.c.token == held["token"]).values(**row))
+            if res.rowcount != 1:
+                raise LockHeld("database: another gpushepherd server took the lock at the same moment")
+
+    def heartbeat(self, now: float) -> bool:
+        """Refresh the lock; ``False`` if another server has taken it over."""
+        with self.engine.begin() as c:
+            res = c.execute(update(server_lock).where(server_lock.c.name == "server",
+                                                      server_lock.c.token == self.token).values(heartbeat=now))
+            return res.rowcount == 1
+
+    def release_lock(self) -> None:
+        with self.engine.begin() as c:
+            c.execute(server_lock.delete().where(server_lock.c.name == "server", server_lock.c.token == self.token))
+
+    # -- the event log ----------------------------------------------------------
+    def _last_batch(self) -> int:
+        with self.engine.connect() as c:
+            return c.execute(select(func.max(events.c.batch))).scalar() or 0
+
+    def append(self, t: float, batch: list[Event], jobs_rows: list[dict] = ()) -> int:
+        """Commit one batch (the events of one ``Scheduler.handle`` call at ``t``) and,
+        in the same transaction, new rows of the jobs table. Returns the batch number."""
+        self._batch += 1
+        with self.engine.begin() as c:
+            if jobs_rows:
+                c.execute(insert(jobs), list(jobs_rows))
+            c.execute(insert(events), [dict(batch=self._batch, t=t, **event_row(e)) for e in batch])
+        return self._batch
+
+    def append_policy(self, t: float, raw: dict) -> None:
+        """Log a policy (parsed YAML) taking effect at ``t``."""
+        self._batch += 1
+        with self.engine.begin() as c:
+            c.execute(insert(events).values(batch=self._batch, t=t, kind="policy", job_id=None,
+                                            payload=json.dumps(raw, sort_keys=True)))
+
+    def last_policy(self) -> dict | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(events.c.payload).where(events.c.kind == "policy")
+                            .order_by(events.c.seq.desc()).limit(1)).first()
+        return json.loads(row[0]) if row else None
+
+    def batches(self):
+        """Yield the log as ``(t, "policy", raw dict)`` or ``(t, "events", [Event, ...])``,
+        one item per batch, in order."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(events.c.batch, events.c.t, events.c.kind, events.c.job_id, events.c.payload)
+                             .order_by(events.c.seq)).all()
+        cur, t, out = None, 0.0, []
+        for b, bt, kind, job_id, payload in rows:
+            if b != cur and out:
+                yield t, "events", out
+                out = []
+            cur, t = b, bt
+            if kind == "policy":
+                yield bt, "policy", json.loads(payload)
+            else:
+                out.append(event_from_row(bt, kind, job_id, payload))
+        if out:
+            yield t, "events", out
+
+    # -- jobs -------------------------------------------------------------------
+    def next_job_number(self) -> int:
+        with self.engine.connect() as c:
+            return (c.execute(select(func.max(jobs.c.num))).scalar() or 0) + 1
+
+    def job_row(self, job_id: str) -> dict | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(jobs).where(jobs.c.id == job_id)).mappings().first()
+        return dict(row) if row else None
+
+    def job_rows(self) -> dict[str, dict]:
+        with self.engine.connect() as c:
+            return {r["id"]: dict(r) for r in c.execute(select(jobs).order_by(jobs.c.num)).mappings()}
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+
+    def update_states(self, states: dict[str, str]) -> None:
+        if not states:
+            return
+        with self.engine.begin() as c:
+            for job_id, state in states.items():
+                c.execute(update(jobs).where(jobs.c.id == job_id).values(state=state))

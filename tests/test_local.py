@@ -1,0 +1,66 @@
+"""The local backend: processes, environment, exit codes, process groups."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from gpushepherd.daemon.local import REQUEUE_EXIT_CODE, LocalBackend, exit_status, visible_devices
+from gpushepherd.model.job import ExitStatus
+from gpushepherd.model.placement import Placement
+
+
+def wait_exits(backend: LocalBackend, timeout: float = 60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = backend.exits()
+        if got:
+            return got
+        time.sleep(0.05)
+    pytest.fail("no exit within the deadline")
+
+
+def test_exit_codes_map_to_the_cores_statuses():
+    assert exit_status(0) is ExitStatus.COMPLETED
+    assert exit_status(REQUEUE_EXIT_CODE) is ExitStatus.PREEMPTED
+    assert exit_status(1) is ExitStatus.FAILED
+    assert exit_status(-9) is ExitStatus.FAILED
+
+
+def test_visible_devices_are_the_placed_gpus():
+    assert visible_devices(Placement((("n", (3, 1)),))) == "1,3"
+    assert visible_devices(Placement((("n", (2,)),), share="fraction:0.25")) == "2"
+
+
+def test_a_job_runs_with_its_env_cwd_and_gpus_and_reports_its_exit(tmp_path):
+    backend = LocalBackend(tmp_path / "data")
+    code = "import os, sys; print(os.getcwd(), os.environ['CUDA_VISIBLE_DEVICES'], os.environ['X']); sys.exit(3)"
+    proc = backend.start("5", 1, [sys.executable, "-c", code], shell=False, env={"X": "hello"}, cwd=str(tmp_path),
+                         placement=Placement((("n", (0, 2)),)))
+    assert proc.pid == os.getpgid(proc.pid)  # its own process group
+    assert wait_exits(backend) == [("5", 3)]
+    assert (backend.run_dir("5", 1) / "stdout").read_text().split() == [str(tmp_path), "0,2", "hello"]
+    assert backend.checkpoint_dir("5").is_dir()
+
+
+def test_a_shell_only_when_asked(tmp_path):
+    backend = LocalBackend(tmp_path)
+    backend.start("1", 1, ["echo $((40+2)) > out"], shell=True, env={}, cwd=str(tmp_path), placement=Placement(()))
+    backend.start("2", 1, ["echo", "$((40+2))"], shell=False, env={}, cwd=str(tmp_path), placement=Placement(()))
+    got = sorted(wait_exits(backend) + (wait_exits(backend) if len(backend.procs) else []))
+    assert got == [("1", 0), ("2", 0)]
+    assert (tmp_path / "out").read_text() == "42\n"
+    assert (backend.run_dir("2", 1) / "stdout").read_text() == "$((40+2))\n"
+
+
+def test_a_killed_group_is_an_exit_without_a_code(tmp_path):
+    backend = LocalBackend(tmp_path)
+    proc = backend.start("1", 1, [sys.executable, "-c", "import time; time.sleep(600)"], shell=False, env={},
+                         cwd=str(tmp_path), placement=Placement(()))
+    backend.signal("1", signal.SIGKILL)
+    assert wait_exits(backend) == [("1", None)]
+    assert backend.attach("1", 1, proc.pid, proc.start) is None  # gone, no exit file: lost
