@@ -75,19 +75,24 @@ class Server:
         self.log = tmp / f"{name}.log"
         self.proc: subprocess.Popen | None = None
         self.url = ""
+        self.token = ""  # sent as a bearer token by the helpers below when set
 
-    def start(self, policy: bool = True) -> "Server":
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def start(self, policy: bool = True, extra: tuple[str, ...] = ()) -> "Server":
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         args = [sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(self.data),
-                "--port", str(port)] + (["--policy", str(self.policy)] if policy else [])
+                "--port", str(port), *extra] + (["--policy", str(self.policy)] if policy else [])
         self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
 
         def up():
             if self.proc.poll() is not None:
                 pytest.fail(f"server exited with {self.proc.returncode}: {self.log.read_text()}")
             try:
-                return httpx.get(self.url + "/nodes", timeout=5).status_code == 200
+                return httpx.get(self.url + "/nodes", headers=self.headers, timeout=5).status_code in (200, 401)
             except httpx.TransportError:
                 return False
         wait_for("the server to answer", up, every=0.2)
@@ -110,21 +115,21 @@ class Server:
     def submit(self, code: str, gpus: int = 1, cls: str = "batch", **extra) -> str:
         body = {"class": cls, "team": "ml", "user": "ana", "gpus": gpus,
                 "command": [sys.executable, "-c", code], "cwd": str(self.data.parent), **extra}
-        r = httpx.post(self.url + "/jobs", json=body, timeout=60)
+        r = httpx.post(self.url + "/jobs", json=body, headers=self.headers, timeout=60)
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
     def job(self, job_id: str) -> dict:
-        return httpx.get(f"{self.url}/jobs/{job_id}", timeout=60).json()
+        return httpx.get(f"{self.url}/jobs/{job_id}", headers=self.headers, timeout=60).json()
 
     def wait_state(self, job_id: str, *states: str) -> dict:
         return wait_for(f"job {job_id} in {states}", lambda: (j := self.job(job_id))["state"] in states and j)
 
     def logs(self, job_id: str, **params) -> str:
-        return httpx.get(f"{self.url}/jobs/{job_id}/logs", params=params, timeout=60).text
+        return httpx.get(f"{self.url}/jobs/{job_id}/logs", params=params, headers=self.headers, timeout=60).text
 
     def free_gpus(self) -> int:
-        return sum(n["free"] for n in httpx.get(self.url + "/nodes", timeout=60).json())
+        return sum(n["free"] for n in httpx.get(self.url + "/nodes", headers=self.headers, timeout=60).json())
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
 (scancel), ``logs``, ``why``, ``nodes`` (sinfo), ``usage`` (sshare).
 
 Client commands talk HTTP to ``--server`` (default ``$SHEPHERD_SERVER`` or
-http://127.0.0.1:8765). A refused request (bad field, unknown job) prints one
+http://127.0.0.1:8765), with ``--token`` (default ``$SHEPHERD_TOKEN``) once the
+server has tokens (``shepherd token create``). A refused request (bad field, unknown job) prints one
 ``error:`` line and exits 2; an unreachable server exits 1.
 """
 
@@ -25,18 +26,22 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "REJECTED"}
 ServerOpt = Annotated[Optional[str], typer.Option("--server", help="Server URL (default $SHEPHERD_SERVER or "
                                                   f"http://127.0.0.1:{DEFAULT_PORT}).")]
 
+TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="SHEPHERD_TOKEN", show_envvar=True,
+                                                 help="API token (shepherd token create).")]
+
 
 def _url(server: str | None) -> str:
     return (server or os.environ.get("SHEPHERD_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}").rstrip("/")
 
 
-def _request(server: str | None, method: str, path: str, **kw: Any):
+def _request(server: str | None, method: str, path: str, token: str | None = None, **kw: Any):
     import httpx
 
     from gpushepherd.cli.main import err
     url = _url(server)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        r = httpx.request(method, url + path, timeout=60.0, **kw)
+        r = httpx.request(method, url + path, timeout=60.0, headers=headers, **kw)
     except httpx.TransportError as exc:
         err.print(f"error: no gpushepherd server at {url} ({exc}); start one with `shepherd server`", soft_wrap=True)
         raise typer.Exit(1) from None
@@ -111,21 +116,73 @@ def _fmt_t(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
+DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Logs, checkpoints and the SQLite database.")]
+DbOpt = Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL (default: SQLite in --data-dir).")]
+
+
+def _store(data_dir: Path, db: str | None):
+    from gpushepherd.daemon.store import Store
+
+    if db is None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    return Store(db or Store.sqlite_url(data_dir))
+
+
 def register(app: typer.Typer) -> None:
-    """Add the server and client commands to ``app``."""
-    from gpushepherd.cli.main import _console, _errors
+    """Add the server, client and token commands to ``app``."""
+    from gpushepherd.cli.main import _console, _errors, err
 
     out = _console()
+    token_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                            help="API tokens of the server (works on its database directly).")
+    app.add_typer(token_app, name="token")
+
+    @token_app.command("create")
+    def token_create(user: Annotated[str, typer.Option("--user", "-u", help="The user the token acts as.")],
+                     team: Annotated[list[str], typer.Option("--team", "-A", help="A team whose jobs it may "
+                                                             "submit, cancel and read logs of (repeat).")] = [],
+                     admin: Annotated[bool, typer.Option("--admin", help="Any team and any user.")] = False,
+                     data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None) -> None:
+        """Create a token and print it once (stdout; the database keeps only its hash)."""
+        if not team and not admin:
+            err.print("error: --team: give at least one team (or --admin)", soft_wrap=True)
+            raise typer.Exit(2)
+        store = _store(data_dir, db)
+        token_id, token = store.create_token(user, team, admin)
+        err.print(f"token {token_id}: user {user}, teams {', '.join(team) or '-'}{', admin' if admin else ''} "
+                  f"(database {store.engine.url.render_as_string(hide_password=True)}); it is shown once, "
+                  "only its SHA-256 is stored", soft_wrap=True)
+        print(token)
+
+    @token_app.command("list")
+    def token_list(data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None) -> None:
+        """Tokens: id, user, teams, admin, created, revoked."""
+        table = Table("ID", "USER", "TEAMS", "ADMIN", "CREATED", "REVOKED", box=None)
+        for t in _store(data_dir, db).tokens():
+            table.add_row(str(t["id"]), t["user"], ",".join(t["teams"]) or "-", "yes" if t["admin"] else "no",
+                          _fmt_t(t["created"]), _fmt_t(t["revoked"]))
+        out.print(table)
+
+    @token_app.command("revoke")
+    def token_revoke(token_id: Annotated[int, typer.Argument(metavar="ID")],
+                     data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None) -> None:
+        """Revoke a token: requests with it get 401 from then on."""
+        if not _store(data_dir, db).revoke_token(token_id):
+            err.print(f"error: token {token_id}: no such token, or already revoked (see `shepherd token list`)",
+                      soft_wrap=True)
+            raise typer.Exit(2)
+        out.print(f"token {token_id}: revoked")
 
     @app.command("server")
-    def server(data_dir: Annotated[Path, typer.Option("--data-dir", help="Logs, checkpoints and the SQLite "
-                                                      "database.")] = Path("shepherd-data"),
-               db: Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL (default: SQLite in "
-                                                         "--data-dir).")] = None,
+    def server(data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None,
                policy: Annotated[Optional[Path], typer.Option("--policy", help="Policy YAML (default: the "
                                                               "last one this database ran).")] = None,
-               port: Annotated[int, typer.Option("--port", min=1, max=65535)] = DEFAULT_PORT) -> None:
-        """Run the scheduler daemon on this server (HTTP API on 127.0.0.1 only)."""
+               host: Annotated[str, typer.Option("--host", help="Address to listen on; other than loopback "
+                                                 "only with tokens.")] = "127.0.0.1",
+               port: Annotated[int, typer.Option("--port", min=1, max=65535)] = DEFAULT_PORT,
+               auth: Annotated[str, typer.Option("--auth", help="auto: tokens required once one exists; "
+                                                 "required: always.")] = "auto") -> None:
+        """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
         import uvicorn
@@ -135,8 +192,20 @@ def register(app: typer.Typer) -> None:
         from gpushepherd.daemon.store import LockHeld
         from gpushepherd.cli.main import err
 
+        from gpushepherd.daemon.auth import is_loopback
+
+        if auth not in ("auto", "required"):
+            err.print(f"error: --auth: {auth!r} is not allowed: auto or required", soft_wrap=True)
+            raise typer.Exit(2)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         daemon = Daemon(data_dir, db, policy)
+        if not is_loopback(host):
+            if not daemon.store.active_tokens():
+                err.print(f"error: --host {host}: only a loopback address (127.0.0.1, ::1) while the database has "
+                          "no API token; create one first with `shepherd token create --user U --team T`",
+                          soft_wrap=True)
+                raise typer.Exit(2)
+            auth = "required"  # reachable from other machines: never open, even if every token is revoked
         with _errors():
             try:
                 daemon.start()
@@ -144,8 +213,8 @@ def register(app: typer.Typer) -> None:
                 err.print(f"error: {exc}", soft_wrap=True)
                 raise typer.Exit(2) from None
         try:
-            # no auth yet: loopback only (design note 008)
-            uvicorn.run(make_app(daemon), host="127.0.0.1", port=port, log_level="warning")
+            uvicorn.run(make_app(daemon, auth_required=auth == "required"), host=host, port=port,
+                        log_level="warning")
         finally:
             daemon.stop()
 
@@ -153,7 +222,8 @@ def register(app: typer.Typer) -> None:
     def submit(cmd: Annotated[list[str], typer.Argument(metavar="-- COMMAND [ARGS...]", help="The job's argv.")],
                cls: Annotated[str, typer.Option("--class", "-c", help="Workload class.")],
                team: Annotated[str, typer.Option("--team", "-A", help="Team (account).")],
-               user: Annotated[str, typer.Option("--user", "-u")] = os.environ.get("USER", ""),
+               user: Annotated[Optional[str], typer.Option("--user", "-u", help="Default: the token's user, "
+                                                           "or $USER without a token.")] = None,
                gpus: Annotated[int, typer.Option("--gpus", "-G", min=1)] = 1,
                share: Annotated[Optional[str], typer.Option("--share", help="Part of one GPU: fraction:0.25, "
                                                             "mem, mig:1g.10gb, time_slice[:N], mps:N[:PCT].")] = None,
@@ -166,8 +236,10 @@ def register(app: typer.Typer) -> None:
                env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for the job (repeat).")] = [],
                chdir: Annotated[Path, typer.Option("--chdir", "-D")] = Path("."),
                shell: Annotated[bool, typer.Option("--shell", help="Run COMMAND with /bin/sh -c.")] = False,
-               server: ServerOpt = None) -> None:
+               server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py`."""
+        if user is None:
+            user = "" if token else os.environ.get("USER", "")
         body: dict[str, Any] = {"class": cls, "team": team, "user": user, "gpus": gpus, "gpu_type": gpu_type,
                                 "command": [" ".join(cmd)] if shell else cmd, "shell": shell,
                                 "cwd": str(chdir.resolve()), "preemptible": preemptible,
@@ -185,16 +257,16 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(f"{item!r} is not allowed: KEY=VALUE", param_hint="--env")
             pairs[key] = value
         body["env"] = pairs
-        job = _request(server, "POST", "/jobs", json=body).json()
+        job = _request(server, "POST", "/jobs", token=token, json=body).json()
         out.print(f"Submitted job {job['id']}")
 
     @app.command("queue")
     def queue(state: Annotated[Optional[str], typer.Option("--state", "-t")] = None,
               all_: Annotated[bool, typer.Option("--all", "-a", help="Also ended jobs.")] = False,
-              server: ServerOpt = None) -> None:
+              server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Jobs: state, reason (or placement), estimated start, priority (squeue)."""
         params = {"state": state} if state else {}
-        jobs = _request(server, "GET", "/jobs", params=params).json()
+        jobs = _request(server, "GET", "/jobs", token=token, params=params).json()
         table = Table("JOBID", "CLASS", "TEAM", "USER", "GPUS", "STATE", "REASON / PLACEMENT", "EST. START",
                       "PRIORITY", box=None)
         for j in jobs:
@@ -205,9 +277,10 @@ def register(app: typer.Typer) -> None:
         out.print(table)
 
     @app.command("show")
-    def show(job_id: Annotated[str, typer.Argument(metavar="JOB")], server: ServerOpt = None) -> None:
+    def show(job_id: Annotated[str, typer.Argument(metavar="JOB")], server: ServerOpt = None,
+             token: TokenOpt = None) -> None:
         """One job: fields, its history of transitions and why it waits now."""
-        j = _request(server, "GET", f"/jobs/{job_id}").json()
+        j = _request(server, "GET", f"/jobs/{job_id}", token=token).json()
         for key in ("id", "state", "reason", "class", "team", "user", "gpus", "share", "placement", "priority",
                     "runs", "preemptions", "exit_code", "command", "cwd", "stdout", "stderr", "checkpoint_dir"):
             out.print(f"{key}: {j.get(key)}")
@@ -217,9 +290,10 @@ def register(app: typer.Typer) -> None:
             out.print(f"  {_fmt_t(h['t'])}  {h['from'] or '-'} -> {h['to']}  {h['reason']}")
 
     @app.command("why")
-    def why(job_id: Annotated[str, typer.Argument(metavar="JOB")], server: ServerOpt = None) -> None:
+    def why(job_id: Annotated[str, typer.Argument(metavar="JOB")], server: ServerOpt = None,
+            token: TokenOpt = None) -> None:
         """Why a job is in its state now."""
-        j = _request(server, "GET", f"/jobs/{job_id}").json()
+        j = _request(server, "GET", f"/jobs/{job_id}", token=token).json()
         if j["state"] == "PENDING":
             est = f"; estimated start {_fmt_t(j['estimated_start'])}" if j["estimated_start"] else ""
             out.print(f"job {j['id']} is PENDING: {j['reason']}{est}")
@@ -230,25 +304,26 @@ def register(app: typer.Typer) -> None:
             out.print(f"job {j['id']} is {j['state']}: {last}")
 
     @app.command("cancel")
-    def cancel(job_ids: Annotated[list[str], typer.Argument(metavar="JOB...")], server: ServerOpt = None) -> None:
+    def cancel(job_ids: Annotated[list[str], typer.Argument(metavar="JOB...")], server: ServerOpt = None,
+               token: TokenOpt = None) -> None:
         """Cancel jobs (scancel); their GPUs are free at once."""
         for job_id in job_ids:
-            r = _request(server, "POST", f"/jobs/{job_id}/cancel").json()
+            r = _request(server, "POST", f"/jobs/{job_id}/cancel", token=token).json()
             out.print(f"job {r['id']}: {r['state']}")
 
     @app.command("logs")
     def logs(job_id: Annotated[str, typer.Argument(metavar="JOB")],
              stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr instead of stdout.")] = False,
              follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
-             server: ServerOpt = None) -> None:
+             server: ServerOpt = None, token: TokenOpt = None) -> None:
         """A job's output (its last run)."""
         offset, run = 0, None
         stream = "stderr" if stderr else "stdout"
         while True:
-            j = _request(server, "GET", f"/jobs/{job_id}").json()
+            j = _request(server, "GET", f"/jobs/{job_id}", token=token).json()
             if run != j["runs"]:
                 run, offset = j["runs"], 0
-            r = _request(server, "GET", f"/jobs/{job_id}/logs",
+            r = _request(server, "GET", f"/jobs/{job_id}/logs", token=token,
                          params={"stream": stream, "offset": offset, **({"run": run} if run else {})})
             sys.stdout.write(r.text)
             sys.stdout.flush()
@@ -258,19 +333,19 @@ def register(app: typer.Typer) -> None:
             time.sleep(1.0)
 
     @app.command("nodes")
-    def nodes(server: ServerOpt = None) -> None:
+    def nodes(server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Nodes and their GPUs: free, and which job holds each (sinfo)."""
         table = Table("NODE", "GPU TYPE", "GPUS", "FREE", "JOBS BY GPU", box=None)
-        for n in _request(server, "GET", "/nodes").json():
+        for n in _request(server, "GET", "/nodes", token=token).json():
             held = " ".join(f"{g['index']}:{','.join(g['jobs'])}" for g in n["gpu"] if g["jobs"])
             table.add_row(n["name"], n["gpu_type"], str(n["gpus"]), str(n["free"]), held or "-")
         out.print(table)
 
     @app.command("usage")
-    def usage(server: ServerOpt = None) -> None:
+    def usage(server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Per team: GPUs in use, decayed usage and fair-share factor (sshare)."""
         table = Table("TEAM", "GPUS IN USE", "DECAYED GPU-H", "FAIR-SHARE", box=None)
-        for t in _request(server, "GET", "/usage").json()["teams"]:
+        for t in _request(server, "GET", "/usage", token=token).json()["teams"]:
             table.add_row(t["team"], f"{t['gpus_in_use']:g}", f"{t['decayed_usage_gpu_s'] / 3600:.2f}",
                           f"{t['fair_share_factor']:.3f}")
         out.print(table)

@@ -4,7 +4,11 @@
 Errors: a malformed body is 422 with FastAPI's ``detail`` list, whose ``loc`` names
 the field; a spec the policy refuses is 422 with ``detail`` a list of one entry whose
 ``msg`` names the field, the value and what is allowed; an unknown job is 404.
-Handlers are plain functions (FastAPI runs them in its thread pool): they read the
+Auth: when the database has a token (or the server runs with ``--auth required``),
+every request needs ``Authorization: Bearer TOKEN`` (401 without one or with a wrong
+one); a token may submit as its user for its teams and cancel or read the logs of its
+teams' jobs only (403 otherwise; an admin token may do all); reads are open to every
+valid token. Handlers are plain functions (FastAPI runs them in its thread pool): they read the
 core under the daemon's lock and hand changes to the reconcile loop.
 """
 
@@ -14,12 +18,14 @@ import os
 import re
 from typing import Literal
 
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
+from gpushepherd.daemon.auth import Principal
 from gpushepherd.daemon.server import Daemon
 from gpushepherd.model.job import GpuShare, JobSpec
 
@@ -83,9 +89,41 @@ def _spec_field(msg: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0].startswith("job ") else "body"
 
 
-def make_app(daemon: Daemon) -> FastAPI:
-    """The FastAPI application serving ``daemon``."""
-    app = FastAPI(title="gpushepherd", version=__version__,
+def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
+    """The FastAPI application serving ``daemon``.
+
+    Args:
+        auth_required: every request needs a valid token even while the database
+            has none; otherwise tokens are required once one exists.
+    """
+    bearer = HTTPBearer(auto_error=False, description="An API token from `shepherd token create`.")
+
+    def principal(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal | None:
+        """The request's principal; ``None`` when auth is off (no token exists)."""
+        active = daemon.store.active_tokens()
+        if not active and not auth_required:
+            return None
+        p = daemon.store.authenticate(cred.credentials, active) if cred is not None else None
+        if p is None:
+            why = "no token: send 'Authorization: Bearer TOKEN' (shepherd ... --token, or $SHEPHERD_TOKEN)" \
+                if cred is None else "the token is unknown or revoked"
+            raise HTTPException(401, why, headers={"WWW-Authenticate": "Bearer"})
+        return p
+
+    def job_team(job_id: str) -> str:
+        with daemon.lock:
+            job = daemon.sched.jobs.get(job_id)
+        if job is None:
+            raise HTTPException(404, f"job {job_id!r}: no such job")
+        return job.spec.team
+
+    def may_act_on(p: Principal | None, job_id: str, what: str) -> None:
+        team = job_team(job_id)
+        if p is not None and not p.may_act_for(team):
+            raise HTTPException(403, f"job {job_id!r} is team {team!r}'s: user {p.user!r} may {what} jobs of "
+                                     f"teams {p.teams_text()} only")
+
+    app = FastAPI(title="gpushepherd", version=__version__, dependencies=[Depends(principal)],
                   description="GPU workload scheduler: submit jobs, see the queue and why a job waits.")
 
     def view(job_id: str, history: bool = False) -> dict:
@@ -96,8 +134,17 @@ def make_app(daemon: Daemon) -> FastAPI:
         return v
 
     @app.post("/jobs", status_code=201)
-    def submit(body: SubmitBody) -> dict:
-        """Submit a job; returns its id and state once it is in the event log."""
+    def submit(body: SubmitBody, p: Principal | None = Depends(principal)) -> dict:
+        """Submit a job; returns its id and state once it is in the event log. With
+        auth, ``user`` is the token's (another needs an admin token) and ``team`` one
+        of the token's teams."""
+        if p is not None:
+            if body.user and body.user != p.user and not p.admin:
+                raise HTTPException(403, f"user: {body.user!r} is not allowed: this token is user {p.user!r}")
+            if not p.may_act_for(body.team):
+                raise HTTPException(403, f"team: {body.team!r} is not allowed: this token's teams are "
+                                         f"{p.teams_text()}")
+            body.user = body.user or p.user
         try:
             job_id = daemon.submit(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd)
         except SpecError as exc:
@@ -119,8 +166,10 @@ def make_app(daemon: Daemon) -> FastAPI:
         return view(job_id, history=True)
 
     @app.post("/jobs/{job_id}/cancel")
-    def cancel(job_id: str) -> dict:
-        """Cancel a job (pending or running); its GPUs are free at once."""
+    def cancel(job_id: str, p: Principal | None = Depends(principal)) -> dict:
+        """Cancel a job (pending or running); its GPUs are free at once. With auth:
+        a job of the token's teams only."""
+        may_act_on(p, job_id, "cancel")
         try:
             state = daemon.cancel(job_id)
         except KeyError:
@@ -129,9 +178,11 @@ def make_app(daemon: Daemon) -> FastAPI:
 
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
     def logs(job_id: str, stream: Literal["stdout", "stderr"] = "stdout", run: int | None = Query(None, ge=1),
-             offset: int = Query(0, ge=0)) -> PlainTextResponse:
+             offset: int = Query(0, ge=0), p: Principal | None = Depends(principal)) -> PlainTextResponse:
         """A run's output (default: the last run) from byte ``offset``; the header
-        ``X-Next-Offset`` is where to continue (``logs -f``)."""
+        ``X-Next-Offset`` is where to continue (``logs -f``). With auth: a job of the
+        token's teams only."""
+        may_act_on(p, job_id, "read the logs of")
         v = view(job_id)
         run = run or v["runs"]
         if not run:

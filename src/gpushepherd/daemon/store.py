@@ -4,7 +4,8 @@ server lock, through SQLAlchemy Core.
 The event log is the state: every event the daemon feeds the core is appended here
 (and committed) before it is applied. The ``jobs`` table keeps what the core does not
 know (command, environment, processes). ``server_lock`` keeps a second server off the
-same database.
+same database. ``api_tokens`` maps the SHA-256 of each API token to a user, teams and
+an admin flag (the tokens themselves are never stored).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
+from gpushepherd.daemon.auth import Principal, digest_matches, new_token, token_hash
 from gpushepherd.model.events import Event, JobCancelled, JobFinished, JobRequeueRequested, JobSubmitted, Tick
 from gpushepherd.model.job import ExitStatus, GpuShare, JobSpec
 
@@ -90,6 +92,18 @@ meta = Table(
     "meta", metadata,
     Column("key", String(64), primary_key=True),
     Column("value", Text, nullable=False),
+)
+
+
+api_tokens = Table(
+    "api_tokens", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user", String(255), nullable=False),
+    Column("teams", Text, nullable=False, default="[]"),  # JSON list
+    Column("admin", Boolean, nullable=False, default=False),
+    Column("hash", String(64), nullable=False, unique=True),  # SHA-256 hex of the token; never the token
+    Column("created", Float, nullable=False),
+    Column("revoked", Float, nullable=True),
 )
 
 
@@ -289,6 +303,45 @@ class Store:
     def update_job(self, job_id: str, **values: Any) -> None:
         with self.engine.begin() as c:
             c.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+
+    # -- API tokens (gpushepherd.daemon.auth) -------------------------------------
+    def create_token(self, user: str, teams: list[str], admin: bool = False) -> tuple[int, str]:
+        """A new token for ``user``; returns ``(id, token)``. Only the token's hash is
+        stored: the caller shows the token once."""
+        token = new_token()
+        with self.engine.begin() as c:
+            res = c.execute(insert(api_tokens).values(user=user, teams=json.dumps(list(teams)), admin=admin,
+                                                      hash=token_hash(token), created=time.time()))
+        return res.inserted_primary_key[0], token
+
+    def tokens(self) -> list[dict]:
+        """Every token's row (revoked ones too), without the hashes."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(api_tokens).order_by(api_tokens.c.id)).mappings().all()
+        return [{**{k: v for k, v in r.items() if k != "hash"}, "teams": json.loads(r["teams"])} for r in rows]
+
+    def revoke_token(self, token_id: int) -> bool:
+        """Revoke a token; ``False`` if there is no such token (or it was revoked)."""
+        with self.engine.begin() as c:
+            res = c.execute(update(api_tokens).where(api_tokens.c.id == token_id, api_tokens.c.revoked.is_(None))
+                            .values(revoked=time.time()))
+        return res.rowcount == 1
+
+    def active_tokens(self) -> list[tuple[int, str, str, bool, str]]:
+        """``(id, user, teams JSON, admin, hash)`` of the tokens not revoked."""
+        with self.engine.connect() as c:
+            return [tuple(r) for r in c.execute(
+                select(api_tokens.c.id, api_tokens.c.user, api_tokens.c.teams, api_tokens.c.admin, api_tokens.c.hash)
+                .where(api_tokens.c.revoked.is_(None)))]
+
+    def authenticate(self, token: str, active: list | None = None) -> Principal | None:
+        """The principal of ``token``, or ``None`` (unknown or revoked). Every active
+        hash is compared in constant time."""
+        found = None
+        for token_id, user, teams, admin, stored in (self.active_tokens() if active is None else active):
+            if digest_matches(token, stored):
+                found = Principal(token_id, user, tuple(json.loads(teams)), bool(admin))
+        return found
 
     def update_states(self, states: dict[str, str]) -> None:
         if not states:
