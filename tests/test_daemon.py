@@ -1,5 +1,6 @@
-"""The daemon end to end: a real `shepherd server` (uvicorn, SQLite in a tmp data
-directory, four fake GPUs) running real processes.
+"""The daemon end to end: a real `shepherd server` (uvicorn, four fake GPUs) running
+real processes, on SQLite in a tmp data directory (the default) and again on a fresh
+database of a throwaway PostgreSQL (`--db`, tests/pgserver.py; skipped where none).
 
 Robust on a loaded machine: every wait is a poll loop with a generous deadline, no
 assertion depends on how long something took. Jobs wait for flag files, not for time.
@@ -68,8 +69,9 @@ def gone(pid: int) -> bool:
 
 
 class Server:
-    def __init__(self, tmp: Path, name: str = "server"):
+    def __init__(self, tmp: Path, name: str = "server", db: str | None = None):
         self.data = tmp / "data"
+        self.db = db  # None: SQLite in the data directory
         self.policy = tmp / "policy.yaml"
         self.policy.write_text(POLICY)
         self.log = tmp / f"{name}.log"
@@ -85,7 +87,8 @@ class Server:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         args = [sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(self.data),
-                "--port", str(port), *extra] + (["--policy", str(self.policy)] if policy else [])
+                "--port", str(port), *extra] + (["--policy", str(self.policy)] if policy else []) + \
+            (["--db", self.db] if self.db else [])
         self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
 
         def up():
@@ -132,19 +135,26 @@ class Server:
         return sum(n["free"] for n in httpx.get(self.url + "/nodes", headers=self.headers, timeout=60).json())
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("daemon")).start()
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def server(request, tmp_path_factory):
+    db = request.getfixturevalue("pg_server").new_database() if request.param == "postgresql" else None
+    s = Server(tmp_path_factory.mktemp("daemon"), db=db).start()
     yield s
     s.stop()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request) -> str | None:
+    """The daemon's database: ``None`` (SQLite in the data directory), or a fresh PostgreSQL one."""
+    return request.getfixturevalue("pg_url") if request.param == "postgresql" else None
+
+
 @pytest.fixture
-def fresh(tmp_path):
+def fresh(tmp_path, db):
     made: list[Server] = []
 
     def make(name: str = "server") -> Server:
-        s = Server(tmp_path, name)
+        s = Server(tmp_path, name, db)
         made.append(s)
         return s
     yield make
@@ -291,21 +301,22 @@ def test_a_second_server_on_the_same_database_refuses_to_start(fresh):
     second.data, second.policy = first.data, first.policy
     port = free_port()
     r = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(first.data),
-                        "--port", str(port)], capture_output=True, text=True, timeout=120)
+                        "--port", str(port)] + (["--db", first.db] if first.db else []),
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "another gpushepherd server holds it" in r.stderr and f"pid {first.proc.pid}" in r.stderr
     assert first.free_gpus() == 4  # the first one is undisturbed
 
 
-def test_a_restart_under_another_policy_replays_the_log_under_the_old_one(tmp_path):
+def test_a_restart_under_another_policy_replays_the_log_under_the_old_one(tmp_path, db):
     from gpushepherd.daemon.server import Daemon, DaemonError
     from gpushepherd.model.job import JobSpec
 
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     with pytest.raises(DaemonError, match="no policy: pass --policy FILE"):
-        Daemon(tmp_path / "data").start()
-    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05)
+        Daemon(tmp_path / "data", db).start()
+    d = Daemon(tmp_path / "data", db, policy_path=policy, poll_s=0.05)
     d.start()
     job_id = d.submit(JobSpec(id="", team="ml", workload_class="batch", gpus=1), [sys.executable, "-c", "pass"],
                       cwd=str(tmp_path))
@@ -313,7 +324,7 @@ def test_a_restart_under_another_policy_replays_the_log_under_the_old_one(tmp_pa
     d.stop()
 
     policy.write_text(POLICY.replace("  ml: {}", "  ml: {}\n  data: {}"))
-    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05)
+    d = Daemon(tmp_path / "data", db, policy_path=policy, poll_s=0.05)
     d.start()
     try:
         assert [kind for _t, kind, _ in d.store.batches()].count("policy") == 2
@@ -325,7 +336,7 @@ def test_a_restart_under_another_policy_replays_the_log_under_the_old_one(tmp_pa
         d.stop()
 
 
-def test_a_start_decided_before_a_crash_but_never_launched_is_launched_at_restart(tmp_path):
+def test_a_start_decided_before_a_crash_but_never_launched_is_launched_at_restart(tmp_path, db):
     """The server died after committing a submission, before applying its Start."""
     import json
 
@@ -337,13 +348,13 @@ def test_a_start_decided_before_a_crash_but_never_launched_is_launched_at_restar
 
     data = tmp_path / "data"
     data.mkdir()
-    store = Store(Store.sqlite_url(data))
+    store = Store(db or Store.sqlite_url(data))
     store.append_policy(time.time(), yaml.safe_load(POLICY))
     spec = JobSpec(id="1", team="ml", workload_class="batch", gpus=1, submit_time=time.time())
     store.append(spec.submit_time, [JobSubmitted(spec.submit_time, spec)],
                  [dict(id="1", num=1, spec=json.dumps(spec_to_dict(spec)), shell=False, env="{}", cwd=str(tmp_path),
                        argv=json.dumps([sys.executable, "-c", "print('launched late')"]), state="PENDING", run=0)])
-    d = Daemon(data, poll_s=0.05)
+    d = Daemon(data, db, poll_s=0.05)
     d.start()
     try:
         wait_for("the job to complete", lambda: d.sched.jobs["1"].state.value == "COMPLETED")
@@ -353,7 +364,7 @@ def test_a_start_decided_before_a_crash_but_never_launched_is_launched_at_restar
         d.stop()
 
 
-def test_a_run_whose_pid_was_never_recorded_is_found_and_not_launched_twice(tmp_path):
+def test_a_run_whose_pid_was_never_recorded_is_found_and_not_launched_twice(tmp_path, db):
     """The server died between the fork and the commit of the pid."""
     from gpushepherd.daemon.server import Daemon
     from gpushepherd.model.job import JobSpec
@@ -361,7 +372,7 @@ def test_a_run_whose_pid_was_never_recorded_is_found_and_not_launched_twice(tmp_
     go = tmp_path / "go"
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05)
+    d = Daemon(tmp_path / "data", db, policy_path=policy, poll_s=0.05)
     d.start()
     code = wait_for_file(go)
     job_id = d.submit(JobSpec(id="", team="ml", workload_class="batch", gpus=1), [sys.executable, "-c", code],
@@ -370,7 +381,7 @@ def test_a_run_whose_pid_was_never_recorded_is_found_and_not_launched_twice(tmp_
     d.stop()  # the loop ends, the job runs on
     d.store.update_job(job_id, pid=None, pgid=None, proc_start=None)
 
-    d = Daemon(tmp_path / "data", poll_s=0.05)
+    d = Daemon(tmp_path / "data", db, poll_s=0.05)
     d.start()
     try:
         assert job_id in d.backend.procs and d.backend.procs[job_id].popen is None  # re-attached
@@ -426,7 +437,7 @@ def test_slurm_style_time_limits():
         parse_time("1h")
 
 
-def test_a_cancel_committed_before_a_crash_kills_the_job_at_restart(tmp_path):
+def test_a_cancel_committed_before_a_crash_kills_the_job_at_restart(tmp_path, db):
     """The server died after logging a cancel, before killing the job."""
     from gpushepherd.daemon.server import Daemon
     from gpushepherd.model.events import JobCancelled
@@ -434,7 +445,7 @@ def test_a_cancel_committed_before_a_crash_kills_the_job_at_restart(tmp_path):
 
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05)
+    d = Daemon(tmp_path / "data", db, policy_path=policy, poll_s=0.05)
     d.start()
     job_id = d.submit(JobSpec(id="", team="ml", workload_class="batch", gpus=4),
                       [sys.executable, "-c", wait_for_file(tmp_path / "never")], cwd=str(tmp_path))
@@ -443,7 +454,7 @@ def test_a_cancel_committed_before_a_crash_kills_the_job_at_restart(tmp_path):
     now = max(time.time(), d.sched.now)
     d.store.append(now, [JobCancelled(now, job_id)])
 
-    d = Daemon(tmp_path / "data", poll_s=0.05)
+    d = Daemon(tmp_path / "data", db, poll_s=0.05)
     d.start()
     try:
         assert d.sched.jobs[job_id].state.value == "CANCELLED"

@@ -1,9 +1,11 @@
-"""The daemon's database: the event log round trip, replay determinism, the lock."""
+"""The daemon's database: the event log round trip, replay determinism, the lock - on
+SQLite and on PostgreSQL (a throwaway server, tests/pgserver.py; skipped where none)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 from sqlalchemy import update
@@ -23,8 +25,10 @@ def spec(job_id: str, gpus: int = 1, **kw) -> JobSpec:
 
 
 @pytest.fixture
-def store(tmp_path):
-    return Store(Store.sqlite_url(tmp_path))
+def store(db_url):
+    s = Store(db_url)
+    yield s
+    s.close()
 
 
 def test_events_round_trip_through_the_log(store):
@@ -34,9 +38,10 @@ def test_events_round_trip_through_the_log(store):
              JobRequeueRequested(10.0, "9"), Tick(10.0)]
     store.append_policy(1.0, RAW)
     assert store.append(10.0, batch) == 2
-    assert store.append(11.0, [Tick(11.0)]) == 3
+    epoch = 1764561234.123456  # a real clock's seconds keep their microseconds (a double, not a float4)
+    assert store.append(epoch, [Tick(epoch)]) == 3
     assert list(Store(store.url).batches()) == [(1.0, "policy", RAW), (10.0, "events", batch),
-                                                (11.0, "events", [Tick(11.0)])]
+                                                (epoch, "events", [Tick(epoch)])]
     assert Store(store.url).last_policy() == RAW
 
 
@@ -77,7 +82,38 @@ def test_a_second_server_is_refused_and_a_dead_ones_lock_taken_over(store):
     assert not other.heartbeat(151.0)
 
 
-def test_sqlite_runs_in_wal_mode_with_full_sync(store):
+def test_servers_starting_at_the_same_moment_one_wins(store):
+    """Empty lock table (the insert race) and a dead holder (the compare-and-swap race)."""
+    for round_ in ("empty", "dead holder"):
+        others = [Store(store.url) for _ in range(4)]
+        barrier, won, refused = threading.Barrier(len(others)), [], []
+
+        def start(s: Store) -> None:
+            barrier.wait()
+            try:
+                s.acquire_lock(200.0)
+                won.append(s)
+            except LockHeld:
+                refused.append(s)
+
+        threads = [threading.Thread(target=start, args=(s,)) for s in others]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(won) == 1 and len(refused) == len(others) - 1, round_
+        assert won[0].heartbeat(201.0) and not any(s.heartbeat(201.0) for s in refused)
+        if round_ == "empty":
+            dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                                  text=True)
+            with store.engine.begin() as c:
+                c.execute(update(server_lock).values(pid=int(dead.stdout)))
+        for s in others:
+            s.close()
+
+
+def test_sqlite_runs_in_wal_mode_with_full_sync(tmp_path):
+    store = Store(Store.sqlite_url(tmp_path))
     with store.engine.connect() as c:
         assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert c.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL

@@ -107,12 +107,13 @@ class Daemon:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.store.release_lock()
+        self.store.close()
 
     def _load_policy(self, now: float) -> None:
         logged = self.store.last_policy()
         if self.policy_path is None:
             if logged is None:
-                raise DaemonError(f"no policy: pass --policy FILE (the database {self.store.url} has none yet)")
+                raise DaemonError(f"no policy: pass --policy FILE (the database {self.store.display_url} has none yet)")
             return
         raw = read_policy_dict(self.policy_path)
         policy_from_dict(raw, source=str(self.policy_path))  # refuse a bad file before logging it

@@ -36,6 +36,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 
 from gpushepherd.daemon.auth import Principal, digest_matches, new_token, token_hash
 from gpushepherd.model.events import Event, JobCancelled, JobFinished, JobRequeueRequested, JobSubmitted, Tick
@@ -173,13 +174,17 @@ class Store:
     """The daemon's database.
 
     Args:
-        url: a SQLAlchemy URL (``sqlite:////path/shepherd.db``, ``postgresql://...``).
-            SQLite gets WAL journaling, ``synchronous=FULL`` and a 30 s busy timeout.
+        url: a SQLAlchemy URL (``sqlite:////path/shepherd.db``,
+            ``postgresql+psycopg://user@host/db``). SQLite gets WAL journaling,
+            ``synchronous=FULL`` and a 30 s busy timeout; PostgreSQL runs at its default
+            isolation (READ COMMITTED) with its default durability (``synchronous_commit``
+            on), its connections checked before use.
     """
 
     def __init__(self, url: str):
         self.url = url
-        self.engine: Engine = create_engine(url, future=True)
+        sqlite = url.startswith("sqlite")
+        self.engine: Engine = create_engine(url, future=True, **({} if sqlite else {"pool_pre_ping": True}))
         if self.engine.dialect.name == "sqlite":
             @event.listens_for(self.engine, "connect")
             def _sqlite_pragmas(dbapi_conn, _record):  # noqa: ANN001
@@ -195,6 +200,15 @@ class Store:
         self.token = uuid.uuid4().hex
         self._batch = self._last_batch()
 
+    @property
+    def display_url(self) -> str:
+        """The URL without its password, for messages."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def close(self) -> None:
+        """Close the pooled connections (the lock is released by ``release_lock``)."""
+        self.engine.dispose()
+
     @staticmethod
     def sqlite_url(data_dir: Path) -> str:
         return f"sqlite:///{Path(data_dir).resolve() / 'shepherd.db'}"
@@ -208,8 +222,18 @@ class Store:
         """
         host, pid = socket.gethostname(), os.getpid()
         row = dict(token=self.token, host=host, pid=pid, since=now, heartbeat=now)
+        try:
+            self._acquire(now, host, pid, row)
+        except IntegrityError:  # the row was inserted by another server between our read and our insert
+            raise LockHeld(f"database {self.display_url}: another gpushepherd server took the lock at the same "
+                           f"moment") from None
+
+    def _acquire(self, now: float, host: str, pid: int, row: dict) -> None:
         with self.engine.begin() as c:
-            held = c.execute(select(server_lock).where(server_lock.c.name == "server")).mappings().first()
+            # FOR UPDATE (PostgreSQL; SQLite has one writer anyway): a second server starting
+            # at this moment waits for this transaction, then reads what it wrote
+            held = c.execute(select(server_lock).where(server_lock.c.name == "server")
+                             .with_for_update()).mappings().first()
             if held is None:
                 c.execute(insert(server_lock).values(name="server", **row))
                 return
@@ -217,7 +241,7 @@ class Store:
             stale = now - held["heartbeat"] > LOCK_STALE_S
             if not (dead or stale):
                 raise LockHeld(
-                    f"database {self.engine.url.render_as_string(hide_password=True)}: another gpushepherd server "
+                    f"database {self.display_url}: another gpushepherd server "
                     f"holds it (pid {held['pid']} on host {held['host']}, since "
                     f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(held['since']))}, last seen "
                     f"{now - held['heartbeat']:.0f} s ago); stop that server first - only one server may use "
@@ -226,7 +250,8 @@ class Store:
             res = c.execute(update(server_lock).where(server_lock.c.name == "server",
                                                       server_lock.c.token == held["token"]).values(**row))
             if res.rowcount != 1:
-                raise LockHeld("database: another gpushepherd server took the lock at the same moment")
+                raise LockHeld(f"database {self.display_url}: another gpushepherd server took the lock at the "
+                               f"same moment")
 
     def heartbeat(self, now: float) -> bool:
         """Refresh the lock; ``False`` if another server has taken it over."""
