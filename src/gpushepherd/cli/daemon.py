@@ -236,6 +236,11 @@ def register(app: typer.Typer) -> None:
                env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for the job (repeat).")] = [],
                chdir: Annotated[Path, typer.Option("--chdir", "-D")] = Path("."),
                shell: Annotated[bool, typer.Option("--shell", help="Run COMMAND with /bin/sh -c.")] = False,
+               array: Annotated[Optional[str], typer.Option("--array", "-a", help="Job array: 0-99%8 (indices "
+                                                            "0..99, at most 8 at once), 1,3,5-7; each task gets "
+                                                            "$SHEPHERD_ARRAY_TASK_ID.")] = None,
+               max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="Array: runs of a "
+                                                        "FAILED chunk again.")] = 2,
                server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py`."""
         if user is None:
@@ -257,8 +262,10 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(f"{item!r} is not allowed: KEY=VALUE", param_hint="--env")
             pairs[key] = value
         body["env"] = pairs
+        if array is not None:
+            body["array"], body["max_retries"] = array, max_retries
         job = _request(server, "POST", "/jobs", token=token, json=body).json()
-        out.print(f"Submitted job {job['id']}")
+        out.print(f"Submitted {'array' if array is not None else 'job'} {job['id']}")
 
     @app.command("queue")
     def queue(state: Annotated[Optional[str], typer.Option("--state", "-t")] = None,
@@ -272,8 +279,10 @@ def register(app: typer.Typer) -> None:
         for j in jobs:
             if not (all_ or state) and j["state"] in TERMINAL:
                 continue
-            table.add_row(j["id"], j["class"], j["team"], j["user"], j["share"] or str(j["gpus"]), j["state"],
-                          j["reason"] or j["placement"] or "", _fmt_t(j["estimated_start"]), f"{j['priority']:.3f}")
+            prio = "-" if j["priority"] is None else f"{j['priority']:.3f}"
+            jid = f"{j['id']}_[{j['array']}]" if j.get("array") else j["id"]
+            table.add_row(jid, j["class"], j["team"], j["user"], j["share"] or str(j["gpus"]), j["state"],
+                          j["reason"] or j["placement"] or "", _fmt_t(j["estimated_start"]), prio)
         out.print(table)
 
     @app.command("show")
@@ -281,6 +290,16 @@ def register(app: typer.Typer) -> None:
              token: TokenOpt = None) -> None:
         """One job: fields, its history of transitions and why it waits now."""
         j = _request(server, "GET", f"/jobs/{job_id}", token=token).json()
+        if j.get("array"):
+            for key in ("id", "array", "state", "class", "team", "user", "gpus", "share", "throttle", "max_retries",
+                        "retries_used", "running", "pending", "failed_indices", "command", "cwd"):
+                out.print(f"{key}: {j.get(key)}")
+            out.print(f"progress: {j['done']}/{j['tasks']} done")
+            out.print(f"submit_time: {_fmt_t(j['submit_time'])}")
+            out.print("children (index: attempts):")
+            for index, ids in j["children"].items():
+                out.print(f"  {index}: {' '.join(ids)}")
+            return
         for key in ("id", "state", "reason", "class", "team", "user", "gpus", "share", "placement", "priority",
                     "runs", "preemptions", "exit_code", "command", "cwd", "stdout", "stderr", "checkpoint_dir"):
             out.print(f"{key}: {j.get(key)}")
@@ -294,7 +313,9 @@ def register(app: typer.Typer) -> None:
             token: TokenOpt = None) -> None:
         """Why a job is in its state now."""
         j = _request(server, "GET", f"/jobs/{job_id}", token=token).json()
-        if j["state"] == "PENDING":
+        if j.get("array"):
+            out.print(f"array {j['id']} is {j['state']}: {j['reason']}")
+        elif j["state"] == "PENDING":
             est = f"; estimated start {_fmt_t(j['estimated_start'])}" if j["estimated_start"] else ""
             out.print(f"job {j['id']} is PENDING: {j['reason']}{est}")
         elif j["placement"]:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
+from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import Principal
 from gpushepherd.daemon.server import Daemon
 from gpushepherd.model.job import GpuShare, JobSpec
@@ -60,6 +61,16 @@ class SubmitBody(BaseModel):
     shell: bool = False
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str = Field(description="absolute path of an existing directory")
+    array: str | None = Field(None, description="a job array (Slurm's --array): 0-99%8 is indices 0..99, at most 8 "
+                              "not yet ended at a time; 1,3,5-7; 0-15:4")
+    max_retries: int = Field(2, ge=0, le=100, description="array: times a FAILED chunk is run again")
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_array(v)  # ValueError naming the value and what is allowed
+        return v
 
     @field_validator("cwd")
     @classmethod
@@ -113,6 +124,9 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     def job_team(job_id: str) -> str:
         with daemon.lock:
             job = daemon.sched.jobs.get(job_id)
+            arr = daemon.arrays.get(job_id)
+        if arr is not None:
+            return arr.spec["team"]
         if job is None:
             raise HTTPException(404, f"job {job_id!r}: no such job")
         return job.spec.team
@@ -146,7 +160,9 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                                          f"{p.teams_text()}")
             body.user = body.user or p.user
         try:
-            job_id = daemon.submit(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd)
+            array = (body.array, *parse_array(body.array), body.max_retries) if body.array is not None else None
+            job_id = daemon.submit(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
+                                   array=array)
         except SpecError as exc:
             field = {"class": "class", "workload_class": "class"}.get(_spec_field(str(exc)), _spec_field(str(exc)))
             return JSONResponse(status_code=422, content={"detail": [
@@ -154,10 +170,12 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         return view(job_id)
 
     @app.get("/jobs")
-    def jobs(state: str | None = Query(None, description="only jobs in this state (PENDING, RUNNING, ...)")) -> list:
-        """Jobs in submission order: state, reason, estimated start, priority."""
+    def jobs(state: str | None = Query(None, description="only jobs in this state (PENDING, RUNNING, ...)"),
+             children: bool = Query(False, description="also each array's child jobs")) -> list:
+        """Jobs in submission order: state, reason, estimated start, priority. An array
+        is one entry (``done``/``tasks``) unless ``children``."""
         with daemon.lock:
-            out = daemon.jobs_view()
+            out = daemon.jobs_view(children=children)
         return [j for j in out if state is None or j["state"] == state.upper()]
 
     @app.get("/jobs/{job_id}")

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
+from gpushepherd.daemon.arrays import ArrayRec, child_id, parse_child_id, progress
 from gpushepherd.daemon.local import LocalBackend, exit_status
-from gpushepherd.daemon.store import Store, spec_to_dict
+from gpushepherd.daemon.store import Store, spec_from_dict, spec_to_dict
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import Event, JobCancelled, JobFinished, JobRequeueRequested, JobSubmitted, Tick
 from gpushepherd.model.job import ExitStatus, JobSpec, JobState
@@ -74,6 +75,7 @@ class Daemon:
         self._thread: threading.Thread | None = None
         self._beat = 0.0
         self.next_num = 1
+        self.arrays: dict[str, ArrayRec] = {}  # job arrays by id (gpushepherd.daemon.arrays)
 
     # ------------------------------------------------------------ start / stop
     def start(self) -> None:
@@ -92,6 +94,7 @@ class Daemon:
             self._load_policy(now)
             self._replay()
             self.next_num = self.store.next_job_number()
+            self._load_arrays()
             self._reconcile()
         except BaseException:
             self.store.release_lock()
@@ -134,6 +137,21 @@ class Daemon:
             for d in sched.handle(item):
                 self._track(d)
         self.sched = sched
+
+    def _load_arrays(self) -> None:
+        for r in self.store.array_rows():
+            self.arrays[r["id"]] = ArrayRec(
+                id=r["id"], num=r["num"], text=r["array"], indices=json.loads(r["indices"]), throttle=r["throttle"],
+                max_retries=r["max_retries"], submit_time=r["submit_time"], spec=json.loads(r["spec"]),
+                argv=json.loads(r["argv"]), shell=r["shell"], env=json.loads(r["env"]), cwd=r["cwd"],
+                cancelled=r["cancelled"])
+        for job_id in self.store.job_rows():
+            parsed = parse_child_id(job_id)
+            if parsed and parsed[0] in self.arrays:
+                self.arrays[parsed[0]].attempts.setdefault(parsed[1], []).append(job_id)
+        for rec in self.arrays.values():
+            for ids in rec.attempts.values():
+                ids.sort(key=lambda j: parse_child_id(j)[2])
 
     def _track(self, d: Decision) -> None:
         if isinstance(d, Start):
@@ -178,16 +196,18 @@ class Daemon:
 
     # ------------------------------------------------------------ the API's side
     def submit(self, spec: JobSpec, argv: list[str], *, shell: bool = False, env: dict[str, str] | None = None,
-               cwd: str, timeout: float = 60.0) -> str:
+               cwd: str, array: tuple[str, list[int], int, int] | None = None, timeout: float = 60.0) -> str:
         """Submit a job (``spec.id`` and ``submit_time`` are assigned); returns its id
-        once it is in the event log.
+        once it is in the event log. With ``array`` (text, indices, throttle,
+        max_retries): an array, whose record is committed before the id is returned;
+        its chunks are submitted by the loop.
 
         Raises:
             SpecError: the policy refuses the spec (field, value, what is allowed).
             TimeoutError: the loop did not answer within ``timeout`` seconds.
         """
         fut: Future = Future()
-        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd), fut))
+        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array), fut))
         self.wake.set()
         return fut.result(timeout=timeout)
 
@@ -239,25 +259,30 @@ class Daemon:
             if due <= now:
                 backend.signal(job_id, signal.SIGKILL)
                 del self.kills[job_id]
-        rows, replies = [], []
+        rows, replies, new_arrays = [], [], []
         while True:
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 break
-            self._command(now, cmd, batch, rows, replies)
+            self._command(now, cmd, batch, rows, replies, new_arrays)
+        children = self._array_children(now, batch, rows, new_arrays)
         wake = sched.next_wakeup()
         if not batch and wake is not None and wake <= now:
             batch.append(Tick(now))
-        if not batch:
+        if not batch and not new_arrays:
             return []
-        try:
-            self.store.append(now, batch, rows)  # committed before it is applied or acknowledged
+        try:  # committed before it is applied or acknowledged
+            self.store.append(now, batch, rows, [self._array_row(a) for a in new_arrays])
         except Exception as exc:
             for fut, _ in replies:
                 fut.set_exception(exc)
             self.deferred = [e for e in batch if not isinstance(e, JobSubmitted)]  # retried next step
             raise
+        for a in new_arrays:
+            self.arrays[a.id] = a
+        for array_id, index, job_id in children:
+            self.arrays[array_id].attempts.setdefault(index, []).append(job_id)
         decisions = sched.handle(batch)
         for fut, value in replies:
             fut.set_result(value() if callable(value) else value)
@@ -268,10 +293,10 @@ class Daemon:
         self.store.update_states({j: sched.jobs[j].state.value for j in touched if j in sched.jobs})
         return decisions
 
-    def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list) -> None:
+    def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list, new_arrays: list) -> None:
         kind, arg, fut = cmd
         if kind == "submit":
-            spec, argv, shell, env, cwd = arg
+            spec, argv, shell, env, cwd, array = arg
             job_id = str(self.next_num)
             spec = replace(spec, id=job_id, submit_time=now)
             try:
@@ -280,10 +305,23 @@ class Daemon:
                 fut.set_exception(exc)
                 return
             self.next_num += 1
+            if array is not None:
+                text, indices, throttle, max_retries = array
+                new_arrays.append(ArrayRec(id=job_id, num=int(job_id), text=text, indices=indices,
+                                           throttle=throttle, max_retries=max_retries, submit_time=now,
+                                           spec=spec_to_dict(spec), argv=argv, shell=shell, env=env, cwd=cwd))
+                replies.append((fut, job_id))
+                return
             batch.append(JobSubmitted(now, spec))
             rows.append(dict(id=job_id, num=int(job_id), spec=json.dumps(spec_to_dict(spec)), argv=json.dumps(argv),
                              shell=shell, env=json.dumps(env), cwd=cwd, state=JobState.PENDING.value, run=0))
             replies.append((fut, job_id))
+        elif kind == "cancel" and arg in self.arrays:
+            rec = self.arrays[arg]
+            if rec.cancelled is None:
+                self.store.cancel_array(arg, now)  # committed first; its children are cancelled below
+                rec.cancelled = now
+            replies.append((fut, lambda r=rec: self._array_progress(r)["state"]))
         elif kind == "cancel":
             job = self.sched.jobs.get(arg)
             if job is None:
@@ -293,6 +331,53 @@ class Daemon:
             else:
                 batch.append(JobCancelled(now, arg))
                 replies.append((fut, lambda j=job: j.state.value))
+
+    @staticmethod
+    def _array_row(a: ArrayRec) -> dict:
+        return dict(id=a.id, num=a.num, array=a.text, indices=json.dumps(a.indices), throttle=a.throttle,
+                    max_retries=a.max_retries, submit_time=a.submit_time, spec=json.dumps(a.spec),
+                    argv=json.dumps(a.argv), shell=a.shell, env=json.dumps(a.env), cwd=a.cwd, cancelled=a.cancelled)
+
+    def _array_progress(self, rec: ArrayRec) -> dict:
+        jobs = self.sched.jobs
+        return progress(rec, {j: jobs[j].state.value for ids in rec.attempts.values() for j in ids if j in jobs})
+
+    def _array_children(self, now: float, batch: list, rows: list, new_arrays: list) -> list[tuple[str, int, str]]:
+        """Submit the chunks each array may run now (index order, at most its throttle
+        not yet ended; a FAILED chunk again while it has retries left) and cancel the
+        live children of a cancelled array. Returns ``(array, index, child id)`` of the
+        children added to ``batch``, to be recorded once it is committed."""
+        out = []
+        cancelling = {e.job_id for e in batch if isinstance(e, JobCancelled)}
+        for rec in [*self.arrays.values(), *new_arrays]:
+            if rec.ended:
+                continue
+            p = self._array_progress(rec)
+            if rec.cancelled is not None:
+                for ids in rec.attempts.values():
+                    job = self.sched.jobs.get(ids[-1])
+                    if job is not None and not job.state.terminal and job.id not in cancelling:
+                        batch.append(JobCancelled(now, job.id))
+                rec.ended = p["state"] == "CANCELLED"
+                continue
+            if p["state"] in ("COMPLETED", "FAILED"):
+                rec.ended = True
+                continue
+            room = rec.throttle - p["running"] - p["submitted_pending"]
+            todo = sorted(p["retry"] + p["not_submitted"])
+            for index in todo[:max(0, room)]:
+                attempt = len(rec.attempts.get(index, [])) + 1
+                job_id = child_id(rec.id, index, attempt)
+                spec = replace(spec_from_dict(rec.spec), id=job_id, submit_time=now)
+                env = {**rec.env, "SHEPHERD_ARRAY_ID": rec.id, "SHEPHERD_ARRAY_TASK_ID": str(index),
+                       "SHEPHERD_ARRAY_TASK_ATTEMPT": str(attempt)}
+                batch.append(JobSubmitted(now, spec))
+                rows.append(dict(id=job_id, num=self.next_num, spec=json.dumps(spec_to_dict(spec)),
+                                 argv=json.dumps(rec.argv), shell=rec.shell, env=json.dumps(env), cwd=rec.cwd,
+                                 state=JobState.PENDING.value, run=0))
+                self.next_num += 1
+                out.append((rec.id, index, job_id))
+        return out
 
     def _apply(self, now: float, d: Decision) -> None:
         self._track(d)
@@ -327,6 +412,8 @@ class Daemon:
     # ------------------------------------------------------------ views (hold self.lock)
     def job_view(self, job_id: str, row: dict | None = None, history: bool = False) -> dict[str, Any] | None:
         """What ``GET /jobs/{id}`` shows; ``None`` for an unknown job."""
+        if job_id in self.arrays:
+            return self.array_view(self.arrays[job_id], history=history)
         job = self.sched.jobs.get(job_id)
         row = row if row is not None else self.store.job_row(job_id)
         if job is None or row is None:
@@ -354,9 +441,35 @@ class Daemon:
             view["checkpoint_dir"] = str(self.backend.checkpoint_dir(job_id))
         return view
 
-    def jobs_view(self) -> list[dict]:
+    def array_view(self, rec: ArrayRec, history: bool = False) -> dict[str, Any]:
+        """An array: the fields of its spec and its progress (chunks done / total,
+        running, pending, the indices failed for good, retries used)."""
+        p = self._array_progress(rec)
+        spec = rec.spec
+        share = spec_from_dict(spec).share
+        view = {
+            "id": rec.id, "array": rec.text, "state": p["state"], "class": spec["workload_class"],
+            "team": spec["team"], "user": spec["user"], "gpus": spec["gpus"], "share": str(share) if share else None,
+            "submit_time": rec.submit_time, "tasks": p["total"], "done": p["done"], "running": p["running"],
+            "pending": p["pending"], "failed_indices": p["failed"], "retries_used": p["retries_used"],
+            "throttle": rec.throttle, "max_retries": rec.max_retries, "cancelled": rec.cancelled is not None,
+            "reason": f"{p['done']}/{p['total']} done, {p['running']} running"
+                      + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else ""),
+            "placement": None, "estimated_start": None, "priority": None, "command": rec.argv, "exit_code": None,
+            "runs": sum(len(ids) for ids in rec.attempts.values()),
+        }
+        if history:
+            view["children"] = {str(i): ids for i, ids in sorted(rec.attempts.items())}
+            view["cwd"] = rec.cwd
+        return view
+
+    def jobs_view(self, children: bool = False) -> list[dict]:
+        """Jobs and arrays in submission order; an array's children only with ``children``."""
         rows = self.store.job_rows()
-        return [v for v in (self.job_view(j, r) for j, r in rows.items()) if v is not None]
+        out = [(r["num"], j, r) for j, r in rows.items()
+               if children or not ((c := parse_child_id(j)) and c[0] in self.arrays)]
+        out += [(a.num, a.id, None) for a in self.arrays.values()]
+        return [v for v in (self.job_view(j, r) for _n, j, r in sorted(out, key=lambda x: x[0])) if v is not None]
 
     def nodes_view(self) -> list[dict]:
         holders: dict[tuple[str, int], list[str]] = {}

@@ -96,6 +96,24 @@ meta = Table(
 )
 
 
+arrays = Table(
+    "arrays", metadata,  # job arrays (gpushepherd.daemon.arrays); their chunks are ordinary jobs
+    Column("id", String(64), primary_key=True),
+    Column("num", Integer, nullable=False, unique=True),  # from the jobs' numbering
+    Column("array", String(4096), nullable=False),  # as submitted: 0-99%8
+    Column("indices", Text, nullable=False),  # JSON list
+    Column("throttle", Integer, nullable=False),
+    Column("max_retries", Integer, nullable=False),
+    Column("submit_time", Float, nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("argv", Text, nullable=False),
+    Column("shell", Boolean, nullable=False, default=False),
+    Column("env", Text, nullable=False, default="{}"),
+    Column("cwd", String(4096), nullable=False),
+    Column("cancelled", Float, nullable=True),
+)
+
+
 api_tokens = Table(
     "api_tokens", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -269,14 +287,18 @@ class Store:
         with self.engine.connect() as c:
             return c.execute(select(func.max(events.c.batch))).scalar() or 0
 
-    def append(self, t: float, batch: list[Event], jobs_rows: list[dict] = ()) -> int:
+    def append(self, t: float, batch: list[Event], jobs_rows: list[dict] = (), array_rows: list[dict] = ()) -> int:
         """Commit one batch (the events of one ``Scheduler.handle`` call at ``t``) and,
-        in the same transaction, new rows of the jobs table. Returns the batch number."""
+        in the same transaction, new rows of the jobs and arrays tables. Returns the
+        batch number."""
         self._batch += 1
         with self.engine.begin() as c:
+            if array_rows:
+                c.execute(insert(arrays), list(array_rows))
             if jobs_rows:
                 c.execute(insert(jobs), list(jobs_rows))
-            c.execute(insert(events), [dict(batch=self._batch, t=t, **event_row(e)) for e in batch])
+            if batch:
+                c.execute(insert(events), [dict(batch=self._batch, t=t, **event_row(e)) for e in batch])
         return self._batch
 
     def append_policy(self, t: float, raw: dict) -> None:
@@ -314,7 +336,18 @@ class Store:
     # -- jobs -------------------------------------------------------------------
     def next_job_number(self) -> int:
         with self.engine.connect() as c:
-            return (c.execute(select(func.max(jobs.c.num))).scalar() or 0) + 1
+            return max(c.execute(select(func.max(jobs.c.num))).scalar() or 0,
+                       c.execute(select(func.max(arrays.c.num))).scalar() or 0) + 1
+
+    def array_rows(self) -> list[dict]:
+        """Every array's row, in submission order."""
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(select(arrays).order_by(arrays.c.num)).mappings()]
+
+    def cancel_array(self, array_id: str, t: float) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(arrays).where(arrays.c.id == array_id, arrays.c.cancelled.is_(None))
+                      .values(cancelled=t))
 
     def job_row(self, job_id: str) -> dict | None:
         with self.engine.connect() as c:

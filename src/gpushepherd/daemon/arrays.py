@@ -1,0 +1,123 @@
+"""Job arrays (R9, Slurm's ``--array``; design note 008, "Job arrays").
+
+An array is a parent record (table ``arrays``); the daemon submits its chunks as
+ordinary child jobs ``<array>_<index>`` (a retry: ``<array>_<index>.<attempt>``), at
+most ``%N`` of them not yet ended at a time, in index order. Which children exist is
+read back from the jobs table at a restart, their states from the replayed core, so
+nothing about an array's progress is stored twice.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+#: at most this many tasks in one array
+MAX_TASKS = 100_000
+
+_PART = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
+_CHILD = re.compile(r"(\d+)_(\d+)(?:\.(\d+))?")
+
+
+def parse_array(text: str) -> tuple[list[int], int]:
+    """``0-99%8``, ``1,3,5-7``, ``0-15:4`` -> (sorted distinct indices, throttle; the
+    task count when no ``%N``).
+
+    Raises:
+        ValueError: naming the value and what is allowed.
+    """
+    allowed = ("allowed: INDEXES[%N], INDEXES a comma list of I, I-J or I-J:STEP with I <= J, "
+               f"at most {MAX_TASKS:,} tasks, N >= 1")
+    text = text.strip()
+    spec, pct, throttle_text = text.partition("%")
+    if not spec:
+        raise ValueError(f"{text!r} is not allowed: no indexes; {allowed}")
+    indices: set[int] = set()
+    for part in spec.split(","):
+        m = _PART.fullmatch(part.strip())
+        if not m:
+            raise ValueError(f"{text!r} is not allowed: {part!r} is no index or range; {allowed}")
+        lo, hi, step = int(m[1]), int(m[2] if m[2] is not None else m[1]), int(m[3] or 1)
+        if hi < lo:
+            raise ValueError(f"{text!r} is not allowed: the range {part!r} is reversed; {allowed}")
+        if step < 1:
+            raise ValueError(f"{text!r} is not allowed: step {step} in {part!r}; {allowed}")
+        if (hi - lo) // step + 1 + len(indices) > MAX_TASKS:
+            raise ValueError(f"{text!r} is not allowed: more than {MAX_TASKS:,} tasks; {allowed}")
+        indices.update(range(lo, hi + 1, step))
+    if pct:
+        if not throttle_text.isdigit() or int(throttle_text) < 1:
+            raise ValueError(f"{text!r} is not allowed: %{throttle_text}; {allowed}")
+        throttle = int(throttle_text)
+    else:
+        throttle = len(indices)
+    return sorted(indices), throttle
+
+
+def child_id(array_id: str, index: int, attempt: int) -> str:
+    """The id of one attempt of one chunk: ``7_3``, then ``7_3.2``, ``7_3.3`` for retries."""
+    return f"{array_id}_{index}" if attempt == 1 else f"{array_id}_{index}.{attempt}"
+
+
+def parse_child_id(job_id: str) -> tuple[str, int, int] | None:
+    """``(array, index, attempt)`` of a child's id; ``None`` for a plain job."""
+    m = _CHILD.fullmatch(job_id)
+    return (m[1], int(m[2]), int(m[3] or 1)) if m else None
+
+
+@dataclass
+class ArrayRec:
+    """An array: its row, and the ids of each chunk's attempts (oldest first)."""
+
+    id: str
+    num: int
+    text: str
+    indices: list[int]
+    throttle: int
+    max_retries: int
+    submit_time: float
+    spec: dict
+    argv: list
+    shell: bool
+    env: dict
+    cwd: str
+    cancelled: float | None = None
+    attempts: dict[int, list[str]] = field(default_factory=dict)
+    ended: bool = False  # every chunk ended (set once seen; an array never restarts)
+
+
+def progress(rec: ArrayRec, states: dict[str, str]) -> dict:
+    """Chunks done / failed for good / running / pending / not submitted, retries used,
+    and the array's state, from each child's core state (``states``: id -> state)."""
+    done, failed, running, pending, waiting, retryable = [], [], [], [], [], []
+    retries = 0
+    for i in rec.indices:
+        ids = rec.attempts.get(i, [])
+        retries += max(0, len(ids) - 1)
+        if not ids:
+            waiting.append(i)
+            continue
+        st = states.get(ids[-1], "PENDING")
+        if st == "COMPLETED":
+            done.append(i)
+        elif st in ("PENDING",):
+            pending.append(i)
+        elif st in ("RUNNING", "PREEMPTING", "STOPPING"):
+            running.append(i)
+        elif st == "FAILED" and len(ids) <= rec.max_retries and rec.cancelled is None:
+            retryable.append(i)
+        else:  # FAILED after its retries, TIMEOUT, REJECTED, CANCELLED
+            failed.append(i)
+    total = len(rec.indices)
+    active = running or pending
+    if rec.cancelled is not None and not active:
+        state = "CANCELLED"
+    elif len(done) + len(failed) == total:
+        state = "COMPLETED" if not failed else "FAILED"
+    elif running:
+        state = "RUNNING"
+    else:
+        state = "PENDING"
+    return {"state": state, "total": total, "done": len(done), "failed": failed, "running": len(running),
+            "pending": len(pending) + len(waiting) + len(retryable), "submitted_pending": len(pending),
+            "not_submitted": waiting, "retry": retryable, "retries_used": retries}
