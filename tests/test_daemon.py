@@ -253,7 +253,20 @@ def test_a_malformed_submission_is_422_naming_the_field(server):
     assert detail["msg"].startswith("class: 'trainnig' is not allowed: one of ") and "training" in detail["msg"]
     r = post(team="nobody")
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "team"]
+    # environments the OS would refuse at launch (they used to leave a job RUNNING for ever)
+    for env in ({"A=B": "x"}, {"": "x"}, {"A": "x\u0000y"}):
+        r = post(env=env)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "env"], r.text
+        assert not r.json()["detail"][0]["msg"].startswith("Value error")
+    # NaN / Infinity are no JSON numbers: named as text, never a 500
+    body = '{"class": "batch", "team": "ml", "command": ["true"], "cwd": "/", "time_limit_s": NaN}'
+    r = httpx.post(server.url + "/jobs", content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "time_limit_s"], r.text
+    r = post(gpus=True)
+    assert r.status_code == 422 and ["body", "gpus"] in [d["loc"] for d in r.json()["detail"]]
     assert len(httpx.get(server.url + "/jobs", timeout=60).json()) == before  # nothing accepted
+    r = httpx.get(server.url + "/jobs/1/logs", params={"offset": 10**20}, timeout=60)
+    assert r.status_code == 422
 
 
 def test_kill9_of_the_server_loses_nothing(fresh, tmp_path):

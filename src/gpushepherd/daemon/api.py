@@ -14,11 +14,14 @@ core under the daemon's lock and hand changes to the reconcile loop.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -49,12 +52,12 @@ class SubmitBody(BaseModel):
     workload_class: str = Field(alias="class", min_length=1)
     team: str = Field(min_length=1)
     user: str = ""
-    gpus: int = Field(1, ge=1, description="whole GPUs (1 with a share)")
+    gpus: int = Field(1, ge=1, le=1_000_000, strict=True, description="whole GPUs (1 with a share)")
     share: ShareBody | None = None
     gpu_type: list[str] = Field(default_factory=list, description="allowed GPU types (empty: any)")
     gpu_mem_mib: int = Field(0, ge=0, description="minimum memory per GPU, MiB")
-    time_limit_s: float | None = Field(None, gt=0)
-    runtime_estimate_s: float | None = Field(None, gt=0)
+    time_limit_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    runtime_estimate_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     preemptible: bool | None = None
     checkpointable: bool | None = None
     command: list[str] = Field(min_length=1, description="argv; with shell=true, one shell command line")
@@ -77,6 +80,16 @@ class SubmitBody(BaseModel):
     def _cwd(cls, v: str) -> str:
         if not os.path.isabs(v) or not os.path.isdir(v):
             raise ValueError(f"{v!r} is not allowed: the absolute path of an existing directory")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(f"variable name {key!r} is not allowed: a non-empty name without '=' or NUL")
+            if "\0" in value:
+                raise ValueError(f"the value of {key!r} is not allowed: a string without NUL bytes")
         return v
 
     @field_validator("command")
@@ -140,6 +153,26 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     app = FastAPI(title="gpushepherd", version=__version__, dependencies=[Depends(principal)],
                   description="GPU workload scheduler: submit jobs, see the queue and why a job waits.")
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request, exc: RequestValidationError) -> JSONResponse:
+        """422 naming the field; an input of NaN or Infinity is echoed as text (JSON has
+        no such numbers) and pydantic's "Value error, " prefix is dropped."""
+        def clean(v):
+            if isinstance(v, float) and not math.isfinite(v):
+                return repr(v)
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [clean(x) for x in v]
+            return v
+        errors = []
+        for err in exc.errors():
+            err = {k: clean(v) for k, v in err.items() if k != "ctx"}
+            if isinstance(err.get("msg"), str) and err["msg"].startswith("Value error, "):
+                err["msg"] = err["msg"][len("Value error, "):]
+            errors.append(err)
+        return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
+
     def view(job_id: str, history: bool = False) -> dict:
         with daemon.lock:
             v = daemon.job_view(job_id, history=history)
@@ -196,7 +229,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
     def logs(job_id: str, stream: Literal["stdout", "stderr"] = "stdout", run: int | None = Query(None, ge=1),
-             offset: int = Query(0, ge=0), p: Principal | None = Depends(principal)) -> PlainTextResponse:
+             offset: int = Query(0, ge=0, le=2**62), p: Principal | None = Depends(principal)) -> PlainTextResponse:
         """A run's output (default: the last run) from byte ``offset``; the header
         ``X-Next-Offset`` is where to continue (``logs -f``). With auth: a job of the
         token's teams only."""

@@ -400,7 +400,7 @@ class Daemon:
         try:
             proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
                                       env=json.loads(row["env"]), cwd=row["cwd"], placement=placement)
-        except OSError as exc:
+        except (OSError, ValueError, TypeError) as exc:  # e.g. an environment the OS refuses
             log.error("job %s: cannot start its runner: %s", job_id, exc)
             self.store.update_job(job_id, placement=str(placement))
             self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
