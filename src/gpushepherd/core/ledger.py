@@ -341,15 +341,6 @@ class Ledger:
                     break
         return None if best is None else (best[2], best[3])
 
-    def fresh_card(self, groups: list[int]) -> tuple[int, int] | None:
-        """A whole free GPU to open as a new shared card: the node with the fewest
-        free GPUs (bin-packing, as whole-GPU jobs), its lowest free GPU."""
-        idx = self.best_fit(groups, 1)
-        if idx is None:
-            return None
-        mask = self.slots[idx].free_mask
-        return idx, (mask & -mask).bit_length() - 1
-
     def allocate_share(self, job_id: str, idx: int, gpu: int, kind: str, need: tuple[int, int, int]) -> None:
         """Give ``job_id`` a ``kind`` share of ``need`` = ``(milli, MiB, slots)`` on
         GPU ``gpu`` of node ``idx``. Raises ``ValueError`` if the GPU is neither free

@@ -48,10 +48,6 @@ class Node:
     mps_clients: int = 0
     mig: tuple = field(default=())
 
-    @property
-    def mig_gpus(self) -> frozenset[int]:
-        return frozenset(g for g, _ in self.mig)
-
     def supports(self, kind: str) -> bool:
         """Whether the node offers this kind of share (``mig``: has a MIG GPU)."""
         if kind == "fraction":

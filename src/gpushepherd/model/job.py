@@ -69,9 +69,8 @@ def natural_key(text: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != "")
 
 
-#: kinds of GPU sharing, and what a class may be allowed (``whole``: whole GPUs)
+#: kinds of GPU sharing (a class may also allow ``whole``: whole GPUs)
 SHARE_KINDS = ("fraction", "time_slice", "mps", "mig")
-SHARING_MODES = ("whole",) + SHARE_KINDS
 #: quota units per GPU: the least common multiple of milli-GPUs and MIG's seven
 #: compute slices, so that every share is an exact integer number of units
 GPU_UNITS = 7000

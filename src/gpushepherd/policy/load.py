@@ -236,7 +236,7 @@ def expand_nodes(spec: PolicySpec, source: str = "<policy>") -> tuple[Node, ...]
         names = [group.name] if group.count == 1 else [f"{group.name}-{i:0{width}d}" for i in range(1, group.count + 1)]
         islands = tuple(tuple(sorted(i)) for i in group.nvlink_islands)
         labels = tuple(sorted(group.labels.items()))
-        sharing = group.sharing_spec()
+        sharing = group.sharing
         mig = _mig_layouts(group, source, f"cluster.nodes[{gi}]")
         for name in names:
             nodes.append(Node(name=name, gpus=group.gpus, gpu_type=group.gpu_type, gpu_mem_mib=group.gpu_mem_mib,

@@ -109,9 +109,6 @@ class NodeGroupSpec(_Strict):
             return {"fractions": value != "exclusive"}
         return value
 
-    def sharing_spec(self) -> SharingSpec:
-        return self.sharing
-
     @model_validator(mode="after")
     def _inventory_fits_node(self) -> "NodeGroupSpec":
         if self.gpu_uuids and (self.count != 1 or len(self.gpu_uuids) != self.gpus

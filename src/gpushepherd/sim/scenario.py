@@ -476,10 +476,16 @@ def _sim_job(job_id: str, data: dict) -> SimJob:
 
 
 def _exact(value: float, scale: int, path: str, allowed: str, fail) -> int:
+    """``value`` x ``scale`` as the decimal the user wrote (``0.18`` -> 180 milli-GPU,
+    not its binary float); ``fail(path, value, allowed)`` when that is no integer."""
     exact = Decimal(repr(value)) * scale
     if exact != exact.to_integral_value():
         fail(path, value, allowed)
     return int(exact)
+
+
+def _raise(path: str, value: Any, allowed: str) -> None:
+    raise ScenarioError(f"{path}: {value!r} is not allowed: {allowed}")
 
 
 SHARE_FIELDS = ("gpu_fraction", "ts_replicas", "mps_clients", "mig_profile")
@@ -502,18 +508,6 @@ def _check_share_fields(entry: JobEntry, path: str, fail) -> None:
         _exact(entry.mps_sm_percent, 10, f"{path}.mps_sm_percent", "a multiple of 0.1 percent in (0, 100]", fail)
 
 
-def milli_of(fraction: float, where: str) -> int:
-    """``0.18`` -> 180 milli-GPU, exactly (the decimal the user wrote, not its binary float).
-
-    Raises:
-        ScenarioError: a fraction that is not a multiple of 0.001.
-    """
-    exact = Decimal(repr(fraction)) * 1000
-    if exact != exact.to_integral_value():
-        raise ScenarioError(f"{where}: {fraction!r} is not allowed: a multiple of 0.001 GPU")
-    return int(exact)
-
-
 def _share_of(job_id: str, data: dict) -> GpuShare | None:
     mem = data.get("gpu_mem_mib", 0) or 0
     where = f"job {job_id}"
@@ -524,10 +518,12 @@ def _share_of(job_id: str, data: dict) -> GpuShare | None:
     if data.get("mps_clients"):
         clients = data["mps_clients"]
         pct = data.get("mps_sm_percent")
-        milli = 1000 // clients if pct is None else int(Decimal(repr(pct)) * 10)
+        milli = 1000 // clients if pct is None else _exact(pct, 10, f"{where}: mps_sm_percent",
+                                                            "a multiple of 0.1 percent", _raise)
         return GpuShare("mps", milli=milli, mem_mib=mem, slots=clients)
     if data.get("gpu_fraction") is not None:
-        return GpuShare("fraction", milli=milli_of(data["gpu_fraction"], f"{where}: gpu_fraction"), mem_mib=mem)
+        return GpuShare("fraction", milli=_exact(data["gpu_fraction"], 1000, f"{where}: gpu_fraction",
+                                                               "a multiple of 0.001 GPU", _raise), mem_mib=mem)
     if not data.get("gpus") and not data.get("gang") and mem:
         return GpuShare("fraction", mem_mib=mem)
     return None
