@@ -45,6 +45,7 @@ from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Rejec
 from gpushepherd.model.events import (
     Event,
     GpuHealthChanged,
+    GpuUnmanaged,
     JobAdopted,
     JobCancelled,
     JobFinished,
@@ -54,6 +55,7 @@ from gpushepherd.model.events import (
     NodeAdded,
     NodeLost,
     Tick,
+    UsageSample,
 )
 from gpushepherd.model.job import GPU_UNITS, SHARE_KINDS, ExitStatus, GpuShare, JobSpec, JobState, natural_key
 from gpushepherd.model.mig import (
@@ -480,8 +482,8 @@ class Scheduler:
             self._adopt(e, out)
         elif isinstance(e, MigReconfigured):
             self._mig_reconfigured(e)
-        elif isinstance(e, Tick):
-            pass
+        elif isinstance(e, (Tick, UsageSample, GpuUnmanaged)):
+            pass  # UsageSample / GpuUnmanaged: declared, handled in a later change
         else:  # pragma: no cover
             raise TypeError(f"unknown event {e!r}")
 

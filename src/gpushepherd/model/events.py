@@ -69,6 +69,32 @@ class MigReconfigured(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class GpuUnmanaged(Event):
+    """GPU ``gpu`` of ``node`` runs compute processes the scheduler did not start
+    (``unmanaged=True``): it is not handed out until reported free again
+    (``unmanaged=False``). Jobs already holding it keep it."""
+
+    node: str = ""
+    gpu: int = 0
+    unmanaged: bool = True
+    rank: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSample(Event):
+    """What a running job did on its GPUs since the last sample: ``gpu_util_pct``
+    (0-100, the mean SM utilisation over its GPUs; for a share, of its card) and
+    ``mem_used_mib`` (GPU memory its processes hold now, MiB, summed over its GPUs).
+    Feeds idle detection and the peak-memory check. A no-op for a job not holding
+    GPUs."""
+
+    job_id: str = ""
+    gpu_util_pct: float = 0.0
+    mem_used_mib: int = 0
+    rank: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
 class JobCancelled(Event):
     job_id: str = ""
     rank: ClassVar[int] = 1
