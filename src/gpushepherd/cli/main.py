@@ -385,8 +385,10 @@ def policy_check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", 
 
 
 from gpushepherd.cli import daemon as _daemon_cli  # noqa: E402  (needs app, _console, _errors above)
+from gpushepherd.cli import demo as _demo_cli  # noqa: E402
 
 _daemon_cli.register(app)
+_demo_cli.register(app)
 
 if __name__ == "__main__":  # pragma: no cover
     run()

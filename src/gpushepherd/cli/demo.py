@@ -1,0 +1,103 @@
+"""``shepherd demo``: the seed's mixed workload on a real server with real processes
+(see ``gpushepherd.daemon.demo``), with a live queue and the per-team usage table."""
+
+from __future__ import annotations
+
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+_STYLE = {"RUNNING": "green", "PENDING": "yellow", "PREEMPTING": "magenta", "STOPPING": "magenta",
+          "COMPLETED": "blue", "FAILED": "red", "CANCELLED": "dim", "TIMEOUT": "red"}
+
+
+def _queue_table(t: float, jobs: list[dict], nodes: list[dict], names: dict[str, str]) -> Group:
+    table = Table("JOB", "NAME", "CLASS", "TEAM", "GPUS", "STATE", "REASON / PLACEMENT", "RUNS",
+                  title=f"queue at {t:5.1f} s", title_justify="left", box=None)
+    for v in jobs:
+        if "_" in v["id"]:
+            continue  # array children are summed up in their array's line
+        state = v["state"]
+        detail = v.get("reason") if state in ("PENDING",) or "tasks" in v else v.get("placement") or ""
+        table.add_row(v["id"], names.get(v["id"], ""), v["class"], v["team"], str(v["gpus"]),
+                      Text(state, style=_STYLE.get(state, "")), detail or "", str(v.get("runs", "")))
+    gpus = Text("GPUs  ")
+    for n in nodes:
+        for g in n["gpu"]:
+            holder = ",".join(g["jobs"]) or "."
+            gpus.append(f"[{g['index']}:{holder:>4}] ", style="green" if g["jobs"] else "dim")
+    return Group(table, gpus)
+
+
+def usage_table(result) -> Table:
+    """Per team: jobs, GPU-seconds held, preemptions, mean queueing delay, and the
+    server's decayed usage and fair-share factor."""
+    rows: dict[str, dict] = defaultdict(lambda: {"jobs": 0, "gpu_s": 0.0, "preempt": 0, "waits": []})
+    for v in result.jobs:
+        if "tasks" in v:
+            continue  # an array: its children are counted
+        r = rows[v["team"]]
+        r["jobs"] += 1
+        r["gpu_s"] += v["gpu_s"]
+        r["preempt"] += v.get("preemptions", 0)
+        if v.get("first_start") is not None:
+            r["waits"].append(v["first_start"] - v["submit_time"])
+    fair = {u["team"]: u for u in result.usage}
+    table = Table("TEAM", "JOBS", "GPU-SECONDS", "PREEMPTIONS", "MEAN WAIT S", "DECAYED GPU-S", "FAIR-SHARE",
+                  title="usage per team", title_justify="left", box=None)
+    for team in sorted(set(rows) | set(fair)):
+        r, u = rows[team], fair.get(team, {})
+        wait = sum(r["waits"]) / len(r["waits"]) if r["waits"] else 0.0
+        table.add_row(team, str(r["jobs"]), f"{r['gpu_s']:.0f}", str(r["preempt"]), f"{wait:.1f}",
+                      f"{u.get('decayed_usage_gpu_s', 0.0):.0f}", f"{u.get('fair_share_factor', 0.0):.3f}")
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("demo")
+    def demo(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where the demo server keeps its "
+                                                              "database, logs and checkpoints (default: a new "
+                                                              "temporary directory, removed at the end).")] = None,
+             keep: Annotated[bool, typer.Option("--keep", help="Keep the data directory.")] = False) -> None:
+        """Run a server with the small-team policy on one 8-GPU node and the seed's mixed workload as real
+        processes: an inference service, a checkpointing training job preempted by an inference burst and
+        resumed, a chunked batch job with a failing chunk retried, an idle notebook; live queue, then usage."""
+        from gpushepherd.daemon.demo import demo_policy_path, run_demo, temp_data_dir
+
+        console = Console()
+        own_dir = data_dir is None
+        data_dir = temp_data_dir() if own_dir else data_dir
+        console.print(f"[bold]shepherd demo[/bold]: a server on {data_dir} under {demo_policy_path().name} "
+                      "(small-team policy, one 8-GPU node); times are seconds since the start")
+        names: dict[str, str] = {}
+        live = Live(Text("starting the server..."), console=console, refresh_per_second=4, transient=False)
+
+        def on_event(t: float, text: str) -> None:
+            if text.startswith("submitted "):
+                name, job_id = text.split()[1], text.split("(job ")[1].split(")")[0]
+                names[job_id] = name
+            live.console.print(f"[dim]{t:6.1f} s[/dim]  {text}")
+
+        def on_tick(t: float, jobs: list[dict], nodes: list[dict]) -> None:
+            live.update(_queue_table(t, jobs, nodes, names))
+
+        try:
+            with live:
+                result = run_demo(data_dir, on_tick=on_tick, on_event=on_event)
+        finally:
+            if own_dir and not keep:
+                shutil.rmtree(data_dir, ignore_errors=True)
+        console.print(usage_table(result))
+        for name, ok, detail in result.checks:
+            console.print(f"{'[green]ok[/green]  ' if ok else '[red]FAIL[/red]'} {name}: {detail}")
+        kept = f"kept in {data_dir}" if (keep or not own_dir) else "removed"
+        console.print(f"done in {result.wall_s:.0f} s; data directory {kept}")
+        if not result.ok:
+            raise typer.Exit(1)

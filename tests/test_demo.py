@@ -1,0 +1,44 @@
+"""``shepherd demo`` end to end: a real server, real processes, the seed's mixed
+workload (about a minute). Every promise of the demo is checked from the server's own
+views and the jobs' logs (``gpushepherd.daemon.demo.checks``)."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from gpushepherd.cli.main import app
+from gpushepherd.daemon.demo import gpu_seconds, run_demo
+
+
+def test_demo_workload_keeps_every_promise(tmp_path):
+    events = []
+    result = run_demo(tmp_path, on_event=lambda t, text: events.append((t, text)))
+    failed = [(name, detail) for name, ok, detail in result.checks if not ok]
+    assert not failed, f"{failed}\n" + "\n".join(f"{t:6.1f} {x}" for t, x in events)
+    assert result.wall_s < 100
+    by_name = {v["name"]: v for v in result.jobs}
+    train = by_name["train-llm"]
+    # the preemptor started only after the victim left its GPUs, on GPUs it had held
+    burst = by_name["inference-burst"]
+    preempting = [h["t"] for h in train["history"] if h["to"] == "PREEMPTING"]
+    assert preempting and burst["first_start"] >= preempting[0]
+    # usage: every team that ran something used GPU-seconds, none is left holding GPUs
+    assert {u["team"] for u in result.usage} >= {"ml-platform", "research", "data"}
+    assert all(u["gpus_in_use"] == 0 for u in result.usage)
+    # nothing of the demo outlives it: no run left without its exit file
+    for v in result.jobs:
+        if v.get("runs") and "tasks" not in v:
+            assert (tmp_path / "runs" / v["id"] / str(v["runs"]) / "exit").exists(), v["id"]
+
+
+def test_gpu_seconds_counts_intervals_holding_gpus():
+    view = {"gpus": 2, "history": [
+        {"t": 0.0, "from": "new", "to": "PENDING"}, {"t": 1.0, "from": "PENDING", "to": "RUNNING"},
+        {"t": 4.0, "from": "RUNNING", "to": "PREEMPTING"}, {"t": 5.0, "from": "PREEMPTING", "to": "PENDING"},
+        {"t": 7.0, "from": "PENDING", "to": "RUNNING"}]}
+    assert gpu_seconds(view, end=10.0) == 2 * ((5.0 - 1.0) + (10.0 - 7.0))
+
+
+def test_demo_command_is_listed():
+    r = CliRunner().invoke(app, ["demo", "--help"])
+    assert r.exit_code == 0 and "--keep" in r.output
