@@ -52,16 +52,19 @@ class Daemon:
         policy_path: the policy file; ``None``: the last policy in the event log.
         poll_s: seconds between loop steps when nothing wakes it (process exits are
             polled).
+        clock: the loop's only clock, seconds since the epoch (default ``time.time``;
+            tests pass a shifted one to cross a window boundary).
     """
 
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
-                 poll_s: float = 0.2):
+                 poll_s: float = 0.2, clock=time.time):
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(db_url or Store.sqlite_url(self.data_dir))
         self.backend = LocalBackend(self.data_dir)
         self.policy_path = policy_path
         self.poll_s = poll_s
+        self.clock = clock
         self.lock = threading.RLock()  # held by the loop while it changes the core; by readers
         self.commands: queue.Queue = queue.Queue()
         self.wake = threading.Event()
@@ -87,7 +90,7 @@ class Daemon:
             DaemonError: no policy given and none logged.
             PolicyError: the policy file is invalid.
         """
-        now = time.time()
+        now = self.clock()
         self.store.acquire_lock(now)
         self._beat = now
         try:
@@ -236,7 +239,7 @@ class Daemon:
     def step(self) -> list[Decision]:
         """One pass of the loop (called with ``self.lock`` held); returns the decisions."""
         sched, backend = self.sched, self.backend
-        now = max(time.time(), sched.now)
+        now = max(self.clock(), sched.now)
         if now - self._beat >= HEARTBEAT_S:
             self._beat = now
             if not self.store.heartbeat(now):
