@@ -317,6 +317,7 @@ class Scheduler:
         self._tracks: dict[str, UsageTrack] = {}
         self._idle_timers: list[tuple[float, int, int, str, float]] = []
         self._mem_stops: list[Job] = []
+        self._any_unmanaged = False  # some GPU may be unmanaged (exact after each unmanaged report)
 
     # ------------------------------------------------------------------ API
     def handle(self, events: Event | Iterable[Event]) -> list[Decision]:
@@ -995,6 +996,7 @@ class Scheduler:
             self._log(job, job.state, job.state, f"GPU {e.node}:{e.gpu} " + (
                 "runs processes the scheduler did not start (unmanaged); the job keeps it" if e.unmanaged
                 else "no longer runs unmanaged processes"))
+        self._any_unmanaged = bool(self.unmanaged_gpus())
         self._topology_changed()
 
     def unmanaged_gpus(self) -> list[tuple[str, int]]:
@@ -1903,6 +1905,8 @@ class Scheduler:
         """``Resources(unmanaged:NODE:GPU,...)`` when GPUs the job may use run processes
         the scheduler did not start and the job would fit were they free (with
         ``capacity``: were they in service, all GPUs empty); else ``None``."""
+        if not self._any_unmanaged:
+            return None  # the common case, without a walk over the nodes
         ledger = self.ledger
         cand = [i for i in members_of(ledger, self.groups_for(job))
                 if ledger.slots[i].unmanaged_mask or any(c.unmanaged for c in ledger.slots[i].migs.values())]
@@ -2298,6 +2302,7 @@ class Scheduler:
                 sched._preemptors[job.id] = job
         for name, g in snap.get("unmanaged", []):  # after the jobs: those holding them keep them
             sched.ledger.set_gpu_unmanaged(sched.ledger.by_name[name], g, True)
+            sched._any_unmanaged = True
         sched._full = True
         sched.check_invariants()
         return sched
