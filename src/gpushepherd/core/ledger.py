@@ -1,4 +1,5 @@
-"""The allocation ledger: which GPU of which node is free, unhealthy or held by whom.
+"""The allocation ledger: which GPU of which node is free, unhealthy, unmanaged (runs
+processes the scheduler did not start) or held by whom.
 
 Kept apart from the pending queues (as Kueue keeps its scheduler cache apart from its
 queue manager). Free GPUs of a node are a bitmask; nodes of one *shape group* (same
@@ -86,17 +87,22 @@ class ShareCard:
 class MigCard:
     """A GPU in MIG mode: its layout (``MigInstance`` by start) and each instance's holder."""
 
-    __slots__ = ("layout", "holders", "healthy", "reconfiguring")
+    __slots__ = ("layout", "holders", "healthy", "reconfiguring", "unmanaged")
 
     def __init__(self, layout: tuple):
         self.layout = tuple(layout)
         self.holders: list[str | None] = [None] * len(self.layout)
         self.healthy = True
         self.reconfiguring = False  # out of service until the driver applies a new layout
+        self.unmanaged = False  # foreign processes on it: no instance is handed out
+
+    @property
+    def in_service(self) -> bool:
+        return self.healthy and not self.reconfiguring and not self.unmanaged
 
     def free_of(self, profile: str) -> int | None:
         """Position of the free instance of ``profile`` with the lowest start, or ``None``."""
-        if not self.healthy or self.reconfiguring:
+        if not self.in_service:
             return None
         for pos, inst in enumerate(self.layout):
             if inst.profile == profile and self.holders[pos] is None:
@@ -104,7 +110,7 @@ class MigCard:
         return None
 
     def free_count(self) -> int:
-        return sum(1 for h in self.holders if h is None) if self.healthy and not self.reconfiguring else 0
+        return sum(1 for h in self.holders if h is None) if self.in_service else 0
 
     @property
     def idle(self) -> bool:
@@ -113,10 +119,12 @@ class MigCard:
 
 class NodeSlot:
     """Live state of one node. ``free`` is the number of healthy free (whole) GPUs;
-    ``healthy`` counts GPUs that can be handed out whole (MIG GPUs never are)."""
+    ``healthy`` counts GPUs that can be handed out whole (MIG GPUs never are; nor are
+    unhealthy GPUs - ``sick_mask`` - or unmanaged ones - ``unmanaged_mask``, which keep
+    their holders: ``healthy_mask`` is the GPUs in service)."""
 
     __slots__ = ("idx", "node", "total", "all_mask", "healthy_mask", "free_mask", "free", "group", "alive", "holder",
-                 "healthy", "cards", "migs", "mig_mask")
+                 "healthy", "cards", "migs", "mig_mask", "sick_mask", "unmanaged_mask")
 
     def __init__(self, idx: int, node: Node, group: int):
         self.idx = idx
@@ -129,6 +137,8 @@ class NodeSlot:
             self.mig_mask |= 1 << g
             self.migs[g] = MigCard(layout)
         self.healthy_mask = self.all_mask & ~self.mig_mask
+        self.sick_mask = 0
+        self.unmanaged_mask = 0
         self.free_mask = self.healthy_mask
         self.free = self.free_mask.bit_count()
         self.group = group
@@ -249,15 +259,33 @@ class Ledger:
     def set_gpu_health(self, idx: int, gpu: int, healthy: bool) -> list[str]:
         """Mark one GPU healthy or not. Returns the jobs holding it or a share or MIG
         instance of it (on an unhealthy GPU they are the caller's to handle)."""
+        return self._set_off(idx, gpu, "sick", not healthy)
+
+    def set_gpu_unmanaged(self, idx: int, gpu: int, unmanaged: bool) -> list[str]:
+        """Mark one GPU as running processes the scheduler did not start (or no longer):
+        while it does, nothing of it is handed out; its holders keep it. Returns them."""
+        return self._set_off(idx, gpu, "unmanaged", unmanaged)
+
+    def _set_off(self, idx: int, gpu: int, why: str, off: bool) -> list[str]:
+        """Set or clear one reason (``sick``, ``unmanaged``) for a GPU to be out of
+        service; it is in service when it has none."""
         slot = self.slots[idx]
         bit = 1 << gpu
         if not slot.alive:
             return []
         if slot.mig_mask & bit:
             card = slot.migs[gpu]
-            card.healthy = healthy
+            if why == "sick":
+                card.healthy = not off
+            else:
+                card.unmanaged = off
             self.changes.append(idx)
             return sorted(h for h in card.holders if h is not None)
+        if why == "sick":
+            slot.sick_mask = slot.sick_mask | bit if off else slot.sick_mask & ~bit
+        else:
+            slot.unmanaged_mask = slot.unmanaged_mask | bit if off else slot.unmanaged_mask & ~bit
+        healthy = not (slot.sick_mask | slot.unmanaged_mask) & bit
         holders = [slot.holder[gpu]] if slot.holder[gpu] not in (None, SHARED) else []
         if gpu in slot.cards:
             holders = sorted(slot.cards[gpu].holders)
@@ -272,6 +300,10 @@ class Ledger:
             self.healthy_total += 1
             if slot.holder[gpu] is None:
                 self._set_free(slot, slot.free_mask | bit)
+            card = slot.cards.get(gpu)
+            if card is not None and not card.key:  # its holders stayed (unmanaged): open again
+                self._index(slot, gpu, card)
+                self.changes.append(idx)
         else:
             slot.healthy_mask &= ~bit
             slot.healthy -= 1
@@ -452,6 +484,7 @@ class Ledger:
             raise ValueError(f"GPU {gpu} of {slot.node.name} is not an idle MIG GPU")
         new = MigCard(layout)
         new.healthy = card.healthy
+        new.unmanaged = card.unmanaged
         slot.migs[gpu] = new
         self.changes.append(idx)
 
@@ -503,6 +536,8 @@ class Ledger:
             assert slot.free_mask == expect_free, f"{slot.node.name}: free mask {slot.free_mask:b} != {expect_free:b}"
             assert slot.free == slot.free_mask.bit_count()
             assert slot.healthy == slot.healthy_mask.bit_count()
+            expect_service = slot.all_mask & ~slot.mig_mask & ~slot.sick_mask & ~slot.unmanaged_mask
+            assert slot.healthy_mask == expect_service, f"{slot.node.name}: GPUs in service drifted"
             grp = self.groups[slot.group]
             assert slot.idx in grp.buckets[slot.free], f"{slot.node.name}: not in bucket {slot.free}"
             free_total += slot.free

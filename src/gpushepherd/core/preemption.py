@@ -116,14 +116,14 @@ def victims_for(sched: "Scheduler", job: Job, now: float, only: set[int] | None 
         for idx, mask in v.alloc:
             if idx in node_set:
                 on_node.setdefault(idx, []).append(v)
-                gain += mask.bit_count()
+                gain += _freed(ledger, idx, mask)
     if not on_node:
         return None, until
     avail = {i: ledger.slots[i].free for i in cand}
     if sum(avail.values()) + gain < job.gpus:
         return None, until
     # necessary: the job fits once every possible victim is gone
-    upper = {i: avail[i] + sum(_on(v, i) for v in on_node.get(i, ())) for i in cand}
+    upper = {i: avail[i] + sum(_on(v, i, ledger) for v in on_node.get(i, ())) for i in cand}
     totals = {i: ledger.slots[i].healthy for i in cand}
     if place_counts(upper, cand, totals, job.shape) is None:
         return None, until
@@ -137,7 +137,7 @@ def victims_for(sched: "Scheduler", job: Job, now: float, only: set[int] | None 
         for n in cand:
             if distinct and n in used_nodes:
                 continue
-            plan = _node_plan(n, need, avail, on_node.get(n, ()), chosen)
+            plan = _node_plan(n, need, avail, on_node.get(n, ()), chosen, ledger)
             if plan is None:
                 continue
             key = (_cost(plan, now), n)
@@ -150,14 +150,14 @@ def victims_for(sched: "Scheduler", job: Job, now: float, only: set[int] | None 
             chosen[v.id] = v
             for idx, mask in v.alloc:
                 if idx in avail:
-                    avail[idx] += mask.bit_count()
+                    avail[idx] += _freed(ledger, idx, mask)
         avail[n] -= need
         used_nodes.add(n)
     final = {i: ledger.slots[i].free for i in cand}
     for v in chosen.values():
         for idx, mask in v.alloc:
             if idx in final:
-                final[idx] += mask.bit_count()
+                final[idx] += _freed(ledger, idx, mask)
     placed = place_counts(final, cand, totals, job.shape)
     if placed is None:
         return None, until
@@ -169,7 +169,7 @@ def _vkey(job: Job) -> tuple:
     return job.vkey
 
 
-def _node_plan(n: int, need: int, avail: dict[int, int], victims, chosen: dict[str, Job]) -> list[Job] | None:
+def _node_plan(n: int, need: int, avail: dict[int, int], victims, chosen: dict[str, Job], ledger) -> list[Job] | None:
     """The fewest victims (in victim order) on node ``n`` that make ``need`` GPUs free
     there, given what is free now and what already chosen victims free."""
     have = avail[n]
@@ -180,24 +180,30 @@ def _node_plan(n: int, need: int, avail: dict[int, int], victims, chosen: dict[s
         if v.id in chosen:
             continue
         plan.append(v)
-        have += _on(v, n)
+        have += _on(v, n, ledger)
         if have >= need:
             break
     else:
         return None
     # minimal: drop a victim whose GPUs are not needed (last added first)
     for v in reversed(plan[:-1]):
-        if have - _on(v, n) >= need:
+        if have - _on(v, n, ledger) >= need:
             plan.remove(v)
-            have -= _on(v, n)
+            have -= _on(v, n, ledger)
     return plan
 
 
-def _on(v: Job, n: int) -> int:
+def _on(v: Job, n: int, ledger) -> int:
     for idx, mask in v.alloc:
         if idx == n:
-            return mask.bit_count()
+            return _freed(ledger, idx, mask)
     return 0
+
+
+def _freed(ledger, idx: int, mask: int) -> int:
+    """GPUs of ``mask`` on node ``idx`` that evicting their holder makes free: those in
+    service (an unmanaged GPU stays out when its holder leaves)."""
+    return (mask & ledger.slots[idx].healthy_mask).bit_count()
 
 
 def lower_jobs_would_make_room(sched: "Scheduler", job: Job, only: set[int] | None = None) -> bool:
@@ -270,7 +276,7 @@ def reclaim_victims(sched: "Scheduler", job: Job, now: float,
     def apply(v: Job, sign: int) -> None:
         for idx, mask in v.alloc:
             if idx in node_set:
-                avail[idx] += sign * mask.bit_count()
+                avail[idx] += sign * _freed(ledger, idx, mask)
         for i, user, amount in v.charges:
             if (i, user) in need:
                 need[(i, user)] -= sign * amount

@@ -40,6 +40,7 @@ from gpushepherd.core.queue import PendingQueue, estimate_band
 from gpushepherd.core.quota import QuotaBook
 from gpushepherd.core.state import INF, Job, Transition
 from gpushepherd.core.stranded import stranded_capacity
+from gpushepherd.core.usage import SHARED_MEMORY_KINDS, UsageTrack, declared_mib, sample_error
 from gpushepherd.model.cluster import Node
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import (
@@ -160,8 +161,10 @@ def _validate_share(spec: JobSpec, cls, where: str) -> None:
 
 #: within one instant's hardware and operator events: a node lost, then a node added
 #: (it may come back), then GPU health (of the node as it is now), then operator actions
-_SUBRANK = {"NodeLost": 0, "NodeAdded": 1, "GpuHealthChanged": 2, "MigReconfigured": 3, "JobAdopted": 4,
-            "JobCancelled": 5, "JobRequeueRequested": 6}
+#: (a GPU's foreign processes after its health; usage samples of the jobs on the
+#: hardware as it is then)
+_SUBRANK = {"NodeLost": 0, "NodeAdded": 1, "GpuHealthChanged": 2, "GpuUnmanaged": 3, "MigReconfigured": 4,
+            "UsageSample": 5, "JobAdopted": 6, "JobCancelled": 7, "JobRequeueRequested": 8}
 
 
 def _event_order(e: Event) -> tuple:
@@ -175,7 +178,7 @@ def _event_order(e: Event) -> tuple:
         job = e.spec.id
     node = getattr(e, "node", "")
     node = node.name if isinstance(node, Node) else node
-    healthy = getattr(e, "healthy", False)
+    healthy = getattr(e, "healthy", False) or not getattr(e, "unmanaged", True)
     return (e.t, e.rank, _SUBRANK.get(type(e).__name__, 9), node or "", getattr(e, "gpu", 0), natural_key(job),
             not healthy, repr(e))
 
@@ -309,6 +312,12 @@ class Scheduler:
         self._anti = any(c.avoid for c in rules.classes.values())
         #: (node index, GPU) -> the layout ((start, profile), ...) a reconfiguration is applying
         self._mig_plans: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {}
+        #: GPU usage samples per job (note 009); idle deadlines ``(deadline, seq, run,
+        #: job id, idle_since)`` (stale entries dropped when seen); memory stops due now
+        self._tracks: dict[str, UsageTrack] = {}
+        self._idle_timers: list[tuple[float, int, int, str, float]] = []
+        self._mem_stops: list[Job] = []
+        self._any_unmanaged = False  # some GPU may be unmanaged (exact after each unmanaged report)
 
     # ------------------------------------------------------------------ API
     def handle(self, events: Event | Iterable[Event]) -> list[Decision]:
@@ -330,8 +339,12 @@ class Scheduler:
             if t < self.now:
                 raise ValueError(f"event at t={t} is earlier than the scheduler's time {self.now}")
             for e in batch:
-                if isinstance(e, (NodeAdded, GpuHealthChanged, MigReconfigured)):
+                if isinstance(e, (NodeAdded, GpuHealthChanged, MigReconfigured, GpuUnmanaged)):
                     self._validate_hardware(e)
+                if isinstance(e, UsageSample):
+                    bad = sample_error(e.job_id, e.gpu_util_pct, e.mem_used_mib)
+                    if bad is not None:
+                        raise ValueError(bad)
                 if isinstance(e, (JobSubmitted, JobAdopted)):
                     if e.spec is None:
                         raise SpecError("JobSubmitted without a spec")
@@ -353,8 +366,9 @@ class Scheduler:
         return out
 
     def next_wakeup(self) -> float | None:
-        """The earliest time the core needs a ``Tick``: a time limit, or a running job
-        reaching the minimum runtime that lets a blocked job preempt it. ``None``: none."""
+        """The earliest time the core needs a ``Tick``: a time limit, an idle deadline
+        (``idle_since + after_s``), or a running job reaching the minimum runtime that
+        lets a blocked job preempt it. ``None``: none."""
         t_limit = None
         while self._timers:
             t, _seq, run, job_id = self._timers[0]
@@ -363,6 +377,12 @@ class Scheduler:
                 t_limit = t
                 break
             heapq.heappop(self._timers)
+        while self._idle_timers:
+            entry = self._idle_timers[0]
+            if self._idle_entry_live(entry):
+                t_limit = entry[0] if t_limit is None else min(t_limit, entry[0])
+                break
+            heapq.heappop(self._idle_timers)
         while self._wakeups and self._wakeups[0] <= self.now:
             heapq.heappop(self._wakeups)
         t_wake = self._wakeups[0] if self._wakeups and self._queue else None
@@ -482,8 +502,12 @@ class Scheduler:
             self._adopt(e, out)
         elif isinstance(e, MigReconfigured):
             self._mig_reconfigured(e)
-        elif isinstance(e, (Tick, UsageSample, GpuUnmanaged)):
-            pass  # UsageSample / GpuUnmanaged: declared, handled in a later change
+        elif isinstance(e, UsageSample):
+            self._sample(e)
+        elif isinstance(e, GpuUnmanaged):
+            self._gpu_unmanaged(e)
+        elif isinstance(e, Tick):
+            pass
         else:  # pragma: no cover
             raise TypeError(f"unknown event {e!r}")
 
@@ -747,7 +771,7 @@ class Scheduler:
                     continue
                 for gpu in sorted(slot.migs):
                     card = slot.migs[gpu]
-                    if card.idle and card.healthy and not card.reconfiguring:
+                    if card.idle and card.in_service:
                         target = (idx, gpu)
                         break
                 if target is not None:
@@ -842,6 +866,10 @@ class Scheduler:
                 job.preemptions += 1
             self._detach_from_preemptor(job)
             self._requeue(job, "preempted" if state is JobState.PREEMPTING else "checkpointed, asked to requeue")
+        elif state is JobState.STOPPING and job.stop_reason == "memory-overrun":
+            self._end(job, JobState.FAILED, "stopped: GPU memory over its declaration")
+        elif state is JobState.STOPPING and job.stop_reason == "idle":
+            self._end(job, JobState.TIMEOUT, "stopped: idle")
         elif state is JobState.STOPPING or status is ExitStatus.TIMEOUT:
             self._end(job, JobState.TIMEOUT, "time limit")
         elif status is ExitStatus.CANCELLED:
@@ -901,6 +929,15 @@ class Scheduler:
             idx = self.ledger.by_name.get(e.node)
             if idx is None or not 0 <= e.gpu < self.ledger.slots[idx].total:
                 raise ValueError(f"gpu health event for unknown GPU {e.node}:{e.gpu}")
+        elif isinstance(e, GpuUnmanaged):
+            idx = self.ledger.by_name.get(e.node)
+            if idx is None:
+                raise ValueError(f"unmanaged-GPU report: node: {e.node!r} is not allowed: a node the scheduler "
+                                 "knows")
+            total = self.ledger.slots[idx].total
+            if isinstance(e.gpu, bool) or not isinstance(e.gpu, int) or not 0 <= e.gpu < total:
+                raise ValueError(f"unmanaged-GPU report for {e.node}: gpu: {e.gpu!r} is not allowed: an index "
+                                 f"0..{total - 1}")
         elif isinstance(e, MigReconfigured):
             idx = self.ledger.by_name.get(e.node)
             if idx is not None and (idx, e.gpu) in self._mig_plans:
@@ -945,6 +982,31 @@ class Scheduler:
             for holder in holders:
                 self._lose(self.jobs[holder], "gpu-failed", out)
         self._topology_changed()
+
+    def _gpu_unmanaged(self, e: GpuUnmanaged) -> None:
+        """A GPU runs (or no longer runs) processes the scheduler did not start: while
+        it does, nothing of it is handed out; jobs holding it keep it (note 009)."""
+        idx = self.ledger.by_name[e.node]
+        slot = self.ledger.slots[idx]
+        was = (slot.migs[e.gpu].unmanaged if e.gpu in slot.migs else bool(slot.unmanaged_mask >> e.gpu & 1))
+        if was == e.unmanaged or not slot.alive:
+            return
+        for holder in self.ledger.set_gpu_unmanaged(idx, e.gpu, e.unmanaged):
+            job = self.jobs[holder]
+            self._log(job, job.state, job.state, f"GPU {e.node}:{e.gpu} " + (
+                "runs processes the scheduler did not start (unmanaged); the job keeps it" if e.unmanaged
+                else "no longer runs unmanaged processes"))
+        self._any_unmanaged = bool(self.unmanaged_gpus())
+        self._topology_changed()
+
+    def unmanaged_gpus(self) -> list[tuple[str, int]]:
+        """``(node, GPU index)`` of the live GPUs reported unmanaged, by node order then index."""
+        out = []
+        for slot in self.ledger.slots:
+            if slot.alive:
+                out.extend((slot.node.name, g) for g in range(slot.total)
+                           if (slot.migs[g].unmanaged if g in slot.migs else slot.unmanaged_mask >> g & 1))
+        return out
 
     def _topology_changed(self) -> None:
         self._uniform = None
@@ -1048,6 +1110,7 @@ class Scheduler:
 
     def _launch(self, job: Job, alloc: list[tuple[int, int]], placement: Placement, out: list[Decision]) -> None:
         job.runs += 1
+        job.stop_reason = ""
         if job.first_start is None:
             job.first_start = self.now
         job.victims = set()
@@ -1285,10 +1348,102 @@ class Scheduler:
             if job.state is not JobState.RUNNING or job.runs != run:
                 continue
             grace = job.cls.grace_period_s if job.checkpointable else 0.0
-            self._signal(job, JobState.STOPPING, grace)
-            self._full = True  # its end moved: plans built on the old one are redone
-            self._log(job, JobState.RUNNING, JobState.STOPPING, "time limit reached")
-            out.append(Stop(self.now, job.id, reason="time-limit", grace_s=grace))
+            self._stop(job, "time-limit", grace, "time limit reached", out)
+        if self._mem_stops:
+            stops, self._mem_stops = self._mem_stops, []
+            for job in sorted(stops, key=lambda j: j.seq):
+                if job.state is JobState.RUNNING:
+                    tr = self._tracks[job.id]
+                    self._stop(job, "memory-overrun", 0.0,
+                               f"stopped: GPU memory {tr.run_peak_mib} MiB over the {declared_mib(job.spec)} MiB "
+                               "declared, on a shared GPU", out)
+        idle = self._idle_timers
+        while idle and idle[0][0] <= self.now:
+            entry = heapq.heappop(idle)
+            if not self._idle_entry_live(entry):
+                continue
+            job = self.jobs[entry[3]]
+            rule = job.cls.idle_stop
+            grace = job.cls.grace_period_s if job.checkpointable else 0.0
+            self._stop(job, "idle", grace, f"idle for {self.now - entry[4]:g} s below {rule.below_util_pct:g} % GPU "
+                       f"utilisation (grace {grace:g} s)", out)
+
+    def _stop(self, job: Job, reason: str, grace: float, why: str, out: list[Decision]) -> None:
+        """RUNNING -> STOPPING for ``reason``: the job keeps its GPUs through ``grace``."""
+        self._signal(job, JobState.STOPPING, grace)
+        job.stop_reason = reason
+        self._full = True  # its end moved: plans built on the old one are redone
+        self._log(job, JobState.RUNNING, JobState.STOPPING, why)
+        out.append(Stop(self.now, job.id, reason=reason, grace_s=grace))
+
+    # ---------------------------------------------------------- usage samples
+    def _idle_entry_live(self, entry: tuple[float, int, int, str, float]) -> bool:
+        _t, _seq, run, job_id, since = entry
+        job = self.jobs[job_id]
+        tr = self._tracks.get(job_id)
+        return (job.state is JobState.RUNNING and job.runs == run and tr is not None and tr.run == run
+                and tr.idle_since == since)
+
+    def _sample(self, e: UsageSample) -> None:
+        """Take a usage sample (note 009): peaks, the memory flag, the idle stretch."""
+        job = self.jobs.get(e.job_id)
+        if job is None or not job.state.holds_gpus:
+            return  # a late sample of a run that ended: nothing to say about any run
+        tr = self._tracks.get(job.id)
+        if tr is None:
+            tr = self._tracks[job.id] = UsageTrack()
+        if tr.run != job.runs:
+            tr.new_run(job.runs)
+        util, mem = float(e.gpu_util_pct), e.mem_used_mib
+        tr.samples += 1
+        tr.last_util = util
+        tr.last_t = self.now
+        tr.run_peak_mib = max(tr.run_peak_mib, mem)
+        tr.peak_mib = max(tr.peak_mib, mem)
+        declared = declared_mib(job.spec)
+        if declared is not None and mem > declared and tr.over_at is None:
+            tr.over_at = self.now
+            tr.over_runs += 1
+            shared = job.share is not None and job.share.kind in SHARED_MEMORY_KINDS
+            stop = shared and job.cls.memory_overrun == "stop" and job.preemptible
+            self._log(job, job.state, job.state, f"GPU memory {mem} MiB over the {declared} MiB declared"
+                      + (" on a shared GPU: stopping" if stop else " (flagged)"))
+            if stop and job.state is JobState.RUNNING:
+                self._mem_stops.append(job)
+        rule = job.cls.idle_stop
+        if rule is None or not job.preemptible or job.state is not JobState.RUNNING:
+            return
+        if util >= rule.below_util_pct:
+            tr.idle_since = None
+        elif tr.idle_since is None:
+            tr.idle_since = max(self.now, job.run_start + rule.setup_s)  # setup counts as activity
+            heapq.heappush(self._idle_timers, (tr.idle_since + rule.after_s, job.seq, job.runs, job.id,
+                                               tr.idle_since))
+
+    def usage_of(self, job_id: str) -> dict | None:
+        """What the GPU samples of a job said (``None``: unknown job). Keys:
+        ``samples`` (of the current or last run), ``last_util_pct`` (percent, ``None``
+        without samples), ``last_sample_t`` (seconds), ``idle_since`` (seconds, ``None``:
+        not idle or no idle stop), ``idle_stop_at`` (when it will be stopped if it stays
+        idle), ``run_peak_mib`` / ``peak_mib`` (MiB, this run / all runs),
+        ``declared_mib`` (MiB summed over its GPUs, ``None``: none declared),
+        ``over`` (this run exceeded it), ``over_at``, ``over_runs``, ``stop_reason``."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        tr = self._tracks.get(job_id) or UsageTrack()
+        if tr.run != job.runs and job.state.holds_gpus:  # a new run without samples yet
+            tr = UsageTrack(run=job.runs, peak_mib=tr.peak_mib, over_runs=tr.over_runs)
+        rule = job.cls.idle_stop
+        since = tr.idle_since if job.state is JobState.RUNNING else None
+        return {
+            "samples": tr.samples, "last_util_pct": tr.last_util, "last_sample_t": tr.last_t,
+            "idle_since": since,
+            "idle_stop_at": since + rule.after_s if since is not None and rule is not None else None,
+            "run_peak_mib": tr.run_peak_mib, "peak_mib": tr.peak_mib,
+            "declared_mib": declared_mib(job.spec), "over": tr.over_at is not None,
+            "over_at": tr.over_at, "over_runs": tr.over_runs, "stop_reason": job.stop_reason,
+        }
 
     # -------------------------------------------------------------- the pass
     def _schedule(self, out: list[Decision]) -> None:
@@ -1742,8 +1897,36 @@ class Scheduler:
                                      f"in use {quota.fmt(i, used)}")
             return PendingReason(R.QUOTA_EXCEEDED, f"{lim.path}={quota.fmt(i, now_max)}, in use {quota.fmt(i, used)}")
         if self._exceeds_capacity(job):
-            return PendingReason(R.EXCEEDS_CAPACITY, self._capacity_detail(job))
+            return (self._unmanaged_reason(job, capacity=True)
+                    or PendingReason(R.EXCEEDS_CAPACITY, self._capacity_detail(job)))
         return None
+
+    def _unmanaged_reason(self, job: Job, capacity: bool = False) -> PendingReason | None:
+        """``Resources(unmanaged:NODE:GPU,...)`` when GPUs the job may use run processes
+        the scheduler did not start and the job would fit were they free (with
+        ``capacity``: were they in service, all GPUs empty); else ``None``."""
+        if not self._any_unmanaged:
+            return None  # the common case, without a walk over the nodes
+        ledger = self.ledger
+        cand = [i for i in members_of(ledger, self.groups_for(job))
+                if ledger.slots[i].unmanaged_mask or any(c.unmanaged for c in ledger.slots[i].migs.values())]
+        if not cand:
+            return None
+        names = []
+        for i in cand:
+            slot = ledger.slots[i]
+            names.extend(f"{slot.node.name}:{g}" for g in range(slot.total)
+                         if (slot.migs[g].unmanaged if g in slot.migs else slot.unmanaged_mask >> g & 1))
+        detail = PendingReason(R.RESOURCES, "unmanaged:" + ",".join(names))
+        if job.shape.mode == "share":
+            return detail  # a share could take a card of any of them
+        cand = members_of(ledger, self.groups_for(job))
+        extra = {i: (ledger.slots[i].unmanaged_mask & ~ledger.slots[i].sick_mask).bit_count() for i in cand}
+        idle = {i: extra[i] - sum(1 for g in bits(ledger.slots[i].unmanaged_mask) if ledger.slots[i].holder[g])
+                for i in cand}
+        totals = {i: ledger.slots[i].healthy + extra[i] for i in cand}
+        avail = dict(totals) if capacity else {i: ledger.slots[i].free + idle[i] for i in cand}
+        return detail if place_counts(avail, cand, totals, job.shape) is not None else None
 
     def _exceeds_capacity(self, job: Job) -> bool:
         """The job can never fit the healthy nodes it may use, even all empty (too big
@@ -1906,7 +2089,7 @@ class Scheduler:
         if counts is None:
             if self.avoided_nodes(job) and place_live(self.ledger, self.groups_for(job), job.shape) is not None:
                 return PendingReason(R.NO_FIT, "anti-affinity")
-            return self._capacity_reason(job)
+            return self._unmanaged_reason(job) or self._capacity_reason(job)
         short = self._cohort_reason(job)
         if short is not None:
             return short
@@ -1946,7 +2129,7 @@ class Scheduler:
                 blocker = next((r for r in self.reservations if not job.key < r.key), None)
                 if blocker is not None:
                     return PendingReason(R.HELD_FOR_PREEMPTOR if blocker.hold else R.RESERVED_FOR, blocker.job_id)
-            return self._share_reason(job)
+            return self._unmanaged_reason(job) or self._share_reason(job)
         if spot[3]:
             held = self._class_hold(job)
             if held is not None:
@@ -1983,6 +2166,8 @@ class Scheduler:
                 "reclaim": job.reclaim,
                 "estimate_s": job.estimate_s,
                 "deadline_flags": [list(f) for f in job.deadline_flags],
+                "stop_reason": job.stop_reason,
+                "usage": self._tracks[job.id].to_dict() if job.id in self._tracks else None,
             })
         unhealthy = []
         lost = []
@@ -1994,7 +2179,7 @@ class Scheduler:
                 if g in slot.migs:
                     if not slot.migs[g].healthy:
                         unhealthy.append([slot.node.name, g])
-                elif not slot.healthy_mask >> g & 1:
+                elif slot.sick_mask >> g & 1:
                     unhealthy.append([slot.node.name, g])
         static = {n.name: n for n in self.rules.nodes}
         added = [
@@ -2012,6 +2197,7 @@ class Scheduler:
                     mig.append([slot.node.name, g, [[i.start, i.profile] for i in card.layout],
                                 [list(x) for x in plan] if plan is not None else None])
         return {"now": self.now, "jobs": jobs, "unhealthy": unhealthy, "lost_nodes": lost, "added_nodes": added,
+                "unmanaged": [list(x) for x in self.unmanaged_gpus()],
                 "mig": mig,
                 "usage": self.usage.snapshot(self.now) if self.now != float("-inf") else [],
                 "priority_recalc": [self._recalc_t, self._next_recalc],
@@ -2075,6 +2261,14 @@ class Scheduler:
             if "estimate_s" in raw:  # the estimate it was given at submit (a prediction may differ now)
                 job.estimate_s = raw["estimate_s"]
             job.deadline_flags = [(float(t), str(stage), float(end)) for t, stage, end in raw.get("deadline_flags", [])]
+            job.stop_reason = str(raw.get("stop_reason") or "")
+            if raw.get("usage") is not None:
+                tr = sched._tracks[spec.id] = UsageTrack.from_dict(raw["usage"])
+                rule = job.cls.idle_stop
+                if (tr.idle_since is not None and rule is not None and tr.run == job.runs
+                        and raw["state"] == JobState.RUNNING.value):
+                    heapq.heappush(sched._idle_timers, (tr.idle_since + rule.after_s, job.seq, job.runs, spec.id,
+                                                        tr.idle_since))
             if "score" in raw:  # the score it was queued with (computed at submit or the last recalc)
                 job.key = (-float(raw["score"]), spec.submit_time, natural_key(spec.id))
             state = JobState(raw["state"])
@@ -2106,6 +2300,9 @@ class Scheduler:
         for job in sched._queue:
             if job.victims:
                 sched._preemptors[job.id] = job
+        for name, g in snap.get("unmanaged", []):  # after the jobs: those holding them keep them
+            sched.ledger.set_gpu_unmanaged(sched.ledger.by_name[name], g, True)
+            sched._any_unmanaged = True
         sched._full = True
         sched.check_invariants()
         return sched

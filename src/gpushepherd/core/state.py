@@ -68,6 +68,8 @@ class Job:
     cohort: tuple | None = None  # (Cohort, CohortMember) of the job's team, if any
     units: int = 0  # GPU units (7000 per GPU) it counts against quotas
     share_at: tuple[int, ...] = ()  # a share's (GPU,) or MIG (GPU, instance position) on alloc's node
+    #: why the core stopped its current run (``time-limit``, ``idle``, ``memory-overrun``; '' none)
+    stop_reason: str = ""
 
     @property
     def id(self) -> str:

@@ -7,7 +7,8 @@ both on one node, 0.1 of a card left for jobs that want 0.5. This module measure
 Definitions (all in GPUs; a share of a card in milli-GPU / 1000, a free MIG instance as
 its compute slices / 7):
 
-* *free*: healthy whole GPUs nobody holds, the unused part of shared cards (the
+* *free*: healthy whole GPUs nobody holds (an unmanaged GPU - foreign processes on it -
+  is out of service, neither free nor stranded), the unused part of shared cards (the
   tightest of compute, memory and replicas/clients left), free MIG instances - on live
   nodes; a MIG GPU being re-partitioned is out of service, not free.
 * *usable*: some pending job could take it if it were first in line - its filters
@@ -102,7 +103,7 @@ def stranded_capacity(sched: "Scheduler") -> dict:
         # free MIG instances
         for gpu in sorted(slot.migs):
             card = slot.migs[gpu]
-            if not card.healthy or card.reconfiguring:  # out of service, not free
+            if not card.in_service:  # unhealthy, unmanaged or being re-partitioned: not free
                 continue
             for pos, inst in enumerate(card.layout):
                 if card.holders[pos] is not None:

@@ -14,6 +14,17 @@ UNLIMITED = 10**12
 
 
 @dataclass(frozen=True, slots=True)
+class IdleStop:
+    """Idle auto-stop of a class's jobs (R16, note 009): a run whose GPU utilisation
+    samples stay below ``below_util_pct`` (percent, 0-100) for ``after_s`` seconds is
+    stopped; its first ``setup_s`` seconds count as activity."""
+
+    below_util_pct: float
+    after_s: float
+    setup_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class ClassRules:
     """A workload class with every default resolved (R1)."""
 
@@ -34,6 +45,11 @@ class ClassRules:
     #: classes whose running jobs keep this class off a node (symmetric: compiled
     #: from both sides' ``avoid_nodes_with``)
     avoid: frozenset[str] = frozenset()
+    #: idle auto-stop (``None``: never stopped for idleness)
+    idle_stop: IdleStop | None = None
+    #: peak GPU memory over the declaration: ``warn`` (flag only) or ``stop`` (on a
+    #: shared card only; a whole GPU or MIG instance is only flagged)
+    memory_overrun: str = "warn"
 
 
 class LimitUnit(str, enum.Enum):

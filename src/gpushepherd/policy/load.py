@@ -22,6 +22,7 @@ from gpushepherd.model.rules import (
     UNLIMITED,
     ClassRules,
     Cohort,
+    IdleStop,
     CohortMember,
     Limit,
     LimitUnit,
@@ -54,6 +55,7 @@ STANDARD_CLASSES: dict[str, dict[str, Any]] = {
     ),
     "sandbox": dict(
         priority=100, preemptible=True, checkpointable=True, preempt_only_if_checkpointable=False,
+        idle_stop=dict(below_util_pct=5.0, after_s=1800.0, setup_s=300.0),  # R16: idle sessions stop
         description="notebooks and ad-hoc work",
     ),
 }
@@ -277,7 +279,12 @@ def _mig_layouts(group, source: str, path: str) -> tuple:
 def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
     base = dict(STANDARD_CLASSES.get(name, {}))
     given = spec.model_dump(exclude_none=True) if spec is not None else {}
+    if spec is not None and "idle_stop" in spec.model_fields_set and spec.idle_stop is None:
+        given["idle_stop"] = None  # an explicit `idle_stop: null` turns the standard default off
+    if "idle_stop" not in given and not given.get("preemptible", base.get("preemptible", True)):
+        base.pop("idle_stop", None)  # a default never applies to a class made non-preemptible
     base.update(given)
+    idle = base.get("idle_stop")
     return ClassRules(
         name=name,
         priority=int(base["priority"]),
@@ -292,6 +299,9 @@ def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
         on_window_close=base.get("on_window_close") or "drain",
         sharing=tuple(base["sharing"]) if base.get("sharing") is not None else None,
         avoid=frozenset(base.get("avoid_nodes_with") or ()),
+        idle_stop=IdleStop(float(idle["below_util_pct"]), float(idle["after_s"]), float(idle["setup_s"]))
+        if idle is not None else None,
+        memory_overrun=base.get("memory_overrun") or "warn",
     )
 
 
@@ -342,6 +352,17 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         if cls.max_runtime_s and cls.default_time_limit_s and cls.default_time_limit_s > cls.max_runtime_s:
             raise PolicyError(source, f"classes.{name}.default_time_limit_s", cls.default_time_limit_s,
                               f"at most max_runtime_s ({cls.max_runtime_s})")
+        if not cls.preemptible:
+            # jobs that may not be preempted are never stopped for what they use (note 009)
+            given = spec.classes.get(name)
+            if cls.idle_stop is not None:
+                raise PolicyError(source, f"classes.{name}.idle_stop", given.idle_stop.model_dump() if given else None,
+                                  f"not set (null) on class {name}, whose jobs are not preemptible: they are never "
+                                  "stopped for being idle (make the class preemptible, or drop idle_stop)")
+            if cls.memory_overrun == "stop":
+                raise PolicyError(source, f"classes.{name}.memory_overrun", "stop",
+                                  f"'warn' on class {name}, whose jobs are not preemptible: they are never stopped "
+                                  "for their GPU memory (make the class preemptible, or use warn)")
     avoid: dict[str, set[str]] = {name: set() for name in classes}
     for name, cls in classes.items():
         for other in sorted(cls.avoid):

@@ -184,6 +184,17 @@ class ClusterSpec(_Strict):
     nodes: list[NodeGroupSpec] = Field(min_length=1)
 
 
+class IdleStopSpec(_Strict):
+    """Idle auto-stop (R16, note 009): a job whose GPU utilisation samples stay below
+    ``below_util_pct`` percent for ``after_s`` seconds is stopped (with the class's
+    grace period when it checkpoints); the first ``setup_s`` seconds of each run count
+    as activity. A job without samples (no NVML) is never idle."""
+
+    below_util_pct: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 5.0
+    after_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1800.0
+    setup_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 300.0
+
+
 class ClassSpec(_Strict):
     """A workload class (R1). ``None`` fields inherit the standard class's default.
 
@@ -217,6 +228,13 @@ class ClassSpec(_Strict):
     #: anti-affinity (R11): jobs of this class do not start on a node where a job of
     #: one of these classes holds GPUs, nor those on one where this class does
     avoid_nodes_with: list[Name] = Field(default_factory=list)
+    #: idle auto-stop (R16); the standard sandbox class has it on (5 %, 1800 s, 300 s
+    #: of setup); ``null`` turns it off. Only for preemptible classes.
+    idle_stop: IdleStopSpec | None = None
+    #: a job whose peak GPU memory exceeds what it declared: ``warn`` (flag it) or
+    #: ``stop`` it - on a shared card (fraction, time-slicing, MPS) only; a whole GPU
+    #: or MIG instance is only flagged. ``stop`` only for preemptible classes.
+    memory_overrun: Literal["warn", "stop"] | None = None
     description: str | None = None
 
 

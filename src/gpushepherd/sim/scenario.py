@@ -22,11 +22,13 @@ from gpushepherd.model.cluster import Node
 from gpushepherd.model.events import (
     Event,
     GpuHealthChanged,
+    GpuUnmanaged,
     JobAdopted,
     JobCancelled,
     JobRequeueRequested,
     NodeAdded,
     NodeLost,
+    UsageSample,
 )
 from gpushepherd.model.job import GpuShare, JobSpec
 from gpushepherd.model.placement import Placement
@@ -88,12 +90,19 @@ class JobEntry(_Strict):
 
 class EventEntry(_Strict):
     t: Annotated[float, Field(ge=0)]
-    type: Literal["cancel", "requeue", "restart", "gpu_unhealthy", "gpu_healthy", "node_lost", "node_added"]
+    type: Literal["cancel", "requeue", "restart", "gpu_unhealthy", "gpu_healthy", "node_lost", "node_added",
+                  "usage", "gpu_unmanaged", "gpu_managed"]
     job: str | None = None
     node: str | None = None
     gpu: Annotated[int, Field(ge=0)] | None = None
     gpus: Annotated[int, Field(ge=1, le=256)] | None = None
     gpu_type: str = "generic"
+    #: ``usage``: the job's GPU utilisation (percent) and GPU memory used (MiB), sampled
+    #: at ``t`` and, with ``every_s``, again every ``every_s`` seconds up to ``until``
+    gpu_util_pct: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None
+    mem_used_mib: Annotated[int, Field(ge=0)] = 0
+    every_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    until: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
 
 
 class InitialAllocation(_Strict):
@@ -337,15 +346,23 @@ def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
         idx, e = e
         path = f"events[{idx}]"
         needs = {"cancel": ("job",), "requeue": ("job",), "gpu_unhealthy": ("node", "gpu"),
-                 "gpu_healthy": ("node", "gpu"), "node_lost": ("node",), "node_added": ("node", "gpus")}.get(e.type, ())
+                 "gpu_healthy": ("node", "gpu"), "node_lost": ("node",), "node_added": ("node", "gpus"),
+                 "usage": ("job", "gpu_util_pct"), "gpu_unmanaged": ("node", "gpu"),
+                 "gpu_managed": ("node", "gpu")}.get(e.type, ())
         for name in needs:
             if getattr(e, name) is None:
                 fail(f"{path}.{name}", None, f"a value: a {e.type} event needs '{name}'")
-        if e.type in ("cancel", "requeue") and e.job not in ids:
+        if e.type in ("cancel", "requeue", "usage") and e.job not in ids:
             fail(f"{path}.job", e.job, "a job of the scenario")
-        if e.type in ("gpu_unhealthy", "gpu_healthy", "node_lost") and e.node not in nodes:
+        if e.type == "usage" and e.every_s is not None:
+            if e.until is None or e.until < e.t:
+                fail(f"{path}.until", e.until, f"a time >= t ({e.t}) up to which the sample repeats")
+            if (e.until - e.t) / e.every_s >= MAX_JOBS:
+                fail(f"{path}.every_s", e.every_s, f"an interval giving at most {MAX_JOBS:,} samples")
+        if e.type in ("gpu_unhealthy", "gpu_healthy", "node_lost", "gpu_unmanaged", "gpu_managed") \
+                and e.node not in nodes:
             fail(f"{path}.node", e.node, "a node of the cluster: " + ", ".join(sorted(nodes)))
-        if e.type in ("gpu_unhealthy", "gpu_healthy") and e.gpu >= nodes[e.node]:
+        if e.type in ("gpu_unhealthy", "gpu_healthy", "gpu_unmanaged", "gpu_managed") and e.gpu >= nodes[e.node]:
             fail(f"{path}.gpu", e.gpu, f"a GPU index of {e.node}: 0 to {nodes[e.node] - 1}")
         if e.type == "node_lost":
             live.pop(e.node, None)
@@ -434,7 +451,12 @@ def _run_one(spec: ScenarioSpec, name: str, policy_raw: dict, job_changes: dict,
         jobs.append(SimJob(events[-1].spec, alloc.ends))
     known = {n.name: n for n in policy.rules.nodes}
     for e in spec.events:
-        events.append(_event(e, known))
+        if e.type == "usage" and e.every_s is not None:
+            n = int((Decimal(str(e.until)) - Decimal(str(e.t))) // Decimal(str(e.every_s)))
+            events.extend(UsageSample(float(Decimal(str(e.t)) + k * Decimal(str(e.every_s))), e.job,
+                                      e.gpu_util_pct, e.mem_used_mib) for k in range(n + 1))
+        else:
+            events.append(_event(e, known))
     sim = Simulator(policy.rules, jobs, events, record_reasons=True, check_invariants=True,
                     track_usage=lambda s: s.team, probe_times=tuple(u.t for u in expect.usage_at))
     try:
@@ -577,6 +599,10 @@ def _event(e: EventEntry, known: dict[str, Node] | None = None) -> Event | Resta
         return GpuHealthChanged(e.t, need("node"), need("gpu"), e.type == "gpu_healthy")
     if e.type == "node_lost":
         return NodeLost(e.t, need("node"))
+    if e.type == "usage":
+        return UsageSample(e.t, need("job"), need("gpu_util_pct"), e.mem_used_mib)
+    if e.type in ("gpu_unmanaged", "gpu_managed"):
+        return GpuUnmanaged(e.t, need("node"), need("gpu"), e.type == "gpu_unmanaged")
     if known and e.node in known and e.gpus is None:
         return NodeAdded(e.t, known[e.node])  # a policy node comes back as the policy defines it
     return NodeAdded(e.t, Node(need("node"), need("gpus"), e.gpu_type))
