@@ -206,6 +206,15 @@ class Daemon:
             SpecError: the policy refuses the spec (field, value, what is allowed).
             TimeoutError: the loop did not answer within ``timeout`` seconds.
         """
+        return self.submit_view(spec, argv, shell=shell, env=env, cwd=cwd, array=array, timeout=timeout)["id"]
+
+    def submit_view(self, spec: JobSpec, argv: list[str], *, shell: bool = False, env: dict[str, str] | None = None,
+                    cwd: str, array: tuple[str, list[int], int, int] | None = None,
+                    timeout: float = 60.0) -> dict[str, Any]:
+        """``submit``, returning the job's view (``job_view``) as the core left it after
+        the batch that took the submission: taken by the loop in that step, so the
+        caller waits for no lock (note 008, "Submission throughput"). Raises as
+        ``submit``."""
         fut: Future = Future()
         self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array), fut))
         self.wake.set()
@@ -245,8 +254,9 @@ class Daemon:
                 return []
         batch: list[Event] = [replace(e, t=now) for e in self.deferred]
         self.deferred = []
-        for job_id, code in backend.exits():
-            self.store.update_job(job_id, exit_code=code, kill_at=None)
+        ended = backend.exits()
+        self.store.update_jobs({job_id: dict(exit_code=code, kill_at=None) for job_id, code in ended})  # one commit
+        for job_id, code in ended:
             self.kills.pop(job_id, None)
             job = sched.jobs.get(job_id)
             if job is None or not job.state.holds_gpus:
@@ -284,13 +294,21 @@ class Daemon:
         for array_id, index, job_id in children:
             self.arrays[array_id].attempts.setdefault(index, []).append(job_id)
         decisions = sched.handle(batch)
+        for d in decisions:
+            self._track(d)  # placements and run numbers, before the replies' views
         for fut, value in replies:
             fut.set_result(value() if callable(value) else value)
-        for d in decisions:
-            self._apply(now, d)
         touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None) for e in batch}
         touched |= {d.job_id for d in decisions}
-        self.store.update_states({j: sched.jobs[j].state.value for j in touched if j in sched.jobs})
+        states = {j: {"state": sched.jobs[j].state.value} for j in touched if j in sched.jobs}
+        launches, fresh = [], {r["id"]: r for r in rows}  # a job submitted in this step: its row is at hand
+        for d in decisions:
+            if isinstance(d, Start):
+                row = fresh.get(d.job_id) or self.store.job_row(d.job_id)
+                launches.append((d.job_id, self.runs[d.job_id], d.placement, row))
+            else:
+                self._apply(now, d)
+        self._launch_all(launches, states)
         return decisions
 
     def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list, new_arrays: list) -> None:
@@ -310,12 +328,13 @@ class Daemon:
                 new_arrays.append(ArrayRec(id=job_id, num=int(job_id), text=text, indices=indices,
                                            throttle=throttle, max_retries=max_retries, submit_time=now,
                                            spec=spec_to_dict(spec), argv=argv, shell=shell, env=env, cwd=cwd))
-                replies.append((fut, job_id))
+                replies.append((fut, lambda j=job_id: self.job_view(j)))
                 return
             batch.append(JobSubmitted(now, spec))
-            rows.append(dict(id=job_id, num=int(job_id), spec=json.dumps(spec_to_dict(spec)), argv=json.dumps(argv),
-                             shell=shell, env=json.dumps(env), cwd=cwd, state=JobState.PENDING.value, run=0))
-            replies.append((fut, job_id))
+            row = dict(id=job_id, num=int(job_id), spec=json.dumps(spec_to_dict(spec)), argv=json.dumps(argv),
+                       shell=shell, env=json.dumps(env), cwd=cwd, state=JobState.PENDING.value, run=0)
+            rows.append(row)
+            replies.append((fut, lambda j=job_id, r=row: self.job_view(j, {**r, "exit_code": None})))
         elif kind == "cancel" and arg in self.arrays:
             rec = self.arrays[arg]
             if rec.cancelled is None:
@@ -380,10 +399,8 @@ class Daemon:
         return out
 
     def _apply(self, now: float, d: Decision) -> None:
-        self._track(d)
-        if isinstance(d, Start):
-            self._launch(d.job_id, self.runs[d.job_id], d.placement, self.store.job_row(d.job_id))
-        elif isinstance(d, (Preempt, Stop)):
+        """Act on a decision other than ``Start`` (``_launch_all`` starts runs)."""
+        if isinstance(d, (Preempt, Stop)):
             self.backend.signal(d.job_id, signal.SIGTERM)
             due = now + d.grace_s
             self.kills[d.job_id] = due
@@ -394,20 +411,33 @@ class Daemon:
             log.warning("MIG reconfiguration of %s GPU %d is not supported by the local backend yet", d.node, d.gpu)
 
     def _launch(self, job_id: str, run: int, placement: Placement, row: dict) -> None:
-        # the attempt is committed before the fork: a restart then looks for the run
+        self._launch_all([(job_id, run, placement, row)])
+
+    def _launch_all(self, launches: list[tuple[str, int, Placement, dict]], states: dict | None = None) -> None:
+        """Start runs ``(job, run, placement, jobs row)``, writing ``states`` (job ->
+        column values) with their attempts: two commits for all of them (note 008,
+        "Submission throughput")."""
+        # the attempts are committed before the forks: a restart then looks for each run
         # (find_runner) instead of launching it a second time
-        self.store.update_job(job_id, run=run, pid=None, pgid=None, proc_start=None, exit_code=None, kill_at=None)
-        try:
-            proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
-                                      env=json.loads(row["env"]), cwd=row["cwd"], placement=placement)
-        except (OSError, ValueError, TypeError) as exc:  # e.g. an environment the OS refuses
-            log.error("job %s: cannot start its runner: %s", job_id, exc)
-            self.store.update_job(job_id, placement=str(placement))
-            self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
-            return
-        rdir = self.backend.run_dir(job_id, run)
-        self.store.update_job(job_id, pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
-                              stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
+        values = {j: dict(v) for j, v in (states or {}).items()}
+        for job_id, run, _placement, _row in launches:
+            values.setdefault(job_id, {}).update(run=run, pid=None, pgid=None, proc_start=None, exit_code=None,
+                                                 kill_at=None)
+        self.store.update_jobs(values)
+        started = {}
+        for job_id, run, placement, row in launches:
+            try:
+                proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
+                                          env=json.loads(row["env"]), cwd=row["cwd"], placement=placement)
+            except (OSError, ValueError, TypeError) as exc:  # e.g. an environment the OS refuses
+                log.error("job %s: cannot start its runner: %s", job_id, exc)
+                started[job_id] = dict(placement=str(placement))
+                self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
+                continue
+            rdir = self.backend.run_dir(job_id, run)
+            started[job_id] = dict(pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
+                                   stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
+        self.store.update_jobs(started)
 
     # ------------------------------------------------------------ views (hold self.lock)
     def job_view(self, job_id: str, row: dict | None = None, history: bool = False) -> dict[str, Any] | None:
