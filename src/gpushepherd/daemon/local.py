@@ -22,21 +22,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpushepherd.gpu.procs import stat_fields as _stat
 from gpushepherd.model.job import ExitStatus
 from gpushepherd.model.placement import Placement
 
 #: "checkpointed, requeue me" (the number Slurm users know from ``--requeue`` scripts)
 REQUEUE_EXIT_CODE = 85
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name (state first), or ``None``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
 
 
 def proc_start_time(pid: int) -> str | None:
