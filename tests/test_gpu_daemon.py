@@ -243,3 +243,56 @@ def test_nvml_discovery_and_a_real_cuda_job_on_the_placed_gpu(tmp_path):
         assert (backend.run_dir("1", 1) / "stdout").read_text().split() == [g.uuid]
     finally:
         inv.close()
+
+
+def test_a_jobs_sample_is_logged_only_when_it_is_news_for_the_core():
+    from types import SimpleNamespace
+
+    from gpushepherd.daemon.server import Daemon, idle_threshold
+
+    assert (idle_threshold(5), idle_threshold(SimpleNamespace(util_pct=7.5)), idle_threshold(SimpleNamespace())) == \
+        (5.0, 7.5, None)
+    job = SimpleNamespace(id="1", spec=SimpleNamespace(workload_class="sandbox"))
+
+    def daemon(cls) -> SimpleNamespace:
+        return SimpleNamespace(rules=SimpleNamespace(classes={"sandbox": cls}), _logged_active={})
+
+    rec = {"peak_gpu_mem_mib": 100}
+    # rules without idle auto-stop (the core's part not merged): every sample
+    d = daemon(SimpleNamespace())
+    assert Daemon._sample_is_news(d, job, 0.0, 50, rec)[0]
+    # a class with a 10 % threshold: the first sample, a crossing either way, a new peak
+    d = daemon(SimpleNamespace(idle_stop=SimpleNamespace(util_pct=10)))
+    seen = []
+    for util, mem in ((50, 50), (60, 50), (5, 50), (3, 50), (3, 150), (40, 50)):
+        news, active = Daemon._sample_is_news(d, job, util, mem, rec)
+        seen.append(news)
+        if news:
+            d._logged_active[job.id] = active
+            rec["peak_gpu_mem_mib"] = max(rec["peak_gpu_mem_mib"], mem)
+    assert seen == [True, False, True, False, True, True]
+    # a class without idle stop: the first sample and new peaks only
+    d = daemon(SimpleNamespace(idle_stop=None))
+    assert Daemon._sample_is_news(d, job, 0.0, 10, rec)[0]
+    d._logged_active[job.id] = True
+    assert not Daemon._sample_is_news(d, job, 0.0, 10, rec)[0]
+    assert Daemon._sample_is_news(d, job, 0.0, 10_000, rec)[0]
+
+
+def test_under_nvml_a_policy_node_unlike_the_machine_refuses_to_start(tmp_path, monkeypatch):
+    from test_gpu import FakeNvml
+
+    import gpushepherd.daemon.server as server_mod
+    from gpushepherd.daemon.server import Daemon, DaemonError
+
+    monkeypatch.setattr(server_mod, "open_inventory", lambda kind, node, data: NvmlInventory(FakeNvml()))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    d = Daemon(tmp_path / "data", policy_path=policy, inventory="nvml")
+    with pytest.raises(DaemonError) as exc:
+        d.start()
+    msg = str(exc.value)
+    assert "the policy does not describe this machine" in msg and "gpus: 4" in msg and "NVML found 2" in msg
+    assert "--inventory static" in msg
+    d.store.acquire_lock(time.time())  # the refused start released the database lock
+    d.store.release_lock()

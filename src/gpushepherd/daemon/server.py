@@ -76,13 +76,15 @@ class Daemon:
         policy_path: the policy file; ``None``: the last policy in the event log.
         poll_s: seconds between loop steps when nothing wakes it (process exits are
             polled).
-        inventory: ``auto``, ``nvml`` or ``static`` (``gpushepherd.gpu.open_inventory``).
+        inventory: ``auto``, ``nvml`` or ``static`` (``gpushepherd.gpu.open_inventory``);
+            ``static`` by default here, so that an embedding program or test sees the
+            same GPUs on any machine (``shepherd server`` defaults to ``auto``).
         sample_every: seconds between GPU samples.
         node: the policy's node this server is; ``None``: the policy's only node.
     """
 
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
-                 poll_s: float = 0.2, inventory: str = "auto", sample_every: float = 10.0, node: str | None = None):
+                 poll_s: float = 0.2, inventory: str = "static", sample_every: float = 10.0, node: str | None = None):
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(db_url or Store.sqlite_url(self.data_dir))
