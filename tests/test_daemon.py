@@ -87,7 +87,9 @@ class Server:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         args = [sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(self.data),
-                "--port", str(port), *extra] + (["--policy", str(self.policy)] if policy else []) + \
+                # static: a machine with GPUs would refuse this policy's FAKE node under NVML
+                "--port", str(port), "--inventory", "static", *extra] + \
+            (["--policy", str(self.policy)] if policy else []) + \
             (["--db", self.db] if self.db else [])
         self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
 

@@ -26,10 +26,21 @@ from typing import Any
 
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.daemon.arrays import ArrayRec, child_id, parse_child_id, progress
-from gpushepherd.daemon.local import LocalBackend, exit_status
+from gpushepherd.daemon.local import LocalBackend, exit_status, mig_uuid
+from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
+from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
 from gpushepherd.daemon.store import Store, spec_from_dict, spec_to_dict
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
-from gpushepherd.model.events import Event, JobCancelled, JobFinished, JobRequeueRequested, JobSubmitted, Tick
+from gpushepherd.model.events import (
+    Event,
+    GpuUnmanaged,
+    JobCancelled,
+    JobFinished,
+    JobRequeueRequested,
+    JobSubmitted,
+    Tick,
+    UsageSample,
+)
 from gpushepherd.model.job import ExitStatus, JobSpec, JobState
 from gpushepherd.model.placement import Placement
 from gpushepherd.policy.load import policy_from_dict, read_policy_dict
@@ -37,6 +48,19 @@ from gpushepherd.policy.load import policy_from_dict, read_policy_dict
 log = logging.getLogger("gpushepherd.daemon")
 
 HEARTBEAT_S = 5.0
+
+
+def idle_threshold(spec: Any) -> float | None:
+    """The utilisation (%) under which a class's job is idle, from its idle-stop rule
+    (a number, or an object with ``util_pct`` / ``threshold_pct`` / ``below_pct``);
+    ``None`` when it cannot be read."""
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        return float(spec)
+    for name in ("util_pct", "threshold_pct", "below_pct", "util_below_pct", "max_util_pct"):
+        v = getattr(spec, name, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
 
 
 class DaemonError(RuntimeError):
@@ -52,10 +76,15 @@ class Daemon:
         policy_path: the policy file; ``None``: the last policy in the event log.
         poll_s: seconds between loop steps when nothing wakes it (process exits are
             polled).
+        inventory: ``auto``, ``nvml`` or ``static`` (``gpushepherd.gpu.open_inventory``);
+            ``static`` by default here, so that an embedding program or test sees the
+            same GPUs on any machine (``shepherd server`` defaults to ``auto``).
+        sample_every: seconds between GPU samples.
+        node: the policy's node this server is; ``None``: the policy's only node.
     """
 
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
-                 poll_s: float = 0.2):
+                 poll_s: float = 0.2, inventory: str = "static", sample_every: float = 10.0, node: str | None = None):
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(db_url or Store.sqlite_url(self.data_dir))
@@ -76,6 +105,20 @@ class Daemon:
         self._beat = 0.0
         self.next_num = 1
         self.arrays: dict[str, ArrayRec] = {}  # job arrays by id (gpushepherd.daemon.arrays)
+        # GPU inventory and samples (note 008): live state, not stored (the flags and
+        # peaks the core was told are rebuilt from the log)
+        self.inventory_kind, self.sample_every, self.node_name = inventory, sample_every, node
+        self.inventory = None
+        self.node = None  # the policy's Node this server is
+        self.found = None  # its Discovery
+        self.gpu_samples: dict[int, Any] = {}  # GPU index -> last GpuSample
+        #: the daemon's own copy of each job's samples: last utilisation and memory, peak memory
+        self.sampled: dict[str, dict[str, Any]] = {}
+        self.unmanaged: dict[int, list[dict]] = {}  # GPU index -> foreign processes (pid, owner, command, MiB)
+        self.unmanaged_flag: dict[tuple[str, int], bool] = {}  # as last logged (GpuUnmanaged)
+        self._logged_active: dict[str, bool] = {}  # job -> active in its last logged sample (this server's life)
+        self._last_pids: frozenset[int] = frozenset()
+        self._next_sample = 0.0
 
     # ------------------------------------------------------------ start / stop
     def start(self) -> None:
@@ -93,6 +136,7 @@ class Daemon:
         try:
             self._load_policy(now)
             self._replay()
+            self._open_inventory()
             self.next_num = self.store.next_job_number()
             self._load_arrays()
             self._reconcile()
@@ -111,6 +155,8 @@ class Daemon:
             self._thread.join(timeout=30)
         self.store.release_lock()
         self.store.close()
+        if self.inventory is not None:
+            self.inventory.close()
 
     def _load_policy(self, now: float) -> None:
         logged = self.store.last_policy()
@@ -134,9 +180,48 @@ class Daemon:
                 else:  # the server restarted under another policy: same state, new rules
                     sched = Scheduler.restore(self.rules, json.loads(json.dumps(sched.snapshot())))
                 continue
+            for e in item:
+                self._note_sample(e)
             for d in sched.handle(item):
                 self._track(d)
         self.sched = sched
+
+    def _note_sample(self, e: Event) -> None:
+        """Keep what a logged sample told the core: a job's peak memory, a GPU's
+        unmanaged flag."""
+        if isinstance(e, UsageSample):
+            rec = self.sampled.setdefault(e.job_id, {"peak_gpu_mem_mib": 0})
+            rec["peak_gpu_mem_mib"] = max(rec["peak_gpu_mem_mib"], e.mem_used_mib)
+        elif isinstance(e, GpuUnmanaged):
+            self.unmanaged_flag[(e.node, e.gpu)] = e.unmanaged
+
+    def _open_inventory(self) -> None:
+        """Pick this server's node, open the inventory and, with NVML, refuse a node
+        the machine does not match."""
+        nodes = self.rules.nodes
+        names = ", ".join(n.name for n in nodes[:5]) + (", ..." if len(nodes) > 5 else "")
+        if self.node_name is None:
+            if len(nodes) != 1:
+                raise DaemonError(f"--node: the policy has {len(nodes)} nodes ({names}): name the one this server is")
+            self.node = nodes[0]
+        else:
+            self.node = next((n for n in nodes if n.name == self.node_name), None)
+            if self.node is None:
+                raise DaemonError(f"--node: {self.node_name!r} is not allowed: a node of the policy ({names})")
+        try:
+            self.inventory = open_inventory(self.inventory_kind, self.node, self.data_dir)
+            self.found = self.inventory.discover()
+        except InventoryError as exc:
+            raise DaemonError(str(exc)) from None
+        if self.found.source == "nvml":
+            wrong = node_mismatches(self.node, self.found)
+            if wrong:
+                self.inventory.close()
+                raise DaemonError("the policy does not describe this machine: " + "; ".join(wrong)
+                                  + " (fix the policy's node, or run with --inventory static)")
+        log.info("inventory %s: node %s, %d GPU(s)%s", self.found.source, self.node.name, len(self.found.gpus),
+                 f", driver {self.found.driver}, CUDA {self.found.cuda}" if self.found.driver else "")
+        self.backend.node, self.backend.found = self.node.name, self.found
 
     def _load_arrays(self) -> None:
         for r in self.store.array_rows():
@@ -277,6 +362,12 @@ class Daemon:
                 break
             self._command(now, cmd, batch, rows, replies, new_arrays)
         children = self._array_children(now, batch, rows, new_arrays)
+        if self.inventory is not None and now >= self._next_sample:
+            self._next_sample = now + self.sample_every
+            try:
+                batch.extend(self._sample(now))
+            except Exception:  # a failed sample (a bad scripted file, NVML trouble) is skipped whole
+                log.exception("GPU sample failed; skipped")
         wake = sched.next_wakeup()
         if not batch and wake is not None and wake <= now:
             batch.append(Tick(now))
@@ -398,6 +489,79 @@ class Daemon:
                 out.append((rec.id, index, job_id))
         return out
 
+    # ------------------------------------------------------------ GPU samples (note 008)
+    def _sample(self, now: float) -> list[Event]:
+        """One GPU sample: the events it brings (a job's ``UsageSample`` when it tells
+        the core something new, ``GpuUnmanaged`` when a GPU's foreign processes come or
+        go); updates the live views."""
+        node = self.node
+        tracked = self.backend.procs
+        members = procs.group_members(p.pid for p in tracked.values())
+        pids_now = frozenset().union(*members.values()) if members else frozenset()
+        # a process of a job that just ended may linger in NVML's list for a moment: ours
+        managed, self._last_pids = pids_now | self._last_pids, pids_now
+        devs = {}
+        for job in sorted(self.sched.holding(), key=lambda j: j.id):
+            proc, placement = tracked.get(job.id), self.placements.get(job.id)
+            if proc is None or placement is None:
+                continue
+            gpus = tuple(g for name, gs in placement.parts if name == node.name for g in gs)
+            if not gpus:
+                continue
+            share = placement.share
+            mig = ""
+            if share.startswith("mig:"):
+                profile, _, start = share[4:].partition("@")
+                # a MIG device of unknown UUID is still a MIG device (no utilisation to read)
+                mig = mig_uuid(self.found, gpus[0], profile, int(start or -1)) or share
+            devs[job.id] = JobDevices(gpus, members.get(proc.pid, frozenset()), mig, bool(share) and not mig)
+        sample = self.inventory.sample(devs)
+        self.gpu_samples = {g.index: g for g in sample.gpus}
+        events: list[Event] = []
+        for job_id, usage in sorted(sample.jobs.items()):
+            # utilisation that cannot be measured (a MIG device) counts as busy: never idle-stopped blind
+            util = 100.0 if usage.util_pct is None else float(usage.util_pct)
+            rec = self.sampled.setdefault(job_id, {"peak_gpu_mem_mib": 0})
+            news, active = self._sample_is_news(self.sched.jobs[job_id], util, usage.mem_used_mib, rec)
+            rec.update(t=now, gpu_util_pct=usage.util_pct, gpu_mem_mib=usage.mem_used_mib)
+            if news:
+                events.append(UsageSample(now, job_id, util, usage.mem_used_mib))
+                rec["peak_gpu_mem_mib"] = max(rec["peak_gpu_mem_mib"], usage.mem_used_mib)
+                self._logged_active[job_id] = active
+        foreign = foreign_processes(sample.gpus, managed)
+        for g in range(node.gpus):
+            found = foreign.get(g, ())
+            self.unmanaged[g] = [{"pid": p.pid, "owner": procs.owner(p.pid), "command": procs.command(p.pid),
+                                  "used_mib": p.used_mib, "mig_uuid": p.mig_uuid or None} for p in found]
+            flag = bool(found)
+            if self.unmanaged_flag.get((node.name, g), False) != flag:
+                self.unmanaged_flag[(node.name, g)] = flag
+                events.append(GpuUnmanaged(now, node.name, g, flag))
+                if flag:
+                    log.warning("GPU %d runs processes gpushepherd did not start (%s): not handed out until free", g,
+                                ", ".join(f"pid {p['pid']} of {p['owner'] or '?'}" for p in self.unmanaged[g]))
+                else:
+                    log.info("GPU %d is free of foreign processes again", g)
+        return events
+
+    def _sample_is_news(self, job, util: float, mem: int, rec: dict) -> tuple[bool, bool]:
+        """Whether a job's sample goes to the log (note 008, "the log stays bounded"):
+        its first since this server started, a new peak memory, or its activity crossed
+        its class's idle threshold. Returns ``(news, active)``."""
+        first = job.id not in self._logged_active
+        rose = mem > rec["peak_gpu_mem_mib"]
+        cls = self.rules.classes.get(job.spec.workload_class)
+        if cls is None or not hasattr(cls, "idle_stop"):
+            return True, True  # rules without idle auto-stop yet: every sample
+        spec = cls.idle_stop
+        if spec is None:  # no idle stop for this class: only memory matters
+            return first or rose, True
+        threshold = idle_threshold(spec)
+        if threshold is None:
+            return True, True  # a shape we cannot read: every sample
+        active = util >= threshold
+        return first or rose or active != self._logged_active.get(job.id), active
+
     def _apply(self, now: float, d: Decision) -> None:
         """Act on a decision other than ``Start`` (``_launch_all`` starts runs)."""
         if isinstance(d, (Preempt, Stop)):
@@ -461,6 +625,7 @@ class Daemon:
             "estimated_start": self.sched.estimated_start(job_id) if pending else None,
             "priority": self.sched.priority_factors(job_id)["priority"],
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
+            **self._usage_view(job),
         }
         if history:
             view["history"] = [{"t": h.t, "from": str(getattr(h.from_state, "value", h.from_state)),
@@ -470,6 +635,19 @@ class Daemon:
             view["stdout"], view["stderr"] = row["stdout"], row["stderr"]
             view["checkpoint_dir"] = str(self.backend.checkpoint_dir(job_id))
         return view
+
+    def _usage_view(self, job) -> dict[str, Any]:
+        """A job's GPU samples as this server took them (``Daemon.sampled``; the peak
+        also from the logged samples): last utilisation %, GPU memory now and peak
+        (MiB) against what it declared (a share's ``mem_mib``, else ``gpu_mem_mib`` x
+        GPUs; 0: nothing declared, never over)."""
+        rec = self.sampled.get(job.id, {})
+        spec = job.spec
+        declared = spec.share.mem_mib if spec.share else spec.gpu_mem_mib * spec.gpus
+        peak = rec.get("peak_gpu_mem_mib")
+        return {"gpu_util_pct": rec.get("gpu_util_pct"), "gpu_mem_mib": rec.get("gpu_mem_mib"),
+                "peak_gpu_mem_mib": peak, "declared_gpu_mem_mib": declared,
+                "over_declared_mem": bool(declared and peak and peak > declared), "sampled_at": rec.get("t")}
 
     def array_view(self, rec: ArrayRec, history: bool = False) -> dict[str, Any]:
         """An array: the fields of its spec and its progress (chunks done / total,
@@ -509,10 +687,29 @@ class Daemon:
                     holders.setdefault((node, g), []).append(job.id)
         out = []
         for node in self.rules.nodes:
-            gpus = [{"index": g, "jobs": holders.get((node.name, g), [])} for g in range(node.gpus)]
-            out.append({"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
-                        "free": sum(1 for g in gpus if not g["jobs"]), "gpu": gpus})
+            gpus = [{"index": g, "jobs": holders.get((node.name, g), []), **self._gpu_view(node.name, g)}
+                    for g in range(node.gpus)]
+            view = {"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
+                    "free": sum(1 for g in gpus if not g["jobs"]), "gpu": gpus}
+            if self.node is not None and node.name == self.node.name and self.found is not None:
+                view.update(inventory=self.found.source, driver=self.found.driver or None,
+                            cuda=self.found.cuda or None)
+            out.append(view)
         return out
+
+    def _gpu_view(self, node: str, g: int) -> dict[str, Any]:
+        """GPU ``g`` of ``node`` as the last sample saw it (this server's node only):
+        UUID, utilisation %, memory used / total MiB, temperature C, power W, and the
+        foreign processes that make it unmanaged (pid, owner, command, MiB)."""
+        mine = self.node is not None and node == self.node.name
+        s = self.gpu_samples.get(g) if mine else None
+        info = self.found.gpus[g] if mine and self.found is not None and g < len(self.found.gpus) else None
+        return {"uuid": (info.uuid or None) if info else None,
+                "util_pct": s.util_pct if s else None, "mem_used_mib": s.mem_used_mib if s else None,
+                "mem_total_mib": (s.mem_total_mib if s else None) or (info.memory_mib if info else None),
+                "temperature_c": s.temperature_c if s else None, "power_w": s.power_w if s else None,
+                "unmanaged": self.unmanaged_flag.get((node, g), False),
+                "unmanaged_processes": self.unmanaged.get(g, []) if mine else []}
 
     def usage_view(self) -> dict:
         sched = self.sched

@@ -40,7 +40,16 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from gpushepherd.daemon.auth import Principal, digest_matches, new_token, token_hash
-from gpushepherd.model.events import Event, JobCancelled, JobFinished, JobRequeueRequested, JobSubmitted, Tick
+from gpushepherd.model.events import (
+    Event,
+    GpuUnmanaged,
+    JobCancelled,
+    JobFinished,
+    JobRequeueRequested,
+    JobSubmitted,
+    Tick,
+    UsageSample,
+)
 from gpushepherd.model.job import ExitStatus, GpuShare, JobSpec
 
 SCHEMA_VERSION = 1
@@ -54,7 +63,7 @@ events = Table(
     Column("seq", Integer, primary_key=True, autoincrement=True),
     Column("batch", Integer, nullable=False, index=True),
     Column("t", Float, nullable=False),
-    Column("kind", String(32), nullable=False),  # policy | submit | exit | cancel | requeue | tick
+    Column("kind", String(32), nullable=False),  # policy | submit | exit | cancel | requeue | tick | usage | unmanaged
     Column("job_id", String(64), nullable=True),
     Column("payload", Text, nullable=False, default="{}"),
 )
@@ -164,6 +173,12 @@ def event_row(e: Event) -> dict:
         return {"kind": "requeue", "job_id": e.job_id, "payload": "{}"}
     if isinstance(e, Tick):
         return {"kind": "tick", "job_id": None, "payload": "{}"}
+    if isinstance(e, UsageSample):  # GPU samples (note 008 "GPU inventory and samples")
+        return {"kind": "usage", "job_id": e.job_id,
+                "payload": json.dumps({"gpu_util_pct": e.gpu_util_pct, "mem_used_mib": e.mem_used_mib})}
+    if isinstance(e, GpuUnmanaged):
+        return {"kind": "unmanaged", "job_id": None,
+                "payload": json.dumps({"node": e.node, "gpu": e.gpu, "unmanaged": e.unmanaged})}
     raise TypeError(f"event {type(e).__name__} is not logged by the daemon")
 
 
@@ -179,7 +194,12 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
         return JobRequeueRequested(t, job_id)
     if kind == "tick":
         return Tick(t)
-    raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue or tick")
+    if kind == "usage":
+        return UsageSample(t, job_id, float(data["gpu_util_pct"]), int(data["mem_used_mib"]))
+    if kind == "unmanaged":
+        return GpuUnmanaged(t, data["node"], int(data["gpu"]), bool(data["unmanaged"]))
+    raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue, tick, usage "
+                     f"or unmanaged")
 
 
 def _sqlite_pragmas(synchronous: str):
