@@ -248,35 +248,29 @@ def test_nvml_discovery_and_a_real_cuda_job_on_the_placed_gpu(tmp_path):
 def test_a_jobs_sample_is_logged_only_when_it_is_news_for_the_core():
     from types import SimpleNamespace
 
-    from gpushepherd.daemon.server import Daemon, idle_threshold
+    from gpushepherd.daemon.server import Daemon
 
-    assert (idle_threshold(5), idle_threshold(SimpleNamespace(util_pct=7.5)), idle_threshold(SimpleNamespace())) == \
-        (5.0, 7.5, None)
-    job = SimpleNamespace(id="1", spec=SimpleNamespace(workload_class="sandbox"))
+    def job(idle_stop) -> SimpleNamespace:
+        return SimpleNamespace(id="1", cls=SimpleNamespace(idle_stop=idle_stop))
 
-    def daemon(cls) -> SimpleNamespace:
-        return SimpleNamespace(rules=SimpleNamespace(classes={"sandbox": cls}), _logged_active={})
-
+    d = SimpleNamespace(_logged_active={})
     rec = {"peak_gpu_mem_mib": 100}
-    # rules without idle auto-stop (the core's part not merged): every sample
-    d = daemon(SimpleNamespace())
-    assert Daemon._sample_is_news(d, job, 0.0, 50, rec)[0]
     # a class with a 10 % threshold: the first sample, a crossing either way, a new peak
-    d = daemon(SimpleNamespace(idle_stop=SimpleNamespace(util_pct=10)))
+    j = job(SimpleNamespace(below_util_pct=10))
     seen = []
     for util, mem in ((50, 50), (60, 50), (5, 50), (3, 50), (3, 150), (40, 50)):
-        news, active = Daemon._sample_is_news(d, job, util, mem, rec)
+        news, active = Daemon._sample_is_news(d, j, util, mem, rec)
         seen.append(news)
         if news:
-            d._logged_active[job.id] = active
+            d._logged_active[j.id] = active
             rec["peak_gpu_mem_mib"] = max(rec["peak_gpu_mem_mib"], mem)
     assert seen == [True, False, True, False, True, True]
     # a class without idle stop: the first sample and new peaks only
-    d = daemon(SimpleNamespace(idle_stop=None))
-    assert Daemon._sample_is_news(d, job, 0.0, 10, rec)[0]
-    d._logged_active[job.id] = True
-    assert not Daemon._sample_is_news(d, job, 0.0, 10, rec)[0]
-    assert Daemon._sample_is_news(d, job, 0.0, 10_000, rec)[0]
+    d, j = SimpleNamespace(_logged_active={}), job(None)
+    assert Daemon._sample_is_news(d, j, 0.0, 10, rec)[0]
+    d._logged_active[j.id] = True
+    assert not Daemon._sample_is_news(d, j, 0.0, 10, rec)[0]
+    assert Daemon._sample_is_news(d, j, 0.0, 10_000, rec)[0]
 
 
 def test_under_nvml_a_policy_node_unlike_the_machine_refuses_to_start(tmp_path, monkeypatch):

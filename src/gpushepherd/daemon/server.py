@@ -50,19 +50,6 @@ log = logging.getLogger("gpushepherd.daemon")
 HEARTBEAT_S = 5.0
 
 
-def idle_threshold(spec: Any) -> float | None:
-    """The utilisation (%) under which a class's job is idle, from its idle-stop rule
-    (a number, or an object with ``util_pct`` / ``threshold_pct`` / ``below_pct``);
-    ``None`` when it cannot be read."""
-    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
-        return float(spec)
-    for name in ("util_pct", "threshold_pct", "below_pct", "util_below_pct", "max_util_pct"):
-        v = getattr(spec, name, None)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-    return None
-
-
 class DaemonError(RuntimeError):
     """The server cannot start; ``str()`` says why and what to do."""
 
@@ -201,8 +188,15 @@ class Daemon:
         nodes = self.rules.nodes
         names = ", ".join(n.name for n in nodes[:5]) + (", ..." if len(nodes) > 5 else "")
         if self.node_name is None:
+            if len(nodes) != 1 and self.inventory_kind != "nvml":
+                # a cluster simulated on this machine (tests, benches): every node's jobs
+                # run here; no GPU samples (they would not say which node's GPU)
+                log.warning("the policy has %d nodes (%s) and no --node: running all of them on this machine as a "
+                            "simulated cluster, without GPU samples", len(nodes), names)
+                return
             if len(nodes) != 1:
-                raise DaemonError(f"--node: the policy has {len(nodes)} nodes ({names}): name the one this server is")
+                raise DaemonError(f"--node: the policy has {len(nodes)} nodes ({names}): name the one this server is"
+                                  " (or --inventory static to run them all here as a simulated cluster)")
             self.node = nodes[0]
         else:
             self.node = next((n for n in nodes if n.name == self.node_name), None)
@@ -550,15 +544,10 @@ class Daemon:
         its class's idle threshold. Returns ``(news, active)``."""
         first = job.id not in self._logged_active
         rose = mem > rec["peak_gpu_mem_mib"]
-        cls = self.rules.classes.get(job.spec.workload_class)
-        if cls is None or not hasattr(cls, "idle_stop"):
-            return True, True  # rules without idle auto-stop yet: every sample
-        spec = cls.idle_stop
-        if spec is None:  # no idle stop for this class: only memory matters
+        rule = job.cls.idle_stop
+        if rule is None:  # no idle stop for this class: only memory matters
             return first or rose, True
-        threshold = idle_threshold(spec)
-        if threshold is None:
-            return True, True  # a shape we cannot read: every sample
+        threshold = rule.below_util_pct
         active = util >= threshold
         return first or rose or active != self._logged_active.get(job.id), active
 
@@ -637,17 +626,18 @@ class Daemon:
         return view
 
     def _usage_view(self, job) -> dict[str, Any]:
-        """A job's GPU samples as this server took them (``Daemon.sampled``; the peak
-        also from the logged samples): last utilisation %, GPU memory now and peak
-        (MiB) against what it declared (a share's ``mem_mib``, else ``gpu_mem_mib`` x
-        GPUs; 0: nothing declared, never over)."""
+        """A job's GPU usage: its last sample as this server took it (utilisation %,
+        GPU memory MiB; ``Daemon.sampled``, not logged unless it was news), and what the
+        core concluded from the logged samples (``Scheduler.usage_of``, note 009): peak
+        memory (MiB, all runs) against the declaration, over it or not, idle since /
+        stopped at, and why the job was stopped."""
         rec = self.sampled.get(job.id, {})
-        spec = job.spec
-        declared = spec.share.mem_mib if spec.share else spec.gpu_mem_mib * spec.gpus
-        peak = rec.get("peak_gpu_mem_mib")
+        u = self.sched.usage_of(job.id) or {}
         return {"gpu_util_pct": rec.get("gpu_util_pct"), "gpu_mem_mib": rec.get("gpu_mem_mib"),
-                "peak_gpu_mem_mib": peak, "declared_gpu_mem_mib": declared,
-                "over_declared_mem": bool(declared and peak and peak > declared), "sampled_at": rec.get("t")}
+                "sampled_at": rec.get("t"), "peak_gpu_mem_mib": u.get("peak_mib"),
+                "declared_gpu_mem_mib": u.get("declared_mib"), "over_declared_mem": bool(u.get("over_runs")),
+                "idle_since": u.get("idle_since"), "idle_stop_at": u.get("idle_stop_at"),
+                "stop_reason": u.get("stop_reason")}
 
     def array_view(self, rec: ArrayRec, history: bool = False) -> dict[str, Any]:
         """An array: the fields of its spec and its progress (chunks done / total,
