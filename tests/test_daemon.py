@@ -87,7 +87,9 @@ class Server:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         args = [sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(self.data),
-                "--port", str(port), *extra] + (["--policy", str(self.policy)] if policy else []) + \
+                # static: a machine with GPUs would refuse this policy's FAKE node under NVML
+                "--port", str(port), "--inventory", "static", *extra] + \
+            (["--policy", str(self.policy)] if policy else []) + \
             (["--db", self.db] if self.db else [])
         self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
 
@@ -477,4 +479,35 @@ def test_a_cancel_committed_before_a_crash_kills_the_job_at_restart(tmp_path, db
             assert d.nodes_view()[0]["free"] == 4
         wait_for("the jobs table to say so", lambda: d.store.job_row(job_id)["state"] == "CANCELLED")
     finally:
+        d.stop()
+
+
+def test_a_submission_returns_the_view_the_step_left_and_its_rows_agree(tmp_path, db):
+    """``submit_view`` (what ``POST /jobs`` returns): the job as the core left it after
+    the batch that took it - started with its placement and run, or pending with the
+    reason - and the jobs rows written by the step's batched updates say the same."""
+    from gpushepherd.daemon.server import Daemon
+    from gpushepherd.model.job import JobSpec
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    flag = tmp_path / "release"
+    d = Daemon(tmp_path / "data", db, policy_path=policy, poll_s=0.05)
+    d.start()
+    try:
+        code = [sys.executable, "-c", wait_for_file(flag)]
+        first = d.submit_view(JobSpec(id="", team="ml", workload_class="batch", gpus=4), code, cwd=str(tmp_path))
+        assert (first["state"], first["runs"], first["placement"]) == ("RUNNING", 1, "local:0,1,2,3")
+        second = d.submit_view(JobSpec(id="", team="ml", workload_class="batch", gpus=1), code, cwd=str(tmp_path))
+        assert second["state"] == "PENDING" and second["runs"] == 0 and second["placement"] is None
+        assert second["reason"]
+        row = d.store.job_row(first["id"])
+        assert (row["state"], row["run"], row["placement"]) == ("RUNNING", 1, "local:0,1,2,3") and row["pid"] > 0
+        assert d.store.job_row(second["id"])["state"] == "PENDING"
+        flag.touch()
+        wait_for("both jobs to complete", lambda: all(d.store.job_row(j["id"])["state"] == "COMPLETED"
+                                                      for j in (first, second)))
+        assert [d.store.job_row(j["id"])["exit_code"] for j in (first, second)] == [0, 0]
+    finally:
+        flag.touch()
         d.stop()

@@ -117,3 +117,19 @@ def test_sqlite_runs_in_wal_mode_with_full_sync(tmp_path):
     with store.engine.connect() as c:
         assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert c.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+    with store._lazy.connect() as c:  # the jobs table's own writes: a crash of the server, not a power cut
+        assert c.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+
+
+def test_update_jobs_sets_each_rows_columns_and_leaves_the_others(store):
+    rows = [dict(id=str(i), num=i, spec="{}", argv="[]", shell=False, env="{}", cwd="/", state="PENDING", run=0)
+            for i in (1, 2, 3)]
+    store.append(1.0, [], rows)
+    store.update_jobs({"1": {"state": "RUNNING", "run": 1, "pid": None},
+                       "2": {"state": "COMPLETED", "exit_code": 0},
+                       "3": {"state": "RUNNING", "run": 1, "pid": None}})
+    store.update_jobs({"1": {"pid": 41}, "3": {"pid": 43, "exit_code": None}})
+    again = Store(store.url).job_rows()  # read back through a connection of its own
+    assert [(r["state"], r["run"], r["pid"], r["exit_code"]) for r in again.values()] == [
+        ("RUNNING", 1, 41, None), ("COMPLETED", 0, None, 0), ("RUNNING", 1, 43, None)]
+    store.update_jobs({})  # nothing to write: no transaction, no error

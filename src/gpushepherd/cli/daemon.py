@@ -57,6 +57,10 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
     return r
 
 
+def _num(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
 def _located(d: dict) -> str:
     """``field: message`` of one FastAPI error entry (a message that already names its
     field, as the policy's do, is kept as it is)."""
@@ -181,7 +185,14 @@ def register(app: typer.Typer) -> None:
                                                  "only with tokens.")] = "127.0.0.1",
                port: Annotated[int, typer.Option("--port", min=1, max=65535)] = DEFAULT_PORT,
                auth: Annotated[str, typer.Option("--auth", help="auto: tokens required once one exists; "
-                                                 "required: always.")] = "auto") -> None:
+                                                 "required: always.")] = "auto",
+               inventory: Annotated[str, typer.Option("--inventory", help="GPUs from auto (NVML when it finds a "
+                                                      "GPU, else static), nvml or static (the policy's node, "
+                                                      "samples scripted by <data-dir>/gpu-samples.json).")] = "auto",
+               sample_every: Annotated[float, typer.Option("--sample-every", min=0.1, max=86400,
+                                                           help="Seconds between GPU samples.")] = 10.0,
+               node: Annotated[Optional[str], typer.Option("--node", help="The policy's node this server is "
+                                                           "(default: the policy's only node).")] = None) -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -198,7 +209,10 @@ def register(app: typer.Typer) -> None:
             err.print(f"error: --auth: {auth!r} is not allowed: auto or required", soft_wrap=True)
             raise typer.Exit(2)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        daemon = Daemon(data_dir, db, policy)
+        if inventory not in ("auto", "nvml", "static"):
+            err.print(f"error: --inventory: {inventory!r} is not allowed: auto, nvml or static", soft_wrap=True)
+            raise typer.Exit(2)
+        daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node)
         if not is_loopback(host):
             if not daemon.store.active_tokens():
                 err.print(f"error: --host {host}: only a loopback address (127.0.0.1, ::1) while the database has "
@@ -303,6 +317,12 @@ def register(app: typer.Typer) -> None:
         for key in ("id", "state", "reason", "class", "team", "user", "gpus", "share", "placement", "priority",
                     "runs", "preemptions", "exit_code", "command", "cwd", "stdout", "stderr", "checkpoint_dir"):
             out.print(f"{key}: {j.get(key)}")
+        if j.get("sampled_at") is not None or j.get("peak_gpu_mem_mib"):
+            util = "-" if j.get("gpu_util_pct") is None else f"{j['gpu_util_pct']:.0f}%"
+            over = "  OVER DECLARED" if j.get("over_declared_mem") else ""
+            out.print(f"gpu: util {util}, memory {_num(j.get('gpu_mem_mib'))} MiB, peak "
+                      f"{_num(j.get('peak_gpu_mem_mib'))} of {_num(j.get('declared_gpu_mem_mib') or None)} MiB "
+                      f"declared{over} (sampled {_fmt_t(j.get('sampled_at'))})")
         out.print(f"submit_time: {_fmt_t(j['submit_time'])}  estimated_start: {_fmt_t(j['estimated_start'])}")
         out.print("history:")
         for h in j["history"]:
@@ -357,10 +377,23 @@ def register(app: typer.Typer) -> None:
     def nodes(server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Nodes and their GPUs: free, and which job holds each (sinfo)."""
         table = Table("NODE", "GPU TYPE", "GPUS", "FREE", "JOBS BY GPU", box=None)
+        gpus = Table("NODE", "GPU", "UTIL", "MEMORY MiB", "TEMP", "POWER", "JOBS", "UNMANAGED BY", box=None)
         for n in _request(server, "GET", "/nodes", token=token).json():
             held = " ".join(f"{g['index']}:{','.join(g['jobs'])}" for g in n["gpu"] if g["jobs"])
             table.add_row(n["name"], n["gpu_type"], str(n["gpus"]), str(n["free"]), held or "-")
+            if not n.get("inventory"):
+                continue
+            for g in n["gpu"]:
+                foreign = " ".join(f"pid {p['pid']} ({p['owner'] or '?'}: {p['command'] or '?'})"
+                                   for p in g["unmanaged_processes"])
+                gpus.add_row(n["name"], str(g["index"]), "-" if g["util_pct"] is None else f"{g['util_pct']:.0f}%",
+                             f"{_num(g['mem_used_mib'])}/{_num(g['mem_total_mib'])}",
+                             "-" if g["temperature_c"] is None else f"{g['temperature_c']:.0f}C",
+                             "-" if g["power_w"] is None else f"{g['power_w']:.0f}W", ",".join(g["jobs"]) or "-",
+                             foreign or ("yes" if g["unmanaged"] else "-"))
         out.print(table)
+        if gpus.row_count:
+            out.print(gpus)
 
     @app.command("usage")
     def usage(server: ServerOpt = None, token: TokenOpt = None) -> None:

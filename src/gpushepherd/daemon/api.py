@@ -194,13 +194,12 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             body.user = body.user or p.user
         try:
             array = (body.array, *parse_array(body.array), body.max_retries) if body.array is not None else None
-            job_id = daemon.submit(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
-                                   array=array)
+            return daemon.submit_view(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
+                                      array=array)
         except SpecError as exc:
             field = {"class": "class", "workload_class": "class"}.get(_spec_field(str(exc)), _spec_field(str(exc)))
             return JSONResponse(status_code=422, content={"detail": [
                 {"loc": ["body", field], "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})
-        return view(job_id)
 
     @app.get("/jobs")
     def jobs(state: str | None = Query(None, description="only jobs in this state (PENDING, RUNNING, ...)"),

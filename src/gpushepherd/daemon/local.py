@@ -15,28 +15,24 @@ to the group, then SIGKILL after the grace period.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpushepherd.gpu.inventory import Discovery
+from gpushepherd.gpu.procs import stat_fields as _stat
 from gpushepherd.model.job import ExitStatus
 from gpushepherd.model.placement import Placement
 
+log = logging.getLogger("gpushepherd.daemon")
+
 #: "checkpointed, requeue me" (the number Slurm users know from ``--requeue`` scripts)
 REQUEUE_EXIT_CODE = 85
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name (state first), or ``None``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
 
 
 def proc_start_time(pid: int) -> str | None:
@@ -97,10 +93,53 @@ def exit_status(code: int) -> ExitStatus:
     return ExitStatus.FAILED
 
 
-def visible_devices(placement: Placement) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for a placement on this server: its GPU indices,
-    comma-separated, ascending (a share: its one GPU)."""
-    return ",".join(str(g) for g in sorted({g for _node, gpus in placement.parts for g in gpus}))
+def _mig_share(placement: Placement) -> tuple[str, int] | None:
+    """``(profile, start)`` of a MIG placement (share ``mig:1g.10gb@3``), else ``None``."""
+    m = re.fullmatch(r"mig:(\S+)@(\d+)", placement.share)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def mig_uuid(found: Discovery | None, gpu: int, profile: str, start: int) -> str:
+    """The UUID of GPU ``gpu``'s MIG device of ``profile`` at ``start`` in ``found``;
+    when NVML could not read starts, the one device of that profile on the GPU; ''
+    when unknown."""
+    if found is None or not 0 <= gpu < len(found.gpus):
+        return ""
+    devices = found.gpus[gpu].mig
+    exact = [d.uuid for d in devices if d.profile == profile and d.start == start and d.uuid]
+    if exact:
+        return exact[0]
+    loose = [d.uuid for d in devices if d.profile == profile and d.start < 0 and d.uuid]
+    return loose[0] if len(loose) == 1 and not any(d.start == start for d in devices) else ""
+
+
+def visible_devices(placement: Placement, node: str = "", found: Discovery | None = None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a placement on this server (note 008), comma-separated:
+    for the GPUs of ``node`` (this server) the GPU UUIDs ``found`` knows (NVML, or the
+    policy's ``gpu_uuids``), for a MIG placement the MIG device's UUID; else - no
+    inventory, unknown UUIDs, GPUs of another node - the GPU indices, ascending (a
+    share: its one GPU; a MIG device of unknown UUID: its GPU)."""
+    ids = []
+    for name, gpus in placement.parts:
+        for g in gpus:
+            known = found is not None and name == node and 0 <= g < len(found.gpus)
+            ids.append((g, found.gpus[g].uuid if known and found.gpus[g].uuid else str(g)))
+    mig = _mig_share(placement)
+    if mig is not None and len(ids) == 1 and placement.parts[0][0] == node:
+        uuid = mig_uuid(found, ids[0][0], *mig)
+        if uuid:
+            return uuid
+    return ",".join(text for _g, text in sorted(set(ids)))
+
+
+def unresolved_mig(placement: Placement, node: str = "", found: Discovery | None = None) -> str:
+    """The MIG device (``1g.10gb@3``) of a MIG placement whose UUID is unknown (the job
+    then sees its whole GPU), else ''."""
+    mig = _mig_share(placement)
+    if mig is None:
+        return ""
+    gpu = placement.parts[0][1][0]
+    return "" if placement.parts[0][0] == node and mig_uuid(found, gpu, *mig) else f"{mig[0]}@{mig[1]}"
 
 
 @dataclass(slots=True)
@@ -125,6 +164,10 @@ class LocalBackend:
     def __init__(self, data_dir: Path):
         self.data_dir = Path(data_dir)
         self.procs: dict[str, Proc] = {}
+        #: this server's node and what its inventory found (GPU and MIG UUIDs for
+        #: ``CUDA_VISIBLE_DEVICES``); set by the daemon, ``None``: indices
+        self.node = ""
+        self.found: Discovery | None = None
 
     def run_dir(self, job_id: str, run: int) -> Path:
         return self.data_dir / "runs" / job_id / str(run)
@@ -146,8 +189,13 @@ class LocalBackend:
         ckpt.mkdir(parents=True, exist_ok=True)
         full_env = dict(os.environ)
         full_env.update(env)
+        unresolved = unresolved_mig(placement, self.node, self.found)
+        if unresolved:
+            log.warning("job %s: MIG device %s has no known UUID (static inventory?): it sees its whole GPU; "
+                        "SHEPHERD_MIG_DEVICE names the device", job_id, unresolved)
+            full_env["SHEPHERD_MIG_DEVICE"] = unresolved
         full_env.update({
-            "CUDA_VISIBLE_DEVICES": visible_devices(placement),
+            "CUDA_VISIBLE_DEVICES": visible_devices(placement, self.node, self.found),
             "SHEPHERD_JOB_ID": job_id,
             "SHEPHERD_RUN": str(run),
             "SHEPHERD_CHECKPOINT_DIR": str(ckpt),

@@ -26,10 +26,21 @@ from typing import Any
 
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.daemon.arrays import ArrayRec, child_id, parse_child_id, progress
-from gpushepherd.daemon.local import LocalBackend, exit_status
+from gpushepherd.daemon.local import LocalBackend, exit_status, mig_uuid
+from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
+from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
 from gpushepherd.daemon.store import Store, spec_from_dict, spec_to_dict
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
-from gpushepherd.model.events import Event, JobCancelled, JobFinished, JobRequeueRequested, JobSubmitted, Tick
+from gpushepherd.model.events import (
+    Event,
+    GpuUnmanaged,
+    JobCancelled,
+    JobFinished,
+    JobRequeueRequested,
+    JobSubmitted,
+    Tick,
+    UsageSample,
+)
 from gpushepherd.model.job import ExitStatus, JobSpec, JobState
 from gpushepherd.model.placement import Placement
 from gpushepherd.policy.load import policy_from_dict, read_policy_dict
@@ -52,12 +63,18 @@ class Daemon:
         policy_path: the policy file; ``None``: the last policy in the event log.
         poll_s: seconds between loop steps when nothing wakes it (process exits are
             polled).
+        inventory: ``auto``, ``nvml`` or ``static`` (``gpushepherd.gpu.open_inventory``);
+            ``static`` by default here, so that an embedding program or test sees the
+            same GPUs on any machine (``shepherd server`` defaults to ``auto``).
+        sample_every: seconds between GPU samples.
+        node: the policy's node this server is; ``None``: the policy's only node.
         clock: the loop's only clock, seconds since the epoch (default ``time.time``;
             tests pass a shifted one to cross a window boundary).
     """
 
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
-                 poll_s: float = 0.2, clock=time.time):
+                 poll_s: float = 0.2, inventory: str = "static", sample_every: float = 10.0, node: str | None = None,
+                 clock=time.time):
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(db_url or Store.sqlite_url(self.data_dir))
@@ -79,6 +96,20 @@ class Daemon:
         self._beat = 0.0
         self.next_num = 1
         self.arrays: dict[str, ArrayRec] = {}  # job arrays by id (gpushepherd.daemon.arrays)
+        # GPU inventory and samples (note 008): live state, not stored (the flags and
+        # peaks the core was told are rebuilt from the log)
+        self.inventory_kind, self.sample_every, self.node_name = inventory, sample_every, node
+        self.inventory = None
+        self.node = None  # the policy's Node this server is
+        self.found = None  # its Discovery
+        self.gpu_samples: dict[int, Any] = {}  # GPU index -> last GpuSample
+        #: the daemon's own copy of each job's samples: last utilisation and memory, peak memory
+        self.sampled: dict[str, dict[str, Any]] = {}
+        self.unmanaged: dict[int, list[dict]] = {}  # GPU index -> foreign processes (pid, owner, command, MiB)
+        self.unmanaged_flag: dict[tuple[str, int], bool] = {}  # as last logged (GpuUnmanaged)
+        self._logged_active: dict[str, bool] = {}  # job -> active in its last logged sample (this server's life)
+        self._last_pids: frozenset[int] = frozenset()
+        self._next_sample = 0.0
 
     # ------------------------------------------------------------ start / stop
     def start(self) -> None:
@@ -96,6 +127,7 @@ class Daemon:
         try:
             self._load_policy(now)
             self._replay()
+            self._open_inventory()
             self.next_num = self.store.next_job_number()
             self._load_arrays()
             self._reconcile()
@@ -114,6 +146,8 @@ class Daemon:
             self._thread.join(timeout=30)
         self.store.release_lock()
         self.store.close()
+        if self.inventory is not None:
+            self.inventory.close()
 
     def _load_policy(self, now: float) -> None:
         logged = self.store.last_policy()
@@ -137,9 +171,55 @@ class Daemon:
                 else:  # the server restarted under another policy: same state, new rules
                     sched = Scheduler.restore(self.rules, json.loads(json.dumps(sched.snapshot())))
                 continue
+            for e in item:
+                self._note_sample(e)
             for d in sched.handle(item):
                 self._track(d)
         self.sched = sched
+
+    def _note_sample(self, e: Event) -> None:
+        """Keep what a logged sample told the core: a job's peak memory, a GPU's
+        unmanaged flag."""
+        if isinstance(e, UsageSample):
+            rec = self.sampled.setdefault(e.job_id, {"peak_gpu_mem_mib": 0})
+            rec["peak_gpu_mem_mib"] = max(rec["peak_gpu_mem_mib"], e.mem_used_mib)
+        elif isinstance(e, GpuUnmanaged):
+            self.unmanaged_flag[(e.node, e.gpu)] = e.unmanaged
+
+    def _open_inventory(self) -> None:
+        """Pick this server's node, open the inventory and, with NVML, refuse a node
+        the machine does not match."""
+        nodes = self.rules.nodes
+        names = ", ".join(n.name for n in nodes[:5]) + (", ..." if len(nodes) > 5 else "")
+        if self.node_name is None:
+            if len(nodes) != 1 and self.inventory_kind != "nvml":
+                # a cluster simulated on this machine (tests, benches): every node's jobs
+                # run here; no GPU samples (they would not say which node's GPU)
+                log.warning("the policy has %d nodes (%s) and no --node: running all of them on this machine as a "
+                            "simulated cluster, without GPU samples", len(nodes), names)
+                return
+            if len(nodes) != 1:
+                raise DaemonError(f"--node: the policy has {len(nodes)} nodes ({names}): name the one this server is"
+                                  " (or --inventory static to run them all here as a simulated cluster)")
+            self.node = nodes[0]
+        else:
+            self.node = next((n for n in nodes if n.name == self.node_name), None)
+            if self.node is None:
+                raise DaemonError(f"--node: {self.node_name!r} is not allowed: a node of the policy ({names})")
+        try:
+            self.inventory = open_inventory(self.inventory_kind, self.node, self.data_dir)
+            self.found = self.inventory.discover()
+        except InventoryError as exc:
+            raise DaemonError(str(exc)) from None
+        if self.found.source == "nvml":
+            wrong = node_mismatches(self.node, self.found)
+            if wrong:
+                self.inventory.close()
+                raise DaemonError("the policy does not describe this machine: " + "; ".join(wrong)
+                                  + " (fix the policy's node, or run with --inventory static)")
+        log.info("inventory %s: node %s, %d GPU(s)%s", self.found.source, self.node.name, len(self.found.gpus),
+                 f", driver {self.found.driver}, CUDA {self.found.cuda}" if self.found.driver else "")
+        self.backend.node, self.backend.found = self.node.name, self.found
 
     def _load_arrays(self) -> None:
         for r in self.store.array_rows():
@@ -209,6 +289,15 @@ class Daemon:
             SpecError: the policy refuses the spec (field, value, what is allowed).
             TimeoutError: the loop did not answer within ``timeout`` seconds.
         """
+        return self.submit_view(spec, argv, shell=shell, env=env, cwd=cwd, array=array, timeout=timeout)["id"]
+
+    def submit_view(self, spec: JobSpec, argv: list[str], *, shell: bool = False, env: dict[str, str] | None = None,
+                    cwd: str, array: tuple[str, list[int], int, int] | None = None,
+                    timeout: float = 60.0) -> dict[str, Any]:
+        """``submit``, returning the job's view (``job_view``) as the core left it after
+        the batch that took the submission: taken by the loop in that step, so the
+        caller waits for no lock (note 008, "Submission throughput"). Raises as
+        ``submit``."""
         fut: Future = Future()
         self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array), fut))
         self.wake.set()
@@ -248,8 +337,9 @@ class Daemon:
                 return []
         batch: list[Event] = [replace(e, t=now) for e in self.deferred]
         self.deferred = []
-        for job_id, code in backend.exits():
-            self.store.update_job(job_id, exit_code=code, kill_at=None)
+        ended = backend.exits()
+        self.store.update_jobs({job_id: dict(exit_code=code, kill_at=None) for job_id, code in ended})  # one commit
+        for job_id, code in ended:
             self.kills.pop(job_id, None)
             job = sched.jobs.get(job_id)
             if job is None or not job.state.holds_gpus:
@@ -270,6 +360,12 @@ class Daemon:
                 break
             self._command(now, cmd, batch, rows, replies, new_arrays)
         children = self._array_children(now, batch, rows, new_arrays)
+        if self.inventory is not None and now >= self._next_sample:
+            self._next_sample = now + self.sample_every
+            try:
+                batch.extend(self._sample(now))
+            except Exception:  # a failed sample (a bad scripted file, NVML trouble) is skipped whole
+                log.exception("GPU sample failed; skipped")
         wake = sched.next_wakeup()
         if not batch and wake is not None and wake <= now:
             batch.append(Tick(now))
@@ -287,13 +383,21 @@ class Daemon:
         for array_id, index, job_id in children:
             self.arrays[array_id].attempts.setdefault(index, []).append(job_id)
         decisions = sched.handle(batch)
+        for d in decisions:
+            self._track(d)  # placements and run numbers, before the replies' views
         for fut, value in replies:
             fut.set_result(value() if callable(value) else value)
-        for d in decisions:
-            self._apply(now, d)
         touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None) for e in batch}
         touched |= {d.job_id for d in decisions}
-        self.store.update_states({j: sched.jobs[j].state.value for j in touched if j in sched.jobs})
+        states = {j: {"state": sched.jobs[j].state.value} for j in touched if j in sched.jobs}
+        launches, fresh = [], {r["id"]: r for r in rows}  # a job submitted in this step: its row is at hand
+        for d in decisions:
+            if isinstance(d, Start):
+                row = fresh.get(d.job_id) or self.store.job_row(d.job_id)
+                launches.append((d.job_id, self.runs[d.job_id], d.placement, row))
+            else:
+                self._apply(now, d)
+        self._launch_all(launches, states)
         return decisions
 
     def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list, new_arrays: list) -> None:
@@ -313,12 +417,13 @@ class Daemon:
                 new_arrays.append(ArrayRec(id=job_id, num=int(job_id), text=text, indices=indices,
                                            throttle=throttle, max_retries=max_retries, submit_time=now,
                                            spec=spec_to_dict(spec), argv=argv, shell=shell, env=env, cwd=cwd))
-                replies.append((fut, job_id))
+                replies.append((fut, lambda j=job_id: self.job_view(j)))
                 return
             batch.append(JobSubmitted(now, spec))
-            rows.append(dict(id=job_id, num=int(job_id), spec=json.dumps(spec_to_dict(spec)), argv=json.dumps(argv),
-                             shell=shell, env=json.dumps(env), cwd=cwd, state=JobState.PENDING.value, run=0))
-            replies.append((fut, job_id))
+            row = dict(id=job_id, num=int(job_id), spec=json.dumps(spec_to_dict(spec)), argv=json.dumps(argv),
+                       shell=shell, env=json.dumps(env), cwd=cwd, state=JobState.PENDING.value, run=0)
+            rows.append(row)
+            replies.append((fut, lambda j=job_id, r=row: self.job_view(j, {**r, "exit_code": None})))
         elif kind == "cancel" and arg in self.arrays:
             rec = self.arrays[arg]
             if rec.cancelled is None:
@@ -382,11 +487,77 @@ class Daemon:
                 out.append((rec.id, index, job_id))
         return out
 
+    # ------------------------------------------------------------ GPU samples (note 008)
+    def _sample(self, now: float) -> list[Event]:
+        """One GPU sample: the events it brings (a job's ``UsageSample`` when it tells
+        the core something new, ``GpuUnmanaged`` when a GPU's foreign processes come or
+        go); updates the live views."""
+        node = self.node
+        tracked = self.backend.procs
+        members = procs.group_members(p.pid for p in tracked.values())
+        pids_now = frozenset().union(*members.values()) if members else frozenset()
+        # a process of a job that just ended may linger in NVML's list for a moment: ours
+        managed, self._last_pids = pids_now | self._last_pids, pids_now
+        devs = {}
+        for job in sorted(self.sched.holding(), key=lambda j: j.id):
+            proc, placement = tracked.get(job.id), self.placements.get(job.id)
+            if proc is None or placement is None:
+                continue
+            gpus = tuple(g for name, gs in placement.parts if name == node.name for g in gs)
+            if not gpus:
+                continue
+            share = placement.share
+            mig = ""
+            if share.startswith("mig:"):
+                profile, _, start = share[4:].partition("@")
+                # a MIG device of unknown UUID is still a MIG device (no utilisation to read)
+                mig = mig_uuid(self.found, gpus[0], profile, int(start or -1)) or share
+            devs[job.id] = JobDevices(gpus, members.get(proc.pid, frozenset()), mig, bool(share) and not mig)
+        sample = self.inventory.sample(devs)
+        self.gpu_samples = {g.index: g for g in sample.gpus}
+        events: list[Event] = []
+        for job_id, usage in sorted(sample.jobs.items()):
+            # utilisation that cannot be measured (a MIG device) counts as busy: never idle-stopped blind
+            util = 100.0 if usage.util_pct is None else float(usage.util_pct)
+            rec = self.sampled.setdefault(job_id, {"peak_gpu_mem_mib": 0})
+            news, active = self._sample_is_news(self.sched.jobs[job_id], util, usage.mem_used_mib, rec)
+            rec.update(t=now, gpu_util_pct=usage.util_pct, gpu_mem_mib=usage.mem_used_mib)
+            if news:
+                events.append(UsageSample(now, job_id, util, usage.mem_used_mib))
+                rec["peak_gpu_mem_mib"] = max(rec["peak_gpu_mem_mib"], usage.mem_used_mib)
+                self._logged_active[job_id] = active
+        foreign = foreign_processes(sample.gpus, managed)
+        for g in range(node.gpus):
+            found = foreign.get(g, ())
+            self.unmanaged[g] = [{"pid": p.pid, "owner": procs.owner(p.pid), "command": procs.command(p.pid),
+                                  "used_mib": p.used_mib, "mig_uuid": p.mig_uuid or None} for p in found]
+            flag = bool(found)
+            if self.unmanaged_flag.get((node.name, g), False) != flag:
+                self.unmanaged_flag[(node.name, g)] = flag
+                events.append(GpuUnmanaged(now, node.name, g, flag))
+                if flag:
+                    log.warning("GPU %d runs processes gpushepherd did not start (%s): not handed out until free", g,
+                                ", ".join(f"pid {p['pid']} of {p['owner'] or '?'}" for p in self.unmanaged[g]))
+                else:
+                    log.info("GPU %d is free of foreign processes again", g)
+        return events
+
+    def _sample_is_news(self, job, util: float, mem: int, rec: dict) -> tuple[bool, bool]:
+        """Whether a job's sample goes to the log (note 008, "the log stays bounded"):
+        its first since this server started, a new peak memory, or its activity crossed
+        its class's idle threshold. Returns ``(news, active)``."""
+        first = job.id not in self._logged_active
+        rose = mem > rec["peak_gpu_mem_mib"]
+        rule = job.cls.idle_stop
+        if rule is None:  # no idle stop for this class: only memory matters
+            return first or rose, True
+        threshold = rule.below_util_pct
+        active = util >= threshold
+        return first or rose or active != self._logged_active.get(job.id), active
+
     def _apply(self, now: float, d: Decision) -> None:
-        self._track(d)
-        if isinstance(d, Start):
-            self._launch(d.job_id, self.runs[d.job_id], d.placement, self.store.job_row(d.job_id))
-        elif isinstance(d, (Preempt, Stop)):
+        """Act on a decision other than ``Start`` (``_launch_all`` starts runs)."""
+        if isinstance(d, (Preempt, Stop)):
             self.backend.signal(d.job_id, signal.SIGTERM)
             due = now + d.grace_s
             self.kills[d.job_id] = due
@@ -397,20 +568,33 @@ class Daemon:
             log.warning("MIG reconfiguration of %s GPU %d is not supported by the local backend yet", d.node, d.gpu)
 
     def _launch(self, job_id: str, run: int, placement: Placement, row: dict) -> None:
-        # the attempt is committed before the fork: a restart then looks for the run
+        self._launch_all([(job_id, run, placement, row)])
+
+    def _launch_all(self, launches: list[tuple[str, int, Placement, dict]], states: dict | None = None) -> None:
+        """Start runs ``(job, run, placement, jobs row)``, writing ``states`` (job ->
+        column values) with their attempts: two commits for all of them (note 008,
+        "Submission throughput")."""
+        # the attempts are committed before the forks: a restart then looks for each run
         # (find_runner) instead of launching it a second time
-        self.store.update_job(job_id, run=run, pid=None, pgid=None, proc_start=None, exit_code=None, kill_at=None)
-        try:
-            proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
-                                      env=json.loads(row["env"]), cwd=row["cwd"], placement=placement)
-        except (OSError, ValueError, TypeError) as exc:  # e.g. an environment the OS refuses
-            log.error("job %s: cannot start its runner: %s", job_id, exc)
-            self.store.update_job(job_id, placement=str(placement))
-            self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
-            return
-        rdir = self.backend.run_dir(job_id, run)
-        self.store.update_job(job_id, pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
-                              stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
+        values = {j: dict(v) for j, v in (states or {}).items()}
+        for job_id, run, _placement, _row in launches:
+            values.setdefault(job_id, {}).update(run=run, pid=None, pgid=None, proc_start=None, exit_code=None,
+                                                 kill_at=None)
+        self.store.update_jobs(values)
+        started = {}
+        for job_id, run, placement, row in launches:
+            try:
+                proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
+                                          env=json.loads(row["env"]), cwd=row["cwd"], placement=placement)
+            except (OSError, ValueError, TypeError) as exc:  # e.g. an environment the OS refuses
+                log.error("job %s: cannot start its runner: %s", job_id, exc)
+                started[job_id] = dict(placement=str(placement))
+                self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
+                continue
+            rdir = self.backend.run_dir(job_id, run)
+            started[job_id] = dict(pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
+                                   stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
+        self.store.update_jobs(started)
 
     # ------------------------------------------------------------ views (hold self.lock)
     def job_view(self, job_id: str, row: dict | None = None, history: bool = False) -> dict[str, Any] | None:
@@ -434,6 +618,7 @@ class Daemon:
             "estimated_start": self.sched.estimated_start(job_id) if pending else None,
             "priority": self.sched.priority_factors(job_id)["priority"],
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
+            **self._usage_view(job),
         }
         if history:
             view["history"] = [{"t": h.t, "from": str(getattr(h.from_state, "value", h.from_state)),
@@ -443,6 +628,20 @@ class Daemon:
             view["stdout"], view["stderr"] = row["stdout"], row["stderr"]
             view["checkpoint_dir"] = str(self.backend.checkpoint_dir(job_id))
         return view
+
+    def _usage_view(self, job) -> dict[str, Any]:
+        """A job's GPU usage: its last sample as this server took it (utilisation %,
+        GPU memory MiB; ``Daemon.sampled``, not logged unless it was news), and what the
+        core concluded from the logged samples (``Scheduler.usage_of``, note 009): peak
+        memory (MiB, all runs) against the declaration, over it or not, idle since /
+        stopped at, and why the job was stopped."""
+        rec = self.sampled.get(job.id, {})
+        u = self.sched.usage_of(job.id) or {}
+        return {"gpu_util_pct": rec.get("gpu_util_pct"), "gpu_mem_mib": rec.get("gpu_mem_mib"),
+                "sampled_at": rec.get("t"), "peak_gpu_mem_mib": u.get("peak_mib"),
+                "declared_gpu_mem_mib": u.get("declared_mib"), "over_declared_mem": bool(u.get("over_runs")),
+                "idle_since": u.get("idle_since"), "idle_stop_at": u.get("idle_stop_at"),
+                "stop_reason": u.get("stop_reason")}
 
     def array_view(self, rec: ArrayRec, history: bool = False) -> dict[str, Any]:
         """An array: the fields of its spec and its progress (chunks done / total,
@@ -482,10 +681,29 @@ class Daemon:
                     holders.setdefault((node, g), []).append(job.id)
         out = []
         for node in self.rules.nodes:
-            gpus = [{"index": g, "jobs": holders.get((node.name, g), [])} for g in range(node.gpus)]
-            out.append({"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
-                        "free": sum(1 for g in gpus if not g["jobs"]), "gpu": gpus})
+            gpus = [{"index": g, "jobs": holders.get((node.name, g), []), **self._gpu_view(node.name, g)}
+                    for g in range(node.gpus)]
+            view = {"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
+                    "free": sum(1 for g in gpus if not g["jobs"]), "gpu": gpus}
+            if self.node is not None and node.name == self.node.name and self.found is not None:
+                view.update(inventory=self.found.source, driver=self.found.driver or None,
+                            cuda=self.found.cuda or None)
+            out.append(view)
         return out
+
+    def _gpu_view(self, node: str, g: int) -> dict[str, Any]:
+        """GPU ``g`` of ``node`` as the last sample saw it (this server's node only):
+        UUID, utilisation %, memory used / total MiB, temperature C, power W, and the
+        foreign processes that make it unmanaged (pid, owner, command, MiB)."""
+        mine = self.node is not None and node == self.node.name
+        s = self.gpu_samples.get(g) if mine else None
+        info = self.found.gpus[g] if mine and self.found is not None and g < len(self.found.gpus) else None
+        return {"uuid": (info.uuid or None) if info else None,
+                "util_pct": s.util_pct if s else None, "mem_used_mib": s.mem_used_mib if s else None,
+                "mem_total_mib": (s.mem_total_mib if s else None) or (info.memory_mib if info else None),
+                "temperature_c": s.temperature_c if s else None, "power_w": s.power_w if s else None,
+                "unmanaged": self.unmanaged_flag.get((node, g), False),
+                "unmanaged_processes": self.unmanaged.get(g, []) if mine else []}
 
     def usage_view(self) -> dict:
         sched = self.sched
