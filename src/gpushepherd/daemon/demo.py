@@ -42,6 +42,41 @@ def demo_policy_path() -> Path:
     return Path(str(resources.files("gpushepherd") / "data" / "demo-server-policy.yaml"))
 
 
+DEMO_GPUS = 8
+
+
+def real_gpus_policy(data_dir: Path, say: Callable[[str], None] | None = None) -> tuple[Path, str]:
+    """The demo's policy and inventory kind: the bundled policy on a static 8-GPU node,
+    or - when NVML finds at least 8 GPUs (all of one model, none in MIG mode) - the same
+    policy on this machine's GPUs (``nvml``). Returns ``(policy file, inventory kind)``."""
+    import yaml
+
+    from gpushepherd.gpu.nvml import NvmlInventory, nvml_unavailable
+
+    if nvml_unavailable() is not None:
+        return demo_policy_path(), "static"
+    inv = NvmlInventory()
+    try:
+        found = inv.discover()
+    finally:
+        inv.close()
+    gpus = found.gpus
+    names = sorted({g.name for g in gpus})
+    if len(gpus) < DEMO_GPUS or len(names) != 1 or any(g.mig_enabled for g in gpus):
+        if say:
+            say(f"NVML found {len(gpus)} GPU(s) ({', '.join(names)}): the demo's workload needs {DEMO_GPUS} GPUs of "
+                "one model without MIG, so it runs on a static 8-GPU node")
+        return demo_policy_path(), "static"
+    policy = yaml.safe_load(demo_policy_path().read_text())
+    policy["cluster"]["nodes"] = [{"name": "local", "gpus": len(gpus), "gpu_type": names[0],
+                                   "gpu_mem_mib": min(g.memory_mib for g in gpus)}]
+    path = Path(data_dir) / "demo-policy.yaml"
+    path.write_text(yaml.safe_dump(policy, sort_keys=False))
+    if say:
+        say(f"NVML found {len(gpus)} x {names[0]}: the demo runs on this machine's GPUs")
+    return path, "nvml"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -173,8 +208,13 @@ def run_demo(data_dir: Path, *, on_tick: Callable[[float, list[dict], list[dict]
     subs = workload(str(work_dir))
     names: dict[str, str] = {}
     seen: dict[str, str] = {}
+    kw = dict(daemon_kw or {})
+    if policy is None:
+        policy, kw["inventory"] = real_gpus_policy(data_dir, say=(lambda text: on_event(0.0, text)) if on_event
+                                                   else None)
+    kw.setdefault("sample_every", 1.0)
     t0 = time.time()
-    with DemoServer(data_dir, policy or demo_policy_path(), **(daemon_kw or {})) as server, \
+    with DemoServer(data_dir, policy, **kw) as server, \
             httpx.Client(base_url=server.url, timeout=30) as http:
         todo = list(subs)
         while True:
