@@ -121,11 +121,19 @@ DbOpt = Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL (defa
 
 
 def _store(data_dir: Path, db: str | None):
+    """The store of ``--db`` or ``--data-dir``, upgraded to this code's schema; a schema
+    it cannot use is one ``error:`` line, exit 2."""
+    from gpushepherd.cli.main import err
+    from gpushepherd.daemon.migrate import SchemaError
     from gpushepherd.daemon.store import Store
 
     if db is None:
         data_dir.mkdir(parents=True, exist_ok=True)
-    return Store(db or Store.sqlite_url(data_dir))
+    try:
+        return Store(db or Store.sqlite_url(data_dir))
+    except SchemaError as exc:
+        err.print(f"error: {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -198,7 +206,12 @@ def register(app: typer.Typer) -> None:
             err.print(f"error: --auth: {auth!r} is not allowed: auto or required", soft_wrap=True)
             raise typer.Exit(2)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        daemon = Daemon(data_dir, db, policy)
+        from gpushepherd.daemon.migrate import SchemaError
+        try:
+            daemon = Daemon(data_dir, db, policy)
+        except SchemaError as exc:
+            err.print(f"error: {exc}", soft_wrap=True)
+            raise typer.Exit(2) from None
         if not is_loopback(host):
             if not daemon.store.active_tokens():
                 err.print(f"error: --host {host}: only a loopback address (127.0.0.1, ::1) while the database has "

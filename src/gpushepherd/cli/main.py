@@ -388,5 +388,9 @@ from gpushepherd.cli import daemon as _daemon_cli  # noqa: E402  (needs app, _co
 
 _daemon_cli.register(app)
 
+from gpushepherd.cli import db as _db_cli  # noqa: E402
+
+_db_cli.register(app)
+
 if __name__ == "__main__":  # pragma: no cover
     run()
