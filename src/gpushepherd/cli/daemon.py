@@ -125,11 +125,19 @@ DbOpt = Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL (defa
 
 
 def _store(data_dir: Path, db: str | None):
+    """The store of ``--db`` or ``--data-dir``, upgraded to this code's schema; a schema
+    it cannot use is one ``error:`` line, exit 2."""
+    from gpushepherd.cli.main import err
+    from gpushepherd.daemon.migrate import SchemaError
     from gpushepherd.daemon.store import Store
 
     if db is None:
         data_dir.mkdir(parents=True, exist_ok=True)
-    return Store(db or Store.sqlite_url(data_dir))
+    try:
+        return Store(db or Store.sqlite_url(data_dir))
+    except SchemaError as exc:
+        err.print(f"error: {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -212,7 +220,12 @@ def register(app: typer.Typer) -> None:
         if inventory not in ("auto", "nvml", "static"):
             err.print(f"error: --inventory: {inventory!r} is not allowed: auto, nvml or static", soft_wrap=True)
             raise typer.Exit(2)
-        daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node)
+        from gpushepherd.daemon.migrate import SchemaError
+        try:
+            daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node)
+        except SchemaError as exc:
+            err.print(f"error: {exc}", soft_wrap=True)
+            raise typer.Exit(2) from None
         if not is_loopback(host):
             if not daemon.store.active_tokens():
                 err.print(f"error: --host {host}: only a loopback address (127.0.0.1, ::1) while the database has "

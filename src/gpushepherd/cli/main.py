@@ -28,7 +28,7 @@ from rich.text import Text
 
 from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
-from gpushepherd.policy.load import PolicyError, load_policy, override_cluster, policy_from_dict, read_policy_dict
+from gpushepherd.policy.load import PolicyError, override_cluster, policy_from_dict, read_policy_dict
 from gpushepherd.sim.engine import Simulator
 from gpushepherd.sim.mapping import to_sim_jobs
 from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs
@@ -39,7 +39,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help=__doc__.split("\n\n")[0] if __doc__ else None)
 scenario_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                            help="Run scenario files: a cluster, a policy, jobs and the expected outcome.")
-policy_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Check policy files.")
+policy_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Check policy files; apply, show and list the versions of a running server's policy.")
 app.add_typer(scenario_app, name="scenario")
 app.add_typer(policy_app, name="policy")
 
@@ -372,23 +372,19 @@ def _print_timeline(outcome) -> None:
     out.print(table)
 
 
-@policy_app.command("check")
-def policy_check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Policy YAML files.")]) -> None:
-    """Validate policy files; print a summary of each."""
-    with _errors():
-        for path in files:
-            r = load_policy(path).rules
-            gpus = sum(n.gpus for n in r.nodes)
-            classes = f"{len(r.classes)} class" + ("" if len(r.classes) == 1 else "es")
-            out.print(f"{path}: OK - {_plural(len(r.nodes), 'node')}, {_plural(gpus, 'GPU')}, {classes}, "
-                      f"{_plural(len(r.teams), 'team')}, {_plural(len(r.limits), 'limit')}")
-
-
 from gpushepherd.cli import daemon as _daemon_cli  # noqa: E402  (needs app, _console, _errors above)
 from gpushepherd.cli import demo as _demo_cli  # noqa: E402
 
 _daemon_cli.register(app)
 _demo_cli.register(app)
+
+from gpushepherd.cli import db as _db_cli  # noqa: E402
+
+_db_cli.register(app)
+
+from gpushepherd.cli import policy as _policy_cli  # noqa: E402
+
+_policy_cli.register(policy_app)
 
 if __name__ == "__main__":  # pragma: no cover
     run()

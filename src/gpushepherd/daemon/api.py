@@ -30,8 +30,10 @@ from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
 from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import Principal
+from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.server import Daemon
 from gpushepherd.model.job import GpuShare, JobSpec
+from gpushepherd.policy.load import PolicyError
 
 
 class ShareBody(BaseModel):
@@ -105,6 +107,28 @@ class SubmitBody(BaseModel):
                        gpu_types=tuple(self.gpu_type), gpu_mem_mib=self.gpu_mem_mib, time_limit_s=self.time_limit_s,
                        runtime_estimate_s=self.runtime_estimate_s, preemptible=self.preemptible,
                        checkpointable=self.checkpointable, share=share)
+
+
+class PolicyBody(BaseModel):
+    """A policy to check or apply: the policy file's parsed YAML as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+    policy: dict = Field(description="the parsed policy file (see docs/policy.md)")
+    source: str = Field("", max_length=4096, description="the file it came from, for messages and history")
+    user: str = Field("", max_length=255, description="who applies it when the server has no tokens "
+                      "(with a token: the token's user)")
+
+
+def _policy_refused(exc: Exception) -> JSONResponse:
+    """422 for a policy that is invalid (one entry naming the field) or that conflicts
+    with live jobs (one entry per job and field)."""
+    if isinstance(exc, PolicyConflict):
+        detail = [{"loc": ["body", "policy"], "msg": c.msg, "type": "conflict", "job": c.job, "field": c.field}
+                  for c in exc.conflicts]
+    else:
+        detail = [{"loc": ["body", "policy"], "msg": str(exc), "type": "policy",
+                   "field": getattr(exc, "path", "")}]
+    return JSONResponse(status_code=422, content={"detail": detail})
 
 
 def _spec_field(msg: str) -> str:
@@ -245,6 +269,45 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         except FileNotFoundError:
             data = b""
         return PlainTextResponse(data.decode(errors="replace"), headers={"X-Next-Offset": str(offset + len(data))})
+
+    @app.post("/policy")
+    def apply_policy(body: PolicyBody, dry_run: bool = Query(False, description="only check: could it be "
+                                                             "applied now?"),
+                     p: Principal | None = Depends(principal)):
+        """Apply a policy on the running server, atomically, as the next version
+        (admin token once tokens exist; 403 otherwise). Refused with 422 and nothing
+        applied: an invalid policy (naming field, value and what is allowed), or one that
+        removes a node, class, team or pool a live job holds or waits in, or shrinks a
+        node below the GPUs in use (naming each job and field). Identical to the policy
+        in force: ``applied`` false. ``dry_run``: any valid token; changes nothing."""
+        if p is not None and not p.admin and not dry_run:
+            raise HTTPException(403, f"applying a policy needs an admin token: user {p.user!r} is not an admin")
+        by = p.user if p is not None else body.user
+        try:
+            if dry_run:
+                with daemon.lock:
+                    _pol, _raw, new = daemon.check_policy(body.policy, body.source)
+                    cur = daemon.policy_view(with_policy=False)
+                return {**cur, "dry_run": True, "would_apply": new is not None,
+                        "message": f"version {cur['version']} is in force; " + (
+                            f"this policy could be applied now as version {cur['version'] + 1}" if new is not None
+                            else "this policy is identical to it: nothing to apply")}
+            return daemon.apply_policy(body.policy, body.source, by)
+        except (PolicyError, PolicyConflict) as exc:
+            return _policy_refused(exc)
+
+    @app.get("/policy")
+    def policy() -> dict:
+        """The policy in force: version (1, 2, ...), when it was applied (epoch seconds),
+        by whom, from which file, and the policy (parsed YAML)."""
+        with daemon.lock:
+            return daemon.policy_view()
+
+    @app.get("/policy/history")
+    def policy_history() -> list:
+        """Every version, oldest first: version, t, by, source."""
+        with daemon.lock:
+            return [{k: v for k, v in x.items() if k != "policy"} for x in daemon.policies]
 
     @app.get("/nodes")
     def nodes() -> list:

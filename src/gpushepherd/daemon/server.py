@@ -29,6 +29,7 @@ from gpushepherd.daemon.arrays import ArrayRec, child_id, parse_child_id, progre
 from gpushepherd.daemon.local import LocalBackend, exit_status, mig_uuid
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
 from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
+from gpushepherd.daemon.policy_change import Conflict, PolicyConflict, conflicts
 from gpushepherd.daemon.store import Store, spec_from_dict, spec_to_dict
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import (
@@ -41,9 +42,9 @@ from gpushepherd.model.events import (
     Tick,
     UsageSample,
 )
-from gpushepherd.model.job import ExitStatus, JobSpec, JobState
+from gpushepherd.model.job import ExitStatus, JobSpec, JobState, natural_key
 from gpushepherd.model.placement import Placement
-from gpushepherd.policy.load import policy_from_dict, read_policy_dict
+from gpushepherd.policy.load import Policy, policy_from_dict, read_policy_dict
 
 log = logging.getLogger("gpushepherd.daemon")
 
@@ -110,6 +111,8 @@ class Daemon:
         self._logged_active: dict[str, bool] = {}  # job -> active in its last logged sample (this server's life)
         self._last_pids: frozenset[int] = frozenset()
         self._next_sample = 0.0
+        self.policies: list[dict] = []  # the logged policies: version, t, by, source, policy
+        self.policy_queue: queue.Queue = queue.Queue()  # policy applies, taken at the top of a step
 
     # ------------------------------------------------------------ start / stop
     def start(self) -> None:
@@ -159,7 +162,7 @@ class Daemon:
         policy_from_dict(raw, source=str(self.policy_path))  # refuse a bad file before logging it
         raw = json.loads(json.dumps(raw, default=str))
         if raw != logged:
-            self.store.append_policy(now, raw)
+            self.store.append_policy(now, raw, by="server --policy", source=str(self.policy_path))
 
     def _replay(self) -> None:
         sched = None
@@ -168,14 +171,36 @@ class Daemon:
                 self.rules = policy_from_dict(item, source="policy in the event log").rules
                 if sched is None:
                     sched = Scheduler(self.rules)
-                else:  # the server restarted under another policy: same state, new rules
-                    sched = Scheduler.restore(self.rules, json.loads(json.dumps(sched.snapshot())))
+                else:  # another policy (a restart with --policy, or policy apply): same state, new rules
+                    sched = self._restored(sched, self.rules)
                 continue
             for e in item:
                 self._note_sample(e)
             for d in sched.handle(item):
                 self._track(d)
         self.sched = sched
+        self.policies = self.store.policy_history()
+
+    @staticmethod
+    def _restored(sched: Scheduler, rules) -> Scheduler:
+        """``sched``'s state under ``rules`` (``Scheduler.restore`` of its snapshot),
+        each job keeping its history. An ended job of a class or team the rules no
+        longer have (the core cannot rebuild it) is carried over as it was: it holds
+        nothing and stays visible.
+
+        Raises:
+            ValueError, KeyError: the allocations do not fit the new rules' nodes.
+        """
+        snap = json.loads(json.dumps(sched.snapshot()))
+        gone = {j.id for j in sched.jobs.values() if j.state.terminal and (
+            j.spec.workload_class not in rules.classes or (rules.teams and j.spec.team not in rules.teams))}
+        snap["jobs"] = [raw for raw in snap["jobs"] if raw["spec"]["id"] not in gone]
+        new = Scheduler.restore(rules, snap)
+        for job_id, job in new.jobs.items():
+            job.history[:] = sched.jobs[job_id].history
+        for job_id in sorted(gone, key=natural_key):
+            new.jobs[job_id] = sched.jobs[job_id]
+        return new
 
     def _note_sample(self, e: Event) -> None:
         """Keep what a logged sample told the core: a job's peak memory, a GPU's
@@ -314,6 +339,76 @@ class Daemon:
         self.wake.set()
         return fut.result(timeout=timeout)
 
+    def check_policy(self, raw: Any, source: str) -> tuple[Policy, Any, Scheduler | None]:
+        """Whether the parsed YAML ``raw`` could replace the policy in force now (called
+        with ``self.lock`` held; changes nothing). Returns the policy, ``raw`` as JSON
+        and the core under it (``None``: identical to the policy in force).
+
+        Raises:
+            PolicyError: the policy is invalid (field, value, what is allowed).
+            PolicyConflict: live jobs it would break (each job and field), or whose
+                allocations do not fit it.
+        """
+        raw = json.loads(json.dumps(raw, default=str))
+        pol = policy_from_dict(raw, source=source or "<policy>")
+        if self.policies and raw == self.policies[-1]["policy"]:
+            return pol, raw, None
+        found = conflicts(self.sched, self.rules, pol.rules, self.placements)
+        if found:
+            raise PolicyConflict(found)
+        try:
+            new = self._restored(self.sched, pol.rules)
+        except (ValueError, KeyError, AssertionError) as exc:
+            raise PolicyConflict([Conflict("", "policy", f"the running jobs do not fit the new policy: {exc}")]) \
+                from None
+        return pol, raw, new
+
+    def apply_policy(self, raw: Any, source: str = "", by: str = "", timeout: float = 60.0) -> dict:
+        """Apply a policy in the loop, atomically (see ``check_policy``): logged as the
+        next version, then the core restored under it; jobs it now admits start in
+        the same step. Returns ``policy_view``'s fields plus ``applied`` (``False``:
+        identical to the version in force, nothing logged) and ``message``.
+
+        Raises:
+            PolicyError, PolicyConflict: as ``check_policy``; nothing is applied.
+            TimeoutError: the loop did not answer within ``timeout`` seconds.
+        """
+        fut: Future = Future()
+        self.policy_queue.put((raw, source, by, fut))
+        self.wake.set()
+        return fut.result(timeout=timeout)
+
+    def _apply_policies(self) -> None:
+        while True:
+            try:
+                raw, source, by, fut = self.policy_queue.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                pol, raw, new = self.check_policy(raw, source)
+                version = len(self.policies)
+                if new is None:
+                    fut.set_result({**self.policy_view(), "applied": False,
+                                    "message": f"identical to version {version}, in force: nothing applied"})
+                    continue
+                now = max(time.time(), self.sched.now)
+                self.store.append_policy(now, raw, by=by, source=source)
+            except Exception as exc:  # refused or not logged: nothing changed
+                fut.set_exception(exc)
+                continue
+            self.sched, self.rules = new, pol.rules
+            self.policies.append({"version": version + 1, "t": now, "by": by, "source": source, "policy": raw})
+            self.deferred.append(Tick(0.0))  # a cycle under the new rules in this step (logged, so replayed)
+            log.info("policy version %d applied by %r from %s", version + 1, by, source)
+            fut.set_result({**self.policy_view(), "applied": True,
+                            "message": f"version {version + 1} applied (was {version})"})
+
+    def policy_view(self, with_policy: bool = True) -> dict:
+        """The policy in force: ``version``, ``t`` (epoch seconds), ``by``, ``source``
+        and (``with_policy``) ``policy``, the parsed YAML."""
+        cur = self.policies[-1]
+        return {k: v for k, v in cur.items() if with_policy or k != "policy"}
+
     # ------------------------------------------------------------ the loop
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -327,6 +422,7 @@ class Daemon:
 
     def step(self) -> list[Decision]:
         """One pass of the loop (called with ``self.lock`` held); returns the decisions."""
+        self._apply_policies()  # first: this step's events are handled under the new rules
         sched, backend = self.sched, self.backend
         now = max(self.clock(), sched.now)
         if now - self._beat >= HEARTBEAT_S:

@@ -52,6 +52,8 @@ from gpushepherd.model.events import (
 )
 from gpushepherd.model.job import ExitStatus, GpuShare, JobSpec
 
+#: the marker of a database made before Alembic (``meta.schema_version``); the schema's
+#: version is now its Alembic revision (``gpushepherd.daemon.migrate``)
 SCHEMA_VERSION = 1
 #: a lock whose heartbeat is older than this is taken over (seconds)
 LOCK_STALE_S = 30.0
@@ -215,6 +217,15 @@ def _sqlite_pragmas(synchronous: str):
     return hook
 
 
+def _policy_payload(payload: str) -> tuple[dict, dict]:
+    """``(policy, applied)`` of a logged policy event; a log written before policy
+    versions holds the bare policy (``applied`` is then ``{}``)."""
+    data = json.loads(payload)
+    if isinstance(data, dict) and set(data) == {"policy", "applied"}:  # "policy" is no policy file key
+        return data["policy"], data["applied"]
+    return data, {}
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -234,6 +245,11 @@ class Store:
             ``synchronous=FULL`` and a 30 s busy timeout; PostgreSQL runs at its default
             isolation (READ COMMITTED) with its default durability (``synchronous_commit``
             on), its connections checked before use.
+
+    Raises:
+        SchemaError: the database cannot be brought to this code's schema revision
+            (``gpushepherd.daemon.migrate.upgrade``): a newer revision, foreign tables,
+            or an upgrade due under a running server.
     """
 
     def __init__(self, url: str):
@@ -248,10 +264,14 @@ class Store:
             self._lazy = create_engine(url, future=True)
             for engine, sync in ((self.engine, "FULL"), (self._lazy, "NORMAL")):
                 event.listen(engine, "connect", _sqlite_pragmas(sync))
-        metadata.create_all(self.engine)
-        with self.engine.begin() as c:
-            if c.execute(select(meta.c.value).where(meta.c.key == "schema_version")).first() is None:
-                c.execute(insert(meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+        from gpushepherd.daemon.migrate import upgrade
+
+        try:
+            self.revision_before, self.revision = upgrade(self.engine, self.display_url, LOCK_STALE_S)
+        except BaseException:
+            self.engine.dispose()
+            self._lazy.dispose()
+            raise
         self.token = uuid.uuid4().hex
         self._batch = self._last_batch()
 
@@ -339,18 +359,33 @@ class Store:
                 c.execute(insert(events), [dict(batch=self._batch, t=t, **event_row(e)) for e in batch])
         return self._batch
 
-    def append_policy(self, t: float, raw: dict) -> None:
-        """Log a policy (parsed YAML) taking effect at ``t``."""
+    def append_policy(self, t: float, raw: dict, by: str = "", source: str = "") -> None:
+        """Log a policy (parsed YAML) taking effect at ``t``, applied by user ``by`` from
+        file ``source``. Its version is its ordinal among the logged policies."""
         self._batch += 1
+        payload = {"policy": raw, "applied": {"by": by, "source": source}}
         with self.engine.begin() as c:
             c.execute(insert(events).values(batch=self._batch, t=t, kind="policy", job_id=None,
-                                            payload=json.dumps(raw, sort_keys=True)))
+                                            payload=json.dumps(payload, sort_keys=True)))
 
     def last_policy(self) -> dict | None:
         with self.engine.connect() as c:
             row = c.execute(select(events.c.payload).where(events.c.kind == "policy")
                             .order_by(events.c.seq.desc()).limit(1)).first()
-        return json.loads(row[0]) if row else None
+        return _policy_payload(row[0])[0] if row else None
+
+    def policy_history(self) -> list[dict]:
+        """Every logged policy, oldest first: ``version`` (1, 2, ...), ``t`` (epoch
+        seconds it took effect), ``by``, ``source``, ``policy`` (the parsed YAML)."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(events.c.t, events.c.payload).where(events.c.kind == "policy")
+                             .order_by(events.c.seq)).all()
+        out = []
+        for version, (t, payload) in enumerate(rows, start=1):
+            raw, applied = _policy_payload(payload)
+            out.append({"version": version, "t": t, "by": applied.get("by", ""),
+                        "source": applied.get("source", ""), "policy": raw})
+        return out
 
     def batches(self):
         """Yield the log as ``(t, "policy", raw dict)`` or ``(t, "events", [Event, ...])``,
@@ -365,7 +400,7 @@ class Store:
                 out = []
             cur, t = b, bt
             if kind == "policy":
-                yield bt, "policy", json.loads(payload)
+                yield bt, "policy", _policy_payload(payload)[0]
             else:
                 out.append(event_from_row(bt, kind, job_id, payload))
         if out:

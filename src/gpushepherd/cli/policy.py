@@ -1,0 +1,137 @@
+"""``shepherd policy check | apply | show | history`` (design note 008, "Policy changes
+on a running server"). ``check`` works offline with the loader the server uses; with a
+server (``--server`` or ``$SHEPHERD_SERVER``) it also asks for a dry run of ``apply``."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpushepherd.cli.daemon import ServerOpt, TokenOpt, _fmt_t, _request
+from gpushepherd.model.rules import Rules
+
+
+def _hhmm(seconds: float) -> str:
+    return time.strftime("%H:%M", time.gmtime(seconds)) if seconds < 86400 else "24:00"
+
+
+def summary(rules: Rules) -> list[str]:
+    """Lines describing a compiled policy: pools (nodes, GPUs), classes (priority,
+    preemptible), teams (nominal quota and limits), other limits, windows."""
+    pools: dict[str, list[int]] = {}
+    for n in rules.nodes:
+        pools.setdefault(n.pool, []).append(n.gpus)
+    lines = ["pools: " + ", ".join(f"{p} ({len(g)} node{'s' if len(g) != 1 else ''}, {sum(g)} GPUs)"
+                                   for p, g in sorted(pools.items()))]
+    for c in sorted(rules.classes.values(), key=lambda c: (-c.priority, c.name)):
+        how = ("preemptible only if it checkpoints" if c.preempt_only_if_checkpointable else "preemptible") \
+            if c.preemptible else "never preempted"
+        extra = f", reserved {c.reserved_gpus} GPUs" if c.reserved_gpus else ""
+        extra += f", pools {','.join(c.pools)}" if c.pools else ""
+        lines.append(f"class {c.name}: priority {c.priority}, {how}{extra}")
+    team_limits: dict[str, list[str]] = {}
+    other = []
+    for lim in rules.limits:
+        value = f"{lim.path.rsplit('.', 1)[-1]}={lim.max if lim.max < 10**12 else 'unlimited'}" + "".join(
+            f", {w.name}={m}" for w, m in lim.windows)
+        if lim.path.startswith("teams."):
+            team_limits.setdefault(lim.path.split(".")[1], []).append(value)
+        else:
+            other.append(f"{lim.path.rsplit('.', 1)[0]}: {value}")
+    for team in sorted(rules.teams):
+        quota = [f"nominal_gpus={rules.nominal_gpus[team]}"] if rules.nominal_gpus.get(team) else []
+        quota += team_limits.get(team, [])
+        parent = f" (in {rules.teams[team]})" if rules.teams[team] else ""
+        lines.append(f"team {team}{parent}: {', '.join(quota) or 'no quota'}")
+    lines += [f"limit {x}" for x in other]
+    windows = {w.name: w for lim in rules.limits for w, _ in lim.windows}
+    days = "Mon Tue Wed Thu Fri Sat Sun".split()
+    for w in sorted(windows.values(), key=lambda w: w.name):
+        lines.append(f"window {w.name}: {_hhmm(w.start)}-{_hhmm(w.end)} {','.join(days[d] for d in sorted(w.days))}")
+    return lines
+
+
+def _body(path: Path) -> dict:
+    """The API body of a policy file, validated here first with the server's loader.
+
+    Raises:
+        PolicyError: the file is invalid (field, value, what is allowed).
+    """
+    from gpushepherd.policy.load import policy_from_dict, read_policy_dict
+
+    raw = read_policy_dict(path)
+    policy_from_dict(raw, source=str(path))
+    return {"policy": json.loads(json.dumps(raw, default=str)), "source": str(path.resolve()),
+            "user": os.environ.get("USER") or getpass.getuser()}
+
+
+def register(policy_app: typer.Typer) -> None:
+    """Add the policy commands to ``policy_app``."""
+    from gpushepherd.cli.main import _console, _errors, _plural
+
+    out = _console()
+
+    @policy_app.command("check")
+    def check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Policy YAML files.")],
+              server: ServerOpt = None, token: TokenOpt = None) -> None:
+        """Validate policy files and print a summary of each; with a server (--server or
+        $SHEPHERD_SERVER) also ask it whether each could be applied now (a dry run)."""
+        from gpushepherd.policy.load import load_policy
+
+        live = server or os.environ.get("SHEPHERD_SERVER")
+        with _errors():
+            for path in files:
+                r = load_policy(path).rules
+                gpus = sum(n.gpus for n in r.nodes)
+                classes = f"{len(r.classes)} class" + ("" if len(r.classes) == 1 else "es")
+                out.print(f"{path}: OK - {_plural(len(r.nodes), 'node')}, {_plural(gpus, 'GPU')}, {classes}, "
+                          f"{_plural(len(r.teams), 'team')}, {_plural(len(r.limits), 'limit')}", soft_wrap=True)
+                for line in summary(r):
+                    out.print(f"  {line}", soft_wrap=True)
+                if live:
+                    res = _request(live, "POST", "/policy", token=token, params={"dry_run": "true"},
+                                   json=_body(path)).json()
+                    out.print(f"server: {res['message']}", soft_wrap=True)
+
+    @policy_app.command("apply")
+    def apply(file: Annotated[Path, typer.Argument(metavar="FILE", help="Policy YAML file.")],
+              server: ServerOpt = None, token: TokenOpt = None) -> None:
+        """Apply a policy on the running server as its next version (admin token once
+        tokens exist); running jobs keep their accounting. Refused, with nothing
+        applied, if it is invalid or would break a live job (each job and field named)."""
+        with _errors():
+            body = _body(file)
+        res = _request(server, "POST", "/policy", token=token, json=body).json()
+        out.print(f"policy {res['message']}: version {res['version']} in force since {_fmt_t(res['t'])} "
+                  f"(by {res['by'] or '-'})", soft_wrap=True)
+
+    @policy_app.command("show")
+    def show(server: ServerOpt = None, token: TokenOpt = None,
+             as_json: Annotated[bool, typer.Option("--json", help="The policy as JSON.")] = False) -> None:
+        """The policy in force on the server: version, when and by whom, and a summary."""
+        from gpushepherd.policy.load import policy_from_dict
+
+        res = _request(server, "GET", "/policy", token=token).json()
+        if as_json:
+            print(json.dumps(res, indent=2, sort_keys=True))
+            return
+        out.print(f"version {res['version']}, applied {_fmt_t(res['t'])} by {res['by'] or '-'} from "
+                  f"{res['source'] or '-'}", soft_wrap=True)
+        for line in summary(policy_from_dict(res["policy"], "server").rules):
+            out.print(f"  {line}", soft_wrap=True)
+
+    @policy_app.command("history")
+    def history(server: ServerOpt = None, token: TokenOpt = None) -> None:
+        """Every policy version the server ran: when, by whom, from which file."""
+        from rich.table import Table
+
+        table = Table("VERSION", "APPLIED", "BY", "SOURCE", box=None)
+        for v in _request(server, "GET", "/policy/history", token=token).json():
+            table.add_row(str(v["version"]), _fmt_t(v["t"]), v["by"] or "-", v["source"] or "-")
+        out.print(table)

@@ -1,0 +1,1 @@
+"""Alembic migrations of the daemon's database (run by ``gpushepherd.daemon.migrate``)."""
