@@ -387,6 +387,9 @@ def policy_check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", 
 from gpushepherd.cli import daemon as _daemon_cli  # noqa: E402  (needs app, _console, _errors above)
 
 _daemon_cli.register(app)
+from gpushepherd.cli import report as _report_cli  # noqa: E402
+
+_report_cli.register(app)
 
 if __name__ == "__main__":  # pragma: no cover
     run()
