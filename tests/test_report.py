@@ -216,3 +216,74 @@ def test_report_does_not_take_the_server_lock(week):
         assert res.exit_code == 0, res.output
     finally:
         store.release_lock()
+
+
+# -- what-if ---------------------------------------------------------------------------
+def _night(max_gpus: int) -> dict:
+    raw = {**POLICY, "classes": {**POLICY["classes"], "batch": {
+        "max_gpus": 1, "windows": [{"name": "night", "from": "20:00", "to": "08:00", "max_gpus": max_gpus}]}}}
+    return raw
+
+
+def test_whatif_baseline_reproduces_the_week(week):
+    from gpushepherd.report.whatif import run_whatif
+
+    rp = replay(Store(Store.sqlite_url(week)).batches())
+    wi = run_whatif(rp, rp.rules, MON, MON + 7 * 86400)
+    real = rp.history().jobs.set_index("job_id")["first_start"]
+    sim = History.from_sim(wi.current).jobs.set_index("job_id")["first_start"]
+    assert sim.sort_index().tolist() == real.sort_index().tolist()
+    t = wi.table.set_index(["by", "group"])
+    assert t.loc[("team", "data"), "gpu_hours_current"] == pytest.approx(24.0)
+    assert (t["wait_mean_s_change"] == 0).all()  # the same policy twice
+
+
+def test_whatif_more_night_gpus_for_batch(week, tmp_path):
+    import yaml
+
+    new = tmp_path / "new.yaml"
+    new.write_text(yaml.safe_dump(_night(4)))
+    res = CliRunner().invoke(app, ["whatif", "--policy", str(new), "--data-dir", str(week), "--since", "7d",
+                                   "--csv", str(tmp_path / "csv"), "--html", str(tmp_path / "new.html")])
+    assert res.exit_code == 0, res.output
+    assert "What-if" in res.output and "class batch" in res.output
+    import pandas as pd
+
+    t = pd.read_csv(tmp_path / "csv" / "whatif.csv").set_index(["by", "group"])
+    batch, inf = t.loc[("class", "batch")], t.loc[("class", "production-inference")]
+    assert batch["wait_mean_s_proposed"] < batch["wait_mean_s_current"]
+    assert inf["wait_mean_s_proposed"] == inf["wait_mean_s_current"] == 0
+    assert inf["wait_p95_s_proposed"] == inf["wait_p95_s_current"]
+    assert t.loc[("team", "data"), "gpu_hours_proposed"] == pytest.approx(24.0)  # same work, sooner
+    assert (tmp_path / "new.html").read_text().count("data:image/png;base64,") == 3
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--since", "a week"], "--since: 'a week' is not allowed: a positive duration"),
+    (["--since", "0d"], "--since: '0d' is not allowed"),
+    (["--since", "7d", "--from", "2026-11-30"], "--from is not allowed with --week or --since"),
+    (["--from", "2026-12-05", "--to", "2026-12-01"], "--from: '2026-12-05' is not allowed: a time before --to"),
+])
+def test_whatif_bad_options(week, tmp_path, args, fragment):
+    import yaml
+
+    new = tmp_path / "new.yaml"
+    new.write_text(yaml.safe_dump(_night(4)))
+    res = CliRunner().invoke(app, ["whatif", "--policy", str(new), "--data-dir", str(week), *args])
+    assert res.exit_code == 2 and fragment in res.output, res.output
+
+
+def test_whatif_invalid_or_unfit_policy(week, tmp_path):
+    import yaml
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**POLICY, "pricing": {"gpu_hour": {"H200": 1.0}}}))
+    res = CliRunner().invoke(app, ["whatif", "--policy", str(bad), "--data-dir", str(week)])
+    assert res.exit_code == 2 and "pricing.gpu_hour.H200" in res.output, res.output
+    unfit = tmp_path / "unfit.yaml"
+    unfit.write_text(yaml.safe_dump({**POLICY, "teams": {"research": {}, "serving": {}}}))
+    res = CliRunner().invoke(app, ["whatif", "--policy", str(unfit), "--data-dir", str(week)])
+    assert res.exit_code == 2 and "unfit.yaml: a job of the history" in res.output and "team: 'data'" in res.output, \
+        res.output
+    res = CliRunner().invoke(app, ["whatif", "--policy", str(tmp_path / "nope.yaml"), "--data-dir", str(week)])
+    assert res.exit_code == 2 and "nope.yaml" in res.output

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
 WEEK_S = 7 * 86400.0
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": WEEK_S}
@@ -102,7 +103,7 @@ Html = Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Wri
 
 def register(app: typer.Typer) -> None:
     """Add ``report`` and ``whatif`` to ``app``."""
-    from gpushepherd.cli.main import UsageError, _errors, _output_path
+    from gpushepherd.cli.main import UsageError, _console, _errors, _output_path, err
 
     def load(data_dir: Path, db: str | None):
         from gpushepherd.report import HistoryError, replay
@@ -145,6 +146,87 @@ def register(app: typer.Typer) -> None:
             rep = build_report(rp.history(), a, b, title="gpushepherd report")
             emit(rep, csv, html_file)
 
+    @app.command("whatif")
+    def whatif(policy: Annotated[Path, typer.Option("--policy", metavar="FILE", help="The proposed policy.")],
+               data_dir: DataDir = Path("shepherd-data"), db: Db = None,
+               since: Annotated[Optional[str], typer.Option("--since", metavar="DURATION",
+                                                            help="Jobs submitted in this long up to --to (7d, "
+                                                                 "36h); default 7d without --from.")] = None,
+               t_from: From = None, t_to: To = None, csv: Csv = None,
+               html: Annotated[Optional[str], typer.Option("--html", metavar="FILE",
+                                                           help="The proposed run's report page.")] = None,
+               html_current: Annotated[Optional[str], typer.Option("--html-current", metavar="FILE",
+                                                                   help="The current run's report page.")] = None,
+               ) -> None:
+        """Replay the jobs the store recorded through the simulator under the current
+        policy (the log's last) and a proposed one; print per class and team waits
+        (mean, p95), mean JCT and GPU-hours side by side (R19)."""
+        from gpushepherd.policy.load import load_policy
+        from gpushepherd.report import build_report
+        from gpushepherd.report.whatif import run_whatif
+
+        with _errors():
+            html_file = _output_path("--html", html, (".html", ".htm"))
+            html_cur = _output_path("--html-current", html_current, (".html", ".htm"))
+            _check_csv(csv, UsageError)
+            proposed = load_policy(policy)
+            rp = load(data_dir, db)
+            clock = rp.rules.clock
+            try:
+                a, b = time_range(rp.t_first, rp.t_last, clock.tz if clock else None,
+                                  since=since or (None if t_from else "7d"), t_from=t_from, t_to=t_to)
+                wi = run_whatif(rp, proposed.rules, a, b, source=str(policy),
+                                record_reasons=html_file is not None or html_cur is not None)
+            except ValueError as exc:
+                if type(exc) is not ValueError:
+                    raise
+                raise UsageError(str(exc)) from None
+            out = _console()
+            out.print(whatif_table(wi.table))
+            out.print("wait = first start - submit; JCT = end - submit of jobs that ran to their end; both runs "
+                      "are simulated from the log's jobs (note 010: what the baseline may not reproduce).")
+            if csv is not None:
+                csv.mkdir(parents=True, exist_ok=True)
+                wi.table.to_csv(csv / "whatif.csv", index=False, lineterminator="\n")
+                err.print(f"CSV file: {csv / 'whatif.csv'}")
+            for which, path in (("proposed", html_file), ("current", html_cur)):
+                if path is not None:
+                    res = wi.proposed if which == "proposed" else wi.current
+                    rep = build_report(wi.history(which), a, max(b, res.t_last + 1),
+                                       title=f"what-if, {which} policy")
+                    emit(rep, None, path, tables=False)
+
+
+
+def whatif_table(table) -> Table:
+    """The side-by-side figures as a rich table: current -> proposed (change)."""
+    import math
+
+
+    from gpushepherd.cli.main import _hours
+
+    def h(v) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else _hours(abs(v)) if v >= 0 else \
+            "-" + _hours(-v)
+
+    def gh(v) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.1f}"
+
+    out = Table(title="What-if: current policy -> proposed policy (change)", title_justify="left")
+    for col in ("group", "jobs", "wait mean", "wait p95", "JCT mean", "GPU-hours"):
+        out.add_column(col, justify="left" if col == "group" else "right")
+    last = None
+    for r in table.itertuples(index=False):
+        if last is not None and r.by != last:
+            out.add_section()
+        last = r.by
+        cells = []
+        for col, fmt in (("wait_mean_s", h), ("wait_p95_s", h), ("jct_mean_s", h), ("gpu_hours", gh)):
+            cur, new, chg = (getattr(r, f"{col}_{s}") for s in ("current", "proposed", "change"))
+            sign = "+" if chg is not None and not math.isnan(chg) and chg > 0 else ""
+            cells.append(f"{fmt(cur)} -> {fmt(new)} ({sign}{fmt(chg)})")
+        out.add_row(f"{r.by} {r.group}", str(r.jobs), *cells)
+    return out
 
 
 def emit(rep, csv: Path | None, html_file: Path | None, tables: bool = True) -> None:

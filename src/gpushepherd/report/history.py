@@ -96,6 +96,7 @@ class Recorder:
     transitions: dict[str, list[Transition]] = field(default_factory=dict)
     specs: dict[str, JobSpec] = field(default_factory=dict)
     fraction: dict[str, float] = field(default_factory=dict)
+    checkpointable: dict[str, bool] = field(default_factory=dict)
     placements: dict[str, list[Placement]] = field(default_factory=dict)
     reason_rows: list[tuple[str, float, float | None, str]] = field(default_factory=list)
     samples: list[UsageSample] = field(default_factory=list)
@@ -110,6 +111,7 @@ class Recorder:
         for job_id, job in sched.jobs.items():
             self.specs[job_id] = job.spec
             self.fraction[job_id] = job.fraction
+            self.checkpointable[job_id] = job.checkpointable
             seen = self.cursor.get(job_id, 0)
             if len(job.history) > seen:
                 self.transitions.setdefault(job_id, []).extend(job.history[seen:])
