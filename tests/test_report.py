@@ -287,3 +287,14 @@ def test_whatif_invalid_or_unfit_policy(week, tmp_path):
         res.output
     res = CliRunner().invoke(app, ["whatif", "--policy", str(tmp_path / "nope.yaml"), "--data-dir", str(week)])
     assert res.exit_code == 2 and "nope.yaml" in res.output
+
+
+def test_simulate_writes_the_same_report_page(tmp_path):
+    page = tmp_path / "sim.html"
+    res = CliRunner().invoke(app, ["simulate", "--days", "45.0:45.2", "--no-progress", "--html", str(page)])
+    assert res.exit_code == 0, res.output
+    text = page.read_text()
+    assert text.count('src="data:image/png;base64,') == 3
+    assert "GPU-hours per team" in text and "Top pending reasons" in text
+    res = CliRunner().invoke(app, ["simulate", "--days", "45.0:45.2", "--html", str(tmp_path / "sim.txt")])
+    assert res.exit_code == 2 and "--html" in res.output

@@ -247,6 +247,14 @@ def emit(rep, csv: Path | None, html_file: Path | None, tables: bool = True) -> 
         err.print(f"HTML report: {html_file}")
 
 
+def simulation_page(result, html_file: Path, title: str) -> None:
+    """The report page of a simulator run (``shepherd simulate --html``), over the run."""
+    from gpushepherd.report import History, build_report
+
+    hist = History.from_sim(result)
+    emit(build_report(hist, hist.t_first, hist.t_last + 1.0, title=title), None, html_file, tables=False)
+
+
 def _check_csv(csv: Path | None, error: type[Exception]) -> None:
     if csv is not None and csv.exists() and not csv.is_dir():
         raise error(f"--csv: {str(csv)!r} is not allowed: a folder (made if missing), not a file")
