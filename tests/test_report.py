@@ -193,6 +193,8 @@ def test_cli_report_week_tables_csv_and_html(week, tmp_path):
     (["--from", "2026-12-05", "--to", "2026-12-01"], "--from: '2026-12-05' is not allowed: a time before --to"),
     (["--week", "--from", "2026-12-01"], "--from is not allowed with --week"),
     (["--csv", "__FILE__"], "--csv"),
+    (["--from", "2030-01-01", "--to", "2030-01-08"], "--from/--to: the range is not allowed: it must overlap the "
+                                                     "event log (2026-11-30T09:00:00+00:00 to"),
 ])
 def test_report_bad_options(week, args, fragment):
     args = [str(week / "shepherd.db") if a == "__FILE__" else a for a in args]

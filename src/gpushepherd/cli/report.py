@@ -70,6 +70,9 @@ def time_range(t_first: float, t_last: float, tz, *, week: bool = False, since: 
     if not start < end:
         raise ValueError(f"--from: {t_from or start!r} is not allowed: a time before --to "
                          f"({t_to if t_to is not None else 'the last event'})")
+    if end <= t_first or start > t_last:
+        span = " to ".join(datetime.fromtimestamp(t, tz).isoformat(timespec="seconds") for t in (t_first, t_last))
+        raise ValueError(f"--from/--to: the range is not allowed: it must overlap the event log ({span})")
     return start, end
 
 
