@@ -88,16 +88,21 @@ def register(app: typer.Typer) -> None:
         def on_tick(t: float, jobs: list[dict], nodes: list[dict]) -> None:
             live.update(_queue_table(t, jobs, nodes, names))
 
+        result = None
         try:
             with live:
                 result = run_demo(data_dir, on_tick=on_tick, on_event=on_event)
         finally:
-            if own_dir and not keep:
+            # kept when asked, and when something went wrong: the server's log and the jobs' output are there
+            keep = keep or not own_dir or result is None or not result.ok
+            if not keep:
                 shutil.rmtree(data_dir, ignore_errors=True)
+            elif result is None:
+                console.print(f"the demo stopped; its data directory is kept in {data_dir}")
         console.print(usage_table(result))
         for name, ok, detail in result.checks:
             console.print(f"{'[green]ok[/green]  ' if ok else '[red]FAIL[/red]'} {name}: {detail}")
-        kept = f"kept in {data_dir}" if (keep or not own_dir) else "removed"
+        kept = f"kept in {data_dir}" if keep else "removed"
         console.print(f"done in {result.wall_s:.0f} s; data directory {kept}")
         if not result.ok:
             raise typer.Exit(1)

@@ -209,6 +209,7 @@ def simulate(
     explain: Annotated[Optional[list[str]], typer.Option(metavar="JOB", help="Print this job's history and why it waited (repeatable).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     stranded_every: Annotated[Optional[float], typer.Option(metavar="SECONDS", help="Sample free GPUs that no pending job can use (stranded capacity) at the first scheduling event at or after every multiple of SECONDS (>= 1) and report them by constraint (means over samples).")] = None,
+    html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, plots).")] = None,
 ) -> None:
     """Replay a job trace through the scheduler.
 
@@ -231,6 +232,7 @@ def simulate(
             raise UsageError(f"--stranded-every: {stranded_every!r} is not allowed: seconds >= 1")
         out_file = _output_path("--out", out_path, (".csv", ".csv.gz", ".parquet"))
         json_file = None if json_path == "-" else _output_path("--json", json_path, (".json",))
+        html_file = _output_path("--html", html, (".html", ".htm"))
         if out_file is not None and json_file is not None and out_file.resolve() == json_file.resolve():
             raise UsageError("--json and --out name the same file")
         bundled = trace is None
@@ -256,7 +258,7 @@ def simulate(
                   f"{_plural(gpus, 'GPU')} under {policy_path.name}")
         if json_path == "-":
             err.print(banner)  # stdout carries the JSON
-        watch = set(explain or ())
+        watch: set[str] | bool = set(explain or ()) if html_file is None else True  # the page's reasons: all jobs
         if progress and err.is_terminal:
             with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=err, transient=True) as bar:
@@ -296,6 +298,8 @@ def simulate(
         if out_file is not None:
             _write_atomically(out_file, "--out", lambda p: write_jobs(df, p, like=out_file))
             err.print(f"per-job results: {out_file}")
+        if html_file is not None:
+            _report_cli.simulation_page(result, html_file, f"simulation of {what} under {policy_path.name}")
         for job_id in explain or []:
             _explain(result, job_id)
 
@@ -377,6 +381,9 @@ from gpushepherd.cli import demo as _demo_cli  # noqa: E402
 
 _daemon_cli.register(app)
 _demo_cli.register(app)
+from gpushepherd.cli import report as _report_cli  # noqa: E402
+
+_report_cli.register(app)
 
 from gpushepherd.cli import db as _db_cli  # noqa: E402
 

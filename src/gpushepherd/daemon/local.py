@@ -259,7 +259,10 @@ class LocalBackend:
             try:
                 code = int(json.loads(proc.exit_file.read_text())["code"])
             except (OSError, ValueError, KeyError):
-                pass
+                status = proc.popen.returncode if proc.popen is not None else "unknown (not our child)"
+                log.warning("job %s: run %d ended without an exit code (its runner's status: %s; a negative "
+                            "status is the signal that killed it); stderr: %s", job_id, proc.run, status,
+                            self.run_dir(job_id, proc.run) / "stderr")
             del self.procs[job_id]
             out.append((job_id, code))
         return out

@@ -174,6 +174,30 @@ class PredictionRules:
 
 
 @dataclass(frozen=True, slots=True)
+class Pricing:
+    """Price per GPU-hour by GPU type (``policy: pricing``, note 010); the scheduling
+    core never reads it, the report does."""
+
+    currency: str
+    gpu_hour: tuple[tuple[str, float], ...]  # (GPU type, price), sorted by type
+    default: float | None = None
+
+    def price(self, gpu_type: str) -> float:
+        """Price of one GPU-hour of ``gpu_type`` (the ``default`` when not named).
+
+        Raises:
+            KeyError: a type without a price and no default (a compiled policy never
+                has one: every type of its cluster is priced).
+        """
+        for name, value in self.gpu_hour:
+            if name == gpu_type:
+                return value
+        if self.default is None:
+            raise KeyError(f"pricing.gpu_hour: no price for GPU type {gpu_type!r} and no default")
+        return self.default
+
+
+@dataclass(frozen=True, slots=True)
 class Rules:
     """Everything the scheduling core needs from the policy."""
 
@@ -196,6 +220,7 @@ class Rules:
     priority: PriorityRules = field(default_factory=PriorityRules)
     cohorts: dict[str, Cohort] = field(default_factory=dict)
     prediction: PredictionRules = field(default_factory=PredictionRules)
+    pricing: Pricing | None = None
 
     def cohort_of(self, team: str, class_pools: tuple[str, ...] | None = None) -> tuple[Cohort, CohortMember] | None:
         """The cohort a job of ``team`` (through itself or an ancestor) whose class may

@@ -27,6 +27,7 @@ from gpushepherd.model.rules import (
     Limit,
     LimitUnit,
     PredictionRules,
+    Pricing,
     PriorityRules,
     Rules,
 )
@@ -427,6 +428,7 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
 
     if spec.default_team is not None and spec.teams and spec.default_team not in spec.teams:
         raise PolicyError(source, "default_team", spec.default_team, "a team defined under teams")
+    pricing = _pricing(spec, nodes, source)
 
     return Rules(
         nodes=nodes,
@@ -459,7 +461,33 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
             half_life_s=spec.fair_share.half_life_s,
             fair_share_level=spec.fair_share.level,
         ),
+        pricing=pricing,
     )
+
+
+def _pricing(spec: PolicySpec, nodes: tuple[Node, ...], source: str) -> Pricing | None:
+    """The price table, every GPU type of the cluster priced (note 010).
+
+    Raises:
+        PolicyError: a named type that no node has, or a node type without a price and
+            no ``default``.
+    """
+    if spec.pricing is None:
+        return None
+    types = sorted({n.gpu_type for n in nodes})
+    given = spec.pricing.gpu_hour
+    for name in sorted(given):
+        if name != "default" and name not in types:
+            raise PolicyError(source, f"pricing.gpu_hour.{name}", name,
+                              "a GPU type of the cluster (" + ", ".join(types) + ") or default")
+    if "default" not in given:
+        missing = [t for t in types if t not in given]
+        if missing:
+            raise PolicyError(source, "pricing.gpu_hour", dict(given),
+                              f"a price for every GPU type of the cluster: add {', '.join(missing)} or a default")
+    return Pricing(currency=spec.pricing.currency,
+                   gpu_hour=tuple(sorted((k, float(v)) for k, v in given.items() if k != "default")),
+                   default=float(given["default"]) if "default" in given else None)
 
 
 def _window(w: WindowSpec) -> Window:

@@ -392,6 +392,16 @@ class FairShareSpec(_Strict):
         return v
 
 
+class PricingSpec(_Strict):
+    """Showback/chargeback prices (R15, note 010): ``gpu_hour`` maps a GPU type of the
+    cluster (``cluster.nodes[].gpu_type``) or ``default`` to a price per GPU-hour in
+    ``currency``. A MIG instance or a share is priced pro rata (its GPU units / 7000)."""
+
+    currency: Annotated[str, Field(min_length=1, max_length=16)] = "EUR"
+    gpu_hour: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)],
+                             Annotated[float, Field(ge=0, allow_inf_nan=False)]], Field(min_length=1)]
+
+
 class PolicySpec(_Strict):
     version: Literal[1] = 1
     name: str = ""
@@ -408,3 +418,5 @@ class PolicySpec(_Strict):
     clock: ClockSpec = Field(default_factory=ClockSpec)
     priority: PrioritySpec = Field(default_factory=PrioritySpec)
     fair_share: FairShareSpec = Field(default_factory=FairShareSpec)
+    #: prices per GPU-hour for the report (optional; the core never reads them)
+    pricing: PricingSpec | None = None

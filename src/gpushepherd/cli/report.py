@@ -1,0 +1,263 @@
+"""``shepherd report`` (showback/chargeback, the weekly report) and ``shepherd whatif``
+(a proposed policy on the store's own history), note 010. Both read the daemon's
+database directly and only read it: they take no server lock and run beside a live
+server."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+WEEK_S = 7 * 86400.0
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": WEEK_S}
+
+
+def parse_since(text: str, option: str = "--since") -> float:
+    """``7d``, ``36h``, ``90m``, ``2w``, ``600s`` -> seconds.
+
+    Raises:
+        ValueError: anything else, naming ``option``, the value and what is allowed.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{option}: {text!r} is not allowed: a positive duration such as 7d, 36h, 90m, 2w or 600s")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_when(text: str, option: str, tz) -> float:
+    """Epoch seconds from ``text``: a number (epoch seconds) or an ISO 8601 date or date
+    and time (``2026-11-30``, ``2026-11-30T08:00``), local time of ``tz`` unless it
+    names its offset.
+
+    Raises:
+        ValueError: naming ``option``, the value and what is allowed.
+    """
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        d = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not allowed: an ISO date or date-time (2026-11-30, "
+                         "2026-11-30T08:00, local time of the policy's clock) or epoch seconds") from None
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=tz)
+    return d.timestamp()
+
+
+def time_range(t_first: float, t_last: float, tz, *, week: bool = False, since: str | None = None,
+               t_from: str | None = None, t_to: str | None = None) -> tuple[float, float]:
+    """The range ``[from, to)`` the options ask for, epoch seconds. Default: the whole log.
+
+    Raises:
+        ValueError: options that do not go together, a bad value, ``from`` not before ``to``.
+    """
+    if week and since:
+        raise ValueError("--week and --since are not allowed together: --week is --since 7d")
+    if (week or since) and t_from is not None:
+        raise ValueError("--from is not allowed with --week or --since (they count back from --to, or from "
+                         "the last event)")
+    end = parse_when(t_to, "--to", tz) if t_to is not None else t_last
+    if week or since:
+        return end - (WEEK_S if week else parse_since(since)), end
+    start = parse_when(t_from, "--from", tz) if t_from is not None else t_first
+    if not start < end:
+        raise ValueError(f"--from: {t_from or start!r} is not allowed: a time before --to "
+                         f"({t_to if t_to is not None else 'the last event'})")
+    if end <= t_first or start > t_last:
+        span = " to ".join(datetime.fromtimestamp(t, tz).isoformat(timespec="seconds") for t in (t_first, t_last))
+        raise ValueError(f"--from/--to: the range is not allowed: it must overlap the event log ({span})")
+    return start, end
+
+
+def open_store(data_dir: Path, db: str | None):
+    """The daemon's store, read only: refuses to create a database that is not there.
+
+    Raises:
+        ValueError: no database at ``--data-dir``.
+    """
+    from gpushepherd.daemon.store import Store
+
+    if db is None:
+        path = Path(data_dir) / "shepherd.db"
+        if not path.is_file():
+            raise ValueError(f"--data-dir: {str(data_dir)!r} is not allowed: a folder with a shepherd.db "
+                             "(the server's --data-dir), or give --db URL")
+        db = Store.sqlite_url(data_dir)
+    return Store(db)
+
+
+DataDir = Annotated[Path, typer.Option("--data-dir", help="The server's --data-dir (its SQLite database).")]
+Db = Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL of the server's database "
+                                           "(default: SQLite in --data-dir).")]
+From = Annotated[Optional[str], typer.Option("--from", help="Start: ISO date/time (policy's time zone) or "
+                                             "epoch seconds.")]
+To = Annotated[Optional[str], typer.Option("--to", help="End (excluded); default: the last event.")]
+Csv = Annotated[Optional[Path], typer.Option("--csv", metavar="DIR", help="Write one CSV per table here.")]
+Html = Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Write one self-contained HTML "
+                                             "page with plots.")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``report`` and ``whatif`` to ``app``."""
+    from gpushepherd.cli.main import UsageError, _console, _errors, _output_path, err
+
+    def load(data_dir: Path, db: str | None):
+        from gpushepherd.report import HistoryError, replay
+
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            store = open_store(data_dir, db)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        except SQLAlchemyError as exc:
+            raise UsageError(f"--db: {db!r} cannot be read: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+        try:
+            return replay(store.batches())
+        except HistoryError as exc:
+            raise UsageError(f"{store.display_url}: {exc}") from None
+        finally:
+            store.close()
+
+    @app.command("report")
+    def report(data_dir: DataDir = Path("shepherd-data"), db: Db = None,
+               week: Annotated[bool, typer.Option("--week", help="The 7 days up to --to (default: the last "
+                                                  "event).")] = False,
+               t_from: From = None, t_to: To = None, csv: Csv = None, html: Html = None) -> None:
+        """Showback/chargeback: GPU-hours and cost per team, user and class, waits per
+        class (p50/p95), top pending reasons, idle gaps, allocated-but-idle GPU-hours,
+        utilisation and queue length over time (R15)."""
+        from gpushepherd.report import build_report
+
+        with _errors():
+            html_file = _output_path("--html", html, (".html", ".htm"))
+            _check_csv(csv, UsageError)
+            rp = load(data_dir, db)
+            clock = rp.rules.clock
+            try:
+                a, b = time_range(rp.t_first, rp.t_last, clock.tz if clock else None, week=week,
+                                  t_from=t_from, t_to=t_to)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            rep = build_report(rp.history(), a, b, title="gpushepherd report")
+            emit(rep, csv, html_file)
+
+    @app.command("whatif")
+    def whatif(policy: Annotated[Path, typer.Option("--policy", metavar="FILE", help="The proposed policy.")],
+               data_dir: DataDir = Path("shepherd-data"), db: Db = None,
+               since: Annotated[Optional[str], typer.Option("--since", metavar="DURATION",
+                                                            help="Jobs submitted in this long up to --to (7d, "
+                                                                 "36h); default 7d without --from.")] = None,
+               t_from: From = None, t_to: To = None, csv: Csv = None,
+               html: Annotated[Optional[str], typer.Option("--html", metavar="FILE",
+                                                           help="The proposed run's report page.")] = None,
+               html_current: Annotated[Optional[str], typer.Option("--html-current", metavar="FILE",
+                                                                   help="The current run's report page.")] = None,
+               ) -> None:
+        """Replay the jobs the store recorded through the simulator under the current
+        policy (the log's last) and a proposed one; print per class and team waits
+        (mean, p95), mean JCT and GPU-hours side by side (R19)."""
+        from gpushepherd.policy.load import load_policy
+        from gpushepherd.report import build_report
+        from gpushepherd.report.whatif import run_whatif
+
+        with _errors():
+            html_file = _output_path("--html", html, (".html", ".htm"))
+            html_cur = _output_path("--html-current", html_current, (".html", ".htm"))
+            _check_csv(csv, UsageError)
+            proposed = load_policy(policy)
+            rp = load(data_dir, db)
+            clock = rp.rules.clock
+            try:
+                a, b = time_range(rp.t_first, rp.t_last, clock.tz if clock else None,
+                                  since=since or (None if t_from else "7d"), t_from=t_from, t_to=t_to)
+                wi = run_whatif(rp, proposed.rules, a, b, source=str(policy),
+                                record_reasons=html_file is not None or html_cur is not None)
+            except ValueError as exc:
+                if type(exc) is not ValueError:
+                    raise
+                raise UsageError(str(exc)) from None
+            out = _console()
+            out.print(whatif_table(wi.table))
+            out.print("wait = first start - submit; JCT = end - submit of jobs that ran to their end; both runs "
+                      "are simulated from the log's jobs (note 010: what the baseline may not reproduce).")
+            if csv is not None:
+                csv.mkdir(parents=True, exist_ok=True)
+                wi.table.to_csv(csv / "whatif.csv", index=False, lineterminator="\n")
+                err.print(f"CSV file: {csv / 'whatif.csv'}")
+            for which, path in (("proposed", html_file), ("current", html_cur)):
+                if path is not None:
+                    res = wi.proposed if which == "proposed" else wi.current
+                    rep = build_report(wi.history(which), a, max(b, res.t_last + 1),
+                                       title=f"what-if, {which} policy")
+                    emit(rep, None, path, tables=False)
+
+
+
+def whatif_table(table) -> Table:
+    """The side-by-side figures as a rich table: current -> proposed (change)."""
+    import math
+
+
+    from gpushepherd.cli.main import _hours
+
+    def h(v) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else _hours(abs(v)) if v >= 0 else \
+            "-" + _hours(-v)
+
+    def gh(v) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.1f}"
+
+    out = Table(title="What-if: current policy -> proposed policy (change)", title_justify="left")
+    for col in ("group", "jobs", "wait mean", "wait p95", "JCT mean", "GPU-hours"):
+        out.add_column(col, justify="left" if col == "group" else "right")
+    last = None
+    for r in table.itertuples(index=False):
+        if last is not None and r.by != last:
+            out.add_section()
+        last = r.by
+        cells = []
+        for col, fmt in (("wait_mean_s", h), ("wait_p95_s", h), ("jct_mean_s", h), ("gpu_hours", gh)):
+            cur, new, chg = (getattr(r, f"{col}_{s}") for s in ("current", "proposed", "change"))
+            sign = "+" if chg is not None and not math.isnan(chg) and chg > 0 else ""
+            cells.append(f"{fmt(cur)} -> {fmt(new)} ({sign}{fmt(chg)})")
+        out.add_row(f"{r.by} {r.group}", str(r.jobs), *cells)
+    return out
+
+
+def emit(rep, csv: Path | None, html_file: Path | None, tables: bool = True) -> None:
+    """Print ``rep``'s tables; write its CSV files and HTML page where asked."""
+    from gpushepherd.cli.main import _console, _write_atomically, err
+    from gpushepherd.report.render import html_page, rich_tables, write_csv
+
+    if tables:
+        out = _console()
+        for table in rich_tables(rep):
+            out.print(table)
+    if csv is not None:
+        write_csv(rep, csv)
+        err.print(f"CSV files: {csv}")
+    if html_file is not None:
+        page = html_page(rep)
+        _write_atomically(html_file, "--html", lambda p: p.write_text(page, encoding="utf-8"))
+        err.print(f"HTML report: {html_file}")
+
+
+def simulation_page(result, html_file: Path, title: str) -> None:
+    """The report page of a simulator run (``shepherd simulate --html``), over the run."""
+    from gpushepherd.report import History, build_report
+
+    hist = History.from_sim(result)
+    emit(build_report(hist, hist.t_first, hist.t_last + 1.0, title=title), None, html_file, tables=False)
+
+
+def _check_csv(csv: Path | None, error: type[Exception]) -> None:
+    if csv is not None and csv.exists() and not csv.is_dir():
+        raise error(f"--csv: {str(csv)!r} is not allowed: a folder (made if missing), not a file")

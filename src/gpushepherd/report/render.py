@@ -1,0 +1,145 @@
+"""The report as terminal tables, CSV files and one self-contained HTML page."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+import pandas as pd
+from rich.table import Table
+
+from gpushepherd.report.figures import Report
+
+TITLES = {
+    "usage_by_team": "GPU-hours per team",
+    "usage_by_team_with_children": "GPU-hours per team, child teams (projects) included",
+    "usage_by_user": "GPU-hours per user",
+    "usage_by_class": "GPU-hours per workload class",
+    "cost_by_team_and_gpu_type": "Cost per team and GPU type",
+    "waits_by_class": "Jobs submitted in the range and their queueing delay, per class",
+    "top_pending_reasons": "Top pending reasons (job-hours spent waiting for each)",
+    "idle_gaps": "Idle gaps",
+    "usage_against_quota": "GPU-hours per team against its quota over the range",
+}
+
+
+def _cell(v) -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return str(v)
+
+
+def rich_tables(rep: Report) -> list[Table]:
+    """One rich ``Table`` per report table (money in the policy's currency)."""
+    out = []
+    for name, df in rep.tables.items():
+        title = TITLES.get(name, name) + (f" ({rep.currency})" if "cost" in df.columns and rep.currency else "")
+        table = Table(title=title, title_justify="left")
+        for col in df.columns:
+            table.add_column(col, justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
+        for row in df.itertuples(index=False):
+            table.add_row(*(_cell(v) for v in row))
+        if df.empty:
+            table.add_row(*(["(none)"] + [""] * (len(df.columns) - 1)))
+        out.append(table)
+    return out
+
+
+def write_csv(rep: Report, folder: Path) -> list[Path]:
+    """One CSV per table (``<name>.csv``) plus the step series
+    (``utilisation.csv``, ``queue_by_class.csv``) in ``folder``; returns the paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    frames = dict(rep.tables)
+    frames["utilisation"] = rep.utilisation
+    frames["queue_by_class"] = rep.queue
+    for name, df in frames.items():
+        path = folder / f"{name}.csv"
+        df.to_csv(path, index=False, lineterminator="\n")
+        paths.append(path)
+    return paths
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plots(rep: Report) -> dict[str, str]:
+    """The three plots as base64 PNGs: ``utilisation``, ``queue``, ``quota``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = {}
+    times = [rep.local(t) for t in rep.utilisation["t"]] + [rep.local(rep.t_end)]
+
+    def steps(values) -> list[float]:  # the last value holds to the end of the range
+        values = list(values)
+        return values + values[-1:] if values else [0.0]
+
+    fig, ax = plt.subplots(figsize=(10, 3))
+    ax.step(times, steps(rep.utilisation["utilisation"] * 100), where="post")
+    ax.set_ylabel("GPUs held, % of capacity")
+    ax.set_ylim(0, 105)
+    ax.set_title("Utilisation over time")
+    fig.autofmt_xdate()
+    out["utilisation"] = _png(fig)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 3))
+    for cls in [c for c in rep.queue.columns if c != "t"]:
+        ax.step(times, steps(rep.queue[cls]), where="post", label=cls)
+    if len(rep.queue.columns) > 1:
+        ax.legend(loc="upper right", fontsize="small")
+    ax.set_ylabel("pending jobs")
+    ax.set_title("Queue length by workload class")
+    fig.autofmt_xdate()
+    out["queue"] = _png(fig)
+    plt.close(fig)
+
+    q = rep.quota
+    fig, ax = plt.subplots(figsize=(10, 3))
+    xs = range(len(q))
+    ax.bar(xs, q["gpu_hours"], label="GPU-hours held")
+    for col, style, label in (("nominal_gpu_hours", "_", "nominal GPUs x hours"), ("max_gpu_hours", "v", "max GPUs x hours")):
+        vals = q[col].astype(float)
+        if vals.notna().any():
+            ax.scatter(list(xs), vals, marker=style, s=400 if style == "_" else 60, color="black" if style == "_" else "red",
+                       label=label, zorder=3)
+    ax.set_xticks(list(xs), list(q["team"]))
+    ax.set_ylabel("GPU-hours")
+    ax.set_title("Usage per team against quota")
+    ax.legend(loc="upper right", fontsize="small")
+    out["quota"] = _png(fig)
+    plt.close(fig)
+    return out
+
+
+def html_page(rep: Report) -> str:
+    """One self-contained page: the plots as ``data:image/png;base64`` images, the tables."""
+    pics = plots(rep)
+    fmt = "%Y-%m-%d %H:%M"
+    head = (f"<h1>{html.escape(rep.title or 'gpushepherd report')}</h1><p>From "
+            f"{rep.local(rep.t_from).strftime(fmt)} to {rep.local(rep.t_to).strftime(fmt)}"
+            + (f"; money in {html.escape(rep.currency)}" if rep.currency else "") + ".</p>")
+    body = [head]
+    for key, caption in (("utilisation", "Utilisation over time"), ("queue", "Queue length by class"),
+                         ("quota", "Usage per team against quota")):
+        body.append(f'<figure><img alt="{caption}" src="data:image/png;base64,{pics[key]}">'
+                    f"<figcaption>{caption}</figcaption></figure>")
+    for name, df in rep.tables.items():
+        body.append(f"<h2>{html.escape(TITLES.get(name, name))}</h2>")
+        body.append(df.to_html(index=False, na_rep="-", float_format=lambda v: f"{v:,.2f}", border=0,
+                               classes="t") if len(df) else "<p>(none)</p>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:auto}table.t{border-collapse:collapse}"
+             "table.t td,table.t th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
+             "img{max-width:100%}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(rep.title or 'report')}</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
