@@ -23,6 +23,7 @@ of them did not hold.
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
 import tempfile
@@ -200,8 +201,6 @@ def run_demo(data_dir: Path, *, on_tick: Callable[[float, list[dict], list[dict]
         on_event: called with (seconds, text) for each state change of a job.
         time_limit_s: the demo gives up (and cancels what still runs) after this.
     """
-    import httpx
-
     data_dir = Path(data_dir)
     work_dir = data_dir / "work"
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -213,6 +212,27 @@ def run_demo(data_dir: Path, *, on_tick: Callable[[float, list[dict], list[dict]
         policy, kw["inventory"] = real_gpus_policy(data_dir, say=(lambda text: on_event(0.0, text)) if on_event
                                                    else None)
     kw.setdefault("sample_every", 1.0)
+    # the server's log goes to <data>/server.log, not over the live display
+    logger = logging.getLogger("gpushepherd")
+    handler = logging.FileHandler(data_dir / "server.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved = (logger.level, logger.propagate)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        return _run(data_dir, subs, policy, kw, on_tick, on_event, time_limit_s, names, seen)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
+def _run(data_dir: Path, subs: list[Submission], policy: Path, kw: dict, on_tick, on_event, time_limit_s: float,
+         names: dict[str, str], seen: dict[str, str]) -> DemoResult:
+    import httpx
+
     t0 = time.time()
     with DemoServer(data_dir, policy, **kw) as server, \
             httpx.Client(base_url=server.url, timeout=30) as http:
