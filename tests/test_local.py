@@ -64,3 +64,20 @@ def test_a_killed_group_is_an_exit_without_a_code(tmp_path):
     backend.signal("1", signal.SIGKILL)
     assert wait_exits(backend) == [("1", None)]
     assert backend.attach("1", 1, proc.pid, proc.start) is None  # gone, no exit file: lost
+
+
+def test_a_restart_finds_its_own_runner_and_never_another_servers(tmp_path):
+    """Two servers on one machine number their jobs alike: a restart that looks up a
+    run by its environment must not take (and later kill) the other server's job 1."""
+    mine, other = LocalBackend(tmp_path / "mine"), LocalBackend(tmp_path / "other")
+    code = "import time; time.sleep(60)"
+    proc = other.start("1", 1, [sys.executable, "-c", code], shell=False, env={}, cwd=str(tmp_path),
+                       placement=Placement((("n", (0,)),)))
+    try:
+        time.sleep(0.3)  # the runner has its environment and command line
+        assert mine.attach("1", 1, None, None) is None  # not mine: lost, never re-attached
+        found = LocalBackend(tmp_path / "other").attach("1", 1, None, None)
+        assert found is not None and found.pid == proc.pid
+    finally:
+        other.signal("1", signal.SIGKILL)
+        wait_exits(other)

@@ -59,11 +59,16 @@ def group_running(pgid: int) -> bool:
     return False
 
 
-def find_runner(job_id: str, run: int) -> tuple[int, str | None] | None:
-    """The runner of run ``run`` of a job, found by its environment in ``/proc``:
-    ``(pid, start time)``, or ``None``. For a restart that finds a run launched but
-    its pid never recorded (the server died between the fork and the commit)."""
+def find_runner(job_id: str, run: int, exit_file: Path) -> tuple[int, str | None] | None:
+    """The runner of run ``run`` of a job, found in ``/proc``: the group leader whose
+    environment has ``SHEPHERD_JOB_ID``/``SHEPHERD_RUN`` and whose command line names
+    ``exit_file`` (a path inside this server's data directory: another server on the
+    same machine - whose job ids and run numbers are the same small numbers - is never
+    mistaken for this one). ``(pid, start time)``, or ``None``. For a restart that
+    finds a run launched but its pid never recorded (the server died between the fork
+    and the commit)."""
     want = (f"SHEPHERD_JOB_ID={job_id}".encode(), f"SHEPHERD_RUN={run}".encode())
+    path = os.fsencode(str(exit_file))
     if not os.path.isdir("/proc"):
         return None
     for entry in os.listdir("/proc"):
@@ -73,11 +78,13 @@ def find_runner(job_id: str, run: int) -> tuple[int, str | None] | None:
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
         except OSError:
             continue
         fields = _stat(pid)
         # the runner leads its group; the job's own processes carry the same variables
-        if all(w in env for w in want) and fields and fields[2] == entry and fields[0] not in "ZX":
+        if all(w in env for w in want) and path in argv and fields and fields[2] == entry and fields[0] not in "ZX":
             return pid, fields[19]
     return None
 
@@ -224,7 +231,7 @@ class LocalBackend:
         its process group is gone and it left no exit file (the run is lost)."""
         exit_file = self.run_dir(job_id, run) / "exit"
         if pid is None:
-            found = find_runner(job_id, run)
+            found = find_runner(job_id, run, exit_file)
             if found is None and not exit_file.exists():
                 return None
             pid, start = found or (0, None)
