@@ -26,7 +26,10 @@ cluster:
     - {name: local, gpus: 4, gpu_type: FAKE, gpu_mem_mib: 16384}
 classes:
   batch: {grace_period_s: 2}
-  sandbox: {grace_period_s: 1}
+  sandbox:
+    grace_period_s: 1
+    stop_signal: SIGUSR1
+    idle_stop: {below_util_pct: 5, after_s: 3, setup_s: 0}
 teams:
   ml: {}
 preemption: {enabled: true}
@@ -86,6 +89,7 @@ class Server:
     def start(self, policy: bool = True, extra: tuple[str, ...] = ()) -> "Server":
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
+        extra = ("--sample-every", "0.5", *extra)  # GPU samples (static inventory: CPU use) for idle auto-stop
         args = [sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(self.data),
                 # static: a machine with GPUs would refuse this policy's FAKE node under NVML
                 "--port", str(port), "--inventory", "static", *extra] + \
@@ -234,6 +238,33 @@ def test_a_job_past_its_time_limit_is_stopped_as_timeout(server):
     job = server.wait_state(job_id, "TIMEOUT", "COMPLETED", "FAILED")
     assert job["state"] == "TIMEOUT" and job["exit_code"] is not None and job["exit_code"] < 0
     assert wait_for("all GPUs free", lambda: server.free_gpus() == 4)
+
+
+def test_the_class_stop_signal_is_sent_at_the_time_limit(server, tmp_path):
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGUSR1, lambda *_: (print('got SIGUSR1', flush=True), sys.exit(0)))\n"
+            "while True: sum(range(10000))\n")  # busy: never idle-stopped
+    job = server.wait_state(server.submit(code, cls="sandbox", time_limit_s=1, user="sig"), "TIMEOUT", "COMPLETED",
+                            "FAILED")
+    # it got SIGUSR1 (not SIGTERM) when its time limit passed, and ended inside the grace period
+    assert "got SIGUSR1" in server.logs(job["id"])
+    assert [h["to"] for h in job["history"]][-2:] == ["STOPPING", job["state"]]
+
+
+def test_an_idle_sandbox_job_is_stopped_and_a_busy_one_is_not(server):
+    busy = server.submit("while True: sum(range(10000))", cls="sandbox", user="busy")
+    idle = server.submit("import time; time.sleep(120)", cls="sandbox", user="idle")
+    server.wait_state(busy, "RUNNING")
+    job = server.wait_state(idle, "TIMEOUT", "COMPLETED", "FAILED", "CANCELLED")
+    assert job["state"] == "TIMEOUT"
+    assert "idle" in (job["stop_reason"] or "") and any("idle" in (h["reason"] or "") for h in job["history"])
+    stopped_at = next(h["t"] for h in job["history"] if h["to"] == "STOPPING")
+    started_at = next(h["t"] for h in job["history"] if h["to"] == "RUNNING")
+    assert stopped_at - started_at >= 3  # not before after_s below the threshold
+    time.sleep(2)  # the busy one outlives the idle one's limit by well over a sample period
+    assert server.job(busy)["state"] == "RUNNING"
+    assert httpx.post(f"{server.url}/jobs/{busy}/cancel", headers=server.headers, timeout=60).status_code == 200
+    server.wait_state(busy, "CANCELLED")
 
 
 def test_a_malformed_submission_is_422_naming_the_field(server):

@@ -8,8 +8,9 @@ Layout under the data directory:
 
 The checkpoint contract: a job that saved its state into ``SHEPHERD_CHECKPOINT_DIR``
 and exits with ``REQUEUE_EXIT_CODE`` (85) is requeued (``ExitStatus.PREEMPTED``) and
-finds the directory again on its next run. Preemption and time-limit stops send SIGTERM
-to the group, then SIGKILL after the grace period.
+finds the directory again on its next run. Preemption and stops (time limit, window,
+idle) send the class's ``stop_signal`` (SIGTERM by default) to the group, then
+SIGKILL after the grace period.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 ``--shell``: ``/bin/sh -c ARGV[0]``), waits for it and writes its exit code to
 ``EXIT_FILE`` (``{"code": N}``; a signal ``S`` is ``-S``) atomically, so that a
 server that restarted - and is no longer the job's parent - still learns how it
-ended. SIGTERM/SIGINT/SIGHUP sent to the group reach the job directly; the runner
+ended. SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 sent to the group reach the job directly; the runner
 itself outlives them to record the exit (handlers, unlike ignored signals, are not
 inherited by the job). Stdlib only: it starts fast.
 """
@@ -26,7 +26,8 @@ def main(args: list[str]) -> int:
         print("usage: python -m gpushepherd.daemon.runner [--shell] EXIT_FILE -- ARGV...", file=sys.stderr)
         return 2
     exit_file, argv = args[0], args[2:]
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    # every signal a policy may choose as its stop signal (``classes.X.stop_signal``)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda *_: None)
     try:
         proc = subprocess.Popen(argv[0] if shell else argv, shell=shell)

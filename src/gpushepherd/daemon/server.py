@@ -654,7 +654,8 @@ class Daemon:
     def _apply(self, now: float, d: Decision) -> None:
         """Act on a decision other than ``Start`` (``_launch_all`` starts runs)."""
         if isinstance(d, (Preempt, Stop)):
-            self.backend.signal(d.job_id, signal.SIGTERM)
+            job = self.sched.jobs.get(d.job_id)
+            self.backend.signal(d.job_id, getattr(signal, job.cls.stop_signal if job else "SIGTERM"))
             due = now + d.grace_s
             self.kills[d.job_id] = due
             self.store.update_job(d.job_id, kill_at=due)

@@ -50,6 +50,9 @@ class ClassRules:
     #: peak GPU memory over the declaration: ``warn`` (flag only) or ``stop`` (on a
     #: shared card only; a whole GPU or MIG instance is only flagged)
     memory_overrun: str = "warn"
+    #: the signal sent first when a job is preempted or stopped (then SIGKILL after
+    #: the grace period): a name such as ``SIGTERM``
+    stop_signal: str = "SIGTERM"
 
 
 class LimitUnit(str, enum.Enum):

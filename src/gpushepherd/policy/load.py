@@ -303,6 +303,7 @@ def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
         idle_stop=IdleStop(float(idle["below_util_pct"]), float(idle["after_s"]), float(idle["setup_s"]))
         if idle is not None else None,
         memory_overrun=base.get("memory_overrun") or "warn",
+        stop_signal=base.get("stop_signal") or "SIGTERM",
     )
 
 

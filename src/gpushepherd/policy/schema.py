@@ -235,6 +235,10 @@ class ClassSpec(_Strict):
     #: ``stop`` it - on a shared card (fraction, time-slicing, MPS) only; a whole GPU
     #: or MIG instance is only flagged. ``stop`` only for preemptible classes.
     memory_overrun: Literal["warn", "stop"] | None = None
+    #: the signal a job of this class gets when it is preempted or stopped (time
+    #: limit, window, idle), before SIGKILL at the end of the grace period (Slurm's
+    #: ``--signal``, Docker's ``STOPSIGNAL``); default SIGTERM
+    stop_signal: Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"] | None = None
     description: str | None = None
 
 
