@@ -33,3 +33,8 @@ def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path.resolve() / 'shepherd.db'}"
     return request.getfixturevalue("pg_url")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--screenshot-dir", metavar="DIR", default=None,
+                     help="Keep the dashboard's browser-test screenshots here (default: a temporary folder, printed).")

@@ -32,6 +32,7 @@ from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import Principal
 from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.server import Daemon
+from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.model.job import GpuShare, JobSpec
 from gpushepherd.policy.load import PolicyError
 
@@ -321,4 +322,5 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         with daemon.lock:
             return daemon.usage_view()
 
+    mount_ui(app, daemon.store.batches)  # the dashboard (note 012): after the API's routes
     return app

@@ -1,0 +1,263 @@
+"""The web dashboard at /ui (design note 012), against a real `shepherd server`.
+
+The browser tests (marker ``browser``) drive Debian's headless Chromium through its
+chromedriver with Selenium; they skip, saying what is missing, where either is absent.
+Screenshots go to ``--screenshot-dir DIR`` or a temporary folder the test prints.
+``docs/screenshots/ui.png`` is written by ``scripts/ui_screenshot.py`` only.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from test_auth import create_token
+from test_daemon import DEADLINE_S, POLICY, Server, wait_for, wait_for_file
+
+from gpushepherd.daemon.ui import PLOTS, UI_DIR, PlotCache
+
+UI_POLICY = POLICY.replace("  ml: {}", "  ml: {max_gpus: 2}\n  cv: {nominal_gpus: 2}")
+XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def ui_server(tmp: Path) -> Server:
+    s = Server(tmp)
+    s.policy.write_text(UI_POLICY)
+    return s
+
+
+def busy(s: Server, flag: Path) -> dict[str, str]:
+    """Two running ml jobs (one with markup in its command), one ml job pending on the
+    team's max_gpus=2 and one running cv job: returns their ids by role."""
+    ids = {"running": s.submit(wait_for_file(flag)),
+           "xss": s.submit(wait_for_file(flag) + f"\n# {XSS}"),
+           "pending": s.submit(wait_for_file(flag)),
+           "cv": s.submit(wait_for_file(flag), team="cv", user="bo")}
+    for role in ("running", "xss", "cv"):
+        s.wait_state(ids[role], "RUNNING")
+    assert s.job(ids["pending"])["reason"].startswith("QuotaExceeded(teams.ml.max_gpus=2")
+    return ids
+
+
+# ------------------------------------------------------------------ without a browser
+def test_page_fetches_nothing_from_elsewhere_and_builds_no_markup_from_strings():
+    files = {p.name: p.read_text() for p in UI_DIR.iterdir()}
+    assert set(files) == {"index.html", "app.js", "style.css"}
+    for name, text in files.items():
+        assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", text, re.I), f"{name} names another host"
+        assert "@import" not in text and "url(" not in text, name
+    js = files["app.js"]
+    sinks = re.findall(r"\.(?:innerHTML|outerHTML|insertAdjacentHTML|srcdoc)\b|document\.write|\beval\(|new Function"
+                       r"|setAttribute\(\s*[\"']on", js)
+    assert not sinks, f"app.js builds markup from strings: {sinks}"
+    assert 'src="app.js"' in files["index.html"] and 'href="style.css"' in files["index.html"]
+
+
+class CountingCache(PlotCache):
+    def _build(self, now: float) -> dict[str, bytes]:
+        return {name: f"{name}@{now}".encode() for name in PLOTS}
+
+
+def test_plots_are_rebuilt_at_most_once_per_ttl():
+    now = [1000.0]
+    cache = CountingCache(lambda: [], ttl_s=60.0, clock=lambda: now[0])
+    assert cache.png("queue") == b"queue@1000.0"
+    now[0] = 1059.0
+    assert [cache.png(n) for n in PLOTS] == [b"utilisation@1000.0", b"queue@1000.0", b"quota@1000.0"]
+    assert cache.builds == 1
+    now[0] = 1060.0
+    assert cache.png("quota") == b"quota@1060.0" and cache.builds == 2
+    now[0] = 900.0  # a clock stepped back: rebuilt, never served as "fresh" forever
+    assert cache.png("quota") == b"quota@900.0" and cache.builds == 3
+    with pytest.raises(KeyError):
+        cache.png("nope")
+
+
+def test_static_page_is_open_but_data_and_plots_need_the_token(tmp_path):
+    s = ui_server(tmp_path)
+    token = create_token(s.data, "--user", "ana", "--team", "ml")
+    s.start()
+    flag = tmp_path / "go"
+    try:
+        r = httpx.get(s.url + "/ui", timeout=60)
+        assert r.status_code == 307 and r.headers["location"].endswith("/ui/")
+        for path, kind in (("/ui/", "text/html"), ("/ui/app.js", "javascript"), ("/ui/style.css", "text/css")):
+            r = httpx.get(s.url + path, timeout=60)
+            assert r.status_code == 200 and kind in r.headers["content-type"], (path, r.status_code)
+        for path in ("/jobs", "/nodes", "/usage", "/policy", "/ui/plots/queue.png"):
+            assert httpx.get(s.url + path, timeout=60).status_code == 401, path
+        s.token = token
+        s.submit(wait_for_file(flag))
+        for name in PLOTS:
+            r = httpx.get(f"{s.url}/ui/plots/{name}.png", headers=s.headers, timeout=60)
+            assert r.status_code == 200 and r.headers["content-type"] == "image/png", r.text
+            assert r.content.startswith(PNG)
+        r = httpx.get(s.url + "/ui/plots/nope.png", headers=s.headers, timeout=60)
+        assert r.status_code == 404 and "'nope'" in r.json()["detail"] and "utilisation, queue, quota" in \
+            r.json()["detail"]
+    finally:
+        flag.touch()
+        s.stop()
+
+
+# ------------------------------------------------------------------ in headless Chromium
+def chromium_paths() -> tuple[str, str] | str:
+    """(chromium, chromedriver), or why the browser tests cannot run here."""
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver") or next(
+        (p for p in ("/usr/lib/chromium/chromedriver",) if Path(p).exists()), None)
+    if browser is None or driver is None:
+        return ("no " + " and no ".join(n for n, p in (("chromium", browser), ("chromedriver", driver)) if p is None)
+                + " on PATH (Debian: apt-get install chromium chromium-driver)")
+    return browser, driver
+
+
+def open_browser(width: int = 1400, height: int = 1800):
+    """A headless Chromium through the system's chromedriver (Selenium Manager is never
+    asked to download one). Skips the test where there is none."""
+    found = chromium_paths()
+    if isinstance(found, str):
+        pytest.skip(f"browser: {found}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = found[0]
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                f"--window-size={width},{height}"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(executable_path=found[1]), options=opts)
+
+
+@pytest.fixture
+def browser():
+    drv = open_browser()
+    yield drv
+    drv.quit()
+
+
+@pytest.fixture(scope="module")
+def shots(request, tmp_path_factory) -> Path:
+    given = request.config.getoption("--screenshot-dir")
+    folder = Path(given) if given else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def save_shot(drv, folder: Path, name: str, capsys) -> Path:
+    path = folder / name
+    assert drv.save_screenshot(str(path)), path
+    assert path.read_bytes().startswith(PNG)
+    with capsys.disabled():
+        print(f"\nscreenshot: {path}")
+    return path
+
+
+def until(drv, what: str, js: str, *args):
+    """Poll ``js`` (a script returning a value) in the page until it is truthy."""
+    return wait_for(what, lambda: drv.execute_script(js, *args), timeout=DEADLINE_S, every=0.2)
+
+
+def text_of(drv, css: str) -> str:
+    return drv.execute_script("const n = document.querySelector(arguments[0]); return n ? n.textContent : null;", css)
+
+
+def wait_until_plots_are_shown(drv) -> None:
+    until(drv, "the report's plots", "return [...document.querySelectorAll('img[data-plot]')]"
+          ".every(i => i.complete && i.naturalWidth > 0)")
+
+
+@pytest.mark.browser
+def test_ui_shows_the_pending_reason_the_gpu_holders_and_escapes_user_input(tmp_path, browser, shots, capsys):
+    from selenium.webdriver.common.by import By
+
+    s = ui_server(tmp_path).start()
+    flag = tmp_path / "go"
+    try:
+        ids = busy(s, flag)
+        browser.get(s.url + "/ui")
+        reason_cell = f"#queue tr[data-job='{ids['pending']}'] td.reason"
+        until(browser, "the pending job's reason on the page",
+              "const n = document.querySelector(arguments[0]); return n && n.textContent", reason_cell)
+        assert text_of(browser, reason_cell) == s.job(ids["pending"])["reason"]
+        assert text_of(browser, reason_cell).startswith("QuotaExceeded(teams.ml.max_gpus=2")
+
+        # the GPU grid shows who holds each GPU
+        holders = browser.execute_script(
+            "return [...document.querySelectorAll('#nodes .gpu')].map(g => "
+            "[g.dataset.gpu, [...g.querySelectorAll('.holder')].map(h => h.dataset.job)])")
+        held = {job for _gpu, jobs in holders for job in jobs}
+        assert len(holders) == 4 and held == {ids["running"], ids["xss"], ids["cv"]}
+        assert sum(1 for _gpu, jobs in holders if not jobs) == 1
+        gpu_of = {p.split(":")[1]: j for j in (ids["running"], ids["xss"], ids["cv"])
+                  for p in [s.job(j)["placement"]]}
+        assert {g: jobs for g, jobs in holders if jobs} == {g: [j] for g, j in gpu_of.items()}
+        assert "ml/ana batch" in text_of(browser, f"#nodes .holder[data-job='{ids['running']}']")
+
+        # user input is text, never markup
+        cmd = text_of(browser, f"#queue tr[data-job='{ids['xss']}'] td.command")
+        assert XSS in cmd
+        assert browser.execute_script("return document.querySelectorAll('#queue img, #queue script').length") == 0
+        assert browser.execute_script("return window.__xss === undefined")
+
+        # usage against quota: ml holds its max of 2, cv 1 of a nominal 2
+        row = "return [...document.querySelectorAll(`#usage tr[data-team='${arguments[0]}'] td`)].map(t => t.textContent)"
+        assert browser.execute_script(row, "ml")[:4] == ["ml", "2", "-", "2"]
+        assert browser.execute_script(row, "cv")[:4] == ["cv", "1", "2", "-"]
+
+        wait_until_plots_are_shown(browser)
+        save_shot(browser, shots, "ui.png", capsys)
+
+        # it refreshes itself: the pending job runs once the others end (ended jobs shown on request)
+        flag.touch()
+        browser.find_element(By.ID, "show-ended").click()
+        until(browser, "the formerly pending job shown COMPLETED, without a reason",
+              "const r = document.querySelector(arguments[0]); return r && r.dataset.state === 'COMPLETED' "
+              "&& r.querySelector('td.reason').textContent === ''", f"#queue tr[data-job='{ids['pending']}']")
+    finally:
+        flag.touch()
+        s.stop()
+
+
+@pytest.mark.browser
+def test_ui_with_tokens_asks_for_one_and_shows_nothing_without_it(tmp_path, browser, shots, capsys):
+    from selenium.webdriver.common.by import By
+
+    s = ui_server(tmp_path)
+    token = create_token(s.data, "--user", "ana", "--team", "ml")
+    s.token = token
+    s.start()
+    flag = tmp_path / "go"
+    try:
+        job = s.submit(wait_for_file(flag))
+        browser.get(s.url + "/ui/")
+        until(browser, "the token form", "return !document.getElementById('login').hidden")
+        assert browser.execute_script("return document.querySelectorAll('#queue tr[data-job]').length") == 0
+        assert browser.execute_script("return document.querySelectorAll('#nodes .gpu').length") == 0
+        save_shot(browser, shots, "ui-token-needed.png", capsys)
+
+        browser.find_element(By.ID, "token").send_keys("shp_wrong")
+        browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+        until(browser, "the wrong token refused", "return document.getElementById('login-error').textContent")
+        assert "unknown or revoked" in text_of(browser, "#login-error")
+
+        browser.find_element(By.ID, "token").send_keys(token)
+        browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+        until(browser, "the job on the page once the token is given",
+              "return document.querySelector(arguments[0])", f"#queue tr[data-job='{job}']")
+        assert browser.execute_script("return document.getElementById('login').hidden")
+        assert browser.execute_script("return sessionStorage.getItem('gpushepherd.token')") == token
+        wait_until_plots_are_shown(browser)  # fetched with the bearer header, shown from blob URLs
+        save_shot(browser, shots, "ui-with-token.png", capsys)
+    finally:
+        flag.touch()
+        s.stop()
+
