@@ -9,9 +9,12 @@ cannot break.
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,6 +26,7 @@ from test_gpu_daemon import script
 
 from gpushepherd.cli.daemon import parse_duration
 from gpushepherd.daemon.metrics import cuda_oom_in, reason_kind
+from gpushepherd.daemon.server import Daemon
 
 # test_gpu_daemon's four fake GPUs with UUIDs, a second team and preemption
 POLICY = GPU_POLICY.replace("  ml: {}\n", "  ml: {}\n  cv: {}\n") + "preemption: {enabled: true}\n"
@@ -203,3 +207,61 @@ def test_preemption_reason_kinds_and_idle_durations():
     for bad in ("0", "0m", "ten", "-5s"):
         with pytest.raises(typer.BadParameter, match="is not allowed: a duration > 0"):
             parse_duration(bad)
+
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "gpushepherd.json"
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+                "offset", "inf", "nan"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: identifiers that are not a
+    function or aggregation (followed by ``(``), a keyword, a label (inside ``{}`` or a
+    ``by``/``without`` list) or part of a range (``[...]``) or string."""
+    expr = re.sub(r'"(?:\\.|[^"\\])*"', "", expr)
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", expr)
+    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
+    return {m[1] for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][\w:]*)(?![\w:])(?!\s*\()", expr)
+            if m[1].lower() not in PROMQL_WORDS}
+
+
+def exported_names(tmp_path) -> set[str]:
+    """Every sample name the daemon's /metrics can carry, from its families' types."""
+    data = tmp_path / "d"
+    data.mkdir()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    d = Daemon(data, policy_path=policy, sample_every=0.1)
+    d.start()
+    try:
+        text = d.metrics.exposition().decode()
+    finally:
+        d.stop()
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
+                "gauge": ("",)}
+    return {f.name + s for f in text_string_to_metric_families(text) for s in suffixes[f.type]}
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_server_exports(tmp_path):
+    dash = json.loads(DASHBOARD.read_text())
+    assert [i["name"] for i in dash["__inputs"]] == ["DS_PROMETHEUS"]
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    assert all(p["targets"] and p["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in panels)
+    exported = exported_names(tmp_path)
+    used = set().union(*map(metric_names, exprs))
+    assert used - exported == set()
+    # the issue's panels are there
+    for name in ("gpushepherd_queue_length", "gpushepherd_job_queueing_delay_seconds_bucket",
+                 "gpushepherd_gpus_allocated", "gpushepherd_quota_limit", "gpushepherd_gpus_allocated_idle",
+                 "gpushepherd_gpus_stranded", "gpushepherd_job_preemptions_total", "DCGM_FI_DEV_GPU_UTIL",
+                 "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
+                 "gpushepherd_scheduling_cycle_duration_seconds_bucket", "gpushepherd_job_failures_total"):
+        assert name in used, name
+
+
+def test_metric_names_are_read_from_promql():
+    assert metric_names('histogram_quantile(0.95, sum by (class, le) (rate(x_bucket{a="b(c)"}[$__rate_interval])))') \
+        == {"x_bucket"}
+    assert metric_names('max by (team) (q{unit="gpus"}) > 0 or vector(0)') == {"q"}
+    assert metric_names("sum(a) / on (gpu) group_left b offset 5m") == {"a", "b"}
