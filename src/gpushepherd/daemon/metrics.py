@@ -228,9 +228,8 @@ class GaugeCollector(Collector):
     def _families(self, d: "Daemon", now: float):
         sched, rules = d.sched, d.rules
         classes = sorted(rules.classes)
-        teams = sorted(set(rules.teams) | {j.spec.team for j in sched.pending_jobs()}
-                       | {j.spec.team for j in sched.holding()})
         queue: Tally = Tally((j.spec.workload_class, j.spec.team) for j in sched.pending_jobs())
+        teams = sorted(set(rules.teams) | {t for _c, t in queue} | {j.spec.team for j in sched.holding()})
         running: Tally = Tally()
         allocated: Tally = Tally()
         for job in sched.holding():
