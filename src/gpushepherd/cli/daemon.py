@@ -90,6 +90,23 @@ def parse_time(text: str) -> float:
     return total
 
 
+def parse_duration(text: str) -> float:
+    """Seconds > 0 from ``30s``, ``10m``, ``2h``, ``1d`` or ``parse_time``'s forms.
+
+    Raises:
+        typer.BadParameter: anything else, or zero.
+    """
+    why = f"{text!r} is not allowed: a duration > 0 (30s, 10m, 2h, 1d, seconds, MM:SS, HH:MM:SS)"
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    try:
+        seconds = float(m[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]] if m else parse_time(text)
+    except typer.BadParameter:
+        raise typer.BadParameter(why) from None
+    if seconds <= 0:
+        raise typer.BadParameter(why)
+    return seconds
+
+
 def parse_share(text: str, mem_mib: int) -> dict:
     """``fraction:0.25``, ``mig:1g.10gb``, ``time_slice[:N]``, ``mps:N[:PERCENT]`` or
     ``mem`` (memory only, with ``--gpu-mem``) as the API's share body.
@@ -200,7 +217,13 @@ def register(app: typer.Typer) -> None:
                sample_every: Annotated[float, typer.Option("--sample-every", min=0.1, max=86400,
                                                            help="Seconds between GPU samples.")] = 10.0,
                node: Annotated[Optional[str], typer.Option("--node", help="The policy's node this server is "
-                                                           "(default: the policy's only node).")] = None) -> None:
+                                                           "(default: the policy's only node).")] = None,
+               idle_threshold_pct: Annotated[float, typer.Option(
+                   "--idle-threshold-pct", min=0, max=100, help="/metrics: a job's GPUs are allocated-but-idle when "
+                   "its utilisation stays below this percent (classes without idle_stop).")] = 5.0,
+               idle_after: Annotated[str, typer.Option(
+                   "--idle-after", help="/metrics: ... for this long: 600, 10m, 1h, 10:00 (classes without "
+                   "idle_stop).")] = "10m") -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -220,9 +243,15 @@ def register(app: typer.Typer) -> None:
         if inventory not in ("auto", "nvml", "static"):
             err.print(f"error: --inventory: {inventory!r} is not allowed: auto, nvml or static", soft_wrap=True)
             raise typer.Exit(2)
+        try:
+            idle_after_s = parse_duration(idle_after)
+        except typer.BadParameter as exc:
+            err.print(f"error: --idle-after: {exc}", soft_wrap=True)
+            raise typer.Exit(2) from None
         from gpushepherd.daemon.migrate import SchemaError
         try:
-            daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node)
+            daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
+                            idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s)
         except SchemaError as exc:
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None

@@ -22,7 +22,7 @@ from typing import Literal
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -30,6 +30,7 @@ from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
 from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import Principal
+from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.server import Daemon
 from gpushepherd.daemon.ui import mount_ui
@@ -315,6 +316,14 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         """Nodes of the policy with each GPU's jobs and the free count."""
         with daemon.lock:
             return daemon.nodes_view()
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> Response:
+        """Prometheus metrics in the text exposition format (design note 011): queue
+        length, GPUs allocated / allocated-but-idle / stranded, quotas and fair-share per
+        team, job counters and histograms, per-GPU samples (DCGM-exporter names too).
+        With auth: any valid token, like every read."""
+        return Response(daemon.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/usage")
     def usage() -> dict:

@@ -27,6 +27,7 @@ from typing import Any
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.daemon.arrays import ArrayRec, child_id, parse_child_id, progress
 from gpushepherd.daemon.local import LocalBackend, exit_status, mig_uuid
+from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
 from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
 from gpushepherd.daemon.policy_change import Conflict, PolicyConflict, conflicts
@@ -71,11 +72,17 @@ class Daemon:
         node: the policy's node this server is; ``None``: the policy's only node.
         clock: the loop's only clock, seconds since the epoch (default ``time.time``;
             tests pass a shifted one to cross a window boundary).
+        idle_threshold_pct, idle_after_s: allocated-but-idle GPUs in ``/metrics`` for
+            classes without ``idle_stop`` (note 011): utilisation below this percent for
+            this many seconds.
+
+    Raises:
+        ValueError: an idle threshold outside 0-100 or a non-positive idle time.
     """
 
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
                  poll_s: float = 0.2, inventory: str = "static", sample_every: float = 10.0, node: str | None = None,
-                 clock=time.time):
+                 clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0):
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(db_url or Store.sqlite_url(self.data_dir))
@@ -113,6 +120,8 @@ class Daemon:
         self._next_sample = 0.0
         self.policies: list[dict] = []  # the logged policies: version, t, by, source, policy
         self.policy_queue: queue.Queue = queue.Queue()  # policy applies, taken at the top of a step
+        self.metrics = Metrics(self, idle_threshold_pct, idle_after_s,
+                               stderr_of=lambda j: self.backend.run_dir(j, self.runs[j]) / "stderr")
 
     # ------------------------------------------------------------ start / stop
     def start(self) -> None:
@@ -176,8 +185,11 @@ class Daemon:
                 continue
             for e in item:
                 self._note_sample(e)
-            for d in sched.handle(item):
+            self.sched = sched
+            decisions = sched.handle(item)
+            for d in decisions:
                 self._track(d)
+            self.metrics.observe(sched.now, item, decisions)  # counters rebuilt from the log (note 011)
         self.sched = sched
         self.policies = self.store.policy_history()
 
@@ -391,7 +403,7 @@ class Daemon:
                     fut.set_result({**self.policy_view(), "applied": False,
                                     "message": f"identical to version {version}, in force: nothing applied"})
                     continue
-                now = max(time.time(), self.sched.now)
+                now = max(self.clock(), self.sched.now)
                 self.store.append_policy(now, raw, by=by, source=source)
             except Exception as exc:  # refused or not logged: nothing changed
                 fut.set_exception(exc)
@@ -460,6 +472,7 @@ class Daemon:
             self._next_sample = now + self.sample_every
             try:
                 batch.extend(self._sample(now))
+                self.metrics.sampled(now)
             except Exception:  # a failed sample (a bad scripted file, NVML trouble) is skipped whole
                 log.exception("GPU sample failed; skipped")
         wake = sched.next_wakeup()
@@ -478,9 +491,12 @@ class Daemon:
             self.arrays[a.id] = a
         for array_id, index, job_id in children:
             self.arrays[array_id].attempts.setdefault(index, []).append(job_id)
+        t0 = time.perf_counter()
         decisions = sched.handle(batch)
+        self.metrics.observe_cycle(time.perf_counter() - t0)
         for d in decisions:
             self._track(d)  # placements and run numbers, before the replies' views
+        self.metrics.observe(now, batch, decisions)
         for fut, value in replies:
             fut.set_result(value() if callable(value) else value)
         touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None) for e in batch}

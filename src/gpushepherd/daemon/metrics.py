@@ -1,0 +1,338 @@
+"""Prometheus metrics of ``shepherd server`` (design note 011), served at ``/metrics``.
+
+Gauges are computed at scrape time from the daemon's state (``GaugeCollector``, under
+``Daemon.lock``); counters and histograms are updated by ``Metrics.observe`` after
+every ``Scheduler.handle`` - in the reconcile loop and in the replay at start, so a
+restart rebuilds them from the event log. Units are Prometheus's base units
+(seconds, bytes, ratios) except the DCGM-exporter names, which keep DCGM's (%, MiB,
+C, W).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
+from gpushepherd.model.events import Event, JobSubmitted
+from gpushepherd.model.job import JobState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpushepherd.daemon.server import Daemon
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: what a FAILED run's stderr says when CUDA ran out of memory (PyTorch, the driver
+#: API / CuPy / TensorFlow, ``torch.cuda.OutOfMemoryError``)
+OOM_MARKERS = ("CUDA out of memory", "CUDA_ERROR_OUT_OF_MEMORY", "OutOfMemoryError")
+OOM_TAIL_BYTES = 64 * 1024
+
+#: seconds: a few seconds to a week (queueing delay, run duration)
+JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400, 172800, 604800,
+               float("inf"))
+#: seconds: one ``Scheduler.handle``
+CYCLE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                 5.0, float("inf"))
+MIB = 1024 * 1024
+#: the constraint names of ``Scheduler.stranded_capacity`` (each exported, 0 included)
+STRANDED_CONSTRAINTS = ("pool", "gpu_type", "gpu_memory", "node_selector", "taint", "driver", "cache", "sharing",
+                        "single-node", "share-size", "mig-profile")
+
+
+def cuda_oom_in(path: Path) -> bool:
+    """Whether the last ``OOM_TAIL_BYTES`` of file ``path`` contain a CUDA
+    out-of-memory message (``OOM_MARKERS``); ``False`` when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - OOM_TAIL_BYTES))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(m in tail for m in OOM_MARKERS)
+
+
+def reason_kind(reason: str) -> str:
+    """A preemption reason's kind: the core's reason up to ``:`` (``priority:training``
+    -> ``priority``, ``window-closed:classes.batch.max_gpus`` -> ``window-closed``)."""
+    return reason.partition(":")[0] or "unknown"
+
+
+class Metrics:
+    """The daemon's metrics: a registry of its own, the counters and histograms, the
+    allocated-but-idle streaks, and the scrape-time gauges.
+
+    Args:
+        daemon: the ``Daemon`` whose state the gauges read (under ``daemon.lock``).
+        idle_threshold_pct: percent GPU utilisation below which a sample is idle, for
+            classes without ``idle_stop`` (the class's ``below_util_pct`` otherwise).
+        idle_after_s: seconds of idle samples after which a job's GPUs count as
+            allocated-but-idle, for classes without ``idle_stop`` (``after_s``
+            otherwise).
+        stderr_of: job id -> the stderr file of its last run (CUDA OOM detection).
+    """
+
+    def __init__(self, daemon: "Daemon", idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
+                 stderr_of: Callable[[str], Path] | None = None):
+        if not 0 <= idle_threshold_pct <= 100:
+            raise ValueError(f"idle_threshold_pct: {idle_threshold_pct!r} is not allowed: a percentage 0-100")
+        if not idle_after_s > 0 or idle_after_s == float("inf"):
+            raise ValueError(f"idle_after_s: {idle_after_s!r} is not allowed: seconds > 0, finite")
+        self.daemon = daemon
+        self.idle_threshold_pct, self.idle_after_s = idle_threshold_pct, idle_after_s
+        self.stderr_of = stderr_of
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.starts = Counter("gpushepherd_job_starts", "Runs started (Start decisions).", ["class", "team"],
+                              registry=r)
+        self.ends = Counter("gpushepherd_job_ends", "Jobs that reached a final state, by that state (COMPLETED, "
+                            "FAILED, TIMEOUT, CANCELLED, REJECTED).", ["class", "team", "state"], registry=r)
+        self.failures = Counter("gpushepherd_job_failures", "Jobs that ended FAILED, by cause (cuda-oom: CUDA "
+                                "out of memory in the run's stderr; other).", ["class", "team", "cause"],
+                                registry=r)
+        self.preemptions = Counter("gpushepherd_job_preemptions", "Preempt decisions by reason (priority, "
+                                   "reclaim, window-closed).", ["class", "team", "reason"], registry=r)
+        self.stops = Counter("gpushepherd_job_stops", "Stop decisions by reason (time-limit, idle, memory-overrun, "
+                             "cancelled, node-lost, ...).", ["class", "team", "reason"], registry=r)
+        self.queueing_delay = Histogram("gpushepherd_job_queueing_delay_seconds", "Seconds from submission to a "
+                                        "job's first start.", ["class"], buckets=JOB_BUCKETS, registry=r)
+        self.run_duration = Histogram("gpushepherd_job_run_duration_seconds", "Seconds a run held its GPUs, by "
+                                      "outcome (the final state, or requeued).", ["class", "outcome"],
+                                      buckets=JOB_BUCKETS, registry=r)
+        self.cycle = Histogram("gpushepherd_scheduling_cycle_duration_seconds", "Wall seconds of one "
+                               "Scheduler.handle in the reconcile loop (not in the replay).", buckets=CYCLE_BUCKETS,
+                               registry=r)
+        self._runs: dict[str, tuple[float, int]] = {}  # job holding GPUs -> (run start, run number)
+        self._ended: set[str] = set()  # jobs counted in ends
+        self._idle: dict[str, tuple[int, float]] = {}  # job -> (run, first idle sample's time)
+        self.hostname = socket.gethostname()
+        r.register(GaugeCollector(self))
+
+    def exposition(self) -> bytes:
+        """The text exposition format of every metric (``CONTENT_TYPE``)."""
+        return generate_latest(self.registry)
+
+    # ------------------------------------------------------------ counters (the loop and the replay)
+    def observe(self, now: float, events: Iterable[Event], decisions: list[Decision]) -> None:
+        """Count what one ``Scheduler.handle(events)`` at time ``now`` (seconds) did;
+        called with the daemon's core already updated (the replay's and the loop's)."""
+        sched = self.daemon.sched
+        jobs = sched.jobs
+        for d in decisions:
+            job = jobs.get(d.job_id)
+            if job is None:
+                continue
+            cls, team = job.spec.workload_class, job.spec.team
+            if isinstance(d, Start):
+                self.starts.labels(cls, team).inc()
+                self._runs[d.job_id] = (d.t, job.runs)
+                if job.runs == 1:
+                    self.queueing_delay.labels(cls).observe(max(0.0, d.t - job.spec.submit_time))
+            elif isinstance(d, Preempt):
+                self.preemptions.labels(cls, team, reason_kind(d.reason)).inc()
+            elif isinstance(d, Stop):
+                self.stops.labels(cls, team, d.reason or "unknown").inc()
+        for job_id in sorted(self._runs):
+            job = jobs[job_id]
+            start, run = self._runs[job_id]
+            if job.state.holds_gpus and job.runs == run:
+                continue
+            del self._runs[job_id]
+            outcome = job.state.value if job.state.terminal else "requeued"
+            self.run_duration.labels(job.spec.workload_class, outcome).observe(max(0.0, now - start))
+        touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None)
+                   for e in events}
+        touched |= {d.job_id for d in decisions}
+        for job_id in sorted(j for j in touched if j is not None):
+            job = jobs.get(job_id)
+            if job is None or not job.state.terminal or job_id in self._ended:
+                continue
+            self._ended.add(job_id)
+            cls, team = job.spec.workload_class, job.spec.team
+            self.ends.labels(cls, team, job.state.value).inc()
+            if job.state is JobState.FAILED:
+                oom = self.stderr_of is not None and cuda_oom_in(self.stderr_of(job_id))
+                self.failures.labels(cls, team, "cuda-oom" if oom else "other").inc()
+
+    def observe_cycle(self, seconds: float) -> None:
+        self.cycle.observe(seconds)
+
+    # ------------------------------------------------------------ allocated-but-idle (the loop)
+    def idle_rule(self, job) -> tuple[float, float]:
+        """``(threshold %, after s)`` for a job: its class's ``idle_stop`` where the
+        policy sets one, else the server's defaults."""
+        rule = job.cls.idle_stop
+        if rule is not None:
+            return rule.below_util_pct, rule.after_s
+        return self.idle_threshold_pct, self.idle_after_s
+
+    def sampled(self, now: float) -> None:
+        """Update the idle streaks after a GPU sample at ``now`` (``Daemon.sampled``:
+        a job's ``gpu_util_pct``, ``None`` for a MIG instance, which counts as busy)."""
+        d = self.daemon
+        live = {}
+        for job in d.sched.holding():
+            if job.state is not JobState.RUNNING:
+                continue
+            rec = d.sampled.get(job.id)
+            prev = self._idle.get(job.id)
+            if prev is not None and prev[0] != job.runs:
+                prev = None  # a new run starts a new streak
+            if rec is None or rec.get("t") != now:
+                if prev is not None:
+                    live[job.id] = prev  # not sampled this time: the streak stands
+                continue
+            util = rec.get("gpu_util_pct")
+            threshold, _after = self.idle_rule(job)
+            if util is not None and util < threshold:
+                live[job.id] = prev or (job.runs, now)
+        self._idle = live
+
+    def idle_jobs(self, now: float) -> list:
+        """Jobs running whose idle streak has lasted their ``after`` seconds at ``now``."""
+        jobs = self.daemon.sched.jobs
+        out = []
+        for job_id, (run, since) in sorted(self._idle.items()):
+            job = jobs.get(job_id)
+            if job is None or job.state is not JobState.RUNNING or job.runs != run:
+                continue
+            if now - since >= self.idle_rule(job)[1]:
+                out.append(job)
+        return out
+
+
+class GaugeCollector(Collector):
+    """The scrape-time gauges (design note 011), read under ``Daemon.lock``."""
+
+    def __init__(self, metrics: Metrics):
+        self.m = metrics
+
+    def describe(self):
+        return []  # computed at scrape time; nothing to check at registration
+
+    def collect(self):
+        d = self.m.daemon
+        with d.lock:
+            if d.sched is None:
+                return []
+            return list(self._families(d, max(d.clock(), d.sched.now)))
+
+    def _families(self, d: "Daemon", now: float):
+        sched, rules = d.sched, d.rules
+        classes = sorted(rules.classes)
+        queue: Tally = Tally((j.spec.workload_class, j.spec.team) for j in sched.pending_jobs())
+        teams = sorted(set(rules.teams) | {t for _c, t in queue} | {j.spec.team for j in sched.holding()})
+        running: Tally = Tally()
+        allocated: Tally = Tally()
+        for job in sched.holding():
+            running[(job.spec.workload_class, job.spec.team)] += 1
+            allocated[(job.spec.workload_class, job.spec.team)] += job.fraction
+        idle: Tally = Tally()
+        for job in self.m.idle_jobs(now):
+            idle[(job.spec.workload_class, job.spec.team)] += job.fraction
+        pairs = sorted({(c, t) for c in classes for t in teams} | set(queue) | set(running))
+        yield _gauge("gpushepherd_queue_length", "Jobs pending, per workload class and team.", ["class", "team"],
+                     ((p, queue[p]) for p in pairs))
+        yield _gauge("gpushepherd_jobs_running", "Jobs holding GPUs (running, preempting, stopping).",
+                     ["class", "team"], ((p, running[p]) for p in pairs))
+        yield _gauge("gpushepherd_gpus_allocated", "GPUs held by jobs (a share counts its fraction).",
+                     ["class", "team"], ((p, allocated[p]) for p in pairs))
+        yield _gauge("gpushepherd_gpus_allocated_idle", "GPUs held by running jobs whose utilisation samples "
+                     "stayed below the idle threshold for the idle time (class idle_stop, else --idle-threshold-pct "
+                     "and --idle-after).", ["class", "team"], ((p, idle[p]) for p in pairs))
+        stranded = sched.stranded_capacity()
+        yield _gauge("gpushepherd_gpus_free", "GPUs nobody holds (healthy, in service; shares and MIG "
+                     "instances as fractions).", [], [((), stranded["free_gpus"])])
+        by = {k: 0.0 for k in STRANDED_CONSTRAINTS} | stranded["by_constraint"]
+        yield _gauge("gpushepherd_gpus_stranded", "Free GPUs no pending job could use now, by the constraint that "
+                     "strands them (note 007; 0 with nothing pending): sum() for all.", ["constraint"],
+                     [((k,), v) for k, v in sorted(by.items())])
+        yield from self._quota(sched, rules, teams)
+        yield from self._gpus(d)
+
+    def _quota(self, sched, rules, teams):
+        book = sched.quota
+        limit_rows, used_rows = [], []
+        for i, lim in enumerate(book.limits):
+            labels = (lim.path, lim.team or "", lim.workload_class or "", lim.unit.value)
+            limit_rows.append((labels, book.current[i] / book.scale[i]))
+        usage = dict(book.usage)
+        for i, lim in enumerate(book.limits):
+            if not lim.per_user:
+                usage.setdefault((i, ""), 0)  # a limit nobody uses yet: 0, so a panel shows it
+        for (i, user), used in sorted(usage.items()):
+            lim = book.limits[i]
+            used_rows.append(((lim.path, lim.team or "", lim.workload_class or "", lim.unit.value, user),
+                              used / book.scale[i]))
+        yield _gauge("gpushepherd_quota_limit", "A quota limit's value now (time windows applied), in its unit "
+                     "(gpus or jobs); quota is the policy field.", ["quota", "team", "class", "unit"], limit_rows)
+        yield _gauge("gpushepherd_quota_used", "What running jobs count against a quota limit, per user for a "
+                     "per-user limit (user '' otherwise).", ["quota", "team", "class", "unit", "user"], used_rows)
+        yield _gauge("gpushepherd_team_nominal_gpus", "A team's nominal (guaranteed) GPUs in its cohort.", ["team"],
+                     [((t,), n) for t, n in sorted(rules.nominal_gpus.items())])
+        t = sched.now
+        yield _gauge("gpushepherd_team_fair_share_factor", "A team's fair-share factor (0-1; 1: used nothing).",
+                     ["team"], [((team,), sched.fair_share_factor(team)) for team in teams])
+        yield _gauge("gpushepherd_team_decayed_usage_gpu_seconds", "A team's decayed usage (GPU-seconds, "
+                     "half-life of the policy).", ["team"],
+                     [((team,), sched.usage.value(("team", team), t)) for team in teams])
+
+    def _gpus(self, d: "Daemon"):
+        if d.node is None or d.found is None:
+            return
+        node = d.node
+        dcgm = ["gpu", "UUID", "modelName", "Hostname"]
+        ours = ["node", "gpu", "uuid"]
+        names = [("DCGM_FI_DEV_GPU_UTIL", "GPU utilisation (in %)."),
+                 ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+                 ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."),
+                 ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
+                 ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+                 ("gpushepherd_gpu_utilization_ratio", "GPU utilisation (0-1) at the last sample."),
+                 ("gpushepherd_gpu_memory_used_bytes", "GPU memory used at the last sample."),
+                 ("gpushepherd_gpu_memory_total_bytes", "GPU memory in total."),
+                 ("gpushepherd_gpu_temperature_celsius", "GPU temperature at the last sample."),
+                 ("gpushepherd_gpu_power_watts", "GPU power draw at the last sample.")]
+        rows: dict[str, list] = {n: [] for n, _ in names}
+        unmanaged = []
+        for g in range(node.gpus):
+            info = d.found.gpus[g] if g < len(d.found.gpus) else None
+            uuid = (info.uuid if info else "") or ""
+            model = (info.name if info else "") or node.gpu_type
+            ld, lo = (str(g), uuid, model, self.m.hostname), (node.name, str(g), uuid)
+            unmanaged.append((lo, 1.0 if d.unmanaged_flag.get((node.name, g), False) else 0.0))
+            s = d.gpu_samples.get(g)
+            if s is None:
+                continue
+            total = s.mem_total_mib or (info.memory_mib if info else None)
+            values: dict[str, Any] = {
+                "DCGM_FI_DEV_GPU_UTIL": s.util_pct, "DCGM_FI_DEV_FB_USED": s.mem_used_mib,
+                "DCGM_FI_DEV_FB_FREE": total - s.mem_used_mib if total is not None and s.mem_used_mib is not None
+                else None,
+                "DCGM_FI_DEV_GPU_TEMP": s.temperature_c, "DCGM_FI_DEV_POWER_USAGE": s.power_w,
+                "gpushepherd_gpu_utilization_ratio": s.util_pct / 100 if s.util_pct is not None else None,
+                "gpushepherd_gpu_memory_used_bytes": s.mem_used_mib * MIB if s.mem_used_mib is not None else None,
+                "gpushepherd_gpu_memory_total_bytes": total * MIB if total is not None else None,
+                "gpushepherd_gpu_temperature_celsius": s.temperature_c, "gpushepherd_gpu_power_watts": s.power_w}
+            for name, value in values.items():
+                if value is not None:
+                    rows[name].append((ld if name.startswith("DCGM_") else lo, value))
+        for name, doc in names:
+            yield _gauge(name, doc, dcgm if name.startswith("DCGM_") else ours, rows[name])
+        yield _gauge("gpushepherd_gpu_unmanaged", "1 while a GPU runs processes gpushepherd did not start (not "
+                     "handed out).", ours, unmanaged)
+
+
+def _gauge(name: str, doc: str, labels: list[str], rows: Iterable[tuple[tuple, float]]) -> GaugeMetricFamily:
+    fam = GaugeMetricFamily(name, doc, labels=labels)
+    for values, v in rows:
+        fam.add_metric(list(values), float(v))
+    return fam
