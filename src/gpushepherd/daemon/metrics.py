@@ -11,7 +11,6 @@ C, W).
 from __future__ import annotations
 
 import socket
-import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable
 from pathlib import Path
