@@ -300,3 +300,27 @@ def test_simulate_writes_the_same_report_page(tmp_path):
     assert "GPU-hours per team" in text and "Top pending reasons" in text
     res = CliRunner().invoke(app, ["simulate", "--days", "45.0:45.2", "--html", str(tmp_path / "sim.txt")])
     assert res.exit_code == 2 and "--html" in res.output
+
+
+@pytest.mark.browser
+def test_report_page_renders_in_chromium_with_its_plots(week, tmp_path, capsys):
+    """Issue 6: the weekly report's HTML page renders in a real (headless) Chromium:
+    every plot decodes to an image with a size, the tables carry the hand-computed
+    teams, and a screenshot is saved."""
+    from test_ui import open_browser, save_shot, until
+
+    html = tmp_path / "week.html"
+    res = CliRunner().invoke(app, ["report", "--data-dir", str(week), "--week", "--html", str(html)])
+    assert res.exit_code == 0, res.output
+    drv = open_browser(1200, 2400)
+    try:
+        drv.get(html.resolve().as_uri())
+        sizes = until(drv, "the plots decoded", "const im = [...document.images]; "
+                      "return im.length && im.every(i => i.complete && i.naturalWidth > 0) "
+                      "&& im.map(i => [i.naturalWidth, i.naturalHeight]);")
+        assert len(sizes) == 3 and all(w > 100 and h > 100 for w, h in sizes)
+        text = drv.execute_script("return document.body.innerText;")
+        assert all(team in text for team in ("serving", "research", "data")), text[:500]
+        save_shot(drv, tmp_path, "report.png", capsys)
+    finally:
+        drv.quit()
