@@ -244,7 +244,45 @@ def test_a_policy_that_does_not_match_the_cluster_is_refused(cluster, tmp_path):
     assert "node 'fake3' of the policy is not in the engine (its nodes: fake1, fake2)" in p.stderr
 
 
-def test_a_controller_restart_mid_run_loses_nothing_and_starts_nothing_twice(server, tmp_path):
+def test_a_run_submitted_but_never_recorded_is_found_by_its_comment(cluster, tmp_path):
+    # the server died between sbatch and recording the Slurm job id: a new backend finds it
+    from gpushepherd.backends.slurm import SlurmBackend
+    from gpushepherd.model.placement import Placement
+
+    first = SlurmBackend(tmp_path)
+    first.discover()
+    flag = tmp_path / "go"
+    h = first.start("x9", 1, [sys.executable, "-c", wait_for_file(flag) + "; raise SystemExit(85)"], shell=False,
+                    env={}, cwd=str(tmp_path), placement=Placement((("fake2", (0, 1)),)))
+    again = SlurmBackend(tmp_path)
+    found = again.attach("x9", 1, None, None)
+    assert found is not None and found.pid == h.pid
+    assert again.attach("x9", 2, None, None) is None  # a run never submitted: nothing to find
+    wait_for("x9 running in Slurm", lambda: again.running("x9"))
+    flag.touch()
+    got = []
+    wait_for("x9's exit", lambda: got.extend(again.exits()) or got)
+    assert got == [("x9", 85)]  # the checkpoint code, through Slurm
+    wait_for("x9 gone from Slurm", lambda: not [j for j in slurm_live() if j["job_id"] == h.pid])
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request):
+    return request.getfixturevalue("pg_url") if request.param == "postgresql" else None
+
+
+def test_a_controller_restart_mid_run_loses_nothing_and_starts_nothing_twice(cluster, server, tmp_path, db):
+    # a server of its own (the module's one stays idle meanwhile: it holds no job)
+    server = Server(tmp_path, "restart", db)
+    server.policy.write_text(POLICY)
+    server.start(extra=("--backend", "slurm"))
+    try:
+        _restart_mid_run(server, tmp_path)
+    finally:
+        server.stop()
+
+
+def _restart_mid_run(server, tmp_path):
     log = tmp_path / "starts"
     flags = {k: tmp_path / k for k in ("a", "b")}
 
