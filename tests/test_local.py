@@ -81,3 +81,27 @@ def test_a_restart_finds_its_own_runner_and_never_another_servers(tmp_path):
     finally:
         other.signal("1", signal.SIGKILL)
         wait_exits(other)
+
+
+def test_the_runner_exits_with_the_jobs_code_and_records_it(tmp_path):
+    # an engine running the runner (Slurm's ExitCode) then agrees with the exit file
+    import json
+    import subprocess
+
+    for code, want_rc, want_file in (("raise SystemExit(85)", 85, 85),
+                                     ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 128 + 9, -9)):
+        exit_file = tmp_path / f"exit{want_rc}"
+        p = subprocess.run([sys.executable, "-m", "gpushepherd.daemon.runner", str(exit_file), "--",
+                            sys.executable, "-c", code], timeout=60)
+        assert p.returncode == want_rc
+        assert json.loads(exit_file.read_text()) == {"code": want_file}
+
+
+def test_the_local_backend_kill_ends_the_group_and_running_says_so(tmp_path):
+    backend = LocalBackend(tmp_path)
+    backend.start("k", 1, [sys.executable, "-c", "import time; time.sleep(60)"], shell=False, env={},
+                  cwd=str(tmp_path), placement=Placement((("n", (0,)),)))
+    assert backend.running("k")
+    backend.kill("k")
+    assert wait_exits(backend) == [("k", None)]  # killed with its runner: no exit code (lost)
+    assert not backend.running("k")

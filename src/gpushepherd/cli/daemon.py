@@ -223,7 +223,13 @@ def register(app: typer.Typer) -> None:
                    "its utilisation stays below this percent (classes without idle_stop).")] = 5.0,
                idle_after: Annotated[str, typer.Option(
                    "--idle-after", help="/metrics: ... for this long: 600, 10m, 1h, 10:00 (classes without "
-                   "idle_stop).")] = "10m") -> None:
+                   "idle_stop).")] = "10m",
+               backend: Annotated[str, typer.Option("--backend", help="Where jobs run: local (processes on this "
+                                                    "server) or slurm (sbatch; the Slurm commands read "
+                                                    "$SLURM_CONF).")] = "local",
+               slurm_partition: Annotated[str, typer.Option("--slurm-partition", help="The Slurm partition "
+                                                            "gpushepherd owns (nothing else submits to it).")]
+               = "shepherd") -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -232,6 +238,7 @@ def register(app: typer.Typer) -> None:
         from gpushepherd.daemon.api import make_app
         from gpushepherd.daemon.server import Daemon, DaemonError
         from gpushepherd.daemon.store import LockHeld
+        from gpushepherd.backends import BackendError
         from gpushepherd.cli.main import err
 
         from gpushepherd.daemon.auth import is_loopback
@@ -248,10 +255,14 @@ def register(app: typer.Typer) -> None:
         except typer.BadParameter as exc:
             err.print(f"error: --idle-after: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
+        if backend not in ("local", "slurm"):
+            err.print(f"error: --backend: {backend!r} is not allowed: local or slurm", soft_wrap=True)
+            raise typer.Exit(2)
         from gpushepherd.daemon.migrate import SchemaError
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
-                            idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s)
+                            idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s,
+                            backend=backend, slurm_partition=slurm_partition)
         except SchemaError as exc:
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
@@ -265,7 +276,7 @@ def register(app: typer.Typer) -> None:
         with _errors():
             try:
                 daemon.start()
-            except (LockHeld, DaemonError) as exc:
+            except (LockHeld, DaemonError, BackendError) as exc:
                 err.print(f"error: {exc}", soft_wrap=True)
                 raise typer.Exit(2) from None
         try:
@@ -417,12 +428,21 @@ def register(app: typer.Typer) -> None:
 
     @app.command("nodes")
     def nodes(server: ServerOpt = None, token: TokenOpt = None) -> None:
-        """Nodes and their GPUs: free, and which job holds each (sinfo)."""
+        """Nodes and their GPUs: free, and which job holds each (sinfo); under an engine
+        (Slurm) also its state and labels per node."""
         table = Table("NODE", "GPU TYPE", "GPUS", "FREE", "JOBS BY GPU", box=None)
+        engine = Table("NODE", "ENGINE", "STATE", "GRES", "MEMORY MiB", "LABELS", box=None)
         gpus = Table("NODE", "GPU", "UTIL", "MEMORY MiB", "TEMP", "POWER", "JOBS", "UNMANAGED BY", box=None)
         for n in _request(server, "GET", "/nodes", token=token).json():
             held = " ".join(f"{g['index']}:{','.join(g['jobs'])}" for g in n["gpu"] if g["jobs"])
             table.add_row(n["name"], n["gpu_type"], str(n["gpus"]), str(n["free"]), held or "-")
+            if "engine" in n:
+                e = n["engine"]
+                if e is None:
+                    engine.add_row(n["name"], "-", n.get("engine_error") or "not in the engine", "-", "-", "-")
+                else:
+                    engine.add_row(n["name"], e["kind"], e["state"], f"gpu:{e['gpu_type']}:{e['gpus']}",
+                                   _num(e["memory_mib"]), ",".join(e["labels"]) or "-")
             if not n.get("inventory"):
                 continue
             for g in n["gpu"]:
@@ -434,6 +454,8 @@ def register(app: typer.Typer) -> None:
                              "-" if g["power_w"] is None else f"{g['power_w']:.0f}W", ",".join(g["jobs"]) or "-",
                              foreign or ("yes" if g["unmanaged"] else "-"))
         out.print(table)
+        if engine.row_count:
+            out.print(engine)
         if gpus.row_count:
             out.print(gpus)
 

@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpushepherd.backends import EngineNode, RunFiles, contract_env
 from gpushepherd.gpu.inventory import Discovery
 from gpushepherd.gpu.procs import stat_fields as _stat
 from gpushepherd.model.job import ExitStatus
@@ -162,12 +163,14 @@ class Proc:
     popen: subprocess.Popen | None = None  # None: re-attached after a restart (not our child)
 
 
-class LocalBackend:
-    """Starts, signals and watches job processes.
+class LocalBackend(RunFiles):
+    """Starts, signals and watches job processes on this server (``backends.Backend``).
 
     Args:
         data_dir: the server's data directory (logs, exit files, checkpoints).
     """
+
+    kind = "local"
 
     def __init__(self, data_dir: Path):
         self.data_dir = Path(data_dir)
@@ -177,24 +180,25 @@ class LocalBackend:
         self.node = ""
         self.found: Discovery | None = None
 
-    def run_dir(self, job_id: str, run: int) -> Path:
-        return self.data_dir / "runs" / job_id / str(run)
-
-    def checkpoint_dir(self, job_id: str) -> Path:
-        return self.data_dir / "checkpoints" / job_id
+    def discover(self) -> list[EngineNode]:
+        """This server's node as its inventory found it (set by the daemon); ``[]``
+        before that or for a cluster simulated on this machine."""
+        if not self.node or self.found is None:
+            return []
+        mem = self.found.gpus[0].memory_mib if self.found.gpus else 0
+        return [EngineNode(self.node, self.found.gpus[0].name if self.found.gpus else "", len(self.found.gpus),
+                           mem, (), "up")]
 
     def start(self, job_id: str, run: int, argv: list[str], *, shell: bool, env: dict[str, str], cwd: str,
-              placement: Placement) -> Proc:
-        """Start run ``run`` of a job on ``placement``; returns its process.
+              placement: Placement, time_limit_s: float | None = None) -> Proc:
+        """Start run ``run`` of a job on ``placement``; returns its process
+        (``time_limit_s`` is unused: the core's stop is the only limit here).
 
         Raises:
             OSError: the runner could not be started (the job's own command failing to
                 start is an exit code 127, reported like any exit).
         """
-        rdir = self.run_dir(job_id, run)
-        rdir.mkdir(parents=True, exist_ok=True)
-        ckpt = self.checkpoint_dir(job_id)
-        ckpt.mkdir(parents=True, exist_ok=True)
+        rdir, ckpt, exit_file = self.prepare_run(job_id, run)
         full_env = dict(os.environ)
         full_env.update(env)
         unresolved = unresolved_mig(placement, self.node, self.found)
@@ -202,23 +206,11 @@ class LocalBackend:
             log.warning("job %s: MIG device %s has no known UUID (static inventory?): it sees its whole GPU; "
                         "SHEPHERD_MIG_DEVICE names the device", job_id, unresolved)
             full_env["SHEPHERD_MIG_DEVICE"] = unresolved
-        full_env.update({
-            "CUDA_VISIBLE_DEVICES": visible_devices(placement, self.node, self.found),
-            "SHEPHERD_JOB_ID": job_id,
-            "SHEPHERD_RUN": str(run),
-            "SHEPHERD_CHECKPOINT_DIR": str(ckpt),
-            "SHEPHERD_REQUEUE_EXIT_CODE": str(REQUEUE_EXIT_CODE),
-            "SHEPHERD_GPU_SHARE": placement.share,
-        })
-        exit_file = rdir / "exit"
-        exit_file.unlink(missing_ok=True)
+        full_env["CUDA_VISIBLE_DEVICES"] = visible_devices(placement, self.node, self.found)
+        # the runner must import gpushepherd even when the job's cwd or env differ
+        full_env.update(contract_env(job_id, run, ckpt, placement.share, env))
         cmd = [sys.executable, "-m", "gpushepherd.daemon.runner"] + (["--shell"] if shell else [])
         cmd += [str(exit_file), "--", *argv]
-        # the runner must import gpushepherd even when the job's cwd or env differ
-        pkg_root = str(Path(__file__).resolve().parents[2])
-        full_env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH")) if p)
-        if "PYTHONPATH" in env:
-            full_env["PYTHONPATH"] = os.pathsep.join((pkg_root, env["PYTHONPATH"]))
         with open(rdir / "stdout", "ab") as out, open(rdir / "stderr", "ab") as err:
             popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd,
                                      env=full_env, start_new_session=True, close_fds=True)
@@ -284,6 +276,15 @@ class LocalBackend:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def kill(self, job_id: str) -> None:
+        """SIGKILL the job's process group (nothing if it is gone)."""
+        self.signal(job_id, signal.SIGKILL)
+
+    def running(self, job_id: str) -> bool:
+        """Whether the job's tracked run has not ended (no exit file yet and alive)."""
+        proc = self.procs.get(job_id)
+        return proc is not None and not proc.exit_file.exists() and self._alive(proc)
 
     @staticmethod
     def kill_group(pgid: int) -> None:

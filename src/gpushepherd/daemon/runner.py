@@ -4,8 +4,9 @@
 ``--shell``: ``/bin/sh -c ARGV[0]``), waits for it and writes its exit code to
 ``EXIT_FILE`` (``{"code": N}``; a signal ``S`` is ``-S``) atomically, so that a
 server that restarted - and is no longer the job's parent - still learns how it
-ended. SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 sent to the group reach the job directly; the runner
-itself outlives them to record the exit (handlers, unlike ignored signals, are not
+ended; it then exits with that code (a signal S: ``128+S``).
+SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 sent to the group reach the job
+directly; the runner itself outlives them to record the exit (handlers, unlike ignored signals, are not
 inherited by the job). Stdlib only: it starts fast.
 """
 
@@ -41,7 +42,9 @@ def main(args: list[str]) -> int:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, exit_file)
-    return 0
+    # the job's own code, so that an engine running the runner (Slurm's ExitCode=85:0)
+    # reports what the exit file says; a signal S as a shell does: 128+S
+    return code if 0 <= code < 256 else 128 - code if code < 0 else 1
 
 
 if __name__ == "__main__":

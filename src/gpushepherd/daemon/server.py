@@ -3,7 +3,7 @@
 One thread owns the core. Each step it collects process exits, due SIGKILLs, API
 submissions and cancels, and a due tick (``Scheduler.next_wakeup``); commits them to
 the event log as one batch; feeds them to the core; applies the decisions through the
-local backend. It is the only place that reads the clock: seconds since the epoch,
+backend (``gpushepherd.backends.Backend``: local processes or Slurm, note 013). It is the only place that reads the clock: seconds since the epoch,
 never going back.
 
 At start the core is rebuilt by replaying the log, then reconciled with the processes
@@ -24,9 +24,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpushepherd.backends import Backend, BackendError, make_backend, node_mismatches as engine_mismatches
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.daemon.arrays import ArrayRec, child_id, parse_child_id, progress
-from gpushepherd.daemon.local import LocalBackend, exit_status, mig_uuid
+from gpushepherd.daemon.local import exit_status, mig_uuid
 from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
 from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
@@ -75,18 +76,23 @@ class Daemon:
         idle_threshold_pct, idle_after_s: allocated-but-idle GPUs in ``/metrics`` for
             classes without ``idle_stop`` (note 011): utilisation below this percent for
             this many seconds.
+        backend: where jobs run: ``local`` (process groups here) or ``slurm`` (note 013;
+            the Slurm commands read ``SLURM_CONF``).
+        slurm_partition: the Slurm partition gpushepherd owns.
 
     Raises:
-        ValueError: an idle threshold outside 0-100 or a non-positive idle time.
+        ValueError: an idle threshold outside 0-100 or a non-positive idle time; an
+            unknown ``backend``.
     """
 
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
                  poll_s: float = 0.2, inventory: str = "static", sample_every: float = 10.0, node: str | None = None,
-                 clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0):
+                 clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
+                 backend: str = "local", slurm_partition: str = "shepherd"):
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(db_url or Store.sqlite_url(self.data_dir))
-        self.backend = LocalBackend(self.data_dir)
+        self.backend: Backend = make_backend(backend, self.data_dir, partition=slurm_partition)
         self.policy_path = policy_path
         self.poll_s = poll_s
         self.clock = clock
@@ -225,8 +231,18 @@ class Daemon:
 
     def _open_inventory(self) -> None:
         """Pick this server's node, open the inventory and, with NVML, refuse a node
-        the machine does not match."""
+        the machine does not match. Under an engine (Slurm) the policy's nodes must be
+        the engine's instead, and there are no GPU samples (note 013)."""
         nodes = self.rules.nodes
+        if self.backend.kind != "local":
+            try:
+                wrong = engine_mismatches(nodes, self.backend.discover())
+            except BackendError as exc:
+                raise DaemonError(f"--backend {self.backend.kind}: {exc}") from None
+            if wrong:
+                raise DaemonError(f"the policy does not describe the {self.backend.kind} cluster: " + "; ".join(wrong)
+                                  + " (fix the policy's nodes, or the engine's)")
+            return
         names = ", ".join(n.name for n in nodes[:5]) + (", ..." if len(nodes) > 5 else "")
         if self.node_name is None:
             if len(nodes) != 1 and self.inventory_kind != "nvml":
@@ -299,9 +315,9 @@ class Daemon:
                     self.kills[job_id] = row["kill_at"]
             elif row["run"]:
                 proc = backend.attach(job_id, row["run"], row["pid"], row["proc_start"])
-                if proc is not None and not proc.exit_file.exists():
+                if proc is not None and backend.running(job_id):
                     log.warning("job %s is %s but its processes live: killing them", job_id, job.state.value)
-                    backend.signal(job_id, signal.SIGKILL)
+                    backend.kill(job_id)
             if row["state"] != job.state.value:
                 self.store.update_job(job_id, state=job.state.value)
 
@@ -458,7 +474,7 @@ class Daemon:
                 batch.append(JobFinished(now, job_id, exit_status(code)))
         for job_id, due in list(self.kills.items()):
             if due <= now:
-                backend.signal(job_id, signal.SIGKILL)
+                backend.kill(job_id)
                 del self.kills[job_id]
         rows, replies, new_arrays = [], [], []
         while True:
@@ -698,8 +714,9 @@ class Daemon:
         for job_id, run, placement, row in launches:
             try:
                 proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
-                                          env=json.loads(row["env"]), cwd=row["cwd"], placement=placement)
-            except (OSError, ValueError, TypeError) as exc:  # e.g. an environment the OS refuses
+                                          env=json.loads(row["env"]), cwd=row["cwd"], placement=placement,
+                                          time_limit_s=self._limit_s(job_id))
+            except (OSError, ValueError, TypeError, BackendError) as exc:  # e.g. an environment the OS refuses
                 log.error("job %s: cannot start its runner: %s", job_id, exc)
                 started[job_id] = dict(placement=str(placement))
                 self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
@@ -708,6 +725,15 @@ class Daemon:
             started[job_id] = dict(pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
                                    stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
         self.store.update_jobs(started)
+
+    def _limit_s(self, job_id: str) -> float | None:
+        """The engine's backstop time limit of a run, seconds: the job's time limit (or
+        its class's max runtime) plus its grace period; ``None``: none."""
+        job = self.sched.jobs.get(job_id)
+        if job is None:
+            return None
+        limit = job.spec.time_limit_s or job.cls.max_runtime_s
+        return None if limit is None else limit + job.cls.grace_period_s
 
     # ------------------------------------------------------------ views (hold self.lock)
     def job_view(self, job_id: str, row: dict | None = None, history: bool = False) -> dict[str, Any] | None:
@@ -787,6 +813,17 @@ class Daemon:
         return [v for v in (self.job_view(j, r) for _n, j, r in sorted(out, key=lambda x: x[0])) if v is not None]
 
     def nodes_view(self) -> list[dict]:
+        """Each policy node: GPUs, which jobs hold them, this server's inventory; under an
+        engine (Slurm) also ``engine``: its state, GPU type, memory (MiB) and labels
+        (``None`` for a node the engine does not report; ``engine_error`` when it could
+        not be asked)."""
+        engine: dict[str, Any] | None = None
+        engine_error = None
+        if self.backend.kind != "local":
+            try:
+                engine = {n.name: n for n in self.backend.discover()}
+            except BackendError as exc:
+                engine_error = str(exc)
         holders: dict[tuple[str, int], list[str]] = {}
         for job in sorted(self.sched.holding(), key=lambda j: j.seq):
             for node, gpus in self.placements[job.id].parts:
@@ -801,6 +838,13 @@ class Daemon:
             if self.node is not None and node.name == self.node.name and self.found is not None:
                 view.update(inventory=self.found.source, driver=self.found.driver or None,
                             cuda=self.found.cuda or None)
+            if engine is not None or engine_error:
+                e = (engine or {}).get(node.name)
+                view["engine"] = None if e is None else {
+                    "kind": self.backend.kind, "state": e.state, "gpu_type": e.gpu_type, "gpus": e.gpus,
+                    "memory_mib": e.memory_mib, "labels": [f"{k}={v}" if v else k for k, v in e.labels]}
+                if engine_error:
+                    view["engine_error"] = engine_error
             out.append(view)
         return out
 

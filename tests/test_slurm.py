@@ -1,0 +1,310 @@
+"""The Slurm backend (design note 013).
+
+The pure parts (GRES strings, wait statuses, the inventory check) run everywhere. The
+rest runs a real `shepherd server --backend slurm` against a real Slurm 22.05 with two
+fake 8-GPU nodes on 127.0.0.1 (`deploy/slurm/fake-cluster.sh`, started once for the
+module) and asserts from the jobs' own output. It skips, saying why, where `slurmctld`
+is absent (Debian: `apt-get install slurm-wlm`; `.ci/run` does it) or the tests do not
+run as root (the fake cluster's daemons run as root).
+
+Every wait is a poll with a generous deadline; jobs wait for flag files, not for time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from test_daemon import Server, free_port, wait_for, wait_for_file
+
+from gpushepherd.backends import EngineNode, make_backend, node_mismatches
+from gpushepherd.backends.slurm import comment_of, parse_gres, wait_status_code
+from gpushepherd.model.cluster import Node
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "deploy" / "slurm" / "fake-cluster.sh"
+
+POLICY = """\
+name: slurm-test
+cluster:
+  nodes:
+    - {name: fake1, gpus: 8, gpu_type: A100, gpu_mem_mib: 81920}
+    - {name: fake2, gpus: 8, gpu_type: A100, gpu_mem_mib: 81920}
+classes:
+  batch: {priority: 100, preemptible: true, checkpointable: true, grace_period_s: 20}
+  urgent: {priority: 900}
+teams:
+  ml: {}
+  capped: {max_gpus: 10}
+preemption: {enabled: true}
+"""
+
+
+# ------------------------------------------------------------------ pure parts
+def test_gres_strings_give_type_and_count():
+    assert parse_gres("gpu:a100:8") == ("a100", 8)
+    assert parse_gres("gpu:a100:8(S:0-1)") == ("a100", 8)
+    assert parse_gres("gpu:4") == ("", 4)
+    assert parse_gres("gpu:h100:4,gpu:h100:4,shard:8") == ("h100", 8)
+    assert parse_gres("(null)") == ("", 0)
+
+
+def test_wait_statuses_give_exit_codes_and_signals():
+    assert wait_status_code(85 << 8) == 85  # ExitCode=85:0: checkpointed, requeue me
+    assert wait_status_code(0) == 0
+    assert wait_status_code(9) == -9
+
+
+def test_the_inventory_check_names_both_sides():
+    policy = [Node("fake1", 8, "A100", 81920), Node("fake3", 8, "A100", 81920), Node("fake2", 4, "H100", 81920)]
+    engine = [EngineNode("fake1", "a100", 8), EngineNode("fake2", "a100", 8)]
+    wrong = node_mismatches(policy, engine)
+    assert wrong == ["node 'fake3' of the policy is not in the engine (its nodes: fake1, fake2)",
+                     "node 'fake2': the policy says 4 GPUs, the engine has 8",
+                     "node 'fake2': the policy says GPU type 'H100', the engine 'a100'"]
+    assert node_mismatches(policy[:1], engine) == []  # case-insensitive type; extra engine nodes ignored
+
+
+def test_an_unknown_backend_is_refused_naming_the_allowed_ones(tmp_path):
+    with pytest.raises(ValueError, match="'ray' is not allowed: local or slurm"):
+        make_backend("ray", tmp_path)
+
+
+# ------------------------------------------------------------------ a real cluster
+def _unavailable() -> str:
+    if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
+        return "no slurmctld/sbatch on PATH (Debian: apt-get install slurm-wlm)"
+    if os.geteuid() != 0:
+        return "the fake Slurm cluster's daemons run as root; these tests are not root"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = _unavailable()
+    if why:
+        pytest.skip(f"Slurm: {why}")
+    d = tmp_path_factory.mktemp("slurm").resolve() / "cluster"
+    env = {**os.environ, "SLURM_CTLD_PORT": str(free_port()), "SLURM_NODE_PORT": str(free_port() - 1)}
+    p = subprocess.run(["bash", str(SCRIPT), "start", str(d), "2"], capture_output=True, text=True, env=env,
+                       timeout=180)
+    if p.returncode != 0:
+        subprocess.run(["bash", str(SCRIPT), "stop", str(d)], timeout=60)
+        pytest.fail(f"the fake Slurm cluster did not start: {p.stdout}{p.stderr}")
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(d / "slurm.conf")  # absolute: the servers and their jobs inherit it
+    yield d
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old
+    subprocess.run(["bash", str(SCRIPT), "stop", str(d)], timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server(cluster, tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("slurm-server"))
+    s.policy.write_text(POLICY)
+    s.start(extra=("--backend", "slurm"))
+    yield s
+    s.stop()
+
+
+def slurm_jobs() -> list[dict]:
+    out = subprocess.run(["squeue", "--json"], capture_output=True, text=True, check=True, timeout=60).stdout
+    return json.loads(out)["jobs"]
+
+
+def slurm_live(tag_prefix: str = "gpushepherd ") -> list[dict]:
+    return [j for j in slurm_jobs() if j.get("comment", "").startswith(tag_prefix)
+            and j["job_state"] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")]
+
+
+def all_free(server) -> bool:
+    return server.free_gpus() == 16 and not slurm_live()
+
+
+def where(tag: str) -> str:
+    """Code printing the job's node, its CUDA_VISIBLE_DEVICES and its run, flushed."""
+    return (f"import os; print({tag!r}, os.environ.get('SLURMD_NODENAME'), "
+            f"'CVD=' + os.environ.get('CUDA_VISIBLE_DEVICES', ''), 'run', os.environ['SHEPHERD_RUN'], flush=True)")
+
+
+def test_a_job_runs_on_the_chosen_node_with_its_gpu_count(server):
+    job_id = server.submit(where("hello"), gpus=3)
+    job = server.wait_state(job_id, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED" and job["exit_code"] == 0 and job["runs"] == 1
+    words = server.logs(job_id).split()
+    node, cvd = words[1], words[2].removeprefix("CVD=")
+    assert len(cvd.split(",")) == 3  # Slurm gave exactly the GPU count gpushepherd placed
+    assert node in ("fake1", "fake2")
+    assert wait_for("the GPUs back", lambda: all_free(server))
+
+
+def test_the_engine_nodes_are_shown(server):
+    nodes = {n["name"]: n for n in httpx.get(server.url + "/nodes", timeout=60).json()}
+    assert nodes["fake1"]["engine"]["gpu_type"] == "a100" and nodes["fake1"]["engine"]["gpus"] == 8
+    assert "rack1" in nodes["fake1"]["engine"]["labels"] and nodes["fake2"]["engine"]["state"].startswith("idle")
+    out = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "nodes", "--server", server.url],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "gpu:a100:8" in out and "slurm" in out and "rack1" in out
+
+
+def test_a_placed_node_reaches_the_job(server, tmp_path):
+    flag = tmp_path / "go"
+    first = server.submit(wait_for_file(flag), gpus=8)  # fills one node
+    server.wait_state(first, "RUNNING")
+    second = server.submit(where("second"), gpus=2)
+    job = server.wait_state(second, "COMPLETED", "FAILED")
+    placed_first = server.job(first)["placement"].split(":")[0]
+    # the second job can only have gone to the other node: Slurm ran it where gpushepherd placed it
+    assert server.logs(second).split()[1] == ({"fake1", "fake2"} - {placed_first}).pop()
+    assert job["state"] == "COMPLETED"
+    flag.touch()
+    assert server.wait_state(first, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert wait_for("the GPUs back", lambda: all_free(server))
+
+
+def test_a_two_node_gang_is_one_slurm_job_over_both_nodes(server):
+    code = ("import subprocess; subprocess.run(['srun', 'sh', '-c', "
+            "'echo gang $SLURMD_NODENAME CVD=$CUDA_VISIBLE_DEVICES'], check=True)")
+    job_id = server.submit(code, gpus=16)
+    job = server.wait_state(job_id, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED", server.logs(job_id, stream="stderr")
+    lines = sorted(line for line in server.logs(job_id).splitlines() if line.startswith("gang "))
+    assert [line.split()[1] for line in lines] == ["fake1", "fake2"]
+    assert all(len(line.split("CVD=")[1].split(",")) == 8 for line in lines)
+    assert wait_for("the GPUs back", lambda: all_free(server))
+
+
+def test_preemption_of_a_checkpointable_job_resumes_it_from_its_checkpoint(server):
+    # the victim saves its step on SIGTERM and exits 85 (checkpointed, requeue me)
+    code = ("import os, signal, sys, time\nd = os.environ['SHEPHERD_CHECKPOINT_DIR']; p = os.path.join(d, 'step')\n"
+            "if os.path.exists(p):\n    print('resumed from', open(p).read(), 'run', os.environ['SHEPHERD_RUN'],"
+            " flush=True); sys.exit(0)\n"
+            "def save(*_):\n    open(p, 'w').write('41'); print('checkpointed', flush=True); sys.exit(85)\n"
+            "signal.signal(signal.SIGTERM, save)\nprint('ready', flush=True)\ntime.sleep(120)\n")
+    victim = server.submit(code, gpus=16, cls="batch")
+    server.wait_state(victim, "RUNNING")
+    wait_for("the victim's handler", lambda: "ready" in server.logs(victim))
+    urgent = server.submit(where("urgent"), gpus=8, cls="urgent")
+    assert server.wait_state(urgent, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    job = server.wait_state(victim, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED" and job["runs"] == 2 and job["preemptions"] == 1
+    assert [h["to"] for h in job["history"]][:4] == ["PENDING", "RUNNING", "PREEMPTING", "PENDING"]
+    assert "checkpointed" in server.logs(victim, run=1)
+    assert "resumed from 41 run 2" in server.logs(victim)
+    assert wait_for("the GPUs back", lambda: all_free(server))
+
+
+def test_a_team_quota_holds_across_the_cluster(server, tmp_path):
+    flag = tmp_path / "go"
+    stamp = tmp_path / "stamps"
+    code = (f"import os, time\nopen({str(stamp)!r}, 'a').write(f\"start {{os.environ['SHEPHERD_JOB_ID']}} "
+            f"{{time.time()}}\\n\")\n" + wait_for_file(flag) + "\n"
+            f"open({str(stamp)!r}, 'a').write(f\"end {{os.environ['SHEPHERD_JOB_ID']}} {{time.time()}}\\n\")")
+    a = server.submit(code, gpus=6, team="capped")
+    server.wait_state(a, "RUNNING")
+    b = server.submit(code, gpus=6, team="capped")  # a node has 8 free, but the team's 10 would be 12
+    reason = wait_for("b's quota reason", lambda: server.job(b)["reason"])
+    assert server.job(b)["state"] == "PENDING" and "max_gpus" in reason
+    assert len([j for j in slurm_live() if j["name"] == f"shepherd-{b}"]) == 0  # never handed to Slurm yet
+    flag.touch()
+    assert server.wait_state(b, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    rows = {(w[0], w[1]): float(w[2]) for w in (line.split() for line in stamp.read_text().splitlines())}
+    assert rows[("start", b)] >= rows[("end", a)]  # from the jobs' own clocks: never both at once
+    assert wait_for("the GPUs back", lambda: all_free(server))
+
+
+def test_cancel_ends_the_slurm_job(server, tmp_path):
+    job_id = server.submit(wait_for_file(tmp_path / "never"), gpus=4)
+    server.wait_state(job_id, "RUNNING")
+    wait_for("its Slurm job running", lambda: any(j["name"] == f"shepherd-{job_id}" and j["job_state"] == "RUNNING"
+                                                  for j in slurm_jobs()))
+    r = httpx.post(f"{server.url}/jobs/{job_id}/cancel", timeout=60)
+    assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
+    wait_for("its Slurm job ended", lambda: not [j for j in slurm_live() if j["name"] == f"shepherd-{job_id}"])
+    assert "done" not in server.logs(job_id)
+    assert wait_for("the GPUs back", lambda: all_free(server))
+
+
+def test_a_policy_that_does_not_match_the_cluster_is_refused(cluster, tmp_path):
+    s = Server(tmp_path)
+    s.policy.write_text(POLICY.replace("name: fake2, gpus: 8", "name: fake3, gpus: 8"))
+    p = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(s.data),
+                        "--policy", str(s.policy), "--port", str(free_port()), "--backend", "slurm"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "node 'fake3' of the policy is not in the engine (its nodes: fake1, fake2)" in p.stderr
+
+
+def test_a_run_submitted_but_never_recorded_is_found_by_its_comment(cluster, tmp_path):
+    # the server died between sbatch and recording the Slurm job id: a new backend finds it
+    from gpushepherd.backends.slurm import SlurmBackend
+    from gpushepherd.model.placement import Placement
+
+    first = SlurmBackend(tmp_path)
+    first.discover()
+    flag = tmp_path / "go"
+    h = first.start("x9", 1, [sys.executable, "-c", wait_for_file(flag) + "; raise SystemExit(85)"], shell=False,
+                    env={}, cwd=str(tmp_path), placement=Placement((("fake2", (0, 1)),)))
+    again = SlurmBackend(tmp_path)
+    found = again.attach("x9", 1, None, None)
+    assert found is not None and found.pid == h.pid
+    assert again.attach("x9", 2, None, None) is None  # a run never submitted: nothing to find
+    wait_for("x9 running in Slurm", lambda: again.running("x9"))
+    flag.touch()
+    got = []
+    wait_for("x9's exit", lambda: got.extend(again.exits()) or got)
+    assert got == [("x9", 85)]  # the checkpoint code, through Slurm
+    wait_for("x9 gone from Slurm", lambda: not [j for j in slurm_live() if j["job_id"] == h.pid])
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request):
+    return request.getfixturevalue("pg_url") if request.param == "postgresql" else None
+
+
+def test_a_controller_restart_mid_run_loses_nothing_and_starts_nothing_twice(cluster, server, tmp_path, db):
+    # a server of its own (the module's one stays idle meanwhile: it holds no job)
+    server = Server(tmp_path, "restart", db)
+    server.policy.write_text(POLICY)
+    server.start(extra=("--backend", "slurm"))
+    try:
+        _restart_mid_run(server, tmp_path)
+    finally:
+        server.stop()
+
+
+def _restart_mid_run(server, tmp_path):
+    log = tmp_path / "starts"
+    flags = {k: tmp_path / k for k in ("a", "b")}
+
+    def code(k: str) -> str:
+        return (f"import os\nopen({str(log)!r}, 'a').write(os.environ['SHEPHERD_JOB_ID'] + ' run ' "
+                f"+ os.environ['SHEPHERD_RUN'] + '\\n')\n" + wait_for_file(flags[k]))
+    a = server.submit(code("a"), gpus=8)
+    b = server.submit(code("b"), gpus=8)
+    server.wait_state(a, "RUNNING")
+    server.wait_state(b, "RUNNING")
+    wait_for("both started", lambda: log.exists() and len(log.read_text().splitlines()) == 2)
+    server.kill9()
+    flags["a"].touch()  # a ends while no controller runs
+    wait_for("a's Slurm job to end", lambda: not [j for j in slurm_live() if j["name"] == f"shepherd-{a}"])
+    server.start(policy=False, extra=("--backend", "slurm"))
+    assert server.wait_state(a, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert server.job(b)["state"] == "RUNNING"  # re-attached, not relaunched
+    assert [j["name"] for j in slurm_live()] == [f"shepherd-{b}"]
+    flags["b"].touch()
+    jb = server.wait_state(b, "COMPLETED", "FAILED")
+    assert jb["state"] == "COMPLETED" and jb["runs"] == 1 and server.job(a)["runs"] == 1
+    assert sorted(log.read_text().splitlines()) == sorted([f"{a} run 1", f"{b} run 1"])
+    assert "done" in server.logs(a) and "done" in server.logs(b)
+    assert wait_for("the GPUs back", lambda: all_free(server))
+    assert comment_of(b, 1) in {j["comment"] for j in slurm_jobs()}  # the run Slurm ran is the one it was given
