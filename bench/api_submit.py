@@ -2,7 +2,8 @@
 latency from the submit request to the job's start decision.
 
 ``.venv/bin/python bench/api_submit.py [--jobs 10000] [--clients 8] [--db URL]
-[--hold-s 0] [--warmup 200]`` starts a real ``shepherd server`` (the product's
+[--hold-s 0] [--warmup 200] [--loadgen raw|httpx] [--http auto|h11|httptools]
+[--loop auto|asyncio|uvloop]`` starts a real ``shepherd server`` (the product's
 ``Daemon`` and ``make_app`` under uvicorn on 127.0.0.1, a free port, SQLite with WAL
 and ``synchronous=FULL`` in a temporary data directory, or ``--db
 postgresql+psycopg://...``) under a static 64-GPU cluster (8 nodes x 8 GPUs), then 8
@@ -37,6 +38,13 @@ core** (``Store.append``, one commit per batch, then ``handle``, as the loop doe
 floor under the HTTP figure. The CPU time of the server process and of the load
 generator (one asyncio process with one keep-alive connection per client) during the
 measured window is printed too, as a share of this machine's cores.
+
+The load generator (``--loadgen raw``, the default) is cheap, like ``wrk``: asyncio
+streams, requests encoded before the measured window, each response parsed (status,
+``content-length``, the body's ``id`` and ``state``) before the client's next request;
+``--loadgen httpx`` uses ``httpx.AsyncClient`` (about 20x its CPU per submission).
+``--http`` and ``--loop`` are passed to ``uvicorn.run`` (``auto``: httptools and uvloop
+when installed).
 """
 
 from __future__ import annotations
