@@ -2,7 +2,8 @@
 latency from the submit request to the job's start decision.
 
 ``.venv/bin/python bench/api_submit.py [--jobs 10000] [--clients 8] [--db URL]
-[--hold-s 0] [--warmup 200]`` starts a real ``shepherd server`` (the product's
+[--hold-s 0] [--warmup 200] [--loadgen raw|httpx] [--http auto|h11|httptools]
+[--loop auto|asyncio|uvloop]`` starts a real ``shepherd server`` (the product's
 ``Daemon`` and ``make_app`` under uvicorn on 127.0.0.1, a free port, SQLite with WAL
 and ``synchronous=FULL`` in a temporary data directory, or ``--db
 postgresql+psycopg://...``) under a static 64-GPU cluster (8 nodes x 8 GPUs), then 8
@@ -37,6 +38,13 @@ core** (``Store.append``, one commit per batch, then ``handle``, as the loop doe
 floor under the HTTP figure. The CPU time of the server process and of the load
 generator (one asyncio process with one keep-alive connection per client) during the
 measured window is printed too, as a share of this machine's cores.
+
+The load generator (``--loadgen raw``, the default) is cheap, like ``wrk``: asyncio
+streams, requests encoded before the measured window, each response parsed (status,
+``content-length``, the body's ``id`` and ``state``) before the client's next request;
+``--loadgen httpx`` uses ``httpx.AsyncClient`` (about 20x its CPU per submission).
+``--http`` and ``--loop`` are passed to ``uvicorn.run`` (``auto``: httptools and uvloop
+when installed).
 """
 
 from __future__ import annotations
@@ -69,7 +77,8 @@ def job_body(i: int, cwd: str) -> dict:
 
 
 # ---------------------------------------------------------------- the server side
-def serve(data: Path, port: int, db: str | None, hold_s: float, out: Path) -> None:
+def serve(data: Path, port: int, db: str | None, hold_s: float, out: Path, http: str = "auto",
+          loop: str = "auto") -> None:
     """The server process: the product's daemon and API with ``StubBackend``; at
     SIGINT writes what it recorded to ``out`` (JSON)."""
     import uvicorn
@@ -141,7 +150,8 @@ def serve(data: Path, port: int, db: str | None, hold_s: float, out: Path) -> No
 
     daemon.sched.handle, daemon.step, daemon.store.append = timed_handle, timed_step, timed_append
     try:
-        uvicorn.run(make_app(daemon), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        uvicorn.run(make_app(daemon), host="127.0.0.1", port=port, log_level="warning", access_log=False, http=http,
+                    loop=loop)
     except KeyboardInterrupt:
         pass
     finally:
@@ -180,6 +190,52 @@ async def load(url: str, n: int, first: int, clients: int, cwd: str) -> list[tup
 
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
         await asyncio.gather(*(client(http) for _ in range(clients)))
+    return out
+
+
+async def load_raw(port: int, n: int, first: int, clients: int, cwd: str,
+                   token: str | None = None) -> list[tuple[float, float, str, str]]:
+    """As ``load``, without an HTTP library (like ``wrk``): ``clients`` asyncio
+    streams to 127.0.0.1:``port``, HTTP/1.1 keep-alive, each request pre-encoded;
+    each response is parsed (status line, ``content-length``, the JSON body's ``id``
+    and ``state``) before the client sends its next request.
+
+    Raises:
+        RuntimeError: a response other than 201, or without ``content-length``.
+    """
+    auth = f"authorization: Bearer {token}\r\n" if token else ""
+    reqs = []
+    for i in range(first, first + n):
+        body = json.dumps(job_body(i, cwd)).encode()
+        reqs.append(f"POST /jobs HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
+                    f"{auth}content-length: {len(body)}\r\n\r\n".encode() + body)
+    out: list = []
+    it = iter(reqs)
+
+    async def client():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for req in it:
+                t0 = time.monotonic()
+                writer.write(req)
+                head = await reader.readuntil(b"\r\n\r\n")
+                status, length = int(head[9:12]), None
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                if length is None:
+                    raise RuntimeError(f"POST /jobs: no content-length in {head!r}")
+                data = await reader.readexactly(length)
+                t1 = time.monotonic()
+                if status != 201:
+                    raise RuntimeError(f"POST /jobs: {status} {data!r}")
+                v = json.loads(data)
+                out.append((t0, t1, v["id"], v["state"]))
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(client() for _ in range(clients)))
     return out
 
 
@@ -244,11 +300,15 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200, help="submissions before the measured ones")
     ap.add_argument("--db", default=None, help="SQLAlchemy URL (default: SQLite in a temporary data dir)")
     ap.add_argument("--hold-s", type=float, default=0.0, help="seconds a stub job holds its GPUs")
+    ap.add_argument("--loadgen", choices=("raw", "httpx"), default="raw",
+                    help="raw: asyncio streams, pre-encoded requests (like wrk); httpx: httpx.AsyncClient")
+    ap.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="uvicorn's HTTP parser")
+    ap.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="uvicorn's event loop")
     ap.add_argument("--serve", nargs=4, metavar=("DATA", "PORT", "HOLD_S", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         data, port, hold_s, out = args.serve
-        serve(Path(data), int(port), args.db, float(hold_s), Path(out))
+        serve(Path(data), int(port), args.db, float(hold_s), Path(out), args.http, args.loop)
         return
 
     import httpx
@@ -260,7 +320,8 @@ def main() -> None:
         (data / "policy.yaml").write_text(yaml.safe_dump(POLICY))
         port, out = free_port(), Path(tmp) / "server.json"
         url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, __file__, "--serve", str(data), str(port), str(args.hold_s), str(out)]
+        cmd = [sys.executable, __file__, "--serve", str(data), str(port), str(args.hold_s), str(out),
+               "--http", args.http, "--loop", args.loop]
         server = subprocess.Popen(cmd + (["--db", args.db] if args.db else []))
         try:
             deadline = time.monotonic() + 60
@@ -273,9 +334,14 @@ def main() -> None:
                 if server.poll() is not None or time.monotonic() > deadline:
                     sys.exit(f"the server did not start (exit {server.poll()})")
                 time.sleep(0.1)
-            asyncio.run(load(url, args.warmup, 0, args.clients, tmp))
+            def run_load(n: int, first: int):
+                if args.loadgen == "raw":
+                    return asyncio.run(load_raw(port, n, first, args.clients, tmp))
+                return asyncio.run(load(url, n, first, args.clients, tmp))
+
+            run_load(args.warmup, 0)
             srv_cpu0, cli_cpu0, wall0 = cpu_s(server.pid), time.process_time(), time.monotonic()
-            res = asyncio.run(load(url, args.jobs, args.warmup, args.clients, tmp))
+            res = run_load(args.jobs, args.warmup)
             wall = time.monotonic() - wall0
             srv_cpu, cli_cpu = cpu_s(server.pid) - srv_cpu0, time.process_time() - cli_cpu0
         finally:
@@ -296,7 +362,8 @@ def main() -> None:
     steps = rec["steps"]
     subs_per_commit = [k for _s, k in rec["appends"] if k]
     print(f"{n} submissions from {args.clients} clients over HTTP, 64 GPUs (8 x 8), {db}, stub jobs "
-          f"held {args.hold_s:g} s; {cores} cores; warm-up {args.warmup} not counted")
+          f"held {args.hold_s:g} s; {cores} cores; warm-up {args.warmup} not counted; load generator "
+          f"{args.loadgen}, uvicorn http={args.http} loop={args.loop}; load average {os.getloadavg()[0]:.1f}")
     print("definitions: round trip = POST /jobs sent -> response (after the event-log commit and the core's "
           "handling); start decision = POST sent -> the Scheduler.handle call that emitted the job's Start "
           "returned (same call as its submission: 'at once'; a later call: queueing, not scheduler latency)")

@@ -133,3 +133,37 @@ def test_update_jobs_sets_each_rows_columns_and_leaves_the_others(store):
     assert [(r["state"], r["run"], r["pid"], r["exit_code"]) for r in again.values()] == [
         ("RUNNING", 1, 41, None), ("COMPLETED", 0, None, 0), ("RUNNING", 1, 43, None)]
     store.update_jobs({})  # nothing to write: no transaction, no error
+
+
+def test_the_token_cache_sees_tokens_created_and_revoked_by_another_store_at_once(store):
+    # another Store on the same database: what `shepherd token create/revoke` does from its own process
+    other = Store(store.url)
+    try:
+        assert store.active_tokens_cached() == [] and store.tokens_version() is None
+        token_id, token = other.create_token("ana", ["ml"])
+        v1 = store.tokens_version()
+        assert v1 is not None
+        assert [t[0] for t in store.active_tokens_cached()] == [token_id]
+        assert store.authenticate(token, store.active_tokens_cached()).user == "ana"
+        assert other.revoke_token(token_id)
+        assert store.tokens_version() not in (None, v1)
+        assert store.active_tokens_cached() == []
+        assert not other.revoke_token(token_id)  # nothing changed: the version stays
+        v2 = store.tokens_version()
+        assert not other.revoke_token(token_id) and store.tokens_version() == v2
+        second, _ = other.create_token("bo", ["ml"], admin=True)
+        assert [t[0] for t in store.active_tokens_cached()] == [second]
+    finally:
+        other.close()
+
+
+def test_the_token_cache_reads_the_tokens_again_only_after_a_change(store, monkeypatch):
+    reads = []
+    real = store.active_tokens
+    monkeypatch.setattr(store, "active_tokens", lambda: reads.append(1) or real())
+    store.create_token("ana", ["ml"])
+    for _ in range(5):
+        assert len(store.active_tokens_cached()) == 1
+    assert len(reads) == 1
+    store.create_token("bo", ["ml"])
+    assert len(store.active_tokens_cached()) == 2 and len(reads) == 2

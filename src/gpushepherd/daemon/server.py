@@ -351,10 +351,19 @@ class Daemon:
         the batch that took the submission: taken by the loop in that step, so the
         caller waits for no lock (note 008, "Submission throughput"). Raises as
         ``submit``."""
+        return self.submit_future(spec, argv, shell=shell, env=env, cwd=cwd, array=array).result(timeout=timeout)
+
+    def submit_future(self, spec: JobSpec, argv: list[str], *, shell: bool = False,
+                      env: dict[str, str] | None = None, cwd: str,
+                      array: tuple[str, list[int], int, int] | None = None) -> Future:
+        """Queue a submission for the loop and return at once: the future gets
+        ``submit_view``'s result or its ``SpecError`` when the loop step that took it
+        ends (the API awaits it through ``asyncio.wrap_future``, without a thread).
+        Never cancel it: the loop sets its result."""
         fut: Future = Future()
         self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array), fut))
         self.wake.set()
-        return fut.result(timeout=timeout)
+        return fut
 
     def cancel(self, job_id: str, timeout: float = 60.0) -> str:
         """Cancel a job; returns its state after the cancel is applied.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from dataclasses import asdict, fields
@@ -57,6 +58,8 @@ from gpushepherd.model.job import ExitStatus, GpuShare, JobSpec
 SCHEMA_VERSION = 1
 #: a lock whose heartbeat is older than this is taken over (seconds)
 LOCK_STALE_S = 30.0
+#: the ``meta`` key whose value changes at every token created or revoked
+TOKENS_VERSION = "tokens_version"
 
 metadata = MetaData()
 
@@ -274,6 +277,12 @@ class Store:
             raise
         self.token = uuid.uuid4().hex
         self._batch = self._last_batch()
+        self._tokens_cache: tuple[str | None, list] | None = None
+        self._compiled: dict[tuple, tuple[str, tuple | None]] = {}  # see _executemany
+        self._tv_lock = threading.Lock()
+        self._tv_conn = None  # tokens_version's own DBAPI connection
+        self._tv_sql = "SELECT value FROM meta WHERE key = " + ("?" if self.engine.dialect.paramstyle == "qmark"
+                                                                else "%s")
 
     @property
     def display_url(self) -> str:
@@ -282,6 +291,10 @@ class Store:
 
     def close(self) -> None:
         """Close the pooled connections (the lock is released by ``release_lock``)."""
+        with self._tv_lock:
+            if self._tv_conn is not None:  # discarded, not pooled: it is in autocommit on PostgreSQL
+                self._tv_conn.invalidate()
+                self._tv_conn = None
         self.engine.dispose()
         self._lazy.dispose()
 
@@ -353,11 +366,33 @@ class Store:
         with self.engine.begin() as c:
             if array_rows:
                 c.execute(insert(arrays), list(array_rows))
-            if jobs_rows:
-                c.execute(insert(jobs), list(jobs_rows))
-            if batch:
-                c.execute(insert(events), [dict(batch=self._batch, t=t, **event_row(e)) for e in batch])
+            cur = c.connection.cursor()  # the hot inserts: statements compiled once (note 008)
+            try:
+                if jobs_rows:
+                    self._executemany(cur, "jobs+", lambda: insert(jobs), list(jobs_rows))
+                if batch:
+                    b = self._batch
+                    self._executemany(cur, "events+", lambda: insert(events),
+                                      [dict(batch=b, t=t, **event_row(e)) for e in batch])
+            finally:
+                cur.close()
         return self._batch
+
+    def _executemany(self, cur, name: str, build, params: list[dict]) -> None:
+        """The statement ``build()`` (an INSERT or UPDATE of the columns of
+        ``params[0]``; an UPDATE's ``WHERE`` binds ``_id``) on the DBAPI cursor ``cur``,
+        for every dict of ``params``, built and compiled once per ``name`` and set of
+        columns: SQLAlchemy's statement building and compiling cost more than SQLite's
+        work here."""
+        keys = tuple(params[0])
+        key = (name, keys)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            c = build().compile(dialect=self.engine.dialect, column_keys=[k for k in keys if k != "_id"])
+            order = tuple(c.positiontup) if c.positional else None
+            compiled = self._compiled[key] = (str(c), order)
+        sql, order = compiled
+        cur.executemany(sql, [tuple(p[k] for k in order) for p in params] if order is not None else params)
 
     def append_policy(self, t: float, raw: dict, by: str = "", source: str = "") -> None:
         """Log a policy (parsed YAML) taking effect at ``t``, applied by user ``by`` from
@@ -438,12 +473,15 @@ class Store:
     # -- API tokens (gpushepherd.daemon.auth) -------------------------------------
     def create_token(self, user: str, teams: list[str], admin: bool = False) -> tuple[int, str]:
         """A new token for ``user``; returns ``(id, token)``. Only the token's hash is
-        stored: the caller shows the token once."""
+        stored: the caller shows the token once. Bumps the tokens version in the same
+        transaction (``tokens_version``)."""
         token = new_token()
-        with self.engine.begin() as c:
+
+        def write(c):
             res = c.execute(insert(api_tokens).values(user=user, teams=json.dumps(list(teams)), admin=admin,
                                                       hash=token_hash(token), created=time.time()))
-        return res.inserted_primary_key[0], token
+            return res.inserted_primary_key[0]
+        return self._token_change(write), token
 
     def tokens(self) -> list[dict]:
         """Every token's row (revoked ones too), without the hashes."""
@@ -452,11 +490,58 @@ class Store:
         return [{**{k: v for k, v in r.items() if k != "hash"}, "teams": json.loads(r["teams"])} for r in rows]
 
     def revoke_token(self, token_id: int) -> bool:
-        """Revoke a token; ``False`` if there is no such token (or it was revoked)."""
-        with self.engine.begin() as c:
+        """Revoke a token; ``False`` if there is no such token (or it was revoked).
+        Bumps the tokens version in the same transaction."""
+        def write(c):
             res = c.execute(update(api_tokens).where(api_tokens.c.id == token_id, api_tokens.c.revoked.is_(None))
                             .values(revoked=time.time()))
-        return res.rowcount == 1
+            return res.rowcount == 1
+        return self._token_change(write)
+
+    def _token_change(self, write):
+        """Run ``write(connection)`` and, unless it returns ``False`` (nothing changed),
+        give ``meta.tokens_version`` a new random value in the same transaction (note 008, "Submission throughput": the API's token
+        cache is keyed by it). Two first writers inserting the row at once: the loser
+        is retried, as an update."""
+        for attempt in range(2):
+            try:
+                with self.engine.begin() as c:
+                    out = write(c)
+                    if out is False:  # nothing changed (a revoke of no active token)
+                        return out
+                    stamp = uuid.uuid4().hex
+                    if c.execute(update(meta).where(meta.c.key == TOKENS_VERSION).values(value=stamp)).rowcount == 0:
+                        c.execute(insert(meta).values(key=TOKENS_VERSION, value=stamp))
+                    return out
+            except IntegrityError:
+                if attempt:
+                    raise
+
+    def tokens_version(self) -> str | None:
+        """``meta.tokens_version``: a new value at every token created or revoked
+        (``None``: never, on this database). One primary-key read on a connection of
+        its own, kept open, in autocommit (it sees every commit made before the call,
+        from any process); a broken connection is replaced once."""
+        with self._tv_lock:
+            for attempt in range(2):
+                try:
+                    if self._tv_conn is None:
+                        self._tv_conn = self.engine.raw_connection()
+                        if self.engine.dialect.name == "postgresql":
+                            self._tv_conn.driver_connection.autocommit = True
+                    cur = self._tv_conn.cursor()
+                    try:
+                        cur.execute(self._tv_sql, (TOKENS_VERSION,))
+                        row = cur.fetchone()
+                    finally:
+                        cur.close()
+                    return row[0] if row else None
+                except Exception:
+                    conn, self._tv_conn = self._tv_conn, None
+                    if conn is not None:
+                        conn.invalidate()
+                    if attempt:
+                        raise
 
     def active_tokens(self) -> list[tuple[int, str, str, bool, str]]:
         """``(id, user, teams JSON, admin, hash)`` of the tokens not revoked."""
@@ -464,6 +549,17 @@ class Store:
             return [tuple(r) for r in c.execute(
                 select(api_tokens.c.id, api_tokens.c.user, api_tokens.c.teams, api_tokens.c.admin, api_tokens.c.hash)
                 .where(api_tokens.c.revoked.is_(None)))]
+
+    def active_tokens_cached(self) -> list[tuple[int, str, str, bool, str]]:
+        """``active_tokens`` as of now, read again only when ``tokens_version`` changed
+        since the last call: one primary-key read per call instead of the table's.
+        A token created or revoked (by ``create_token`` / ``revoke_token``, any
+        process) before the call is seen by it."""
+        version = self.tokens_version()  # first: a change committed after it is seen by the next call
+        cached = self._tokens_cache
+        if cached is None or cached[0] != version:
+            cached = self._tokens_cache = (version, self.active_tokens())
+        return cached[1]
 
     def authenticate(self, token: str, active: list | None = None) -> Principal | None:
         """The principal of ``token``, or ``None`` (unknown or revoked). Every active
@@ -486,8 +582,12 @@ class Store:
         if not groups:
             return
         with self._lazy.begin() as c:
-            if c.dialect.name == "postgresql":
-                c.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
-            for cols, params in groups.items():
-                c.execute(update(jobs).where(jobs.c.id == bindparam("_id")).values({k: bindparam(k) for k in cols}),
-                          params)
+            cur = c.connection.cursor()
+            try:
+                if c.dialect.name == "postgresql":
+                    cur.execute("SET LOCAL synchronous_commit TO OFF")
+                for cols, params in groups.items():
+                    self._executemany(cur, "jobs=", lambda cols=cols: update(jobs).where(
+                        jobs.c.id == bindparam("_id")).values({k: bindparam(k) for k in cols}), params)
+            finally:
+                cur.close()
