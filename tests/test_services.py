@@ -239,3 +239,35 @@ def test_bad_input_is_422_naming_the_field(server, tmp_path, over, where, says):
     detail = r.json()["detail"][0]
     assert where in detail["loc"] and says in detail["msg"], detail
     assert httpx.get(server.url + "/services", timeout=60).json() == []  # nothing half-applied
+
+
+def test_the_service_commands(server, tmp_path):
+    import subprocess
+
+    def shepherd(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", *args[:2], "--server", server.url,
+                               *args[2:]],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    res = shepherd("service", "create", "api", "--team", "ml", "--min", "1", "--max", "2", "--scale-up-above",
+                   "10", "--scale-down-below", "2", "--stabilize", "1", "--cooldown", "60s", "--",
+                   sys.executable, "-c", "import time; time.sleep(300)")
+    assert res.returncode == 0 and "Created service api: 1-2 replicas on queue_length" in res.stdout, res.stderr
+    res = shepherd("service", "signal", "api", "queue_length=12")
+    assert res.returncode == 0 and "scale up 1 -> 2: queue_length 12 > 10 for 1 samples" in res.stdout, res.stderr
+    wait_for("2 replicas running", lambda: get(server, "api")["running"] == 2)
+    res = shepherd("service", "list")
+    assert res.returncode == 0 and "api" in res.stdout and "2/2" in res.stdout and "1-2" in res.stdout
+    res = shepherd("service", "show", "api")
+    assert res.returncode == 0 and "create: min 1 replica" in res.stdout and "last signal: 12 (pushed" in res.stdout
+    assert res.stdout.count(" RUNNING ") == 2
+    res = shepherd("service", "create", "bad", "--team", "ml", "--min", "3", "--max", "2", "--scale-up-above",
+                   "10", "--scale-down-below", "2", "--", "true")
+    assert res.returncode == 2 and "min_replicas: 3 is not allowed" in res.stderr, res.stderr
+    res = shepherd("service", "create", "bad", "--team", "ml", "--metric", "gpu_util", "--scale-up-above",
+                   "10", "--scale-down-below", "2", "--", "true")
+    assert res.returncode == 2 and "GPU utilisation is never a scaling signal" in res.stderr, res.stderr
+    res = shepherd("service", "delete", "api")
+    assert res.returncode == 0 and "Deleted service api" in res.stdout
+    res = shepherd("service", "show", "api")
+    assert res.returncode == 2 and "no such service" in res.stderr

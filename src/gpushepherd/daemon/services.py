@@ -443,7 +443,7 @@ class Services:
             "scrape_every_s": c["scrape_every_s"], "stabilize": c["stabilize"], "desired": svc.desired,
             "running": sum(jobs[j].state is JobState.RUNNING for j in live), "replicas": reps,
             "last_signal": svc.last_signal, "error": svc.error, "below_since": svc.below_since,
-            "command": c["argv"],
+            "command": c["argv"], "last_decision": svc.decisions[-1] if svc.decisions else None,
         }
         if history:
             out["decisions"] = list(svc.decisions)
