@@ -133,6 +133,21 @@ def parse_share(text: str, mem_mib: int) -> dict:
                              "mps:N[:PERCENT]")
 
 
+def env_pairs(items: list[str]) -> dict[str, str]:
+    """``--env KEY=VALUE`` options as a dict.
+
+    Raises:
+        typer.BadParameter: an item without ``=`` or a key.
+    """
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{item!r} is not allowed: KEY=VALUE", param_hint="--env")
+        pairs[key] = value
+    return pairs
+
+
 def _fmt_t(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
@@ -322,13 +337,7 @@ def register(app: typer.Typer) -> None:
             body["gpu_mem_mib"] = gpu_mem
         if time_limit:
             body["time_limit_s"] = parse_time(time_limit)
-        pairs = {}
-        for item in env:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise typer.BadParameter(f"{item!r} is not allowed: KEY=VALUE", param_hint="--env")
-            pairs[key] = value
-        body["env"] = pairs
+        body["env"] = env_pairs(env)
         if array is not None:
             body["array"], body["max_retries"] = array, max_retries
         job = _request(server, "POST", "/jobs", token=token, json=body).json()

@@ -393,5 +393,9 @@ from gpushepherd.cli import policy as _policy_cli  # noqa: E402
 
 _policy_cli.register(policy_app)
 
+from gpushepherd.cli import services as _services_cli  # noqa: E402
+
+_services_cli.register(app)
+
 if __name__ == "__main__":  # pragma: no cover
     run()

@@ -342,5 +342,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         with daemon.lock:
             return daemon.usage_view()
 
+    from gpushepherd.daemon.services_api import mount_services  # it builds on SubmitBody
+
+    mount_services(app, daemon, principal)  # inference services (note 014)
     mount_ui(app, daemon.store.batches)  # the dashboard (note 012): after the API's routes
     return app

@@ -32,6 +32,7 @@ from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
 from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
 from gpushepherd.daemon.policy_change import Conflict, PolicyConflict, conflicts
+from gpushepherd.daemon.services import Services
 from gpushepherd.daemon.store import Store, spec_from_dict, spec_to_dict
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import (
@@ -110,6 +111,7 @@ class Daemon:
         self._beat = 0.0
         self.next_num = 1
         self.arrays: dict[str, ArrayRec] = {}  # job arrays by id (gpushepherd.daemon.arrays)
+        self.services = Services(self)  # inference services (gpushepherd.daemon.services, note 014)
         # GPU inventory and samples (note 008): live state, not stored (the flags and
         # peaks the core was told are rebuilt from the log)
         self.inventory_kind, self.sample_every, self.node_name = inventory, sample_every, node
@@ -148,16 +150,19 @@ class Daemon:
             self._open_inventory()
             self.next_num = self.store.next_job_number()
             self._load_arrays()
+            self.services.load()
             self._reconcile()
         except BaseException:
             self.store.release_lock()
             raise
         self._thread = threading.Thread(target=self._loop, name="shepherd-reconcile", daemon=True)
         self._thread.start()
+        self.services.start()
 
     def stop(self) -> None:
         """Stop the loop and release the lock. Jobs keep running: a restarted server
         re-attaches to them."""
+        self.services.stop()
         self._stop.set()
         self.wake.set()
         if self._thread is not None:
@@ -493,6 +498,7 @@ class Daemon:
                 break
             self._command(now, cmd, batch, rows, replies, new_arrays)
         children = self._array_children(now, batch, rows, new_arrays)
+        replicas = self.services.reconcile(now, batch, rows)
         if self.inventory is not None and now >= self._next_sample:
             self._next_sample = now + self.sample_every
             try:
@@ -516,6 +522,7 @@ class Daemon:
             self.arrays[a.id] = a
         for array_id, index, job_id in children:
             self.arrays[array_id].attempts.setdefault(index, []).append(job_id)
+        self.services.committed(replicas)
         t0 = time.perf_counter()
         decisions = sched.handle(batch)
         self.metrics.observe_cycle(time.perf_counter() - t0)

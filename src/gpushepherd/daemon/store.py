@@ -129,6 +129,26 @@ arrays = Table(
 )
 
 
+services = Table(
+    "services", metadata,  # inference services (gpushepherd.daemon.services, note 014); replicas are jobs
+    Column("num", Integer, primary_key=True, autoincrement=False),  # from the jobs' numbering
+    Column("name", String(64), nullable=False, index=True),  # unique among services not deleted
+    Column("created", Float, nullable=False),
+    Column("config", Text, nullable=False),  # JSON: spec, command, replicas range, signal, thresholds
+    Column("deleted", Float, nullable=True),
+)
+
+service_decisions = Table(
+    "service_decisions", metadata,  # every scaling decision, committed before it is applied
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("service", Integer, nullable=False, index=True),  # services.num
+    Column("t", Float, nullable=False),
+    Column("from_replicas", Integer, nullable=False),
+    Column("to_replicas", Integer, nullable=False),
+    Column("reason", Text, nullable=False),
+)
+
+
 api_tokens = Table(
     "api_tokens", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -445,7 +465,8 @@ class Store:
     def next_job_number(self) -> int:
         with self.engine.connect() as c:
             return max(c.execute(select(func.max(jobs.c.num))).scalar() or 0,
-                       c.execute(select(func.max(arrays.c.num))).scalar() or 0) + 1
+                       c.execute(select(func.max(arrays.c.num))).scalar() or 0,
+                       c.execute(select(func.max(services.c.num))).scalar() or 0) + 1
 
     def array_rows(self) -> list[dict]:
         """Every array's row, in submission order."""

@@ -1,0 +1,122 @@
+"""The HTTP API of inference services (design note 014): ``POST /services``,
+``GET /services``, ``GET /services/{name}``, ``DELETE /services/{name}``,
+``POST /services/{name}/signals``.
+
+Errors as the job API's: 422 with ``detail`` a list whose entry's ``loc`` names the
+field; 404 for an unknown service; 403 for a team the token may not act for.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import JSONResponse
+from pydantic import Field, model_validator
+
+from gpushepherd.core.scheduler import SpecError
+from gpushepherd.daemon.api import SubmitBody, _spec_field
+from gpushepherd.daemon.auth import Principal
+from gpushepherd.daemon.server import Daemon
+from gpushepherd.daemon.services import ServiceError
+
+
+class ServiceBody(SubmitBody):
+    """A service: the replicas' spec and command (as a job's), the replica range and the
+    signal it scales on."""
+
+    name: str = Field(min_length=1, max_length=40, description="[a-z][a-z0-9-]*; replicas are jobs NAME.N")
+    min_replicas: int = Field(1, ge=0, le=1000, strict=True)
+    max_replicas: int = Field(1, ge=1, le=1000, strict=True)
+    metric: str = Field(min_length=1, max_length=512, description="the signal: a Prometheus metric name, "
+                        "optionally with labels (queue_length, latency_seconds{quantile=\"0.95\"}, tokens_total: "
+                        "a counter, scaled on its rate per second); never GPU utilisation")
+    metrics_url: str | None = Field(None, description="where the signal is scraped (Prometheus text format); "
+                                    "none: pushed to POST /services/NAME/signals")
+    scale_up_above: float = Field(allow_inf_nan=False, description="one replica more when the signal stays above")
+    scale_down_below: float = Field(allow_inf_nan=False, description="one replica less when it stays below for "
+                                    "the cool-down")
+    cooldown_s: float = Field(300.0, gt=0, allow_inf_nan=False, description="seconds below before a scale-down, "
+                              "and the least time since the last decision")
+    scrape_every_s: float = Field(15.0, gt=0, allow_inf_nan=False, description="seconds between scrapes")
+    stabilize: int = Field(3, ge=1, le=1000, strict=True, description="samples above before a scale-up")
+
+    @model_validator(mode="after")
+    def _not_an_array(self):
+        if self.array is not None:
+            raise ValueError(f"array: {self.array!r} is not allowed: a service has replicas, not array tasks")
+        return self
+
+    def config(self) -> dict:
+        return {k: getattr(self, k) for k in ("name", "min_replicas", "max_replicas", "metric", "metrics_url",
+                                              "scale_up_above", "scale_down_below", "cooldown_s",
+                                              "scrape_every_s", "stabilize")}
+
+
+def _refused(where: str, msg: str) -> JSONResponse:
+    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", where], "msg": msg,
+                                                              "type": "value_error"}]})
+
+
+def mount_services(app: FastAPI, daemon: Daemon, principal) -> None:
+    """Add the services' routes to ``app`` (``principal``: the app's auth dependency)."""
+
+    def may_act(p: Principal | None, team: str) -> None:
+        if p is not None and not p.may_act_for(team):
+            raise HTTPException(403, f"team: {team!r} is not allowed: this token's teams are {p.teams_text()}")
+
+    def found(name: str):
+        svc = daemon.services.live(name)
+        if svc is None:
+            raise HTTPException(404, f"service {name!r}: no such service")
+        return svc
+
+    @app.post("/services", status_code=201)
+    def create(body: ServiceBody, p: Principal | None = Depends(principal)):
+        """Create a service; its ``min_replicas`` replicas are submitted as jobs of its
+        class. Returns the service's view once its record is committed."""
+        may_act(p, body.team)
+        if p is not None:
+            body.user = body.user or p.user
+        try:
+            return daemon.services.create(body.config(), body.spec(), body.command, body.shell, body.env, body.cwd)
+        except ServiceError as exc:
+            return _refused(exc.field, str(exc))
+        except SpecError as exc:
+            field = _spec_field(str(exc))
+            return _refused({"workload_class": "class"}.get(field, field), re.sub(r"^job '[^']*': ", "", str(exc)))
+
+    @app.get("/services")
+    def services() -> list:
+        """Every service not deleted: desired and running replicas, the last signal."""
+        with daemon.lock:
+            return daemon.services.views()
+
+    @app.get("/services/{name}")
+    def service(name: str) -> dict:
+        """One service: its replicas (state, placement or pending reason), the last
+        signal and scrape error, and every scaling decision with its reason."""
+        with daemon.lock:
+            return daemon.services.view(found(name))
+
+    @app.delete("/services/{name}")
+    def delete(name: str, p: Principal | None = Depends(principal)) -> dict:
+        """Delete a service: its replicas are cancelled."""
+        with daemon.lock:
+            may_act(p, found(name).config["spec"]["team"])
+        try:
+            return daemon.services.delete(name)
+        except KeyError:
+            raise HTTPException(404, f"service {name!r}: no such service") from None
+
+    @app.post("/services/{name}/signals")
+    def signals(name: str, values: dict[str, float], p: Principal | None = Depends(principal)):
+        """Push a sample of the service's signal: ``{"queue_length": 12}``."""
+        with daemon.lock:
+            may_act(p, found(name).config["spec"]["team"])
+        try:
+            return daemon.services.push(name, values)
+        except KeyError:
+            raise HTTPException(404, f"service {name!r}: no such service") from None
+        except ServiceError as exc:
+            return _refused(exc.field, str(exc))
