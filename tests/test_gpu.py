@@ -316,7 +316,9 @@ def test_static_utilisation_of_an_unscripted_job_is_its_process_groups_cpu_use(t
 def test_process_owner_and_command_come_from_proc():
     import pwd
     assert procs.owner(os.getpid()) == pwd.getpwuid(os.getuid()).pw_name
-    assert sys.executable in procs.command(os.getpid())
+    with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:  # as this process was started (maybe a relative path)
+        argv0 = f.read().split(b"\0")[0].decode()
+    assert procs.command(os.getpid()).split()[0] == argv0
     assert procs.owner(2**22 + 1) is None and procs.command(2**22 + 1) is None
 
 
