@@ -98,7 +98,7 @@ def serve(data: Path, port: int, db: str | None, hold_s: float, out: Path, http:
             self.started: dict[str, float] = {}
             self.codes: dict[str, int] = {}
 
-        def start(self, job_id, run, argv, *, shell, env, cwd, placement):
+        def start(self, job_id, run, argv, *, shell, env, cwd, placement, **_more):
             proc = Proc(job_id, run, 0, None, self.run_dir(job_id, run) / "exit")
             self.procs[job_id] = proc
             self.started[job_id] = time.monotonic()
