@@ -23,19 +23,25 @@ def shepherd(*args: str, env: dict | None = None):
     return CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
 
 
-def create_token(data, *args: str) -> str:
-    res = shepherd("token", "create", "--data-dir", str(data), *args)
+def where(s: Server) -> list[str]:
+    """The token commands' options for ``s``'s database."""
+    return ["--data-dir", str(s.data)] + (["--db", s.db] if s.db else [])
+
+
+def create_token(data, *args: str, db: str | None = None) -> str:
+    res = shepherd("token", "create", "--data-dir", str(data), *(["--db", db] if db else []), *args)
     assert res.exit_code == 0, res.output
     return res.stdout.strip()
 
 
-@pytest.fixture(scope="module")
-def authed(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("auth"))
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def authed(request, tmp_path_factory):
+    db = request.getfixturevalue("pg_server").new_database() if request.param == "postgresql" else None
+    s = Server(tmp_path_factory.mktemp("auth"), db=db)
     s.policy.write_text(TWO_TEAMS)
-    s.tokens = {"ml": create_token(s.data, "--user", "ana", "--team", "ml"),
-                "data": create_token(s.data, "--user", "bo", "--team", "data"),
-                "admin": create_token(s.data, "--user", "root", "--admin")}
+    s.tokens = {"ml": create_token(s.data, "--user", "ana", "--team", "ml", db=db),
+                "data": create_token(s.data, "--user", "bo", "--team", "data", db=db),
+                "admin": create_token(s.data, "--user", "root", "--admin", db=db)}
     s.token = s.tokens["ml"]
     s.start()
     yield s
@@ -138,18 +144,18 @@ def test_client_commands_send_the_token_and_print_refusals(authed):
 
 
 def test_token_list_and_revoke(authed):
-    temp = create_token(authed.data, "--user", "tmp", "--team", "ml")
+    temp = create_token(authed.data, "--user", "tmp", "--team", "ml", db=authed.db)
     assert call(authed, "GET", "/jobs", temp).status_code == 200
-    listed = shepherd("token", "list", "--data-dir", str(authed.data)).stdout
+    listed = shepherd("token", "list", *where(authed)).stdout
     row = next(x.split() for x in listed.splitlines() if x.split()[1:2] == ["tmp"])
     assert row[2:4] == ["ml", "no"] and row[-1] == "-"
     assert temp not in listed
-    res = shepherd("token", "revoke", row[0], "--data-dir", str(authed.data))
+    res = shepherd("token", "revoke", row[0], *where(authed))
     assert res.exit_code == 0 and "revoked" in res.stdout
     assert call(authed, "GET", "/jobs", temp).status_code == 401
-    res = shepherd("token", "revoke", row[0], "--data-dir", str(authed.data))
+    res = shepherd("token", "revoke", row[0], *where(authed))
     assert res.exit_code == 2 and "no such token, or already revoked" in res.output
-    res = shepherd("token", "create", "--user", "x", "--data-dir", str(authed.data))
+    res = shepherd("token", "create", "--user", "x", *where(authed))
     assert res.exit_code == 2 and "--team" in res.output
 
 
