@@ -165,7 +165,8 @@ def test_a_service_scales_up_on_its_queue_preempting_batch_and_down_after_the_co
     assert up["reason"] == "scale up 1 -> 2: queue_length 14 > 10 for 2 samples"
     assert s.job(batch)["preemptions"] == 1  # production inference took the batch job's GPU
     assert s.job(batch)["state"] == "PENDING"
-    assert len((tmp_path / "started").read_text().split()) == 2  # a real second process
+    # a real second process (RUNNING is the core's word: the process writes its line a moment later)
+    wait_for("the second replica's process", lambda: len((tmp_path / "started").read_text().split()) == 2)
 
     lowered = time.time()
     (tmp_path / "queue").write_text("0")
