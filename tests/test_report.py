@@ -22,7 +22,7 @@ from gpushepherd.cli.main import app
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.daemon.store import Store
 from gpushepherd.model.decisions import Preempt, Start, Stop
-from gpushepherd.model.events import JobFinished, JobSubmitted, Tick, UsageSample
+from gpushepherd.model.events import JobCancelled, JobFinished, JobSubmitted, Tick, UsageSample
 from gpushepherd.model.job import ExitStatus, GpuShare, JobSpec
 from gpushepherd.policy import policy_from_dict
 from gpushepherd.report import History, build_report, replay
@@ -155,6 +155,27 @@ def test_waits_reasons_and_idle_gaps(week):
     gaps = rep.tables["idle_gaps"]
     assert (gaps["kind"] == "free GPUs while jobs pending").any()  # batch waits by its window, GPUs free
     assert (gaps["kind"] == "no GPU held").any()  # Monday 00:00-09:00
+
+
+def test_still_pending_excludes_rejected_and_cancelled_jobs(tmp_path):
+    """Review issue 9a: still_pending was submitted - started, so rejected and cancelled
+    jobs read as pending."""
+    jobs = week_jobs() + [
+        (JobSpec("huge", "research", "training", 8, gpu_types=H100, submit_time=MON + 10 * H), H),  # > the cluster
+        (JobSpec("c1", "research", "training", 2, gpu_types=H100, submit_time=MON + 11 * H), H),  # quota: waits
+        (JobSpec("stuck", "research", "training", 4, gpu_types=H100, submit_time=MON + 3 * 86400), H)]  # > max 3
+    log = drive(Store(Store.sqlite_url(tmp_path)), POLICY, jobs, [JobCancelled(MON + 12 * H, "c1")])
+    hist = replay(log).history()
+    assert hist.jobs.set_index("job_id").loc[["huge", "c1", "stuck"], "state"].tolist() == [
+        "REJECTED", "CANCELLED", "PENDING"]
+    train = _row(build_report(hist, MON, MON + 7 * 86400).tables["waits_by_class"], "class", "training")
+    assert (train["submitted"], train["started"], train["rejected"], train["cancelled_before_start"],
+            train["still_pending"]) == (4, 1, 1, 1, 1)
+    assert _row(build_report(hist, MON, MON + 7 * 86400).tables["waits_by_class"], "class", "batch")[
+        "still_pending"] == 0
+    early = _row(build_report(hist, MON, MON + 11.5 * H).tables["waits_by_class"], "class", "training")
+    assert (early["submitted"], early["rejected"], early["cancelled_before_start"], early["still_pending"]) == \
+        (3, 1, 0, 1)  # c1 was pending at 11:30, cancelled later
 
 
 def test_range_clips_intervals(week):

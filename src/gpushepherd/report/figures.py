@@ -6,7 +6,9 @@ Definitions (so that each figure can be recomputed from the CSV files):
   / 7000) / 3600; a run still going at the last event counts up to the last event.
 * **cost** = GPU-hours x the policy's price per GPU-hour of the run's GPU type.
 * **queueing delay** = first start - submit, over the jobs submitted in the range that
-  started before its end; p50 / p95 by numpy's linear interpolation.
+  started before its end; p50 / p95 by numpy's linear interpolation. Of those jobs,
+  ``rejected`` / ``cancelled_before_start`` ended so before the end, ``still_pending``
+  were PENDING at the end (at ``to``, or at the last event if ``to`` is later).
 * **pending reasons**: job-hours spent in each reason code inside the range, and the
   reason (code and detail) with the most time.
 * **idle gaps**: intervals with >= 1 free GPU while jobs were pending; intervals with no
@@ -133,16 +135,19 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "") -> 
 
     # waits per class, of jobs submitted in the range
     jobs = hist.jobs[(hist.jobs["submit"] >= a) & (hist.jobs["submit"] < t_to)]
+    pending_at_end = _pending_at_end(hist, t_to)
     rows = []
     for cls, g in sorted(jobs.groupby("class"), key=lambda kv: kv[0]):
         started = g[g["first_start"].notna() & (g["first_start"] < t_to)]
+        ended = g[g["end"].notna() & (g["end"] < t_to) & (g["first_start"].isna() | (g["first_start"] >= t_to))]
         delay = (started["first_start"] - started["submit"]).to_numpy(dtype=float)
-        rows.append((cls, len(g), len(started), int((delay > 0).sum()), len(g) - len(started),
+        rows.append((cls, len(g), len(started), int((delay > 0).sum()), int((ended["state"] == "REJECTED").sum()),
+                     int((ended["state"] == "CANCELLED").sum()), int(g["job_id"].isin(pending_at_end).sum()),
                      float(delay.mean()) if delay.size else None, _pct(delay, 50), _pct(delay, 95),
                      float(delay.max()) if delay.size else None))
     rep.tables["waits_by_class"] = pd.DataFrame(rows, columns=[
-        "class", "submitted", "started", "waited", "still_pending", "wait_mean_s", "wait_p50_s", "wait_p95_s",
-        "wait_max_s"])
+        "class", "submitted", "started", "waited", "rejected", "cancelled_before_start", "still_pending",
+        "wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_max_s"])
 
     # top pending reasons by job-seconds
     reasons = hist.reasons.copy()
@@ -160,6 +165,19 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "") -> 
     _series_and_gaps(rep, hist, a, b)
     _quota(rep, hist, a, b)
     return rep
+
+
+def _pending_at_end(hist: History, t_to: float) -> set[str]:
+    """Jobs PENDING at the end of ``[.., t_to)``: just before ``t_to``, or at the last
+    event when ``t_to`` is later (the report never invents the future; note 010, 9a)."""
+    pend = hist.pending
+    if pend.empty:
+        return set()
+    if t_to <= hist.t_last:
+        mask = (pend["start"] < t_to) & (pend["end"].isna() | (pend["end"] >= t_to))
+    else:
+        mask = pend["end"].isna()
+    return set(pend.loc[mask, "job_id"])
 
 
 def _series_and_gaps(rep: Report, hist: History, a: float, b: float) -> None:
