@@ -186,6 +186,38 @@ def test_range_clips_intervals(week):
     assert set(teams["team"]) == {"research"}
 
 
+def test_range_wider_than_the_log_is_clipped_to_it(week, tmp_path):
+    """Review issue 9b: the quota table spanned the whole requested range (a 7-minute log
+    with --from a month earlier promised 1,454 GPU-hours of nominal quota)."""
+    hist = History.from_store(Store(Store.sqlite_url(week)))
+    span_h = (hist.t_last - hist.t_first) / H
+    rep = build_report(hist, MON - 30 * 86400, MON + 99 * 86400)
+    quota = _row(rep.quota, "team", "research")  # nominal 2 GPUs, max 3
+    assert quota["nominal_gpu_hours"] == pytest.approx(2 * span_h)
+    assert quota["max_gpu_hours"] == pytest.approx(3 * span_h)
+    assert rep.clipped.startswith("range clipped to the event log: from 2026-11-30T09:00:00+00:00 to ")
+    assert build_report(hist, hist.t_first, hist.t_last).clipped is None
+    res = CliRunner().invoke(app, ["report", "--data-dir", str(week), "--from", "2026-11-01", "--csv",
+                                   str(tmp_path / "csv")])
+    assert res.exit_code == 0 and "range clipped to the event log: from 2026-11-30T09:00:00" in res.output, res.output
+    import pandas as pd
+
+    nominal = pd.read_csv(tmp_path / "csv" / "usage_against_quota.csv").set_index("team")["nominal_gpu_hours"]
+    assert nominal["research"] == pytest.approx(2 * span_h)
+
+
+def test_whatif_censors_at_the_last_event_not_at_a_far_to(week):
+    """Review issue 9b, same fault in what-if: a job running at the end of the log ran on
+    in the simulation until a --to far in the future."""
+    from gpushepherd.report.whatif import run_whatif
+
+    cut = [b for b in Store(Store.sqlite_url(week)).batches() if b[0] <= MON + 12 * H]  # train1 runs from 10:00
+    rp = replay(cut)
+    wi = run_whatif(rp, rp.rules, MON, MON + 365 * 86400)
+    research = wi.table.set_index(["by", "group"]).loc[("team", "research")]
+    assert research["gpu_hours_current"] == pytest.approx(2 * (rp.t_last - (MON + 10 * H)) / H)
+
+
 def test_allocated_but_idle_from_usage_samples(tmp_path):
     jobs = [(JobSpec("t1", "research", "training", 2, gpu_types=H100, submit_time=MON), 4 * H)]
     samples = [UsageSample(MON + H, "t1", 50.0, 1000), UsageSample(MON + 2 * H, "t1", 1.0, 1000),
@@ -214,6 +246,11 @@ def test_cli_report_week_tables_csv_and_html(week, tmp_path):
     (["--from", "2026-12-05", "--to", "2026-12-01"], "--from: '2026-12-05' is not allowed: a time before --to"),
     (["--week", "--from", "2026-12-01"], "--from is not allowed with --week"),
     (["--csv", "__FILE__"], "--csv"),
+    (["--from", "nan"], "--from: 'nan' is not allowed: NaN is not a time"),
+    (["--from", "-99999999999999"], "--from: '-99999999999999' is not allowed: a time from 1970-01-01 to 9999-12-31"),
+    (["--from", "0001-01-01"], "--from: '0001-01-01' is not allowed: a time from 1970-01-01"),
+    (["--to", "1e20"], "--to: '1e20' is not allowed: a time from 1970-01-01 to 9999-12-31"),
+    (["--to", "inf"], "--to: 'inf' is not allowed: a time from 1970-01-01"),
     (["--from", "2030-01-01", "--to", "2030-01-08"], "--from/--to: the range is not allowed: it must overlap the "
                                                      "event log (2026-11-30T09:00:00+00:00 to"),
 ])
@@ -286,6 +323,8 @@ def test_whatif_more_night_gpus_for_batch(week, tmp_path):
     (["--since", "0d"], "--since: '0d' is not allowed"),
     (["--since", "7d", "--from", "2026-11-30"], "--from is not allowed with --week or --since"),
     (["--from", "2026-12-05", "--to", "2026-12-01"], "--from: '2026-12-05' is not allowed: a time before --to"),
+    (["--from", "nan"], "--from: 'nan' is not allowed: NaN is not a time"),
+    (["--to", "99999999999999"], "--to: '99999999999999' is not allowed: a time from 1970-01-01 to 9999-12-31"),
 ])
 def test_whatif_bad_options(week, tmp_path, args, fragment):
     import yaml

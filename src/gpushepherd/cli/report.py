@@ -5,8 +5,9 @@ server."""
 
 from __future__ import annotations
 
+import math
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,6 +15,8 @@ import typer
 from rich.table import Table
 
 WEEK_S = 7 * 86400.0
+#: 9999-12-31T23:59:59 UTC, the last time ``--from`` / ``--to`` accept (epoch seconds)
+LAST_TIME = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp()
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": WEEK_S}
 
 
@@ -35,20 +38,27 @@ def parse_when(text: str, option: str, tz) -> float:
     names its offset.
 
     Raises:
-        ValueError: naming ``option``, the value and what is allowed.
+        ValueError: naming ``option``, the value and what is allowed: NaN, infinities and
+            times before 1970-01-01 or after 9999-12-31 (UTC) are refused too.
     """
+    allowed = ("an ISO date or date-time (2026-11-30, 2026-11-30T08:00, local time of the policy's clock) "
+               "or epoch seconds")
     try:
-        return float(text)
+        t = float(text)
     except ValueError:
-        pass
-    try:
-        d = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(f"{option}: {text!r} is not allowed: an ISO date or date-time (2026-11-30, "
-                         "2026-11-30T08:00, local time of the policy's clock) or epoch seconds") from None
-    if d.tzinfo is None:
-        d = d.replace(tzinfo=tz)
-    return d.timestamp()
+        try:
+            d = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise ValueError(f"{option}: {text!r} is not allowed: {allowed}") from None
+        try:
+            t = (d.replace(tzinfo=tz) if d.tzinfo is None else d).timestamp()
+        except (OverflowError, OSError, ValueError):  # year 1 on a machine clock: before 1970 anyway
+            t = -1.0
+    if math.isnan(t):
+        raise ValueError(f"{option}: {text!r} is not allowed: NaN is not a time; {allowed}")
+    if not 0.0 <= t <= LAST_TIME:
+        raise ValueError(f"{option}: {text!r} is not allowed: a time from 1970-01-01 to 9999-12-31 ({allowed})")
+    return t
 
 
 def time_range(t_first: float, t_last: float, tz, *, week: bool = False, since: str | None = None,
@@ -239,6 +249,8 @@ def emit(rep, csv: Path | None, html_file: Path | None, tables: bool = True) -> 
 
     if tables:
         out = _console()
+        if rep.clipped:
+            out.print(rep.clipped)
         for table in rich_tables(rep):
             out.print(table)
     if csv is not None:

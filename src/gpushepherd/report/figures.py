@@ -48,6 +48,16 @@ class Report:
     quota: pd.DataFrame | None = None
     local: object = None  # t -> datetime (the policy's clock)
     t_end: float = 0.0  # where the series stop: ``t_to``, or the last event if earlier
+    t_start: float = 0.0  # where the figures start: ``t_from``, or the first event if later
+
+    @property
+    def clipped(self) -> str | None:
+        """"range clipped to the event log: from ... to ..." when the figures cover less
+        than ``[t_from, t_to)`` (the log starts later or ends earlier), else ``None``."""
+        if (self.t_start, self.t_end) == (self.t_from, self.t_to):
+            return None
+        fmt = [self.local(t).isoformat(timespec="seconds") for t in (self.t_start, self.t_end)]
+        return f"range clipped to the event log: from {fmt[0]} to {fmt[1]}"
 
 
 def _clipped(df: pd.DataFrame, a: float, b: float, t_last: float) -> np.ndarray:
@@ -90,13 +100,17 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "") -> 
     """
     if not t_from < t_to:
         raise ValueError(f"the range [{t_from}, {t_to}) is empty: from must be before to")
-    rules, a, b = hist.rules, t_from, min(t_to, max(hist.t_last, t_from))
+    # clip to the part of the range the log covers (review issue 9b): before the first
+    # event nothing was recorded, after the last nothing is known yet
+    rules = hist.rules
+    a = max(t_from, hist.t_first) if hist.t_first < t_to else t_from
+    b = min(t_to, max(hist.t_last, a))
     b = t_to if b <= a else b
     clock = rules.clock
     local = (lambda t: datetime.fromtimestamp(clock.epoch + t, clock.tz)) if clock else \
         (lambda t: datetime.fromtimestamp(t))
     pricing = rules.pricing
-    rep = Report(t_from, t_to, title, pricing.currency if pricing else None, local=local, t_end=b)
+    rep = Report(t_from, t_to, title, pricing.currency if pricing else None, local=local, t_end=b, t_start=a)
 
     held = hist.held.copy()
     held["seconds"] = _clipped(held, a, b, hist.t_last)

@@ -128,7 +128,8 @@ def html_page(rep: Report) -> str:
     fmt = "%Y-%m-%d %H:%M"
     head = (f"<h1>{html.escape(rep.title or 'gpushepherd report')}</h1><p>From "
             f"{rep.local(rep.t_from).strftime(fmt)} to {rep.local(rep.t_to).strftime(fmt)}"
-            + (f"; money in {html.escape(rep.currency)}" if rep.currency else "") + ".</p>")
+            + (f"; money in {html.escape(rep.currency)}" if rep.currency else "") + ".</p>"
+            + (f"<p>{html.escape(rep.clipped)}.</p>" if rep.clipped else ""))
     body = [head]
     for key, caption in (("utilisation", "Utilisation over time"), ("queue", "Queue length by class"),
                          ("quota", "Usage per team against quota")):

@@ -23,7 +23,8 @@ def workload(rp: Replay, t_from: float, t_to: float) -> tuple[list[SimJob], list
     to replay (note 010): a job that ran to its end (completed, failed, stopped) runs
     as long as it did - all its runs if it checkpoints, else its last run; a cancelled
     job is cancelled at the same time after its submit; a job not ended by the last
-    event, or rejected, is cancelled at ``t_to`` (censored)."""
+    event, or rejected, is cancelled at ``t_to``, or at the last event if that is earlier
+    (censored: the log knows nothing later; review issue 9b)."""
     hist = rp.history()
     rec = rp.recorder
     runs = {job_id: g for job_id, g in hist.held.groupby("job_id")}
@@ -40,7 +41,7 @@ def workload(rp: Replay, t_from: float, t_to: float) -> tuple[list[SimJob], list
         elif row.state == "CANCELLED" and not np.isnan(row.end):
             events.append(JobCancelled(row.end, row.job_id))
         else:
-            events.append(JobCancelled(max(t_to, spec.submit_time), row.job_id))
+            events.append(JobCancelled(max(min(t_to, rp.t_last), spec.submit_time), row.job_id))
         jobs.append(SimJob(spec, duration))
     return jobs, events
 
