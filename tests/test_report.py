@@ -318,6 +318,34 @@ def test_whatif_more_night_gpus_for_batch(week, tmp_path):
     assert (tmp_path / "new.html").read_text().count("data:image/png;base64,") == 3
 
 
+def test_whatif_lists_jobs_the_proposed_policy_rejects(tmp_path):
+    """Review issue 10a: a logged 4-GPU job that a proposal with 3 H100s can never run dropped
+    out silently and its GPU-hours read as a saving."""
+    import yaml
+
+    jobs = week_jobs() + [(JobSpec("big", "serving", "training", 4, gpu_types=H100,
+                                   submit_time=MON + 4 * 86400), H)]
+    drive(Store(Store.sqlite_url(tmp_path)), POLICY, jobs)
+    small = {**POLICY, "cluster": {"nodes": [{**POLICY["cluster"]["nodes"][0], "gpus": 3},
+                                             POLICY["cluster"]["nodes"][1]]}}
+    new = tmp_path / "small.yaml"
+    new.write_text(yaml.safe_dump(small))
+    res = CliRunner().invoke(app, ["whatif", "--policy", str(new), "--data-dir", str(tmp_path), "--since", "7d",
+                                   "--csv", str(tmp_path / "csv")], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "rejected by the proposed policy: job big (class training, team serving, 4 GPUs): gpus=4: the nodes" \
+        in res.output, res.output
+    assert "the change in GPU-hours includes jobs a policy rejects" in res.output
+    import pandas as pd
+
+    t = pd.read_csv(tmp_path / "csv" / "whatif.csv").set_index(["by", "group"])
+    train = t.loc[("class", "training")]
+    assert (train["rejected_current"], train["rejected_proposed"]) == (0, 1)
+    assert train["gpu_hours_current"] - train["gpu_hours_proposed"] == pytest.approx(4.0)  # big's 4 GPU-h
+    rej = pd.read_csv(tmp_path / "csv" / "whatif_rejected.csv")
+    assert rej[["run", "job_id"]].values.tolist() == [["proposed", "big"]]
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--since", "a week"], "--since: 'a week' is not allowed: a positive duration"),
     (["--since", "0d"], "--since: '0d' is not allowed"),

@@ -196,12 +196,15 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(str(exc)) from None
             out = _console()
             out.print(whatif_table(wi.table))
+            for line in rejected_lines(wi.rejected):
+                out.print(line, markup=False, highlight=False)
             out.print("wait = first start - submit; JCT = end - submit of jobs that ran to their end; both runs "
                       "are simulated from the log's jobs (note 010: what the baseline may not reproduce).")
             if csv is not None:
                 csv.mkdir(parents=True, exist_ok=True)
                 wi.table.to_csv(csv / "whatif.csv", index=False, lineterminator="\n")
-                err.print(f"CSV file: {csv / 'whatif.csv'}")
+                wi.rejected.to_csv(csv / "whatif_rejected.csv", index=False, lineterminator="\n")
+                err.print(f"CSV files: {csv / 'whatif.csv'}, {csv / 'whatif_rejected.csv'}")
             for which, path in (("proposed", html_file), ("current", html_cur)):
                 if path is not None:
                     res = wi.proposed if which == "proposed" else wi.current
@@ -226,7 +229,7 @@ def whatif_table(table) -> Table:
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.1f}"
 
     out = Table(title="What-if: current policy -> proposed policy (change)", title_justify="left")
-    for col in ("group", "jobs", "wait mean", "wait p95", "JCT mean", "GPU-hours"):
+    for col in ("group", "jobs", "rejected", "wait mean", "wait p95", "JCT mean", "GPU-hours"):
         out.add_column(col, justify="left" if col == "group" else "right")
     last = None
     for r in table.itertuples(index=False):
@@ -238,8 +241,22 @@ def whatif_table(table) -> Table:
             cur, new, chg = (getattr(r, f"{col}_{s}") for s in ("current", "proposed", "change"))
             sign = "+" if chg is not None and not math.isnan(chg) and chg > 0 else ""
             cells.append(f"{fmt(cur)} -> {fmt(new)} ({sign}{fmt(chg)})")
-        out.add_row(f"{r.by} {r.group}", str(r.jobs), *cells)
+        if r.rejected_current != r.rejected_proposed:  # review issue 10a: not a saving
+            cells[-1] += " *"
+        out.add_row(f"{r.by} {r.group}", str(r.jobs), f"{r.rejected_current} -> {r.rejected_proposed}", *cells)
     return out
+
+
+def rejected_lines(rejected) -> list[str]:
+    """The jobs a run rejected (``WhatIf.rejected``), one line each, after a line saying
+    that they explain a change in GPU-hours marked ``*``; no lines when none."""
+    if rejected is None or rejected.empty:
+        return []
+    lines = ["* the change in GPU-hours includes jobs a policy rejects (they could never run under it):"]
+    for r in rejected.itertuples(index=False):
+        lines.append(f"  rejected by the {r.run} policy: job {r.job_id} (class {r[2]}, team {r.team}, "
+                     f"{r.gpus} GPUs): {r.reason}")
+    return lines
 
 
 def emit(rep, csv: Path | None, html_file: Path | None, tables: bool = True) -> None:

@@ -3,7 +3,7 @@ through the simulator under the policy they ran under and under a proposed one."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -55,15 +55,22 @@ def check_workload(rules: Rules, jobs: list[SimJob], source: str) -> None:
             raise SpecError(f"{source}: a job of the history cannot run under this policy: {exc}") from None
 
 
+REJECTED_COLUMNS = ["run", "job_id", "class", "team", "gpus", "reason"]
+
+
 @dataclass
 class WhatIf:
-    """Both runs and their side-by-side figures (``table``: one row per class and team)."""
+    """Both runs and their side-by-side figures (``table``: one row per class and team).
+
+    ``rejected``: ``REJECTED_COLUMNS``, one row per job a run rejected (it could never
+    run under that policy; ``run`` is ``current`` or ``proposed``, ``reason`` the core's)."""
 
     current: SimResult
     proposed: SimResult
     table: pd.DataFrame
     t_from: float
     t_to: float
+    rejected: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REJECTED_COLUMNS))
 
     def history(self, which: str) -> History:
         return History.from_sim(self.current if which == "current" else self.proposed)
@@ -84,11 +91,16 @@ def run_whatif(rp: Replay, proposed: Rules, t_from: float, t_to: float, source: 
     runs = [Simulator(rules, jobs, events, record_reasons=record_reasons).run() for rules in (rp.rules, proposed)]
     frames = [_figures(r) for r in runs]
     table = _side_by_side(*frames)
-    return WhatIf(runs[0], runs[1], table, t_from, t_to)
+    rejected = [(which, job_id, r.spec.workload_class, r.spec.team, r.spec.gpus,
+                 str(res.scheduler.jobs[job_id].reason.detail or res.scheduler.jobs[job_id].reason))
+                for which, res in zip(("current", "proposed"), runs)
+                for job_id, r in sorted(res.records.items()) if r.state == "REJECTED"]
+    return WhatIf(runs[0], runs[1], table, t_from, t_to, pd.DataFrame(rejected, columns=REJECTED_COLUMNS))
 
 
 def _figures(res: SimResult) -> pd.DataFrame:
-    """Per class and per team: jobs, wait mean / p95 (s), mean JCT (s), GPU-hours."""
+    """Per class and per team: jobs, jobs rejected (never ran), wait mean / p95 (s),
+    mean JCT (s), GPU-hours."""
     hist = History.from_sim(res)
     jobs = hist.jobs.copy()
     jobs["wait"] = jobs["first_start"] - jobs["submit"]
@@ -101,16 +113,16 @@ def _figures(res: SimResult) -> pd.DataFrame:
         for name, g in sorted(jobs.groupby(key), key=lambda kv: kv[0]):
             w = g["wait"].dropna().to_numpy(dtype=float)
             j = g["jct"].dropna().to_numpy(dtype=float)
-            rows.append((kind, name, len(g), float(w.mean()) if w.size else None,
+            rows.append((kind, name, len(g), int((g["state"] == "REJECTED").sum()), float(w.mean()) if w.size else None,
                          float(np.percentile(w, 95)) if w.size else None, float(j.mean()) if j.size else None,
                          float(hours.get(name, 0.0))))
-    return pd.DataFrame(rows, columns=["by", "group", "jobs", "wait_mean_s", "wait_p95_s", "jct_mean_s", "gpu_hours"])
+    return pd.DataFrame(rows, columns=["by", "group", "jobs", "rejected", "wait_mean_s", "wait_p95_s", "jct_mean_s", "gpu_hours"])
 
 
 def _side_by_side(cur: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     df = cur.merge(new, on=["by", "group", "jobs"], suffixes=("_current", "_proposed"), how="outer")
     for col in ("wait_mean_s", "wait_p95_s", "jct_mean_s", "gpu_hours"):
         df[f"{col}_change"] = df[f"{col}_proposed"] - df[f"{col}_current"]
-    order = ["by", "group", "jobs"] + [f"{c}_{s}" for c in ("wait_mean_s", "wait_p95_s", "jct_mean_s", "gpu_hours")
+    order = ["by", "group", "jobs", "rejected_current", "rejected_proposed"] + [f"{c}_{s}" for c in ("wait_mean_s", "wait_p95_s", "jct_mean_s", "gpu_hours")
                                        for s in ("current", "proposed", "change")]
     return df[order].sort_values(["by", "group"]).reset_index(drop=True)
