@@ -371,12 +371,41 @@ def test_whatif_invalid_or_unfit_policy(week, tmp_path):
     res = CliRunner().invoke(app, ["whatif", "--policy", str(bad), "--data-dir", str(week)])
     assert res.exit_code == 2 and "pricing.gpu_hour.H200" in res.output, res.output
     unfit = tmp_path / "unfit.yaml"
-    unfit.write_text(yaml.safe_dump({**POLICY, "teams": {"research": {}, "serving": {}}}))
-    res = CliRunner().invoke(app, ["whatif", "--policy", str(unfit), "--data-dir", str(week)])
-    assert res.exit_code == 2 and "unfit.yaml: a job of the history" in res.output and "team: 'data'" in res.output, \
-        res.output
+    unfit.write_text(yaml.safe_dump({**POLICY, "teams": {"other": {}}}))
+    res = CliRunner().invoke(app, ["whatif", "--policy", str(unfit), "--data-dir", str(week)], terminal_width=200)
+    assert res.exit_code == 2 and "unfit.yaml: no job of the history can run under this policy" in res.output \
+        and "team data not in the proposed policy" in res.output, res.output
     res = CliRunner().invoke(app, ["whatif", "--policy", str(tmp_path / "nope.yaml"), "--data-dir", str(week)])
     assert res.exit_code == 2 and "nope.yaml" in res.output
+
+
+def test_whatif_leaves_out_jobs_of_a_removed_class_or_team(tmp_path):
+    """Review issue 10b: a proposal without the class of one logged job (cancelled while
+    pending) was refused outright; now that job is listed as not replayed and the rest
+    is compared."""
+    import yaml
+
+    legacy = {**POLICY, "classes": {**POLICY["classes"], "legacy": {"priority": 10}}}
+    jobs = week_jobs() + [(JobSpec("j47", "research", "legacy", 2, gpu_types=H100, submit_time=MON + 11 * H), H)]
+    drive(Store(Store.sqlite_url(tmp_path)), legacy, jobs, [JobCancelled(MON + 12 * H, "j47")])
+    new = tmp_path / "new.yaml"
+    new.write_text(yaml.safe_dump(POLICY))  # no class legacy
+    res = CliRunner().invoke(app, ["whatif", "--policy", str(new), "--data-dir", str(tmp_path), "--since", "7d",
+                                   "--csv", str(tmp_path / "csv")], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "job j47: not replayed: class legacy not in the proposed policy" in res.output, res.output
+    import pandas as pd
+
+    t = pd.read_csv(tmp_path / "csv" / "whatif.csv").set_index(["by", "group"])
+    assert ("class", "legacy") not in t.index
+    assert t.loc[("team", "research"), "jobs"] == 3  # train1, train2, nb1 compared; j47 left out
+    assert t.loc[("team", "data"), "gpu_hours_proposed"] == pytest.approx(24.0)
+    no_team = tmp_path / "no-data.yaml"
+    no_team.write_text(yaml.safe_dump({**POLICY, "teams": {"research": {}, "serving": {}}}))
+    res = CliRunner().invoke(app, ["whatif", "--policy", str(no_team), "--data-dir", str(tmp_path)],
+                             terminal_width=200)
+    assert res.exit_code == 0 and "job b0: not replayed: team data not in the proposed policy" in res.output, \
+        res.output
 
 
 def test_simulate_writes_the_same_report_page(tmp_path):

@@ -198,6 +198,10 @@ def register(app: typer.Typer) -> None:
             out.print(whatif_table(wi.table))
             for line in rejected_lines(wi.rejected):
                 out.print(line, markup=False, highlight=False)
+            if wi.not_replayed:
+                out.print(f"{len(wi.not_replayed)} job(s) of the range left out of both runs:", markup=False)
+            for job_id, why in wi.not_replayed:
+                out.print(f"  job {job_id}: not replayed: {why}", markup=False, highlight=False)
             out.print("wait = first start - submit; JCT = end - submit of jobs that ran to their end; both runs "
                       "are simulated from the log's jobs (note 010: what the baseline may not reproduce).")
             if csv is not None:

@@ -46,13 +46,33 @@ def workload(rp: Replay, t_from: float, t_to: float) -> tuple[list[SimJob], list
     return jobs, events
 
 
-def check_workload(rules: Rules, jobs: list[SimJob], source: str) -> None:
-    """Raises ``SpecError`` naming the policy file and the job a policy cannot take."""
+def split_workload(rules: Rules, jobs: list[SimJob], source: str) -> tuple[list[SimJob], list[tuple[str, str]]]:
+    """The jobs ``rules`` can take, and ``(job id, why not)`` for the others ("class X
+    not in the proposed policy", "team X ...", or the spec error), review issue 10b.
+
+    Raises:
+        SpecError: naming the policy file, when no job of the history can be taken.
+    """
+    keep, left_out = [], []
     for sj in jobs:
-        try:
-            validate_spec(rules, sj.spec)
-        except SpecError as exc:
-            raise SpecError(f"{source}: a job of the history cannot run under this policy: {exc}") from None
+        spec = sj.spec
+        if spec.workload_class not in rules.classes:
+            left_out.append((spec.id, f"class {spec.workload_class} not in the proposed policy"))
+        elif rules.teams and spec.team not in rules.teams:
+            left_out.append((spec.id, f"team {spec.team} not in the proposed policy"))
+        else:
+            try:
+                validate_spec(rules, spec)
+                keep.append(sj)
+            except SpecError as exc:
+                left_out.append((spec.id, str(exc)))
+    if not keep:
+        counts: dict[str, int] = {}
+        for _j, w in left_out:
+            counts[w] = counts.get(w, 0) + 1
+        why = "; ".join(f"{w} ({n} job{'s' if n > 1 else ''})" for w, n in sorted(counts.items()))
+        raise SpecError(f"{source}: no job of the history can run under this policy, nothing to compare: {why}")
+    return keep, left_out
 
 
 REJECTED_COLUMNS = ["run", "job_id", "class", "team", "gpus", "reason"]
@@ -71,6 +91,8 @@ class WhatIf:
     t_from: float
     t_to: float
     rejected: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REJECTED_COLUMNS))
+    #: ``(job id, why)`` of the range's jobs the proposed policy cannot take, left out of both runs
+    not_replayed: list[tuple[str, str]] = field(default_factory=list)
 
     def history(self, which: str) -> History:
         return History.from_sim(self.current if which == "current" else self.proposed)
@@ -80,14 +102,19 @@ def run_whatif(rp: Replay, proposed: Rules, t_from: float, t_to: float, source: 
                record_reasons: bool = False) -> WhatIf:
     """Simulate the range's workload under the log's last policy and ``proposed``.
 
+    Jobs the proposed policy cannot take (its class or team removed, ...) are left out
+    of both runs and listed in ``WhatIf.not_replayed``.
+
     Raises:
-        SpecError: a job the proposed policy cannot take.
+        SpecError: no job of the range can be taken by the proposed policy.
         ValueError: no job was submitted in the range.
     """
     jobs, events = workload(rp, t_from, t_to)
     if not jobs:
         raise ValueError("no job was submitted in the range: nothing to replay (widen --since or --from/--to)")
-    check_workload(proposed, jobs, source)
+    jobs, not_replayed = split_workload(proposed, jobs, source)
+    kept = {sj.spec.id for sj in jobs}
+    events = [e for e in events if e.job_id in kept]
     runs = [Simulator(rules, jobs, events, record_reasons=record_reasons).run() for rules in (rp.rules, proposed)]
     frames = [_figures(r) for r in runs]
     table = _side_by_side(*frames)
@@ -95,7 +122,8 @@ def run_whatif(rp: Replay, proposed: Rules, t_from: float, t_to: float, source: 
                  str(res.scheduler.jobs[job_id].reason.detail or res.scheduler.jobs[job_id].reason))
                 for which, res in zip(("current", "proposed"), runs)
                 for job_id, r in sorted(res.records.items()) if r.state == "REJECTED"]
-    return WhatIf(runs[0], runs[1], table, t_from, t_to, pd.DataFrame(rejected, columns=REJECTED_COLUMNS))
+    return WhatIf(runs[0], runs[1], table, t_from, t_to, pd.DataFrame(rejected, columns=REJECTED_COLUMNS),
+                  not_replayed)
 
 
 def _figures(res: SimResult) -> pd.DataFrame:
