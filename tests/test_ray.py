@@ -52,6 +52,8 @@ def test_a_ray_node_is_named_by_its_shepherd_resource_else_its_hostname():
     assert n.labels == (("rack", "r1"), ("ray.io/node-id", "ab12"))
     plain = dict(info, Resources={"GPU": 4.0, "gpu_type:A100": 4.0}, Labels={})
     assert (node_of(plain).name, node_of(plain).gpu_type, node_of(plain).gpus) == ("gpu-7", "A100", 4)
+    both = dict(info, Resources={**info["Resources"], "gpu_type:H100-80GB": 8.0})
+    assert node_of(both).gpu_type == "H100-80GB"  # the operator's name wins over Ray's
     assert node_of(dict(info, Alive=False)) is None
 
 

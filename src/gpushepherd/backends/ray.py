@@ -3,8 +3,8 @@
 Through Ray's core API (plain ``ray``, imported only here; ``pip install
 'gpushepherd[ray]'``):
 
-* inventory: ``ray.nodes()`` - alive nodes, their ``GPU`` count, the GPU type from an
-  ``accelerator_type:<T>`` or ``gpu_type:<T>`` resource (or the
+* inventory: ``ray.nodes()`` - alive nodes, their ``GPU`` count, the GPU type from a
+  ``gpu_type:<T>`` (the operator's) or ``accelerator_type:<T>`` (Ray's) resource (or the
   ``ray.io/accelerator-type`` label), named by their ``shepherd-node:<name>`` resource
   (else their hostname);
 * a run is one detached named actor per placed node (``shepherd-<job>-<run>-<rank>`` in
@@ -79,7 +79,7 @@ def node_of(info: dict) -> EngineNode | None:
     labels = {"ray.io/node-id": str(info.get("NodeID", "")), **{k: str(v) for k, v in (info.get("Labels") or {}).items()}}
     names = sorted(k.removeprefix(NODE_RESOURCE) for k in res if k.startswith(NODE_RESOURCE))
     name = names[0] if names else str(info.get("NodeManagerHostname") or info.get("NodeManagerAddress") or "")
-    gpu_type = next((k.split(":", 1)[1] for prefix in ("accelerator_type:", "gpu_type:")
+    gpu_type = next((k.split(":", 1)[1] for prefix in ("gpu_type:", "accelerator_type:")
                      for k in sorted(res) if k.startswith(prefix)), labels.get("ray.io/accelerator-type", ""))
     return EngineNode(name, gpu_type, int(res.get("GPU", 0)), int(res.get("memory", 0)) // (1024 * 1024),
                       tuple(sorted(labels.items())), "alive")
