@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from engine_cases import (cancel_case, engine_policy, placed_node_case, preemption_case, quota_case,
+                          refused_case, restart_case)
 from test_daemon import Server, free_port, wait_for, wait_for_file
 
 from gpushepherd.backends import EngineNode, make_backend, node_mismatches
@@ -30,20 +32,7 @@ from gpushepherd.model.cluster import Node
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "deploy" / "slurm" / "fake-cluster.sh"
 
-POLICY = """\
-name: slurm-test
-cluster:
-  nodes:
-    - {name: fake1, gpus: 8, gpu_type: A100, gpu_mem_mib: 81920}
-    - {name: fake2, gpus: 8, gpu_type: A100, gpu_mem_mib: 81920}
-classes:
-  batch: {priority: 100, preemptible: true, checkpointable: true, grace_period_s: 20}
-  urgent: {priority: 900}
-teams:
-  ml: {}
-  capped: {max_gpus: 10}
-preemption: {enabled: true}
-"""
+POLICY = engine_policy("slurm-test")
 
 
 # ------------------------------------------------------------------ pure parts
@@ -72,8 +61,8 @@ def test_the_inventory_check_names_both_sides():
 
 
 def test_an_unknown_backend_is_refused_naming_the_allowed_ones(tmp_path):
-    with pytest.raises(ValueError, match="'ray' is not allowed: local or slurm"):
-        make_backend("ray", tmp_path)
+    with pytest.raises(ValueError, match="'k8s' is not allowed: local, slurm or ray"):
+        make_backend("k8s", tmp_path)
 
 
 # ------------------------------------------------------------------ a real cluster
@@ -157,18 +146,7 @@ def test_the_engine_nodes_are_shown(server):
 
 
 def test_a_placed_node_reaches_the_job(server, tmp_path):
-    flag = tmp_path / "go"
-    first = server.submit(wait_for_file(flag), gpus=8)  # fills one node
-    server.wait_state(first, "RUNNING")
-    second = server.submit(where("second"), gpus=2)
-    job = server.wait_state(second, "COMPLETED", "FAILED")
-    placed_first = server.job(first)["placement"].split(":")[0]
-    # the second job can only have gone to the other node: Slurm ran it where gpushepherd placed it
-    assert server.logs(second).split()[1] == ({"fake1", "fake2"} - {placed_first}).pop()
-    assert job["state"] == "COMPLETED"
-    flag.touch()
-    assert server.wait_state(first, "COMPLETED", "FAILED")["state"] == "COMPLETED"
-    assert wait_for("the GPUs back", lambda: all_free(server))
+    placed_node_case(server, tmp_path, where("second"), lambda word: word, all_free)
 
 
 def test_a_two_node_gang_is_one_slurm_job_over_both_nodes(server):
@@ -184,64 +162,19 @@ def test_a_two_node_gang_is_one_slurm_job_over_both_nodes(server):
 
 
 def test_preemption_of_a_checkpointable_job_resumes_it_from_its_checkpoint(server):
-    # the victim saves its step on SIGTERM and exits 85 (checkpointed, requeue me)
-    code = ("import os, signal, sys, time\nd = os.environ['SHEPHERD_CHECKPOINT_DIR']; p = os.path.join(d, 'step')\n"
-            "if os.path.exists(p):\n    print('resumed from', open(p).read(), 'run', os.environ['SHEPHERD_RUN'],"
-            " flush=True); sys.exit(0)\n"
-            "def save(*_):\n    open(p, 'w').write('41'); print('checkpointed', flush=True); sys.exit(85)\n"
-            "signal.signal(signal.SIGTERM, save)\nprint('ready', flush=True)\ntime.sleep(120)\n")
-    victim = server.submit(code, gpus=16, cls="batch")
-    server.wait_state(victim, "RUNNING")
-    wait_for("the victim's handler", lambda: "ready" in server.logs(victim))
-    urgent = server.submit(where("urgent"), gpus=8, cls="urgent")
-    assert server.wait_state(urgent, "COMPLETED", "FAILED")["state"] == "COMPLETED"
-    job = server.wait_state(victim, "COMPLETED", "FAILED")
-    assert job["state"] == "COMPLETED" and job["runs"] == 2 and job["preemptions"] == 1
-    assert [h["to"] for h in job["history"]][:4] == ["PENDING", "RUNNING", "PREEMPTING", "PENDING"]
-    assert "checkpointed" in server.logs(victim, run=1)
-    assert "resumed from 41 run 2" in server.logs(victim)
-    assert wait_for("the GPUs back", lambda: all_free(server))
+    preemption_case(server, where("urgent"), 1, all_free)
 
 
 def test_a_team_quota_holds_across_the_cluster(server, tmp_path):
-    flag = tmp_path / "go"
-    stamp = tmp_path / "stamps"
-    code = (f"import os, time\nopen({str(stamp)!r}, 'a').write(f\"start {{os.environ['SHEPHERD_JOB_ID']}} "
-            f"{{time.time()}}\\n\")\n" + wait_for_file(flag) + "\n"
-            f"open({str(stamp)!r}, 'a').write(f\"end {{os.environ['SHEPHERD_JOB_ID']}} {{time.time()}}\\n\")")
-    a = server.submit(code, gpus=6, team="capped")
-    server.wait_state(a, "RUNNING")
-    b = server.submit(code, gpus=6, team="capped")  # a node has 8 free, but the team's 10 would be 12
-    reason = wait_for("b's quota reason", lambda: server.job(b)["reason"])
-    assert server.job(b)["state"] == "PENDING" and "max_gpus" in reason
-    assert len([j for j in slurm_live() if j["name"] == f"shepherd-{b}"]) == 0  # never handed to Slurm yet
-    flag.touch()
-    assert server.wait_state(b, "COMPLETED", "FAILED")["state"] == "COMPLETED"
-    rows = {(w[0], w[1]): float(w[2]) for w in (line.split() for line in stamp.read_text().splitlines())}
-    assert rows[("start", b)] >= rows[("end", a)]  # from the jobs' own clocks: never both at once
-    assert wait_for("the GPUs back", lambda: all_free(server))
+    quota_case(server, tmp_path, lambda b: any(j["name"] == f"shepherd-{b}" for j in slurm_live()), all_free)
 
 
 def test_cancel_ends_the_slurm_job(server, tmp_path):
-    job_id = server.submit(wait_for_file(tmp_path / "never"), gpus=4)
-    server.wait_state(job_id, "RUNNING")
-    wait_for("its Slurm job running", lambda: any(j["name"] == f"shepherd-{job_id}" and j["job_state"] == "RUNNING"
-                                                  for j in slurm_jobs()))
-    r = httpx.post(f"{server.url}/jobs/{job_id}/cancel", timeout=60)
-    assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
-    wait_for("its Slurm job ended", lambda: not [j for j in slurm_live() if j["name"] == f"shepherd-{job_id}"])
-    assert "done" not in server.logs(job_id)
-    assert wait_for("the GPUs back", lambda: all_free(server))
+    cancel_case(server, tmp_path, lambda job: any(j["name"] == f"shepherd-{job}" for j in slurm_live()), all_free)
 
 
 def test_a_policy_that_does_not_match_the_cluster_is_refused(cluster, tmp_path):
-    s = Server(tmp_path)
-    s.policy.write_text(POLICY.replace("name: fake2, gpus: 8", "name: fake3, gpus: 8"))
-    p = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(s.data),
-                        "--policy", str(s.policy), "--port", str(free_port()), "--backend", "slurm"],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2
-    assert "node 'fake3' of the policy is not in the engine (its nodes: fake1, fake2)" in p.stderr
+    refused_case(POLICY, tmp_path, ("--backend", "slurm"))
 
 
 def test_a_run_submitted_but_never_recorded_is_found_by_its_comment(cluster, tmp_path):
@@ -273,38 +206,10 @@ def db(request):
 
 def test_a_controller_restart_mid_run_loses_nothing_and_starts_nothing_twice(cluster, server, tmp_path, db):
     # a server of its own (the module's one stays idle meanwhile: it holds no job)
-    server = Server(tmp_path, "restart", db)
-    server.policy.write_text(POLICY)
-    server.start(extra=("--backend", "slurm"))
-    try:
-        _restart_mid_run(server, tmp_path)
-    finally:
-        server.stop()
+    def live() -> list[str]:
+        return sorted(j["name"].removeprefix("shepherd-") for j in slurm_live())
 
-
-def _restart_mid_run(server, tmp_path):
-    log = tmp_path / "starts"
-    flags = {k: tmp_path / k for k in ("a", "b")}
-
-    def code(k: str) -> str:
-        return (f"import os\nopen({str(log)!r}, 'a').write(os.environ['SHEPHERD_JOB_ID'] + ' run ' "
-                f"+ os.environ['SHEPHERD_RUN'] + '\\n')\n" + wait_for_file(flags[k]))
-    a = server.submit(code("a"), gpus=8)
-    b = server.submit(code("b"), gpus=8)
-    server.wait_state(a, "RUNNING")
-    server.wait_state(b, "RUNNING")
-    wait_for("both started", lambda: log.exists() and len(log.read_text().splitlines()) == 2)
-    server.kill9()
-    flags["a"].touch()  # a ends while no controller runs
-    wait_for("a's Slurm job to end", lambda: not [j for j in slurm_live() if j["name"] == f"shepherd-{a}"])
-    server.start(policy=False, extra=("--backend", "slurm"))
-    assert server.wait_state(a, "COMPLETED", "FAILED")["state"] == "COMPLETED"
-    assert server.job(b)["state"] == "RUNNING"  # re-attached, not relaunched
-    assert [j["name"] for j in slurm_live()] == [f"shepherd-{b}"]
-    flags["b"].touch()
-    jb = server.wait_state(b, "COMPLETED", "FAILED")
-    assert jb["state"] == "COMPLETED" and jb["runs"] == 1 and server.job(a)["runs"] == 1
-    assert sorted(log.read_text().splitlines()) == sorted([f"{a} run 1", f"{b} run 1"])
-    assert "done" in server.logs(a) and "done" in server.logs(b)
-    assert wait_for("the GPUs back", lambda: all_free(server))
-    assert comment_of(b, 1) in {j["comment"] for j in slurm_jobs()}  # the run Slurm ran is the one it was given
+    def the_run_slurm_ran_is_the_one_it_was_given(_a, b):
+        assert comment_of(b, 1) in {j["comment"] for j in slurm_jobs()}
+    restart_case(POLICY, db, tmp_path, ("--backend", "slurm"), lambda a: a not in live(), live, all_free,
+                 the_run_slurm_ran_is_the_one_it_was_given)

@@ -3,11 +3,12 @@
 The daemon (``gpushepherd.daemon.server``) drives a backend only through ``Backend``;
 the core never knows which one runs a job. Implementations: ``LocalBackend``
 (``gpushepherd.daemon.local``: process groups on this server) and ``SlurmBackend``
-(``gpushepherd.backends.slurm``).
+(``gpushepherd.backends.slurm``) and ``RayBackend`` (``gpushepherd.backends.ray``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,7 @@ class Backend(Protocol):
     """What the daemon needs from an engine (note 013). Runs are keyed by job id: a job
     has at most one live run."""
 
-    #: ``local``, ``slurm``
+    #: ``local``, ``slurm``, ``ray``
     kind: str
 
     def discover(self) -> list[EngineNode]:
@@ -125,6 +126,15 @@ class RunFiles:
         return rdir, ckpt, exit_file
 
 
+def read_exit_code(exit_file: Path) -> int | None:
+    """The code a runner wrote to ``exit_file`` (``{"code": N}``), ``None`` when it is
+    missing or unreadable."""
+    try:
+        return int(json.loads(exit_file.read_text())["code"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def contract_env(job_id: str, run: int, ckpt: Path, share: str, env: dict[str, str]) -> dict[str, str]:
     """The variables of the checkpoint contract (note 008) every backend gives a job, and
     the ``PYTHONPATH`` that lets the runner import gpushepherd (this package's root
@@ -164,8 +174,9 @@ def node_mismatches(policy_nodes, engine_nodes: list[EngineNode]) -> list[str]:
     return out
 
 
-def make_backend(kind: str, data_dir: Path, *, partition: str = "shepherd") -> Backend:
-    """The backend named ``kind`` (``local`` or ``slurm``) for ``data_dir``.
+def make_backend(kind: str, data_dir: Path, *, partition: str = "shepherd", ray_address: str = "auto") -> Backend:
+    """The backend named ``kind`` (``local``, ``slurm`` or ``ray``) for ``data_dir``
+    (``partition``: Slurm's; ``ray_address``: the Ray cluster's, ``auto`` as ``ray.init``).
 
     Raises:
         ValueError: an unknown kind (names the allowed ones).
@@ -176,4 +187,7 @@ def make_backend(kind: str, data_dir: Path, *, partition: str = "shepherd") -> B
     if kind == "slurm":
         from gpushepherd.backends.slurm import SlurmBackend
         return SlurmBackend(data_dir, partition=partition)
-    raise ValueError(f"backend: {kind!r} is not allowed: local or slurm")
+    if kind == "ray":
+        from gpushepherd.backends.ray import RayBackend
+        return RayBackend(data_dir, address=ray_address)
+    raise ValueError(f"backend: {kind!r} is not allowed: local, slurm or ray")

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpushepherd.backends import BackendError, EngineNode, RunFiles, contract_env
+from gpushepherd.backends import BackendError, EngineNode, RunFiles, contract_env, read_exit_code
 from gpushepherd.model.placement import Placement
 
 log = logging.getLogger("gpushepherd.daemon")
@@ -235,10 +235,7 @@ class SlurmBackend(RunFiles):
 
     @staticmethod
     def _exit_code(r: SlurmRun) -> int | None:
-        try:
-            return int(json.loads(r.exit_file.read_text())["code"])
-        except (OSError, ValueError, KeyError):
-            return None
+        return read_exit_code(r.exit_file)
 
     def exits(self) -> list[tuple[str, int | None]]:
         """Runs that ended: by their exit file at once; a run without one when ``squeue``

@@ -240,11 +240,15 @@ def register(app: typer.Typer) -> None:
                    "--idle-after", help="/metrics: ... for this long: 600, 10m, 1h, 10:00 (classes without "
                    "idle_stop).")] = "10m",
                backend: Annotated[str, typer.Option("--backend", help="Where jobs run: local (processes on this "
-                                                    "server) or slurm (sbatch; the Slurm commands read "
-                                                    "$SLURM_CONF).")] = "local",
+                                                    "server), slurm (sbatch; the Slurm commands read "
+                                                    "$SLURM_CONF) or ray (actors; needs gpushepherd[ray]).")]
+               = "local",
                slurm_partition: Annotated[str, typer.Option("--slurm-partition", help="The Slurm partition "
                                                             "gpushepherd owns (nothing else submits to it).")]
-               = "shepherd") -> None:
+               = "shepherd",
+               ray_address: Annotated[str, typer.Option("--ray-address", help="The Ray cluster (--backend ray): "
+                                                        "auto ($RAY_ADDRESS or the one on this machine), "
+                                                        "HOST:PORT or ray://HOST:PORT.")] = "auto") -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -270,14 +274,14 @@ def register(app: typer.Typer) -> None:
         except typer.BadParameter as exc:
             err.print(f"error: --idle-after: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
-        if backend not in ("local", "slurm"):
-            err.print(f"error: --backend: {backend!r} is not allowed: local or slurm", soft_wrap=True)
+        if backend not in ("local", "slurm", "ray"):
+            err.print(f"error: --backend: {backend!r} is not allowed: local, slurm or ray", soft_wrap=True)
             raise typer.Exit(2)
         from gpushepherd.daemon.migrate import SchemaError
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s,
-                            backend=backend, slurm_partition=slurm_partition)
+                            backend=backend, slurm_partition=slurm_partition, ray_address=ray_address)
         except SchemaError as exc:
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None

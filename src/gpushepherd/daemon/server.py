@@ -77,9 +77,10 @@ class Daemon:
         idle_threshold_pct, idle_after_s: allocated-but-idle GPUs in ``/metrics`` for
             classes without ``idle_stop`` (note 011): utilisation below this percent for
             this many seconds.
-        backend: where jobs run: ``local`` (process groups here) or ``slurm`` (note 013;
-            the Slurm commands read ``SLURM_CONF``).
+        backend: where jobs run: ``local`` (process groups here), ``slurm`` (note 013;
+            the Slurm commands read ``SLURM_CONF``) or ``ray`` (note 013, "Ray").
         slurm_partition: the Slurm partition gpushepherd owns.
+        ray_address: the Ray cluster's address (``auto``, ``HOST:PORT``).
 
     Raises:
         ValueError: an idle threshold outside 0-100 or a non-positive idle time; an
@@ -89,11 +90,12 @@ class Daemon:
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
                  poll_s: float = 0.2, inventory: str = "static", sample_every: float = 10.0, node: str | None = None,
                  clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
-                 backend: str = "local", slurm_partition: str = "shepherd"):
+                 backend: str = "local", slurm_partition: str = "shepherd", ray_address: str = "auto"):
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(db_url or Store.sqlite_url(self.data_dir))
-        self.backend: Backend = make_backend(backend, self.data_dir, partition=slurm_partition)
+        self.backend: Backend = make_backend(backend, self.data_dir, partition=slurm_partition,
+                                             ray_address=ray_address)
         self.policy_path = policy_path
         self.poll_s = poll_s
         self.clock = clock
