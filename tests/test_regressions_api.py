@@ -164,3 +164,52 @@ def test_a_launch_failure_cause_is_in_the_job_view(api, tmp_path):
         assert v["launch_error"]
     else:  # the local runner reports an exec failure as the job's exit instead
         assert v["state"] == "FAILED"
+
+
+@pytest.fixture
+def cli(api, monkeypatch):
+    """Run ``shepherd ARGS`` against the in-process server: (exit code, stdout, stderr)."""
+    import httpx
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    monkeypatch.setattr(httpx, "request", lambda method, url, **kw: api.request(
+        method, url, **{k: v for k, v in kw.items() if k != "timeout"}))
+
+    def run(*args):
+        r = CliRunner().invoke(app, list(args))
+        return r.exit_code, r.stdout, r.stderr
+    return run
+
+
+def test_cli_submit_of_a_rejected_job_prints_the_reason_and_exits_3(cli, tmp_path):
+    code, out, err = cli("submit", "-c", "batch", "-A", "research", "--gpus", "9", "-D", str(tmp_path), "--", "true")
+    assert code == 3 and "rejected: " in err and "9" in err
+    job_id = out.split()[-1]
+    code, out, _ = cli("why", job_id)
+    assert code == 0 and "REJECTED" in out and "9" in out
+
+
+def test_cli_table_output_escapes_control_characters(cli, api, tmp_path):
+    d = api.daemon
+    from gpushepherd.model.job import JobSpec
+    d.submit_view(JobSpec(id="", team="research", workload_class="batch", gpus=1, user="evil\x1b[2J"),
+                  [sys.executable, "-c", "pass"], cwd=str(tmp_path))  # an embedding caller, past the API
+    code, out, _ = cli("queue", "--all")
+    assert code == 0 and "\x1b" not in out and "evil\\x1b" in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--share", "fraction:1.5"], "--share"), (["--share", "mps:2:200"], "--share"),
+    (["--share", "mem"], "--gpu-mem"), (["-t", "1:99:99"], "-t"), (["-t", "99999999999999999999999"], "-t"),
+])
+def test_cli_submit_option_errors_name_the_option_and_the_value(cli, tmp_path, args, needle):
+    code, _, err = cli("submit", "-c", "batch", "-A", "research", *args, "-D", str(tmp_path), "--", "true")
+    assert code == 2 and needle in err and args[1] in err
+
+
+@pytest.mark.parametrize("cmd", ["show", "cancel", "why"])
+def test_cli_an_impossible_job_id_is_no_such_job(cli, cmd):
+    code, _, err = cli(cmd, "../../etc")
+    assert code == 2 and "no such job '../../etc'" in err
