@@ -507,6 +507,8 @@ class Daemon:
             try:
                 batch.extend(self._sample(now))
                 self.metrics.sampled(now)
+            except InventoryError as exc:  # a bad scripted file: one line naming the field, no traceback
+                log.error("GPU sample skipped: %s", exc)
             except Exception:  # a failed sample (a bad scripted file, NVML trouble) is skipped whole
                 log.exception("GPU sample failed; skipped")
         wake = sched.next_wakeup()
