@@ -272,6 +272,9 @@ def test_static_samples_are_scripted_by_the_sample_file(tmp_path):
     ('{"gpus": {"0": {"processes": [{"pid": -3}]}}}', "gpus.0.processes.0.pid: -3 is not allowed"),
     ('{"jobz": {}}', "jobz: {} is not allowed"),
     ('{"jobs": {"4": {"mem_used_mib": 3}}}', "jobs.4.util_pct"),
+    # regression: unbounded memory (1e23 MiB) was accepted
+    ('{"gpus": {"0": {"mem_used_mib": 100000000000000000000000}}}', "gpus.0.mem_used_mib: 100000000000000000000000"),
+    ('{"jobs": {"4": {"util_pct": 1, "mem_used_mib": 100000000000000000000000}}}', "jobs.4.mem_used_mib"),
 ])
 def test_a_bad_sample_file_is_an_error_naming_the_field(tmp_path, content, fragment):
     (tmp_path / SAMPLE_FILE).write_text(content)

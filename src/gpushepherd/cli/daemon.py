@@ -19,9 +19,40 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 DEFAULT_PORT = 8765
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "REJECTED"}
+#: the longest time limit, seconds (10 years, as the API: ``gpushepherd.daemon.api.MAX_SECONDS``)
+MAX_TIME_S = 10 * 365 * 86400.0
+#: exit status of ``submit`` when the server rejected the job (no node could ever hold it)
+EXIT_REJECTED = 3
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_JOB_ID = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _safe(v: Any) -> str:
+    """``str(v)`` with control characters escaped (``\\x1b``): a value from the server
+    cannot move the cursor or clear the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", str(v))
+
+
+class SafeTable(Table):
+    """A rich ``Table`` whose cells are plain text with control characters escaped
+    (``_safe``): no value from the server is read as rich markup or a terminal escape."""
+
+    def add_row(self, *cells: Any, **kw: Any) -> None:
+        super().add_row(*(Text(_safe(c)) for c in cells), **kw)
+
+
+def _job_path(job_id: str) -> str:
+    """``/jobs/ID`` for a job id; an id no job can have (``../x``, ``a/b``) is the
+    ``no such job`` error, exit 2, without asking the server."""
+    from gpushepherd.cli.main import err
+    if not _JOB_ID.fullmatch(job_id) or job_id.strip(".") == "":
+        err.print(f"error: no such job {_safe(repr(job_id))}", soft_wrap=True, markup=False)
+        raise typer.Exit(2)
+    return f"/jobs/{job_id}"
 
 ServerOpt = Annotated[Optional[str], typer.Option("--server", help="Server URL (default $SHEPHERD_SERVER or "
                                                   f"http://127.0.0.1:{DEFAULT_PORT}).")]
@@ -52,7 +83,7 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
             detail = r.text
         if isinstance(detail, list):
             detail = "; ".join(_located(d) for d in detail)
-        err.print(f"error: {detail}", soft_wrap=True)
+        err.print(f"error: {_safe(detail)}", soft_wrap=True, markup=False)
         raise typer.Exit(2)
     return r
 
@@ -80,13 +111,22 @@ def parse_time(text: str) -> float:
     if not m:
         raise typer.BadParameter(f"{text!r} is not allowed: seconds, MM:SS, HH:MM:SS or D-HH:MM:SS")
     days, a, b, c = m.groups()
+    if any(len(x) > 12 for x in m.groups() if x is not None):
+        raise typer.BadParameter(f"{text!r} is not allowed: at most {MAX_TIME_S / 86400 / 365:.0f} years")
     if days is not None:
         parts = [float(a), float(b or 0), float(c or 0)]  # D-HH[:MM[:SS]]
-        return int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
-    nums = [float(x) for x in (a, b, c) if x is not None]
-    total = 0.0
-    for n in nums:
-        total = total * 60 + n
+        if parts[0] >= 24 or parts[1] >= 60 or parts[2] >= 60:
+            raise typer.BadParameter(f"{text!r} is not allowed: D-HH:MM:SS with hours < 24, minutes and seconds < 60")
+        total = int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+    else:
+        nums = [float(x) for x in (a, b, c) if x is not None]
+        if any(n >= 60 for n in nums[1:]):
+            raise typer.BadParameter(f"{text!r} is not allowed: minutes and seconds after the first field < 60")
+        total = 0.0
+        for n in nums:
+            total = total * 60 + n
+    if total > MAX_TIME_S:
+        raise typer.BadParameter(f"{text!r} is not allowed: at most {MAX_TIME_S / 86400 / 365:.0f} years")
     return total
 
 
@@ -117,8 +157,13 @@ def parse_share(text: str, mem_mib: int) -> dict:
     kind, _, arg = text.partition(":")
     try:
         if kind == "fraction":
-            return {"kind": "fraction", "milli": round(float(arg) * 1000), "mem_mib": mem_mib}
+            f = float(arg)
+            if not 0 < f <= 1:
+                raise typer.BadParameter(f"{text!r} is not allowed: fraction:F with 0 < F <= 1")
+            return {"kind": "fraction", "milli": round(f * 1000), "mem_mib": mem_mib}
         if kind == "mem":
+            if mem_mib <= 0:
+                raise typer.BadParameter(f"{text!r} is not allowed without --gpu-mem MiB (> 0)")
             return {"kind": "fraction", "milli": 0, "mem_mib": mem_mib}
         if kind == "mig" and arg:
             return {"kind": "mig", "profile": arg}
@@ -126,6 +171,8 @@ def parse_share(text: str, mem_mib: int) -> dict:
             return {"kind": "time_slice", "slots": int(arg or 1), "mem_mib": mem_mib}
         if kind == "mps":
             n, _, pct = arg.partition(":")
+            if not 0 < float(pct or 100) <= 100:
+                raise typer.BadParameter(f"{text!r} is not allowed: mps:N:PERCENT with 0 < PERCENT <= 100")
             return {"kind": "mps", "slots": int(n or 1), "milli": round(float(pct or 100) * 10), "mem_mib": mem_mib}
     except ValueError:
         pass
@@ -201,7 +248,7 @@ def register(app: typer.Typer) -> None:
     @token_app.command("list")
     def token_list(data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None) -> None:
         """Tokens: id, user, teams, admin, created, revoked."""
-        table = Table("ID", "USER", "TEAMS", "ADMIN", "CREATED", "REVOKED", box=None)
+        table = SafeTable("ID", "USER", "TEAMS", "ADMIN", "CREATED", "REVOKED", box=None)
         for t in _store(data_dir, db).tokens():
             table.add_row(str(t["id"]), t["user"], ",".join(t["teams"]) or "-", "yes" if t["admin"] else "no",
                           _fmt_t(t["created"]), _fmt_t(t["revoked"]))
@@ -335,17 +382,27 @@ def register(app: typer.Typer) -> None:
                                 "command": [" ".join(cmd)] if shell else cmd, "shell": shell,
                                 "cwd": str(chdir.resolve()), "preemptible": preemptible,
                                 "checkpointable": checkpointable}
-        if share:
-            body["share"] = parse_share(share, gpu_mem)
-        else:
-            body["gpu_mem_mib"] = gpu_mem
+        try:
+            if share:
+                body["share"] = parse_share(share, gpu_mem)
+            else:
+                body["gpu_mem_mib"] = gpu_mem
+        except typer.BadParameter as exc:
+            raise typer.BadParameter(str(exc), param_hint="--share") from None
         if time_limit:
-            body["time_limit_s"] = parse_time(time_limit)
+            try:
+                body["time_limit_s"] = parse_time(time_limit)
+            except typer.BadParameter as exc:
+                raise typer.BadParameter(str(exc), param_hint="'--time' / '-t'") from None
         body["env"] = env_pairs(env)
         if array is not None:
             body["array"], body["max_retries"] = array, max_retries
         job = _request(server, "POST", "/jobs", token=token, json=body).json()
         out.print(f"Submitted {'array' if array is not None else 'job'} {job['id']}")
+        if job.get("state") == "REJECTED":
+            err.print(f"rejected: {_safe(job.get('reason') or 'no node could ever hold it')}", soft_wrap=True,
+                      markup=False)
+            raise typer.Exit(EXIT_REJECTED)
 
     @app.command("queue")
     def queue(state: Annotated[Optional[str], typer.Option("--state", "-t")] = None,
@@ -354,7 +411,7 @@ def register(app: typer.Typer) -> None:
         """Jobs: state, reason (or placement), estimated start, priority (squeue)."""
         params = {"state": state} if state else {}
         jobs = _request(server, "GET", "/jobs", token=token, params=params).json()
-        table = Table("JOBID", "CLASS", "TEAM", "USER", "GPUS", "STATE", "REASON / PLACEMENT", "EST. START",
+        table = SafeTable("JOBID", "CLASS", "TEAM", "USER", "GPUS", "STATE", "REASON / PLACEMENT", "EST. START",
                       "PRIORITY", box=None)
         for j in jobs:
             if not (all_ or state) and j["state"] in TERMINAL:
@@ -369,7 +426,7 @@ def register(app: typer.Typer) -> None:
     def show(job_id: Annotated[str, typer.Argument(metavar="JOB")], server: ServerOpt = None,
              token: TokenOpt = None) -> None:
         """One job: fields, its history of transitions and why it waits now."""
-        j = _request(server, "GET", f"/jobs/{job_id}", token=token).json()
+        j = _request(server, "GET", _job_path(job_id), token=token).json()
         if j.get("array"):
             for key in ("id", "array", "state", "class", "team", "user", "gpus", "share", "throttle", "max_retries",
                         "retries_used", "running", "pending", "failed_indices", "command", "cwd"):
@@ -381,8 +438,9 @@ def register(app: typer.Typer) -> None:
                 out.print(f"  {index}: {' '.join(ids)}")
             return
         for key in ("id", "state", "reason", "class", "team", "user", "gpus", "share", "placement", "priority",
-                    "runs", "preemptions", "exit_code", "command", "cwd", "stdout", "stderr", "checkpoint_dir"):
-            out.print(f"{key}: {j.get(key)}")
+                    "runs", "preemptions", "exit_code", "launch_error", "command", "cwd", "stdout", "stderr",
+                    "checkpoint_dir"):
+            out.print(_safe(f"{key}: {j.get(key)}"), markup=False)
         if j.get("sampled_at") is not None or j.get("peak_gpu_mem_mib"):
             util = "-" if j.get("gpu_util_pct") is None else f"{j['gpu_util_pct']:.0f}%"
             over = "  OVER DECLARED" if j.get("over_declared_mem") else ""
@@ -398,7 +456,7 @@ def register(app: typer.Typer) -> None:
     def why(job_id: Annotated[str, typer.Argument(metavar="JOB")], server: ServerOpt = None,
             token: TokenOpt = None) -> None:
         """Why a job is in its state now."""
-        j = _request(server, "GET", f"/jobs/{job_id}", token=token).json()
+        j = _request(server, "GET", _job_path(job_id), token=token).json()
         if j.get("array"):
             out.print(f"array {j['id']} is {j['state']}: {j['reason']}")
         elif j["state"] == "PENDING":
@@ -407,15 +465,17 @@ def register(app: typer.Typer) -> None:
         elif j["placement"]:
             out.print(f"job {j['id']} is {j['state']} on {j['placement']}")
         else:
-            last = j["history"][-1]["reason"] if j["history"] else ""
-            out.print(f"job {j['id']} is {j['state']}: {last}")
+            last = j.get("reason") or (j["history"][-1]["reason"] if j["history"] else "")
+            if j.get("launch_error"):
+                last = f"{last}; {j['launch_error']}" if last else j["launch_error"]
+            out.print(_safe(f"job {j['id']} is {j['state']}: {last}"), markup=False)
 
     @app.command("cancel")
     def cancel(job_ids: Annotated[list[str], typer.Argument(metavar="JOB...")], server: ServerOpt = None,
                token: TokenOpt = None) -> None:
         """Cancel jobs (scancel); their GPUs are free at once."""
         for job_id in job_ids:
-            r = _request(server, "POST", f"/jobs/{job_id}/cancel", token=token).json()
+            r = _request(server, "POST", _job_path(job_id) + "/cancel", token=token).json()
             out.print(f"job {r['id']}: {r['state']}")
 
     @app.command("logs")
@@ -427,10 +487,10 @@ def register(app: typer.Typer) -> None:
         offset, run = 0, None
         stream = "stderr" if stderr else "stdout"
         while True:
-            j = _request(server, "GET", f"/jobs/{job_id}", token=token).json()
+            j = _request(server, "GET", _job_path(job_id), token=token).json()
             if run != j["runs"]:
                 run, offset = j["runs"], 0
-            r = _request(server, "GET", f"/jobs/{job_id}/logs", token=token,
+            r = _request(server, "GET", _job_path(job_id) + "/logs", token=token,
                          params={"stream": stream, "offset": offset, **({"run": run} if run else {})})
             sys.stdout.write(r.text)
             sys.stdout.flush()
@@ -443,9 +503,9 @@ def register(app: typer.Typer) -> None:
     def nodes(server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Nodes and their GPUs: free, and which job holds each (sinfo); under an engine
         (Slurm) also its state and labels per node."""
-        table = Table("NODE", "GPU TYPE", "GPUS", "FREE", "JOBS BY GPU", box=None)
-        engine = Table("NODE", "ENGINE", "STATE", "GRES", "MEMORY MiB", "LABELS", box=None)
-        gpus = Table("NODE", "GPU", "UTIL", "MEMORY MiB", "TEMP", "POWER", "JOBS", "UNMANAGED BY", box=None)
+        table = SafeTable("NODE", "GPU TYPE", "GPUS", "FREE", "JOBS BY GPU", box=None)
+        engine = SafeTable("NODE", "ENGINE", "STATE", "GRES", "MEMORY MiB", "LABELS", box=None)
+        gpus = SafeTable("NODE", "GPU", "UTIL", "MEMORY MiB", "TEMP", "POWER", "JOBS", "UNMANAGED BY", box=None)
         for n in _request(server, "GET", "/nodes", token=token).json():
             held = " ".join(f"{g['index']}:{','.join(g['jobs'])}" for g in n["gpu"] if g["jobs"])
             table.add_row(n["name"], n["gpu_type"], str(n["gpus"]), str(n["free"]), held or "-")
@@ -475,7 +535,7 @@ def register(app: typer.Typer) -> None:
     @app.command("usage")
     def usage(server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Per team: GPUs in use, decayed usage and fair-share factor (sshare)."""
-        table = Table("TEAM", "GPUS IN USE", "DECAYED GPU-H", "FAIR-SHARE", box=None)
+        table = SafeTable("TEAM", "GPUS IN USE", "DECAYED GPU-H", "FAIR-SHARE", box=None)
         for t in _request(server, "GET", "/usage", token=token).json()["teams"]:
             table.add_row(t["team"], f"{t['gpus_in_use']:g}", f"{t['decayed_usage_gpu_s'] / 3600:.2f}",
                           f"{t['fair_share_factor']:.3f}")

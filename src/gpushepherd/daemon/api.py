@@ -26,7 +26,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
@@ -36,12 +36,40 @@ from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.server import Daemon
 from gpushepherd.daemon.ui import mount_ui
-from gpushepherd.model.job import GpuShare, JobSpec
+from gpushepherd.model.job import GpuShare, JobSpec, JobState
 from gpushepherd.policy.load import PolicyError
 
 
 #: seconds ``POST /jobs`` waits for the loop to take a submission (then 500)
 SUBMIT_TIMEOUT_S = 60.0
+#: the largest request body, bytes (413 above it; note 008, "Input limits")
+MAX_BODY_BYTES = 1024 * 1024
+#: the largest argv + environment of a job, bytes (Linux's 128 KiB MAX_ARG_STRLEN-ish
+#: budget: a longer one would fail at launch with E2BIG; note 008, "Input limits")
+MAX_ARGV_ENV_BYTES = 128 * 1024
+#: the largest GPU memory a job may ask for, MiB (16 TiB, far above any card)
+MAX_MEM_MIB = 16 * 1024 * 1024
+#: the longest time limit or estimate, seconds (10 years)
+MAX_SECONDS = 10 * 365 * 86400.0
+#: the longest user, team or class name, characters
+MAX_NAME = 255
+
+
+def _no_control(field: str, v: str) -> str:
+    """``v`` unless it holds a control character (C0, DEL or C1: terminal escapes).
+
+    Raises:
+        ValueError: naming the field, the character and what is allowed."""
+    bad = next((c for c in v if ord(c) < 32 or 127 <= ord(c) < 160), None)
+    if bad is not None:
+        raise ValueError(f"{v!r} is not allowed: {field} without control characters (found {bad!r})")
+    return v
+
+
+def _argv_env_bytes(argv: list[str], env: dict[str, str]) -> int:
+    """Bytes the argv and environment take in ``execve`` (each string NUL-terminated)."""
+    return sum(len(a.encode()) + 1 for a in argv) + sum(len(k.encode()) + len(v.encode()) + 2
+                                                          for k, v in env.items())
 
 
 class ShareBody(BaseModel):
@@ -50,24 +78,37 @@ class ShareBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["fraction", "time_slice", "mps", "mig"]
     milli: int = Field(0, ge=0, le=1000, description="fraction: compute in 1/1000 GPU; mps: SM percent x 10")
-    mem_mib: int = Field(0, ge=0, description="GPU memory in MiB")
-    slots: int = Field(1, ge=1, description="time_slice: replicas; mps: client processes")
-    profile: str = Field("", description="mig: the MIG profile (1g.10gb)")
+    mem_mib: int = Field(0, ge=0, le=MAX_MEM_MIB, description="GPU memory in MiB")
+    slots: int = Field(1, ge=1, le=1024, description="time_slice: replicas; mps: client processes")
+    profile: str = Field("", max_length=64, description="mig: the MIG profile (1g.10gb)")
+
+    @model_validator(mode="after")
+    def _applies(self) -> "ShareBody":
+        """A field the kind does not use is refused, not ignored (fraction: milli,
+        mem_mib; time_slice: slots, mem_mib; mps: slots, milli, mem_mib; mig: profile)."""
+        uses = {"fraction": {"milli", "mem_mib"}, "time_slice": {"slots", "mem_mib"},
+                "mps": {"slots", "milli", "mem_mib"}, "mig": {"profile"}}[self.kind]
+        for name in sorted(self.model_fields_set - uses - {"kind"}):
+            default = type(self).model_fields[name].default
+            if getattr(self, name) != default:
+                raise ValueError(f"{name}: {getattr(self, name)!r} is not allowed for a {self.kind} share: it takes "
+                                 f"{', '.join(sorted(uses))} only")
+        return self
 
 
 class SubmitBody(BaseModel):
     """A job submission. ``class`` is the workload class of the policy."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    workload_class: str = Field(alias="class", min_length=1)
-    team: str = Field(min_length=1)
-    user: str = ""
+    workload_class: str = Field(alias="class", min_length=1, max_length=MAX_NAME)
+    team: str = Field(min_length=1, max_length=MAX_NAME)
+    user: str = Field("", max_length=MAX_NAME)
     gpus: int = Field(1, ge=1, le=1_000_000, strict=True, description="whole GPUs (1 with a share)")
     share: ShareBody | None = None
     gpu_type: list[str] = Field(default_factory=list, description="allowed GPU types (empty: any)")
-    gpu_mem_mib: int = Field(0, ge=0, description="minimum memory per GPU, MiB")
-    time_limit_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    runtime_estimate_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    gpu_mem_mib: int = Field(0, ge=0, le=MAX_MEM_MIB, description="minimum memory per GPU, MiB")
+    time_limit_s: float | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
+    runtime_estimate_s: float | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     preemptible: bool | None = None
     checkpointable: bool | None = None
     command: list[str] = Field(min_length=1, description="argv; with shell=true, one shell command line")
@@ -107,7 +148,23 @@ class SubmitBody(BaseModel):
     def _command(cls, v: list[str]) -> list[str]:
         if not v[0]:
             raise ValueError("'' is not allowed: a program name or path first")
+        for i, arg in enumerate(v):
+            if "\0" in arg:
+                raise ValueError(f"argument {i} ({arg[:40]!r}) is not allowed: strings without NUL bytes")
         return v
+
+    @field_validator("workload_class", "team", "user")
+    @classmethod
+    def _names(cls, v: str, info) -> str:
+        return _no_control({"workload_class": "class"}.get(info.field_name, info.field_name), v)
+
+    @model_validator(mode="after")
+    def _argv_env_size(self) -> "SubmitBody":
+        size = _argv_env_bytes(self.command, self.env)
+        if size > MAX_ARGV_ENV_BYTES:
+            raise ValueError(f"command and env: {size:,} bytes is not allowed: at most {MAX_ARGV_ENV_BYTES:,} "
+                             "bytes together (the OS refuses a longer argv + environment at launch)")
+        return self
 
     def spec(self) -> JobSpec:
         share = GpuShare(**self.share.model_dump()) if self.share else None
@@ -125,6 +182,51 @@ class PolicyBody(BaseModel):
     source: str = Field("", max_length=4096, description="the file it came from, for messages and history")
     user: str = Field("", max_length=255, description="who applies it when the server has no tokens "
                       "(with a token: the token's user)")
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes is 413 (by its
+    ``Content-Length``, or counted as it arrives when chunked) before any handler
+    sees it; a smaller one is passed on whole."""
+
+    def __init__(self, app, limit: int = MAX_BODY_BYTES):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            return await self._refuse(int(length), scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":  # a disconnect: let the app see it
+                chunks = None
+                first = msg
+                break
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            more = msg.get("more_body", False)
+            if size > self.limit:
+                return await self._refuse(size, scope, receive, send)
+        if chunks is not None:
+            first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return first
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _refuse(self, size: int, scope, receive, send) -> None:
+        await JSONResponse(status_code=413, content={"detail": f"request body: {size:,} bytes or more is not "
+                                                               f"allowed: at most {self.limit:,} bytes"})(
+            scope, receive, send)
 
 
 def _policy_refused(exc: Exception) -> JSONResponse:
@@ -186,6 +288,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     app = FastAPI(title="gpushepherd", version=__version__, dependencies=[Depends(principal)],
                   description="GPU workload scheduler: submit jobs, see the queue and why a job waits.")
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request, exc: RequestValidationError) -> JSONResponse:
@@ -243,6 +346,11 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
              children: bool = Query(False, description="also each array's child jobs")) -> list:
         """Jobs in submission order: state, reason, estimated start, priority. An array
         is one entry (``done``/``tasks``) unless ``children``."""
+        states = sorted(s.value for s in JobState)
+        if state is not None and state.upper() not in states:
+            return JSONResponse(status_code=422, content={"detail": [
+                {"loc": ["query", "state"], "msg": f"{state!r} is not allowed: one of {', '.join(states)}",
+                 "type": "value_error"}]})
         with daemon.lock:
             out = daemon.jobs_view(children=children)
         return [j for j in out if state is None or j["state"] == state.upper()]

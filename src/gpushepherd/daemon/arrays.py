@@ -12,8 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-#: at most this many tasks in one array
+#: at most this many tasks in one array (and the largest throttle ``%N``)
 MAX_TASKS = 100_000
+#: the largest task index (Slurm's own bound is smaller: MaxArraySize - 1)
+MAX_INDEX = 2**31 - 1
+#: the most times a FAILED chunk may be run again
+MAX_RETRIES = 100
 
 _PART = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 _CHILD = re.compile(r"(\d+)_(\d+)(?:\.(\d+))?")
@@ -26,8 +30,8 @@ def parse_array(text: str) -> tuple[list[int], int]:
     Raises:
         ValueError: naming the value and what is allowed.
     """
-    allowed = ("allowed: INDEXES[%N], INDEXES a comma list of I, I-J or I-J:STEP with I <= J, "
-               f"at most {MAX_TASKS:,} tasks, N >= 1")
+    allowed = ("allowed: INDEXES[%N], INDEXES a comma list of I, I-J or I-J:STEP with 0 <= I <= J <= "
+               f"{MAX_INDEX}, at most {MAX_TASKS:,} tasks, 1 <= N <= {MAX_TASKS}")
     text = text.strip()
     spec, pct, throttle_text = text.partition("%")
     if not spec:
@@ -37,7 +41,11 @@ def parse_array(text: str) -> tuple[list[int], int]:
         m = _PART.fullmatch(part.strip())
         if not m:
             raise ValueError(f"{text!r} is not allowed: {part!r} is no index or range; {allowed}")
+        if any(g is not None and len(g) > 10 for g in m.groups()):  # int() of 5,000 digits is slow
+            raise ValueError(f"{text!r} is not allowed: a number in {part!r} is above {MAX_INDEX}; {allowed}")
         lo, hi, step = int(m[1]), int(m[2] if m[2] is not None else m[1]), int(m[3] or 1)
+        if hi > MAX_INDEX or step > MAX_INDEX:
+            raise ValueError(f"{text!r} is not allowed: a number in {part!r} is above {MAX_INDEX}; {allowed}")
         if hi < lo:
             raise ValueError(f"{text!r} is not allowed: the range {part!r} is reversed; {allowed}")
         if step < 1:
@@ -46,12 +54,29 @@ def parse_array(text: str) -> tuple[list[int], int]:
             raise ValueError(f"{text!r} is not allowed: more than {MAX_TASKS:,} tasks; {allowed}")
         indices.update(range(lo, hi + 1, step))
     if pct:
-        if not throttle_text.isdigit() or int(throttle_text) < 1:
-            raise ValueError(f"{text!r} is not allowed: %{throttle_text}; {allowed}")
+        if not throttle_text.isdigit() or len(throttle_text) > 10 or not 1 <= int(throttle_text) <= MAX_TASKS:
+            raise ValueError(f"{text!r} is not allowed: the throttle %{throttle_text} is outside 1..{MAX_TASKS}; "
+                             f"{allowed}")
         throttle = int(throttle_text)
     else:
         throttle = len(indices)
     return sorted(indices), throttle
+
+
+def check_array(text: str, indices: list[int], throttle: int, max_retries: int) -> None:
+    """Check an array's parts as ``Daemon.submit`` takes them (the API parsed them with
+    ``parse_array``; an embedding program may not have), so that no value the database
+    cannot hold reaches a batch (one bad row would fail the whole batch's commit).
+
+    Raises:
+        ValueError: naming the part, the value and what is allowed.
+    """
+    if not indices or len(indices) > MAX_TASKS or any(not 0 <= i <= MAX_INDEX for i in indices):
+        raise ValueError(f"array: {text!r} is not allowed: 1 to {MAX_TASKS:,} indexes in 0..{MAX_INDEX}")
+    if not 1 <= throttle <= MAX_TASKS:
+        raise ValueError(f"array: the throttle %{throttle} of {text!r} is not allowed: 1..{MAX_TASKS}")
+    if not 0 <= max_retries <= MAX_RETRIES:
+        raise ValueError(f"max_retries: {max_retries!r} is not allowed: 0..{MAX_RETRIES}")
 
 
 def child_id(array_id: str, index: int, attempt: int) -> str:

@@ -26,7 +26,8 @@ from typing import Any
 
 from gpushepherd.backends import Backend, BackendError, make_backend, node_mismatches as engine_mismatches
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
-from gpushepherd.daemon.arrays import ArrayRec, child_id, parse_child_id, progress
+from gpushepherd.core.filters import inventory_misfit, job_filter
+from gpushepherd.daemon.arrays import ArrayRec, check_array, child_id, parse_child_id, progress
 from gpushepherd.daemon.local import exit_status, mig_uuid
 from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
@@ -112,6 +113,8 @@ class Daemon:
         self._thread: threading.Thread | None = None
         self._beat = 0.0
         self.next_num = 1
+        #: job -> why its last launch failed (E2BIG, ...): this server's life only, not logged
+        self.launch_errors: dict[str, str] = {}
         self.arrays: dict[str, ArrayRec] = {}  # job arrays by id (gpushepherd.daemon.arrays)
         self.services = Services(self)  # inference services (gpushepherd.daemon.services, note 014)
         # GPU inventory and samples (note 008): live state, not stored (the flags and
@@ -506,6 +509,8 @@ class Daemon:
             try:
                 batch.extend(self._sample(now))
                 self.metrics.sampled(now)
+            except InventoryError as exc:  # a bad scripted file: one line naming the field, no traceback
+                log.error("GPU sample skipped: %s", exc)
             except Exception:  # a failed sample (a bad scripted file, NVML trouble) is skipped whole
                 log.exception("GPU sample failed; skipped")
         wake = sched.next_wakeup()
@@ -554,6 +559,15 @@ class Daemon:
             spec = replace(spec, id=job_id, submit_time=now)
             try:
                 validate_spec(self.rules, spec)
+                if array is not None:  # checked whole before it is taken: nothing half-applied
+                    try:
+                        check_array(*array)
+                    except ValueError as exc:
+                        raise SpecError(f"job {job_id!r}: {exc}") from None
+                    misfit = self._misfit(spec)
+                    if misfit is not None:
+                        raise SpecError(f"job {job_id!r}: array: {array[0]!r} is not allowed: each task would be "
+                                        f"rejected: {misfit}")
             except SpecError as exc:
                 fut.set_exception(exc)
                 return
@@ -585,6 +599,14 @@ class Daemon:
             else:
                 batch.append(JobCancelled(now, arg))
                 replies.append((fut, lambda j=job: j.state.value))
+
+    def _misfit(self, spec: JobSpec) -> str | None:
+        """Why no node could ever hold ``spec`` (the reason the core would reject it
+        with at submit, ``gpushepherd.core.filters.inventory_misfit``); ``None``: one
+        could. Changes nothing."""
+        cls = self.rules.classes[spec.workload_class]
+        nodes = [s.node for s in self.sched.ledger.slots]
+        return inventory_misfit(nodes, cls, spec, job_filter(cls, spec), self.rules.mig_reconfigure)
 
     @staticmethod
     def _array_row(a: ArrayRec) -> dict:
@@ -736,6 +758,7 @@ class Daemon:
                                           time_limit_s=self._limit_s(job_id))
             except (OSError, ValueError, TypeError, BackendError) as exc:  # e.g. an environment the OS refuses
                 log.error("job %s: cannot start its runner: %s", job_id, exc)
+                self.launch_errors[job_id] = f"run {run}: cannot start: {exc}"
                 started[job_id] = dict(placement=str(placement))
                 self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
                 continue
@@ -765,6 +788,8 @@ class Daemon:
         spec = job.spec
         pending = job.state is JobState.PENDING
         reason = self.sched.pending_reason(job_id) if pending else None
+        if job.state is JobState.REJECTED:  # the core keeps why (Reject's reason) on the job
+            reason = job.reason
         view = {
             "id": job_id, "state": job.state.value, "class": spec.workload_class, "team": spec.team,
             "user": spec.user, "gpus": spec.gpus, "share": str(spec.share) if spec.share else None,
@@ -775,6 +800,7 @@ class Daemon:
             "estimated_start": self.sched.estimated_start(job_id) if pending else None,
             "priority": self.sched.priority_factors(job_id)["priority"],
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
+            "launch_error": self.launch_errors.get(job_id),
             **self._usage_view(job),
         }
         if history:

@@ -55,16 +55,21 @@ from gpushepherd.gpu.inventory import (
 SAMPLE_FILE = "gpu-samples.json"
 
 
+#: the most memory a scripted sample may report, MiB (16 TiB: above any GPU; a larger
+#: value would overflow the event log's integers)
+MAX_MEM_MIB = 16 * 1024 * 1024
+
+
 class _Proc(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pid: int = Field(gt=0, strict=True)
-    used_mib: int | None = Field(None, ge=0, strict=True)
+    used_mib: int | None = Field(None, ge=0, le=MAX_MEM_MIB, strict=True)
 
 
 class _Gpu(BaseModel):
     model_config = ConfigDict(extra="forbid")
     util_pct: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
-    mem_used_mib: int | None = Field(None, ge=0, strict=True)
+    mem_used_mib: int | None = Field(None, ge=0, le=MAX_MEM_MIB, strict=True)
     temperature_c: float | None = Field(None, ge=-273, le=200, allow_inf_nan=False)
     power_w: float | None = Field(None, ge=0, allow_inf_nan=False)
     processes: list[_Proc] = Field(default_factory=list)
@@ -73,7 +78,7 @@ class _Gpu(BaseModel):
 class _Job(BaseModel):
     model_config = ConfigDict(extra="forbid")
     util_pct: float = Field(ge=0, le=100, allow_inf_nan=False)
-    mem_used_mib: int = Field(0, ge=0, strict=True)
+    mem_used_mib: int = Field(0, ge=0, le=MAX_MEM_MIB, strict=True)
 
 
 class _File(BaseModel):
