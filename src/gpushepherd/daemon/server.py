@@ -146,7 +146,6 @@ class Daemon:
         self._beat = now
         try:
             self._load_policy(now)
-            self._replay()
             self._open_inventory()
             self.next_num = self.store.next_job_number()
             self._load_arrays()
@@ -173,26 +172,66 @@ class Daemon:
             self.inventory.close()
 
     def _load_policy(self, now: float) -> None:
+        """Replay the log, then take ``--policy``: checked against the replayed live
+        jobs exactly as ``policy apply`` is (``check_policy``) BEFORE it is logged, so
+        a refused file leaves the data dir as it was.
+
+        Raises:
+            DaemonError: no policy at all, or ``--policy`` conflicts with live jobs
+                (each job and field named); nothing is logged.
+            PolicyError: the policy file is invalid.
+        """
         logged = self.store.last_policy()
         if self.policy_path is None:
             if logged is None:
                 raise DaemonError(f"no policy: pass --policy FILE (the database {self.store.display_url} has none yet)")
+            self._replay()
             return
         raw = read_policy_dict(self.policy_path)
-        policy_from_dict(raw, source=str(self.policy_path))  # refuse a bad file before logging it
+        pol = policy_from_dict(raw, source=str(self.policy_path))  # refuse a bad file before logging it
         raw = json.loads(json.dumps(raw, default=str))
-        if raw != logged:
+        if logged is None:  # a new database: nothing to conflict with
             self.store.append_policy(now, raw, by="server --policy", source=str(self.policy_path))
+            self._replay()
+            return
+        self._replay()
+        try:
+            _pol, raw, new = self.check_policy(raw, str(self.policy_path))
+        except PolicyConflict as exc:
+            raise DaemonError(f"--policy {self.policy_path}: refused, nothing logged: {exc} (finish or cancel those "
+                              "jobs first, or start without --policy to keep the logged one)") from None
+        if new is None:
+            return
+        t = max(now, self.sched.now)
+        self.store.append_policy(t, raw, by="server --policy", source=str(self.policy_path))
+        self.sched, self.rules = new, pol.rules
+        self.policies = self.store.policy_history()
 
     def _replay(self) -> None:
+        """Rebuild the core from the log. A logged policy the live jobs cannot be
+        restored under (logged by a server before ``--policy`` was checked) is skipped,
+        with a warning and ``skipped`` (why) in its history entry: the policy before it
+        stays in force, so such a data dir starts again."""
         sched = None
+        skipped: dict[int, str] = {}  # policy version -> why
+        version = 0
         for _t, kind, item in self.store.batches():
             if kind == "policy":
-                self.rules = policy_from_dict(item, source="policy in the event log").rules
+                version += 1
+                rules = policy_from_dict(item, source="policy in the event log").rules
                 if sched is None:
-                    sched = Scheduler(self.rules)
-                else:  # another policy (a restart with --policy, or policy apply): same state, new rules
-                    sched = self._restored(sched, self.rules)
+                    sched, self.rules = Scheduler(rules), rules
+                    continue
+                # another policy (a restart with --policy, or policy apply): same state, new rules
+                try:
+                    sched, self.rules = self._restored(sched, rules), rules
+                    continue
+                except (ValueError, KeyError, AssertionError) as exc:
+                    why = "; ".join(c.msg for c in conflicts(sched, self.rules, rules, self.placements)) or \
+                        f"the running jobs do not fit it: {exc!r}"
+                skipped[version] = why
+                log.warning("policy version %d in the event log is skipped (the one before stays in force): %s",
+                            version, why)
                 continue
             for e in item:
                 self._note_sample(e)
@@ -203,6 +242,9 @@ class Daemon:
             self.metrics.observe(sched.now, item, decisions)  # counters rebuilt from the log (note 011)
         self.sched = sched
         self.policies = self.store.policy_history()
+        for p in self.policies:
+            if p["version"] in skipped:
+                p["skipped"] = skipped[p["version"]]
 
     @staticmethod
     def _restored(sched: Scheduler, rules) -> Scheduler:
@@ -393,7 +435,7 @@ class Daemon:
         """
         raw = json.loads(json.dumps(raw, default=str))
         pol = policy_from_dict(raw, source=source or "<policy>")
-        if self.policies and raw == self.policies[-1]["policy"]:
+        if self.policies and raw == self._in_force()["policy"]:
             return pol, raw, None
         found = conflicts(self.sched, self.rules, pol.rules, self.placements)
         if found:
@@ -428,10 +470,10 @@ class Daemon:
                 return
             try:
                 pol, raw, new = self.check_policy(raw, source)
-                version = len(self.policies)
+                version, was = len(self.policies), self._in_force()["version"]
                 if new is None:
                     fut.set_result({**self.policy_view(), "applied": False,
-                                    "message": f"identical to version {version}, in force: nothing applied"})
+                                    "message": f"identical to version {was}, in force: nothing applied"})
                     continue
                 now = max(self.clock(), self.sched.now)
                 self.store.append_policy(now, raw, by=by, source=source)
@@ -443,12 +485,16 @@ class Daemon:
             self.deferred.append(Tick(0.0))  # a cycle under the new rules in this step (logged, so replayed)
             log.info("policy version %d applied by %r from %s", version + 1, by, source)
             fut.set_result({**self.policy_view(), "applied": True,
-                            "message": f"version {version + 1} applied (was {version})"})
+                            "message": f"version {version + 1} applied (was {was})"})
+
+    def _in_force(self) -> dict:
+        """The history entry of the policy in force: the last one not ``skipped``."""
+        return next(p for p in reversed(self.policies) if "skipped" not in p)
 
     def policy_view(self, with_policy: bool = True) -> dict:
         """The policy in force: ``version``, ``t`` (epoch seconds), ``by``, ``source``
         and (``with_policy``) ``policy``, the parsed YAML."""
-        cur = self.policies[-1]
+        cur = self._in_force()
         return {k: v for k, v in cur.items() if with_policy or k != "policy"}
 
     # ------------------------------------------------------------ the loop

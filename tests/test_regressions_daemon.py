@@ -1,0 +1,70 @@
+"""Regression tests of the daemon's start, data directory and tokens (faults a reviewer
+found from a fresh clone); each is named after its fault. SQLite in a tmp data dir."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+
+from test_daemon import POLICY, Server, wait_for_file
+
+CUSTOM = POLICY.replace("classes:\n", "classes:\n  custom: {priority: 50}\n")
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _running_custom_job_then_kill9(tmp_path) -> tuple[Server, str]:
+    s = Server(tmp_path)
+    s.policy.write_text(CUSTOM)
+    s.start()
+    job = s.submit(wait_for_file(tmp_path / "flag"), cls="custom")
+    s.wait_state(job, "RUNNING")
+    s.kill9()
+    return s, job
+
+
+def test_restart_with_a_policy_lacking_a_running_jobs_class_is_refused_and_logs_nothing(tmp_path):
+    from gpushepherd.daemon.store import Store
+
+    s, job = _running_custom_job_then_kill9(tmp_path)
+    try:
+        s.policy.write_text(POLICY)  # no class custom
+        r = cli("server", "--data-dir", str(s.data), "--inventory", "static", "--port", "1",
+                "--policy", str(s.policy))
+        assert r.returncode == 2, r.stderr
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"job {job!r}" in lines[0] and "class" in lines[0] and "nothing logged" in lines[0]
+        store = Store(Store.sqlite_url(s.data))
+        assert len(store.policy_history()) == 1  # nothing logged
+        store.close()
+        s.start(policy=False)  # the logged policy: starts, the job re-attached
+        assert s.job(job)["state"] == "RUNNING"
+    finally:
+        (tmp_path / "flag").touch()
+        s.stop()
+
+
+def test_a_data_dir_poisoned_by_a_logged_conflicting_policy_starts_skipping_it(tmp_path):
+    from gpushepherd.daemon.store import Store
+    from gpushepherd.yamlio import load_yaml as load
+
+    s, job = _running_custom_job_then_kill9(tmp_path)
+    try:
+        store = Store(Store.sqlite_url(s.data))  # what a server before the fix logged
+        store.append_policy(1e10, load(POLICY), by="server --policy", source="old")
+        store.close()
+        s.start(policy=False)
+        assert s.job(job)["state"] == "RUNNING"
+        hist = httpx.get(s.url + "/policy/history", timeout=60).json()
+        assert [h["version"] for h in hist] == [1, 2] and "skipped" not in hist[0]
+        assert f"job {job!r}" in hist[1]["skipped"]
+        assert httpx.get(s.url + "/policy", timeout=60).json()["version"] == 1
+    finally:
+        (tmp_path / "flag").touch()
+        s.stop()
