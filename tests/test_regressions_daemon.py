@@ -68,3 +68,17 @@ def test_a_data_dir_poisoned_by_a_logged_conflicting_policy_starts_skipping_it(t
     finally:
         (tmp_path / "flag").touch()
         s.stop()
+
+
+def test_a_second_server_on_the_same_data_dir_with_another_database_is_refused(tmp_path):
+    a = Server(tmp_path).start()
+    try:
+        r = cli("server", "--data-dir", str(a.data), "--inventory", "static", "--port", "1",
+                "--policy", str(a.policy), "--db", f"sqlite:///{tmp_path / 'other.db'}")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        err, = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert f"data directory {a.data.resolve()}: another gpushepherd server holds it (pid {a.proc.pid}" in err
+        assert not (a.data / "runs").exists()  # it started nothing
+    finally:
+        a.stop()
+    Server(tmp_path).start().stop()  # the lock went with server A

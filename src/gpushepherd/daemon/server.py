@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import signal
 import threading
@@ -33,7 +34,7 @@ from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
 from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
 from gpushepherd.daemon.policy_change import Conflict, PolicyConflict, conflicts
 from gpushepherd.daemon.services import Services
-from gpushepherd.daemon.store import Store, spec_from_dict, spec_to_dict
+from gpushepherd.daemon.store import LockHeld, Store, spec_from_dict, spec_to_dict
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import (
     Event,
@@ -108,6 +109,7 @@ class Daemon:
         self.deferred: list[Event] = []  # events found while reconciling, fed in the next step
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._dir_lock: int | None = None  # descriptor holding the data dir's flock
         self._beat = 0.0
         self.next_num = 1
         self.arrays: dict[str, ArrayRec] = {}  # job arrays by id (gpushepherd.daemon.arrays)
@@ -137,12 +139,18 @@ class Daemon:
         and start the loop thread.
 
         Raises:
-            LockHeld: another server holds the database.
-            DaemonError: no policy given and none logged.
+            LockHeld: another server holds the database or the data directory.
+            DaemonError: no policy given and none logged; ``--policy`` conflicts with
+                live jobs.
             PolicyError: the policy file is invalid.
         """
         now = self.clock()
-        self.store.acquire_lock(now)
+        self._lock_data_dir()
+        try:
+            self.store.acquire_lock(now)
+        except BaseException:
+            self._unlock_data_dir()
+            raise
         self._beat = now
         try:
             self._load_policy(now)
@@ -153,6 +161,7 @@ class Daemon:
             self._reconcile()
         except BaseException:
             self.store.release_lock()
+            self._unlock_data_dir()
             raise
         self._thread = threading.Thread(target=self._loop, name="shepherd-reconcile", daemon=True)
         self._thread.start()
@@ -168,8 +177,38 @@ class Daemon:
             self._thread.join(timeout=30)
         self.store.release_lock()
         self.store.close()
+        self._unlock_data_dir()
         if self.inventory is not None:
             self.inventory.close()
+
+    def _lock_data_dir(self) -> None:
+        """Hold an exclusive ``flock`` on ``<data_dir>/server.lock`` for the server's
+        life (the OS drops it when the process dies, ``kill -9`` too): two servers on one
+        data dir would write each other's run logs even with different databases.
+
+        Raises:
+            LockHeld: another server holds it (its pid, written in the file, named).
+        """
+        import fcntl
+
+        path = self.data_dir / "server.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise LockHeld(f"data directory {self.data_dir}: another gpushepherd server holds it (pid {holder}, "
+                           f"lock file {path}); stop that server first - only one server may use a data "
+                           "directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._dir_lock = fd
+
+    def _unlock_data_dir(self) -> None:
+        fd, self._dir_lock = self._dir_lock, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor drops the flock
 
     def _load_policy(self, now: float) -> None:
         """Replay the log, then take ``--policy``: checked against the replayed live
