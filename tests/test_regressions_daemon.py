@@ -82,3 +82,34 @@ def test_a_second_server_on_the_same_data_dir_with_another_database_is_refused(t
     finally:
         a.stop()
     Server(tmp_path).start().stop()  # the lock went with server A
+
+
+def _one_error_line(*args: str, code: int = 2) -> str:
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    res = CliRunner().invoke(app, list(args))
+    assert res.exit_code == code, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    return lines[0]
+
+
+def test_bad_job_ids_data_dirs_databases_and_server_urls_are_one_error_line_not_a_traceback(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for cmd in ("show", "why", "logs", "cancel"):
+        assert "JOB: '' is not allowed" in _one_error_line(cmd, "", "--server", "http://127.0.0.1:1")
+    assert "is a file" in _one_error_line("server", "--data-dir", str(afile))
+    assert "is a file" in _one_error_line("token", "create", "--data-dir", str(afile), "-u", "x", "-A", "ml")
+    assert "is a file" in _one_error_line("db", "upgrade", "--data-dir", str(afile))
+    bogus = _one_error_line("server", "--data-dir", str(tmp_path / "d"), "--db", "bogus://x")
+    assert "--db: 'bogus://x' cannot be read: NoSuchModuleError" in bogus
+    assert not (tmp_path / "d").exists()  # nothing made
+    down = "postgresql+psycopg://u:secret@127.0.0.1:1/x"  # nobody listens on port 1
+    for args in (("server", "--data-dir", str(tmp_path / "d")), ("token", "list"), ("token", "create", "-u", "x",
+                 "--admin"), ("db", "current"), ("db", "upgrade")):
+        line = _one_error_line(*args, "--db", down)
+        assert "cannot be read: OperationalError" in line and "secret" not in line, (args, line)
+    assert "--server: 'http://[::1' is not allowed" in _one_error_line("queue", "--server", "http://[::1")

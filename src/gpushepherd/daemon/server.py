@@ -92,8 +92,10 @@ class Daemon:
                  clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
                  backend: str = "local", slurm_partition: str = "shepherd"):
         self.data_dir = Path(data_dir).resolve()
+        if db_url is None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(db_url or Store.sqlite_url(self.data_dir))  # a --db that fails leaves no folder
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = Store(db_url or Store.sqlite_url(self.data_dir))
         self.backend: Backend = make_backend(backend, self.data_dir, partition=slurm_partition)
         self.policy_path = policy_path
         self.poll_s = poll_s
