@@ -113,3 +113,30 @@ def test_bad_job_ids_data_dirs_databases_and_server_urls_are_one_error_line_not_
         line = _one_error_line(*args, "--db", down)
         assert "cannot be read: OperationalError" in line and "secret" not in line, (args, line)
     assert "--server: 'http://[::1' is not allowed" in _one_error_line("queue", "--server", "http://[::1")
+
+
+def test_revoking_the_last_token_does_not_turn_authentication_off(tmp_path):
+    s = Server(tmp_path).start()  # loopback, no token: open
+    try:
+        assert httpx.get(s.url + "/jobs", timeout=60).status_code == 200
+        _one_line_ok("token", "create", "--data-dir", str(s.data), "-u", "ana", "-A", "ml")
+        assert httpx.get(s.url + "/jobs", timeout=60).status_code == 401
+        _one_line_ok("token", "revoke", "1", "--data-dir", str(s.data))
+        assert httpx.get(s.url + "/jobs", timeout=60).status_code == 401  # was 200: auth turned itself off
+    finally:
+        s.stop()
+    s.start()  # a restart does not reopen it either
+    try:
+        assert httpx.get(s.url + "/jobs", timeout=60).status_code == 401
+    finally:
+        s.stop()
+
+
+def _one_line_ok(*args: str) -> str:
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    res = CliRunner().invoke(app, list(args))
+    assert res.exit_code == 0, res.output
+    return res.output
