@@ -140,3 +140,20 @@ def _one_line_ok(*args: str) -> str:
     res = CliRunner().invoke(app, list(args))
     assert res.exit_code == 0, res.output
     return res.output
+
+
+def test_token_create_refuses_a_missing_data_dir_an_empty_user_and_a_team_the_policy_lacks(tmp_path):
+    missing = tmp_path / "nodir"
+    assert "a folder with a shepherd.db" in _one_error_line("token", "create", "--data-dir", str(missing), "-u", "x",
+                                                           "-A", "ml")
+    assert "a folder with a shepherd.db" in _one_error_line("token", "list", "--data-dir", str(missing))
+    assert not missing.exists()  # nothing made
+    s = Server(tmp_path)
+    _one_line_ok("db", "upgrade", "--data-dir", str(s.data))
+    assert "--user: '' is not allowed" in _one_error_line("token", "create", "--data-dir", str(s.data), "-u", "",
+                                                          "-A", "ml")
+    _one_line_ok("token", "create", "--data-dir", str(s.data), "-u", "x", "-A", "nosuchteam")  # no policy yet
+    s.start()
+    s.stop()
+    line = _one_error_line("token", "create", "--data-dir", str(s.data), "-u", "x", "-A", "nosuchteam")
+    assert "--team: 'nosuchteam' is not allowed: a team of the policy in force (ml)" in line

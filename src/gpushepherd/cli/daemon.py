@@ -249,7 +249,19 @@ def register(app: typer.Typer) -> None:
         if not team and not admin:
             err.print("error: --team: give at least one team (or --admin)", soft_wrap=True)
             raise typer.Exit(2)
+        if not user.strip():
+            err.print(f"error: --user: {user!r} is not allowed: a user name", soft_wrap=True)
+            raise typer.Exit(2)
         store = _store(data_dir, db)
+        logged = store.last_policy()
+        if logged is not None and team:
+            from gpushepherd.policy.load import policy_from_dict
+            teams = policy_from_dict(logged, source="policy in the event log").rules.teams
+            unknown = [t for t in team if teams and t not in teams]
+            if unknown:
+                err.print(f"error: --team: {unknown[0]!r} is not allowed: a team of the policy in force "
+                          f"({', '.join(sorted(teams))})", soft_wrap=True)
+                raise typer.Exit(2)
         token_id, token = store.create_token(user, team, admin)
         err.print(f"token {token_id}: user {user}, teams {', '.join(team) or '-'}{', admin' if admin else ''} "
                   f"(database {store.engine.url.render_as_string(hide_password=True)}); it is shown once, "
