@@ -29,6 +29,8 @@ def where(s: Server) -> list[str]:
 
 
 def create_token(data, *args: str, db: str | None = None) -> str:
+    if db is None and not (data / "shepherd.db").exists():  # token create never makes the database: db upgrade does
+        assert shepherd("db", "upgrade", "--data-dir", str(data)).exit_code == 0
     res = shepherd("token", "create", "--data-dir", str(data), *(["--db", db] if db else []), *args)
     assert res.exit_code == 0, res.output
     return res.stdout.strip()

@@ -42,3 +42,15 @@ def test_gpu_seconds_counts_intervals_holding_gpus():
 def test_demo_command_is_listed():
     r = CliRunner().invoke(app, ["demo", "--help"])
     assert r.exit_code == 0 and "--keep" in r.output
+
+
+def test_demo_refuses_a_data_dir_that_holds_anything(tmp_path):
+    used = tmp_path / "server-data"
+    used.mkdir()
+    (used / "shepherd.db").write_bytes(b"a real server's database")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for where in (used, afile):
+        r = CliRunner().invoke(app, ["demo", "--data-dir", str(where)])
+        assert r.exit_code == 2 and "--data-dir" in r.output and "new or empty directory" in r.output, r.output
+    assert sorted(p.name for p in used.iterdir()) == ["shepherd.db"]  # nothing written

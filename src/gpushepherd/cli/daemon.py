@@ -45,14 +45,25 @@ class SafeTable(Table):
         super().add_row(*(Text(_safe(c)) for c in cells), **kw)
 
 
-def _job_path(job_id: str) -> str:
-    """``/jobs/ID`` for a job id; an id no job can have (``../x``, ``a/b``) is the
-    ``no such job`` error, exit 2, without asking the server."""
+def _job_path(job_id: str, suffix: str = "") -> str:
+    """``/jobs/<id><suffix>`` with the id quoted (an id with ``/`` or ``?`` cannot reach
+    another route).
+
+    Raises:
+        typer.Exit: an empty id, or one no job can have (``../x``, ``a/b``): one
+            ``error:`` line, exit 2, without asking the server.
+    """
+    from urllib.parse import quote
+
     from gpushepherd.cli.main import err
+    if not job_id.strip():
+        err.print(f"error: JOB: {job_id!r} is not allowed: a job id (see `shepherd queue`)", soft_wrap=True)
+        raise typer.Exit(2)
     if not _JOB_ID.fullmatch(job_id) or job_id.strip(".") == "":
         err.print(f"error: no such job {_safe(repr(job_id))}", soft_wrap=True, markup=False)
         raise typer.Exit(2)
-    return f"/jobs/{job_id}"
+    return f"/jobs/{quote(job_id, safe='')}{suffix}"
+
 
 ServerOpt = Annotated[Optional[str], typer.Option("--server", help="Server URL (default $SHEPHERD_SERVER or "
                                                   f"http://127.0.0.1:{DEFAULT_PORT}).")]
@@ -73,6 +84,10 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         r = httpx.request(method, url + path, timeout=60.0, headers=headers, **kw)
+    except httpx.InvalidURL as exc:
+        err.print(f"error: --server: {url!r} is not allowed: {exc} (a URL like http://127.0.0.1:{DEFAULT_PORT})",
+                  soft_wrap=True)
+        raise typer.Exit(2) from None
     except httpx.TransportError as exc:
         err.print(f"error: no gpushepherd server at {url} ({exc}); start one with `shepherd server`", soft_wrap=True)
         raise typer.Exit(1) from None
@@ -203,19 +218,57 @@ DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Logs, checkpoints 
 DbOpt = Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL (default: SQLite in --data-dir).")]
 
 
-def _store(data_dir: Path, db: str | None):
-    """The store of ``--db`` or ``--data-dir``, upgraded to this code's schema; a schema
-    it cannot use is one ``error:`` line, exit 2."""
+def db_failure(data_dir: Path, db: str | None, exc: Exception) -> str:
+    """One line for a database that cannot be opened (an unknown ``--db`` dialect, an
+    unreachable PostgreSQL, a ``--data-dir`` that is a file): the ``error:`` text the
+    commands that open the daemon's database print."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if db is not None:
+        try:
+            shown = make_url(db).render_as_string(hide_password=True)
+        except ArgumentError:
+            shown = db
+        return f"--db: {shown!r} cannot be read: {type(exc).__name__}: {first}"
+    return f"--data-dir: {str(data_dir)!r} cannot be used: {type(exc).__name__}: {first}"
+
+
+def data_dir_failure(data_dir: Path) -> str | None:
+    """Why ``data_dir`` cannot be a data directory (it exists and is not a folder), or ``None``."""
+    if data_dir.exists() and not data_dir.is_dir():
+        return f"--data-dir: {str(data_dir)!r} is not allowed: it is a file; a folder (new or the server's)"
+    return None
+
+
+def _store(data_dir: Path, db: str | None, create: bool = False):
+    """The store of ``--db`` or ``--data-dir``, upgraded to this code's schema. Without
+    ``create`` a ``--data-dir`` must already hold the server's ``shepherd.db`` (the
+    folder and database are never made as a side effect). A data dir that is a file,
+    no database there, a database that cannot be opened or a schema it cannot use is
+    one ``error:`` line, exit 2."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from gpushepherd.cli.main import err
+    from gpushepherd.cli.report import open_store
     from gpushepherd.daemon.migrate import SchemaError
     from gpushepherd.daemon.store import Store
 
-    if db is None:
-        data_dir.mkdir(parents=True, exist_ok=True)
+    why = data_dir_failure(data_dir) if db is None else None
+    if why:
+        err.print(f"error: {why}", soft_wrap=True)
+        raise typer.Exit(2)
     try:
-        return Store(db or Store.sqlite_url(data_dir))
-    except SchemaError as exc:
+        if create and db is None:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            return Store(Store.sqlite_url(data_dir))
+        return open_store(data_dir, db)
+    except (SchemaError, ValueError) as exc:
         err.print(f"error: {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    except (SQLAlchemyError, OSError) as exc:
+        err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -238,7 +291,19 @@ def register(app: typer.Typer) -> None:
         if not team and not admin:
             err.print("error: --team: give at least one team (or --admin)", soft_wrap=True)
             raise typer.Exit(2)
+        if not user.strip():
+            err.print(f"error: --user: {user!r} is not allowed: a user name", soft_wrap=True)
+            raise typer.Exit(2)
         store = _store(data_dir, db)
+        logged = store.last_policy()
+        if logged is not None and team:
+            from gpushepherd.policy.load import policy_from_dict
+            teams = policy_from_dict(logged, source="policy in the event log").rules.teams
+            unknown = [t for t in team if teams and t not in teams]
+            if unknown:
+                err.print(f"error: --team: {unknown[0]!r} is not allowed: a team of the policy in force "
+                          f"({', '.join(sorted(teams))})", soft_wrap=True)
+                raise typer.Exit(2)
         token_id, token = store.create_token(user, team, admin)
         err.print(f"token {token_id}: user {user}, teams {', '.join(team) or '-'}{', admin' if admin else ''} "
                   f"(database {store.engine.url.render_as_string(hide_password=True)}); it is shown once, "
@@ -324,13 +389,22 @@ def register(app: typer.Typer) -> None:
         if backend not in ("local", "slurm", "ray"):
             err.print(f"error: --backend: {backend!r} is not allowed: local, slurm or ray", soft_wrap=True)
             raise typer.Exit(2)
+        from sqlalchemy.exc import SQLAlchemyError
+
         from gpushepherd.daemon.migrate import SchemaError
+        why = data_dir_failure(data_dir)
+        if why:
+            err.print(f"error: {why}", soft_wrap=True)
+            raise typer.Exit(2)
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s,
                             backend=backend, slurm_partition=slurm_partition, ray_address=ray_address)
         except SchemaError as exc:
             err.print(f"error: {exc}", soft_wrap=True)
+            raise typer.Exit(2) from None
+        except (SQLAlchemyError, OSError) as exc:
+            err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
             raise typer.Exit(2) from None
         if not is_loopback(host):
             if not daemon.store.active_tokens():
@@ -344,6 +418,9 @@ def register(app: typer.Typer) -> None:
                 daemon.start()
             except (LockHeld, DaemonError, BackendError) as exc:
                 err.print(f"error: {exc}", soft_wrap=True)
+                raise typer.Exit(2) from None
+            except SQLAlchemyError as exc:
+                err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
                 raise typer.Exit(2) from None
         try:
             uvicorn.run(make_app(daemon, auth_required=auth == "required"), host=host, port=port,
@@ -475,7 +552,7 @@ def register(app: typer.Typer) -> None:
                token: TokenOpt = None) -> None:
         """Cancel jobs (scancel); their GPUs are free at once."""
         for job_id in job_ids:
-            r = _request(server, "POST", _job_path(job_id) + "/cancel", token=token).json()
+            r = _request(server, "POST", _job_path(job_id, "/cancel"), token=token).json()
             out.print(f"job {r['id']}: {r['state']}")
 
     @app.command("logs")
@@ -490,7 +567,7 @@ def register(app: typer.Typer) -> None:
             j = _request(server, "GET", _job_path(job_id), token=token).json()
             if run != j["runs"]:
                 run, offset = j["runs"], 0
-            r = _request(server, "GET", _job_path(job_id) + "/logs", token=token,
+            r = _request(server, "GET", _job_path(job_id, "/logs"), token=token,
                          params={"stream": stream, "offset": offset, **({"run": run} if run else {})})
             sys.stdout.write(r.text)
             sys.stdout.flush()

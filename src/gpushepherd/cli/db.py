@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from gpushepherd.cli.daemon import DataDirOpt, DbOpt, _store
+from gpushepherd.cli.daemon import DataDirOpt, DbOpt, _store, db_failure
 
 
 def register(app: typer.Typer) -> None:
@@ -24,6 +24,7 @@ def register(app: typer.Typer) -> None:
     def current(data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None) -> None:
         """The database's schema revision and this code's head; changes nothing."""
         from sqlalchemy import create_engine
+        from sqlalchemy.exc import SQLAlchemyError
 
         from gpushepherd.daemon import migrate
         from gpushepherd.daemon.store import Store
@@ -33,13 +34,17 @@ def register(app: typer.Typer) -> None:
             err.print(f"error: --data-dir {data_dir}: no database there (shepherd.db); give --data-dir or --db",
                       soft_wrap=True)
             raise typer.Exit(2)
-        engine = create_engine(url)
-        shown = engine.url.render_as_string(hide_password=True)
         try:
-            with engine.connect() as conn:
-                what, detail = migrate.state(conn)
-        finally:
-            engine.dispose()
+            engine = create_engine(url)
+            shown = engine.url.render_as_string(hide_password=True)
+            try:
+                with engine.connect() as conn:
+                    what, detail = migrate.state(conn)
+            finally:
+                engine.dispose()
+        except SQLAlchemyError as exc:
+            err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
+            raise typer.Exit(2) from None
         head = migrate.head()
         text = {
             "head": f"revision {detail} (head {head}): up to date",
@@ -58,7 +63,7 @@ def register(app: typer.Typer) -> None:
     @db_app.command("upgrade")
     def upgrade(data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None) -> None:
         """Upgrade the database to this code's schema (never under a running server)."""
-        store = _store(data_dir, db)
+        store = _store(data_dir, db, create=True)
         try:
             before, after = store.revision_before, store.revision
             if before == after:

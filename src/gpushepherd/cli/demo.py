@@ -72,6 +72,12 @@ def register(app: typer.Typer) -> None:
         from gpushepherd.daemon.demo import demo_policy_path, run_demo, temp_data_dir
 
         console = Console()
+        if data_dir is not None and (data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir()))):
+            from gpushepherd.cli.main import err
+            err.print(f"error: --data-dir: {str(data_dir)!r} is not allowed: a new or empty directory (the demo "
+                      "runs its own server there; it never writes into an existing server's data)", soft_wrap=True,
+                      markup=False)
+            raise typer.Exit(2)
         own_dir = data_dir is None
         data_dir = temp_data_dir() if own_dir else data_dir
         console.print(f"[bold]shepherd demo[/bold]: a server on {data_dir} under {demo_policy_path().name} "

@@ -123,12 +123,13 @@ def register(app: typer.Typer) -> None:
 
         from sqlalchemy.exc import SQLAlchemyError
 
+        from gpushepherd.cli.daemon import db_failure
         try:
             store = open_store(data_dir, db)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         except SQLAlchemyError as exc:
-            raise UsageError(f"--db: {db!r} cannot be read: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+            raise UsageError(db_failure(data_dir, db, exc)) from None
         try:
             return replay(store.batches())
         except HistoryError as exc:

@@ -252,17 +252,19 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     Args:
         auth_required: every request needs a valid token even while the database
-            has none; otherwise tokens are required once one exists.
+            has none; otherwise tokens are required once one has ever existed
+            (revoking the last one does not turn auth off).
     """
     bearer = HTTPBearer(auto_error=False, description="An API token from `shepherd token create`.")
 
     async def principal(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal | None:
-        """The request's principal; ``None`` when auth is off (no token exists). On the
+        """The request's principal; ``None`` when auth is off (the database never had a
+        token, and not ``auth_required``). On the
         event loop, no thread: one primary-key read (``Store.active_tokens_cached``),
         the tokens read again only after one was created or revoked."""
         active = daemon.store.active_tokens_cached()
-        if not active and not auth_required:
-            return None
+        if not active and not auth_required and not daemon.store.had_tokens_cached():
+            return None  # never had a token: open (loopback only); revoking every token never reopens it
         p = daemon.store.authenticate(cred.credentials, active) if cred is not None else None
         if p is None:
             why = "no token: send 'Authorization: Bearer TOKEN' (shepherd ... --token, or $SHEPHERD_TOKEN)" \

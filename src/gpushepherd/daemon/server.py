@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import signal
 import threading
@@ -34,7 +35,7 @@ from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
 from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
 from gpushepherd.daemon.policy_change import Conflict, PolicyConflict, conflicts
 from gpushepherd.daemon.services import Services
-from gpushepherd.daemon.store import Store, spec_from_dict, spec_to_dict
+from gpushepherd.daemon.store import LockHeld, Store, spec_from_dict, spec_to_dict
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import (
     Event,
@@ -93,8 +94,10 @@ class Daemon:
                  clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
                  backend: str = "local", slurm_partition: str = "shepherd", ray_address: str = "auto"):
         self.data_dir = Path(data_dir).resolve()
+        if db_url is None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(db_url or Store.sqlite_url(self.data_dir))  # a --db that fails leaves no folder
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = Store(db_url or Store.sqlite_url(self.data_dir))
         self.backend: Backend = make_backend(backend, self.data_dir, partition=slurm_partition,
                                              ray_address=ray_address)
         self.policy_path = policy_path
@@ -111,6 +114,7 @@ class Daemon:
         self.deferred: list[Event] = []  # events found while reconciling, fed in the next step
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._dir_lock: int | None = None  # descriptor holding the data dir's flock
         self._beat = 0.0
         self.next_num = 1
         #: job -> why its last launch failed (E2BIG, ...): this server's life only, not logged
@@ -142,16 +146,21 @@ class Daemon:
         and start the loop thread.
 
         Raises:
-            LockHeld: another server holds the database.
-            DaemonError: no policy given and none logged.
+            LockHeld: another server holds the database or the data directory.
+            DaemonError: no policy given and none logged; ``--policy`` conflicts with
+                live jobs.
             PolicyError: the policy file is invalid.
         """
         now = self.clock()
-        self.store.acquire_lock(now)
+        self._lock_data_dir()
+        try:
+            self.store.acquire_lock(now)
+        except BaseException:
+            self._unlock_data_dir()
+            raise
         self._beat = now
         try:
             self._load_policy(now)
-            self._replay()
             self._open_inventory()
             self.next_num = self.store.next_job_number()
             self._load_arrays()
@@ -159,6 +168,7 @@ class Daemon:
             self._reconcile()
         except BaseException:
             self.store.release_lock()
+            self._unlock_data_dir()
             raise
         self._thread = threading.Thread(target=self._loop, name="shepherd-reconcile", daemon=True)
         self._thread.start()
@@ -174,30 +184,100 @@ class Daemon:
             self._thread.join(timeout=30)
         self.store.release_lock()
         self.store.close()
+        self._unlock_data_dir()
         if self.inventory is not None:
             self.inventory.close()
 
+    def _lock_data_dir(self) -> None:
+        """Hold an exclusive ``flock`` on ``<data_dir>/server.lock`` for the server's
+        life (the OS drops it when the process dies, ``kill -9`` too): two servers on one
+        data dir would write each other's run logs even with different databases.
+
+        Raises:
+            LockHeld: another server holds it (its pid, written in the file, named).
+        """
+        import fcntl
+
+        path = self.data_dir / "server.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise LockHeld(f"data directory {self.data_dir}: another gpushepherd server holds it (pid {holder}, "
+                           f"lock file {path}); stop that server first - only one server may use a data "
+                           "directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._dir_lock = fd
+
+    def _unlock_data_dir(self) -> None:
+        fd, self._dir_lock = self._dir_lock, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor drops the flock
+
     def _load_policy(self, now: float) -> None:
+        """Replay the log, then take ``--policy``: checked against the replayed live
+        jobs exactly as ``policy apply`` is (``check_policy``) BEFORE it is logged, so
+        a refused file leaves the data dir as it was.
+
+        Raises:
+            DaemonError: no policy at all, or ``--policy`` conflicts with live jobs
+                (each job and field named); nothing is logged.
+            PolicyError: the policy file is invalid.
+        """
         logged = self.store.last_policy()
         if self.policy_path is None:
             if logged is None:
                 raise DaemonError(f"no policy: pass --policy FILE (the database {self.store.display_url} has none yet)")
+            self._replay()
             return
         raw = read_policy_dict(self.policy_path)
-        policy_from_dict(raw, source=str(self.policy_path))  # refuse a bad file before logging it
+        pol = policy_from_dict(raw, source=str(self.policy_path))  # refuse a bad file before logging it
         raw = json.loads(json.dumps(raw, default=str))
-        if raw != logged:
+        if logged is None:  # a new database: nothing to conflict with
             self.store.append_policy(now, raw, by="server --policy", source=str(self.policy_path))
+            self._replay()
+            return
+        self._replay()
+        try:
+            _pol, raw, new = self.check_policy(raw, str(self.policy_path))
+        except PolicyConflict as exc:
+            raise DaemonError(f"--policy {self.policy_path}: refused, nothing logged: {exc} (finish or cancel those "
+                              "jobs first, or start without --policy to keep the logged one)") from None
+        if new is None:
+            return
+        t = max(now, self.sched.now)
+        self.store.append_policy(t, raw, by="server --policy", source=str(self.policy_path))
+        self.sched, self.rules = new, pol.rules
+        self.policies = self.store.policy_history()
 
     def _replay(self) -> None:
+        """Rebuild the core from the log. A logged policy the live jobs cannot be
+        restored under (logged by a server before ``--policy`` was checked) is skipped,
+        with a warning and ``skipped`` (why) in its history entry: the policy before it
+        stays in force, so such a data dir starts again."""
         sched = None
+        skipped: dict[int, str] = {}  # policy version -> why
+        version = 0
         for _t, kind, item in self.store.batches():
             if kind == "policy":
-                self.rules = policy_from_dict(item, source="policy in the event log").rules
+                version += 1
+                rules = policy_from_dict(item, source="policy in the event log").rules
                 if sched is None:
-                    sched = Scheduler(self.rules)
-                else:  # another policy (a restart with --policy, or policy apply): same state, new rules
-                    sched = self._restored(sched, self.rules)
+                    sched, self.rules = Scheduler(rules), rules
+                    continue
+                # another policy (a restart with --policy, or policy apply): same state, new rules
+                try:
+                    sched, self.rules = self._restored(sched, rules), rules
+                    continue
+                except (ValueError, KeyError, AssertionError) as exc:
+                    why = "; ".join(c.msg for c in conflicts(sched, self.rules, rules, self.placements)) or \
+                        f"the running jobs do not fit it: {exc!r}"
+                skipped[version] = why
+                log.warning("policy version %d in the event log is skipped (the one before stays in force): %s",
+                            version, why)
                 continue
             for e in item:
                 self._note_sample(e)
@@ -208,6 +288,9 @@ class Daemon:
             self.metrics.observe(sched.now, item, decisions)  # counters rebuilt from the log (note 011)
         self.sched = sched
         self.policies = self.store.policy_history()
+        for p in self.policies:
+            if p["version"] in skipped:
+                p["skipped"] = skipped[p["version"]]
 
     @staticmethod
     def _restored(sched: Scheduler, rules) -> Scheduler:
@@ -398,7 +481,7 @@ class Daemon:
         """
         raw = json.loads(json.dumps(raw, default=str))
         pol = policy_from_dict(raw, source=source or "<policy>")
-        if self.policies and raw == self.policies[-1]["policy"]:
+        if self.policies and raw == self._in_force()["policy"]:
             return pol, raw, None
         found = conflicts(self.sched, self.rules, pol.rules, self.placements)
         if found:
@@ -433,10 +516,10 @@ class Daemon:
                 return
             try:
                 pol, raw, new = self.check_policy(raw, source)
-                version = len(self.policies)
+                version, was = len(self.policies), self._in_force()["version"]
                 if new is None:
                     fut.set_result({**self.policy_view(), "applied": False,
-                                    "message": f"identical to version {version}, in force: nothing applied"})
+                                    "message": f"identical to version {was}, in force: nothing applied"})
                     continue
                 now = max(self.clock(), self.sched.now)
                 self.store.append_policy(now, raw, by=by, source=source)
@@ -448,12 +531,16 @@ class Daemon:
             self.deferred.append(Tick(0.0))  # a cycle under the new rules in this step (logged, so replayed)
             log.info("policy version %d applied by %r from %s", version + 1, by, source)
             fut.set_result({**self.policy_view(), "applied": True,
-                            "message": f"version {version + 1} applied (was {version})"})
+                            "message": f"version {version + 1} applied (was {was})"})
+
+    def _in_force(self) -> dict:
+        """The history entry of the policy in force: the last one not ``skipped``."""
+        return next(p for p in reversed(self.policies) if "skipped" not in p)
 
     def policy_view(self, with_policy: bool = True) -> dict:
         """The policy in force: ``version``, ``t`` (epoch seconds), ``by``, ``source``
         and (``with_policy``) ``policy``, the parsed YAML."""
-        cur = self.policies[-1]
+        cur = self._in_force()
         return {k: v for k, v in cur.items() if with_policy or k != "policy"}
 
     # ------------------------------------------------------------ the loop

@@ -297,7 +297,7 @@ class Store:
             raise
         self.token = uuid.uuid4().hex
         self._batch = self._last_batch()
-        self._tokens_cache: tuple[str | None, list] | None = None
+        self._tokens_cache: tuple[str | None, list, bool] | None = None  # version, active, ever had one
         self._compiled: dict[tuple, tuple[str, tuple | None]] = {}  # see _executemany
         self._tv_lock = threading.Lock()
         self._tv_conn = None  # tokens_version's own DBAPI connection
@@ -579,8 +579,21 @@ class Store:
         version = self.tokens_version()  # first: a change committed after it is seen by the next call
         cached = self._tokens_cache
         if cached is None or cached[0] != version:
-            cached = self._tokens_cache = (version, self.active_tokens())
+            active = self.active_tokens()
+            cached = self._tokens_cache = (version, active, bool(active) or version is not None or self._any_token())
         return cached[1]
+
+    def had_tokens_cached(self) -> bool:
+        """Whether this database has ever had a token, revoked ones included (as of the
+        last ``active_tokens_cached``): once it has, the API stays authenticated even
+        after the last token is revoked (note 008, "Auth")."""
+        if self._tokens_cache is None:
+            self.active_tokens_cached()
+        return self._tokens_cache[2]
+
+    def _any_token(self) -> bool:
+        with self.engine.connect() as c:
+            return c.execute(select(api_tokens.c.id).limit(1)).first() is not None
 
     def authenticate(self, token: str, active: list | None = None) -> Principal | None:
         """The principal of ``token``, or ``None`` (unknown or revoked). Every active
