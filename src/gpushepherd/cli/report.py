@@ -98,7 +98,8 @@ def open_store(data_dir: Path, db: str | None):
         path = Path(data_dir) / "shepherd.db"
         if not path.is_file():
             raise ValueError(f"--data-dir: {str(data_dir)!r} is not allowed: a folder with a shepherd.db "
-                             "(the server's --data-dir), or give --db URL")
+                             "(the server's --data-dir; a server's first start, or `shepherd db upgrade --data-dir DIR`, "
+                             "creates it), or give --db URL")
         db = Store.sqlite_url(data_dir)
     return Store(db)
 
