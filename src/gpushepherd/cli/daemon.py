@@ -454,7 +454,14 @@ def register(app: typer.Typer) -> None:
                server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py`."""
         if user is None:
-            user = "" if token else os.environ.get("USER", "")
+            if token:
+                user = ""
+            else:  # $USER, else the account this runs as (a shell without USER, a container)
+                import getpass
+                try:
+                    user = os.environ.get("USER") or getpass.getuser()
+                except (KeyError, OSError):
+                    user = ""
         body: dict[str, Any] = {"class": cls, "team": team, "user": user, "gpus": gpus, "gpu_type": gpu_type,
                                 "command": [" ".join(cmd)] if shell else cmd, "shell": shell,
                                 "cwd": str(chdir.resolve()), "preemptible": preemptible,

@@ -91,8 +91,14 @@ def register(app: typer.Typer) -> None:
                 names[job_id] = name
             live.console.print(f"[dim]{t:6.1f} s[/dim]  {text}")
 
+        snapshot = []  # not a terminal (a pipe, CI): one frame during the burst, as text
+
         def on_tick(t: float, jobs: list[dict], nodes: list[dict]) -> None:
-            live.update(_queue_table(t, jobs, nodes, names))
+            frame = _queue_table(t, jobs, nodes, names)
+            live.update(frame)
+            if not console.is_terminal and not snapshot and t >= 12:
+                snapshot.append(t)
+                live.console.print(frame)
 
         result = None
         try:
@@ -105,6 +111,7 @@ def register(app: typer.Typer) -> None:
                 shutil.rmtree(data_dir, ignore_errors=True)
             elif result is None:
                 console.print(f"the demo stopped; its data directory is kept in {data_dir}")
+        console.print()
         console.print(usage_table(result))
         for name, ok, detail in result.checks:
             console.print(f"{'[green]ok[/green]  ' if ok else '[red]FAIL[/red]'} {name}: {detail}")
