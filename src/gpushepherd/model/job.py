@@ -159,6 +159,9 @@ class JobSpec:
             any); compared numerically part by part.
         cache_key: a model or dataset the job reads; nodes that report it cached are
             preferred (or required with ``cache_required``).
+        project: free-form project the job's GPU-hours are reported under (Slurm's
+            ``--wckey``, a Kubernetes label; '': none, shown as ``-``). Showback only:
+            the core carries it and never reads it (note 010, "A project on every job").
     """
 
     id: str
@@ -182,6 +185,7 @@ class JobSpec:
     min_driver: str = ""
     cache_key: str = ""
     cache_required: bool = False
+    project: str = ""
 
     @property
     def pods(self) -> int:
