@@ -36,7 +36,7 @@ from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.server import Daemon
 from gpushepherd.daemon.ui import mount_ui
-from gpushepherd.model.job import GpuShare, JobSpec, JobState
+from gpushepherd.model.job import GpuShare, JobSpec, JobState, first_control_char
 from gpushepherd.policy.load import PolicyError
 
 
@@ -60,7 +60,7 @@ def _no_control(field: str, v: str) -> str:
 
     Raises:
         ValueError: naming the field, the character and what is allowed."""
-    bad = next((c for c in v if ord(c) < 32 or 127 <= ord(c) < 160), None)
+    bad = first_control_char(v)
     if bad is not None:
         raise ValueError(f"{v!r} is not allowed: {field} without control characters (found {bad!r})")
     return v

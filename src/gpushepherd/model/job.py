@@ -56,6 +56,12 @@ class ExitStatus(str, enum.Enum):
     CANCELLED = "CANCELLED"
 
 
+def first_control_char(text: str) -> str | None:
+    """The first control character of ``text`` (C0, DEL or C1: terminal escapes), or
+    ``None``. Names a person reads back (user, team, class, project) must have none."""
+    return next((c for c in text if ord(c) < 32 or 127 <= ord(c) < 160), None)
+
+
 _NUM = re.compile(r"(\d+)")
 
 
