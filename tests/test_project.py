@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 
 import pytest
@@ -149,3 +150,16 @@ def test_cli_report_prints_and_writes_the_project_table(tmp_path):
     df = pd.read_csv(tmp_path / "csv" / "usage_by_project.csv")
     assert df.set_index("project")["gpu_hours"].to_dict() == pytest.approx({"-": 18.0, "etl": 24.0, "llm": 16.0})
     assert df.set_index("project")["cost"].to_dict() == pytest.approx({"-": 42.0, "etl": 60.0, "llm": 40.0})
+
+
+def test_service_replicas_carry_the_project(api, tmp_path):  # noqa: F811
+    svc = {"name": "web", "class": "batch", "team": "research", "project": "chat", "gpus": 1,
+           "command": [sys.executable, "-c", "pass"], "cwd": str(tmp_path), "min_replicas": 1, "max_replicas": 1,
+           "metric": "queue_length", "scale_up_above": 10, "scale_down_below": 2}
+    r = api.post("/services", json=svc)
+    assert r.status_code == 201 and r.json()["project"] == "chat"
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not any(j.startswith("web.") for j in api.daemon.sched.jobs):
+        time.sleep(0.05)
+    replicas = [job.spec for j, job in api.daemon.sched.jobs.items() if j.startswith("web.")]
+    assert replicas and {s.project for s in replicas} == {"chat"}
