@@ -126,3 +126,14 @@ def test_mapping_uses_policy_teams_and_rejects_unknown_ones():
     from gpushepherd.sim.traces import TraceJob
     with pytest.raises(TraceError, match="team 'zz' is not allowed"):
         to_sim_jobs([TraceJob("1", 0.0, 1, 1.0, team="zz")], rules)
+
+
+def test_generic_csv_maps_a_project_column(tmp_path):
+    rules = policy_from_dict({"cluster": {"nodes": [{"name": "n", "gpus": 8}]}}).rules
+    p = _write(tmp_path, "t.csv", "t,n,d,proj\n1,1,5,llm\n2,1,5,\n")
+    rows = read_csv(p, parse_mapping("submit=t,gpus=n,duration=d,project=proj"))
+    assert [j.project for j in rows] == ["llm", ""]
+    assert [j.spec.project for j in to_sim_jobs(select(rows, None, load=2.0), rules)] == ["llm", ""]
+    bad = _write(tmp_path, "bad.csv", "t,n,d,proj\n1,1,5,\"a\x1bb\"\n")
+    with pytest.raises(TraceError, match=f"{bad}: line 2: column 'proj': .* is not allowed: a project"):
+        read_csv(bad, parse_mapping("submit=t,gpus=n,duration=d,project=proj"))

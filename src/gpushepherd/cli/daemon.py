@@ -434,6 +434,9 @@ def register(app: typer.Typer) -> None:
                team: Annotated[str, typer.Option("--team", "-A", help="Team (account).")],
                user: Annotated[Optional[str], typer.Option("--user", "-u", help="Default: the token's user, "
                                                            "or $USER without a token.")] = None,
+               project: Annotated[str, typer.Option("--project", "-P", help="Project its GPU-hours are "
+                                                    "reported under (Slurm's --wckey; never affects "
+                                                    "scheduling).")] = "",
                gpus: Annotated[int, typer.Option("--gpus", "-G", min=1)] = 1,
                share: Annotated[Optional[str], typer.Option("--share", help="Part of one GPU: fraction:0.25, "
                                                             "mem, mig:1g.10gb, time_slice[:N], mps:N[:PCT].")] = None,
@@ -479,6 +482,8 @@ def register(app: typer.Typer) -> None:
             except typer.BadParameter as exc:
                 raise typer.BadParameter(str(exc), param_hint="'--time' / '-t'") from None
         body["env"] = env_pairs(env)
+        if project:  # left out when empty: a server from before projects refuses the field
+            body["project"] = project
         if array is not None:
             body["array"], body["max_retries"] = array, max_retries
         job = _request(server, "POST", "/jobs", token=token, json=body).json()
@@ -512,19 +517,21 @@ def register(app: typer.Typer) -> None:
         """One job: fields, its history of transitions and why it waits now."""
         j = _request(server, "GET", _job_path(job_id), token=token).json()
         if j.get("array"):
-            for key in ("id", "array", "state", "class", "team", "user", "gpus", "share", "throttle", "max_retries",
-                        "retries_used", "running", "pending", "failed_indices", "command", "cwd"):
-                out.print(f"{key}: {j.get(key)}")
+            for key in ("id", "array", "state", "class", "team", "user", "project", "gpus", "share", "throttle",
+                        "max_retries", "retries_used", "running", "pending", "failed_indices", "command", "cwd"):
+                value = (j.get(key) or "-") if key == "project" else j.get(key)
+                out.print(_safe(f"{key}: {value}"), markup=False)
             out.print(f"progress: {j['done']}/{j['tasks']} done")
             out.print(f"submit_time: {_fmt_t(j['submit_time'])}")
             out.print("children (index: attempts):")
             for index, ids in j["children"].items():
                 out.print(f"  {index}: {' '.join(ids)}")
             return
-        for key in ("id", "state", "reason", "class", "team", "user", "gpus", "share", "placement", "priority",
-                    "runs", "preemptions", "exit_code", "launch_error", "command", "cwd", "stdout", "stderr",
+        for key in ("id", "state", "reason", "class", "team", "user", "project", "gpus", "share", "placement",
+                    "priority", "runs", "preemptions", "exit_code", "launch_error", "command", "cwd", "stdout", "stderr",
                     "checkpoint_dir"):
-            out.print(_safe(f"{key}: {j.get(key)}"), markup=False)
+            value = (j.get(key) or "-") if key == "project" else j.get(key)
+            out.print(_safe(f"{key}: {value}"), markup=False)
         if j.get("sampled_at") is not None or j.get("peak_gpu_mem_mib"):
             util = "-" if j.get("gpu_util_pct") is None else f"{j['gpu_util_pct']:.0f}%"
             over = "  OVER DECLARED" if j.get("over_declared_mem") else ""

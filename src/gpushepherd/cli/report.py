@@ -143,7 +143,7 @@ def register(app: typer.Typer) -> None:
                week: Annotated[bool, typer.Option("--week", help="The 7 days up to --to (default: the last "
                                                   "event).")] = False,
                t_from: From = None, t_to: To = None, csv: Csv = None, html: Html = None) -> None:
-        """Showback/chargeback: GPU-hours and cost per team, user and class, waits per
+        """Showback/chargeback: GPU-hours and cost per team, project, user and class, waits per
         class (p50/p95), top pending reasons, idle gaps, allocated-but-idle GPU-hours,
         utilisation and queue length over time (R15)."""
         from gpushepherd.report import build_report

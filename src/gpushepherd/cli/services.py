@@ -28,6 +28,8 @@ def register(app: typer.Typer) -> None:
                cls: Annotated[str, typer.Option("--class", "-c", help="Workload class.")] = "production-inference",
                team: Annotated[str, typer.Option("--team", "-A", help="Team (account).")] = "",
                user: Annotated[Optional[str], typer.Option("--user", "-u")] = None,
+               project: Annotated[str, typer.Option("--project", "-P", help="Project the replicas' "
+                                                    "GPU-hours are reported under.")] = "",
                gpus: Annotated[int, typer.Option("--gpus", "-G", min=1, help="GPUs per replica.")] = 1,
                min_replicas: Annotated[int, typer.Option("--min", min=0)] = 1,
                max_replicas: Annotated[int, typer.Option("--max", min=1)] = 1,
@@ -55,6 +57,8 @@ def register(app: typer.Typer) -> None:
             "max_replicas": max_replicas, "metric": metric, "metrics_url": metrics_url, "scale_up_above": up,
             "scale_down_below": down, "cooldown_s": parse_duration(cooldown),
             "scrape_every_s": parse_duration(scrape_every), "stabilize": stabilize}
+        if project:
+            body["project"] = project
         v = _request(server, "POST", "/services", token=token, json=body).json()
         out.print(f"Created service {v['name']}: {v['min_replicas']}-{v['max_replicas']} replicas on {v['metric']}")
 

@@ -36,7 +36,7 @@ from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.server import Daemon
 from gpushepherd.daemon.ui import mount_ui
-from gpushepherd.model.job import GpuShare, JobSpec, JobState
+from gpushepherd.model.job import GpuShare, JobSpec, JobState, first_control_char
 from gpushepherd.policy.load import PolicyError
 
 
@@ -51,7 +51,7 @@ MAX_ARGV_ENV_BYTES = 128 * 1024
 MAX_MEM_MIB = 16 * 1024 * 1024
 #: the longest time limit or estimate, seconds (10 years)
 MAX_SECONDS = 10 * 365 * 86400.0
-#: the longest user, team or class name, characters
+#: the longest user, team, class or project name, characters
 MAX_NAME = 255
 
 
@@ -60,7 +60,7 @@ def _no_control(field: str, v: str) -> str:
 
     Raises:
         ValueError: naming the field, the character and what is allowed."""
-    bad = next((c for c in v if ord(c) < 32 or 127 <= ord(c) < 160), None)
+    bad = first_control_char(v)
     if bad is not None:
         raise ValueError(f"{v!r} is not allowed: {field} without control characters (found {bad!r})")
     return v
@@ -103,6 +103,8 @@ class SubmitBody(BaseModel):
     workload_class: str = Field(alias="class", min_length=1, max_length=MAX_NAME)
     team: str = Field(min_length=1, max_length=MAX_NAME)
     user: str = Field("", max_length=MAX_NAME)
+    project: str = Field("", max_length=MAX_NAME, description="free-form project for showback (Slurm's --wckey; "
+                         "'': none); never affects scheduling")
     gpus: int = Field(1, ge=1, le=1_000_000, strict=True, description="whole GPUs (1 with a share)")
     share: ShareBody | None = None
     gpu_type: list[str] = Field(default_factory=list, description="allowed GPU types (empty: any)")
@@ -153,7 +155,7 @@ class SubmitBody(BaseModel):
                 raise ValueError(f"argument {i} ({arg[:40]!r}) is not allowed: strings without NUL bytes")
         return v
 
-    @field_validator("workload_class", "team", "user")
+    @field_validator("workload_class", "team", "user", "project")
     @classmethod
     def _names(cls, v: str, info) -> str:
         return _no_control({"workload_class": "class"}.get(info.field_name, info.field_name), v)
@@ -171,7 +173,7 @@ class SubmitBody(BaseModel):
         return JobSpec(id="", team=self.team, workload_class=self.workload_class, gpus=self.gpus, user=self.user,
                        gpu_types=tuple(self.gpu_type), gpu_mem_mib=self.gpu_mem_mib, time_limit_s=self.time_limit_s,
                        runtime_estimate_s=self.runtime_estimate_s, preemptible=self.preemptible,
-                       checkpointable=self.checkpointable, share=share)
+                       checkpointable=self.checkpointable, share=share, project=self.project)
 
 
 class PolicyBody(BaseModel):

@@ -879,7 +879,8 @@ class Daemon:
             reason = job.reason
         view = {
             "id": job_id, "state": job.state.value, "class": spec.workload_class, "team": spec.team,
-            "user": spec.user, "gpus": spec.gpus, "share": str(spec.share) if spec.share else None,
+            "user": spec.user, "project": spec.project, "gpus": spec.gpus,
+            "share": str(spec.share) if spec.share else None,
             "submit_time": spec.submit_time, "first_start": job.first_start, "runs": self.runs[job_id],
             "preemptions": job.preemptions,
             "placement": str(self.placements[job_id]) if job.state.holds_gpus else None,
@@ -921,7 +922,8 @@ class Daemon:
         share = spec_from_dict(spec).share
         view = {
             "id": rec.id, "array": rec.text, "state": p["state"], "class": spec["workload_class"],
-            "team": spec["team"], "user": spec["user"], "gpus": spec["gpus"], "share": str(share) if share else None,
+            "team": spec["team"], "user": spec["user"], "project": spec.get("project", ""), "gpus": spec["gpus"],
+            "share": str(share) if share else None,
             "submit_time": rec.submit_time, "tasks": p["total"], "done": p["done"], "running": p["running"],
             "pending": p["pending"], "failed_indices": p["failed"], "retries_used": p["retries_used"],
             "throttle": rec.throttle, "max_retries": rec.max_retries, "cancelled": rec.cancelled is not None,

@@ -56,6 +56,12 @@ class ExitStatus(str, enum.Enum):
     CANCELLED = "CANCELLED"
 
 
+def first_control_char(text: str) -> str | None:
+    """The first control character of ``text`` (C0, DEL or C1: terminal escapes), or
+    ``None``. Names a person reads back (user, team, class, project) must have none."""
+    return next((c for c in text if ord(c) < 32 or 127 <= ord(c) < 160), None)
+
+
 _NUM = re.compile(r"(\d+)")
 
 
@@ -159,6 +165,9 @@ class JobSpec:
             any); compared numerically part by part.
         cache_key: a model or dataset the job reads; nodes that report it cached are
             preferred (or required with ``cache_required``).
+        project: free-form project the job's GPU-hours are reported under (Slurm's
+            ``--wckey``, a Kubernetes label; '': none, shown as ``-``). Showback only:
+            the core carries it and never reads it (note 010, "A project on every job").
     """
 
     id: str
@@ -182,6 +191,7 @@ class JobSpec:
     min_driver: str = ""
     cache_key: str = ""
     cache_required: bool = False
+    project: str = ""
 
     @property
     def pods(self) -> int:

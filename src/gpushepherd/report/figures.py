@@ -142,6 +142,7 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "") -> 
                                                                  columns=["team", "gpu_hours"])
     rep.tables["usage_by_user"] = usage("user")
     rep.tables["usage_by_class"] = usage("class")
+    rep.tables["usage_by_project"] = usage("project")  # "-": jobs without a project
     if pricing is not None:
         cost = held[held["seconds"] > 0].groupby(["team", "gpu_type"])[["gpu_hours", "cost"]].sum().reset_index()
         cost["price_per_gpu_hour"] = cost["gpu_type"].map(pricing.price).astype(float)

@@ -28,7 +28,7 @@ HOLDING = ("RUNNING", "PREEMPTING", "STOPPING")
 IDLE_UTIL_PCT = 5.0
 
 JOB_COLUMNS = ["job_id", "team", "user", "class", "gpus", "submit", "first_start", "end", "state", "runs"]
-HELD_COLUMNS = ["job_id", "team", "user", "class", "gpu_type", "gpus", "start", "end"]
+HELD_COLUMNS = ["job_id", "team", "user", "class", "project", "gpu_type", "gpus", "start", "end"]
 SPAN_COLUMNS = ["job_id", "team", "class", "start", "end"]
 REASON_COLUMNS = ["job_id", "team", "class", "start", "end", "reason"]
 IDLE_COLUMNS = ["job_id", "team", "class", "gpus", "start", "end"]
@@ -176,7 +176,8 @@ class Recorder:
             for i, (a, b) in enumerate(runs):
                 place = places[i] if i < len(places) else (places[-1] if places else None)
                 gpu_type = self.node_types.get(place.nodes[0], "generic") if place is not None else "generic"
-                held_rows.append((job_id, spec.team, spec.user, spec.workload_class, gpu_type, frac, a, b))
+                held_rows.append((job_id, spec.team, spec.user, spec.workload_class, spec.project or "-", gpu_type,
+                                  frac, a, b))
             job_rows.append((job_id, spec.team, spec.user, spec.workload_class, frac, spec.submit_time,
                              runs[0][0] if runs else None, end, state, len(runs)))
         specs = self.specs

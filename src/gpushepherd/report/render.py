@@ -17,6 +17,7 @@ TITLES = {
     "usage_by_team_with_children": "GPU-hours per team, child teams (projects) included",
     "usage_by_user": "GPU-hours per user",
     "usage_by_class": "GPU-hours per workload class",
+    "usage_by_project": "GPU-hours per project (-: no project)",
     "cost_by_team_and_gpu_type": "Cost per team and GPU type",
     "waits_by_class": "Jobs submitted in the range and their queueing delay, per class",
     "top_pending_reasons": "Top pending reasons (job-hours spent waiting for each)",

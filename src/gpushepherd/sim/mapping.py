@@ -136,6 +136,6 @@ def to_sim_jobs(rows: list[TraceJob], rules: Rules, seed: int = 0, estimates: st
         out.append(SimJob(JobSpec(
             id=jid, team=team, workload_class=cls_name, gpus=row.gpus, user=user,
             time_limit_s=limit, runtime_estimate_s=estimate, checkpointable=checkpointable,
-            submit_time=row.submit,
+            submit_time=row.submit, project=row.project,
         ), row.duration))
     return out

@@ -8,7 +8,7 @@ Formats:
 * ``itp`` - Microsoft ITP clusters (ElasticFlow, ASPLOS'23; MIT):
   ``job_id, submission_time, duration, num_gpu`` with a header; rows are not sorted;
 * ``csv`` - any CSV with a header and a column mapping
-  (``submit=col,gpus=col,duration=col[,id=col,team=col,class=col,user=col]``).
+  (``submit=col,gpus=col,duration=col[,id=col,team=col,class=col,user=col,project=col]``).
 
 Files ending in ``.gz`` are read compressed. Times are seconds from the trace's start.
 A malformed row raises ``TraceError`` naming the file, line, column, value and what is
@@ -22,8 +22,10 @@ import gzip
 import io
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from gpushepherd.model.job import first_control_char
 
 
 class TraceError(ValueError):
@@ -42,6 +44,7 @@ class TraceJob:
     workload_class: str | None = None
     user: str | None = None
     where: str = ""  # "FILE: line N", for error messages
+    project: str = ""  # showback only (JobSpec.project); '': none
 
 
 def _open(path: Path) -> io.TextIOBase:
@@ -113,7 +116,7 @@ def read_itp(path: str | Path) -> list[TraceJob]:
     return read_csv(path, {"id": "job_id", "submit": "submission_time", "duration": "duration", "gpus": "num_gpu"})
 
 
-CSV_FIELDS = ("submit", "gpus", "duration", "id", "team", "class", "user")
+CSV_FIELDS = ("submit", "gpus", "duration", "id", "team", "class", "user", "project")
 
 
 def parse_mapping(text: str) -> dict[str, str]:
@@ -169,10 +172,20 @@ def read_csv(path: str | Path, mapping: dict[str, str]) -> list[TraceJob]:
             workload_class=get(pos["class"]).strip() or None if "class" in pos else None,
             user=get(pos["user"]).strip() or None if "user" in pos else None,
             where=f"{path}: line {lineno}",
+            project=_project(path, lineno, mapping["project"], get(pos["project"])) if "project" in pos else "",
         ))
     _check_ids(path, jobs)
     jobs.sort(key=lambda j: (j.submit, j.id))
     return jobs
+
+
+def _project(path: Path, lineno: int, col: str, text: str) -> str:
+    """A project cell: at most 255 characters, none a control character (as the API's names)."""
+    text = text.strip()
+    if first_control_char(text) is not None or len(text) > 255:
+        raise TraceError(f"{path}: line {lineno}: column {col!r}: {text[:40]!r} is not allowed: a project of at most "
+                         "255 characters without control characters")
+    return text
 
 
 def _check_ids(path: Path, jobs: list[TraceJob]) -> None:
@@ -194,7 +207,8 @@ def read_trace(path: str | Path, fmt: str, mapping: str | None = None) -> list[T
         return read_itp(path)
     if fmt == "csv":
         if not mapping:
-            raise TraceError("--format csv needs --map submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL]")
+            raise TraceError("--format csv needs --map submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,"
+                             "user=COL,project=COL]")
         return read_csv(path, parse_mapping(mapping))
     raise TraceError(f"--format: {fmt!r} is not allowed: philly, itp or csv")
 
@@ -209,8 +223,7 @@ def select(jobs: list[TraceJob], days: tuple[float, float] | None = None, load: 
     chosen = [j for j in jobs if lo <= j.submit < hi]
     if load != 1.0:
         base = lo if days else min((j.submit for j in chosen), default=0.0)
-        chosen = [TraceJob(j.id, base + (j.submit - base) / load, j.gpus, j.duration, j.team, j.workload_class, j.user,
-                           j.where) for j in chosen]
+        chosen = [replace(j, submit=base + (j.submit - base) / load) for j in chosen]
         if any(not math.isfinite(j.submit) or j.submit > MAX_VALUE for j in chosen):
             raise TraceError(f"--load: {load!r} is not allowed: a factor that keeps submit times below {MAX_VALUE:g} s")
     return chosen
