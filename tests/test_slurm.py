@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 from test_daemon import Server, free_port, wait_for, wait_for_file
 
 from gpushepherd.backends import EngineNode, make_backend, node_mismatches
+from gpushepherd.backends.fakeslurm import unavailable
 from gpushepherd.backends.slurm import comment_of, parse_gres, wait_status_code
 from gpushepherd.model.cluster import Node
 
@@ -77,17 +77,9 @@ def test_an_unknown_backend_is_refused_naming_the_allowed_ones(tmp_path):
 
 
 # ------------------------------------------------------------------ a real cluster
-def _unavailable() -> str:
-    if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
-        return "no slurmctld/sbatch on PATH (Debian: apt-get install slurm-wlm)"
-    if os.geteuid() != 0:
-        return "the fake Slurm cluster's daemons run as root; these tests are not root"
-    return ""
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    why = _unavailable()
+    why = unavailable()
     if why:
         pytest.skip(f"Slurm: {why}")
     d = tmp_path_factory.mktemp("slurm").resolve() / "cluster"
