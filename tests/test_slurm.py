@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -300,3 +301,33 @@ def _restart_mid_run(server, tmp_path):
     assert "done" in server.logs(a) and "done" in server.logs(b)
     assert wait_for("the GPUs back", lambda: all_free(server))
     assert comment_of(b, 1) in {j["comment"] for j in slurm_jobs()}  # the run Slurm ran is the one it was given
+
+
+def test_a_signal_to_a_run_slurm_has_not_started_cancels_it_without_scancel_signal(cluster, tmp_path):
+    # `scancel --signal` on a PENDING job sleeps 5 s and retries (the daemon's loop would
+    # wait): a run that has not started is cancelled instead - it ran nothing
+    from gpushepherd.backends.slurm import SlurmBackend
+    from gpushepherd.model.placement import Placement
+
+    b = SlurmBackend(tmp_path)
+    b.discover()
+    flag = tmp_path / "go"
+    b.start("full", 1, [sys.executable, "-c", wait_for_file(flag)], shell=False, env={}, cwd=str(tmp_path),
+            placement=Placement((("fake2", tuple(range(8))),)))
+    full = b.runs["full"].pid
+    wait_for("the node full", lambda: [j["job_state"] for j in slurm_jobs() if j["job_id"] == full] == ["RUNNING"])
+    h = b.start("late", 1, [sys.executable, "-c", "print('ran')"], shell=False, env={}, cwd=str(tmp_path),
+                placement=Placement((("fake2", (0,)),)))
+    wait_for("late pending in Slurm", lambda: [j["job_state"] for j in slurm_jobs() if j["job_id"] == h.pid]
+             == ["PENDING"])
+    calls = []
+    run = b._slurm
+    b._slurm = lambda *args, **kw: calls.append(args) or run(*args, **kw)
+    b.signal("late", signal.SIGTERM)
+    assert ("scancel", str(h.pid)) in calls and not [c for c in calls if "--signal=TERM" in c]
+    got = []
+    wait_for("late's end", lambda: got.extend(e for e in b.exits() if e[0] == "late") or got)
+    assert got == [("late", None)]  # cancelled before it ran: lost, the daemon requeues it
+    flag.touch()
+    wait_for("full gone from Slurm", lambda: not [j for j in slurm_live() if j["job_id"] in (h.pid,)]
+             and not b.running("full"))
