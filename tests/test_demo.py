@@ -4,6 +4,7 @@ views and the jobs' logs (``gpushepherd.daemon.demo.checks``)."""
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from gpushepherd.cli.main import app
@@ -54,3 +55,31 @@ def test_demo_refuses_a_data_dir_that_holds_anything(tmp_path):
         r = CliRunner().invoke(app, ["demo", "--data-dir", str(where)])
         assert r.exit_code == 2 and "--data-dir" in r.output and "new or empty directory" in r.output, r.output
     assert sorted(p.name for p in used.iterdir()) == ["shepherd.db"]  # nothing written
+
+
+def test_demo_on_a_fake_slurm_cluster_keeps_every_promise_but_idle_stop(tmp_path):
+    from gpushepherd.backends.fakeslurm import unavailable
+
+    if unavailable():
+        pytest.skip(f"Slurm: {unavailable()}")
+    events = []
+    result = run_demo(tmp_path, on_event=lambda t, text: events.append((t, text)), backend="slurm")
+    checks = {name: (ok, detail) for name, ok, detail in result.checks}
+    failed = {name: c for name, c in checks.items() if c[0] is False}
+    assert not failed, f"{failed}\n" + "\n".join(f"{t:6.1f} {x}" for t, x in events)
+    assert checks["idle notebook stopped"][0] is None and "not available under Slurm" in checks["idle notebook stopped"][1]
+    assert [n for n, c in checks.items() if c[0] is True] == [
+        "training preempted, checkpointed, resumed and completed", "inference burst started at once by preemption",
+        "inference service never interrupted", "batch chunks all done, the failed one retried"]
+    # every run went through Slurm (the server's log names each Slurm job), and the cluster is stopped
+    log = (tmp_path / "server.log").read_text()
+    runs = sum(v["runs"] for v in result.jobs if "tasks" not in v)
+    assert log.count(": Slurm job ") == runs
+    assert not (tmp_path / "slurm" / "slurmctld.pid").exists()
+
+
+def test_demo_refuses_an_unknown_backend_naming_the_allowed_ones(tmp_path):
+    with pytest.raises(ValueError, match="backend 'ray' is not allowed: local or slurm"):
+        run_demo(tmp_path, backend="ray")
+    r = CliRunner().invoke(app, ["demo", "--backend", "ray"])
+    assert r.exit_code == 2 and "'ray' is not allowed: local or slurm" in r.output

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +26,7 @@ from engine_cases import (cancel_case, engine_policy, placed_node_case, preempti
 from test_daemon import Server, free_port, wait_for, wait_for_file
 
 from gpushepherd.backends import EngineNode, make_backend, node_mismatches
+from gpushepherd.backends.fakeslurm import unavailable
 from gpushepherd.backends.slurm import comment_of, parse_gres, wait_status_code
 from gpushepherd.model.cluster import Node
 
@@ -66,17 +67,9 @@ def test_an_unknown_backend_is_refused_naming_the_allowed_ones(tmp_path):
 
 
 # ------------------------------------------------------------------ a real cluster
-def _unavailable() -> str:
-    if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
-        return "no slurmctld/sbatch on PATH (Debian: apt-get install slurm-wlm)"
-    if os.geteuid() != 0:
-        return "the fake Slurm cluster's daemons run as root; these tests are not root"
-    return ""
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    why = _unavailable()
+    why = unavailable()
     if why:
         pytest.skip(f"Slurm: {why}")
     d = tmp_path_factory.mktemp("slurm").resolve() / "cluster"
@@ -213,3 +206,33 @@ def test_a_controller_restart_mid_run_loses_nothing_and_starts_nothing_twice(clu
         assert comment_of(b, 1) in {j["comment"] for j in slurm_jobs()}
     restart_case(POLICY, db, tmp_path, ("--backend", "slurm"), lambda a: a not in live(), live, all_free,
                  the_run_slurm_ran_is_the_one_it_was_given)
+
+
+def test_a_signal_to_a_run_slurm_has_not_started_cancels_it_without_scancel_signal(cluster, tmp_path):
+    # `scancel --signal` on a PENDING job sleeps 5 s and retries (the daemon's loop would
+    # wait): a run that has not started is cancelled instead - it ran nothing
+    from gpushepherd.backends.slurm import SlurmBackend
+    from gpushepherd.model.placement import Placement
+
+    b = SlurmBackend(tmp_path)
+    b.discover()
+    flag = tmp_path / "go"
+    b.start("full", 1, [sys.executable, "-c", wait_for_file(flag)], shell=False, env={}, cwd=str(tmp_path),
+            placement=Placement((("fake2", tuple(range(8))),)))
+    full = b.runs["full"].pid
+    wait_for("the node full", lambda: [j["job_state"] for j in slurm_jobs() if j["job_id"] == full] == ["RUNNING"])
+    h = b.start("late", 1, [sys.executable, "-c", "print('ran')"], shell=False, env={}, cwd=str(tmp_path),
+                placement=Placement((("fake2", (0,)),)))
+    wait_for("late pending in Slurm", lambda: [j["job_state"] for j in slurm_jobs() if j["job_id"] == h.pid]
+             == ["PENDING"])
+    calls = []
+    run = b._slurm
+    b._slurm = lambda *args, **kw: calls.append(args) or run(*args, **kw)
+    b.signal("late", signal.SIGTERM)
+    assert ("scancel", str(h.pid)) in calls and not [c for c in calls if "--signal=TERM" in c]
+    got = []
+    wait_for("late's end", lambda: got.extend(e for e in b.exits() if e[0] == "late") or got)
+    assert got == [("late", None)]  # cancelled before it ran: lost, the daemon requeues it
+    flag.touch()
+    wait_for("full gone from Slurm", lambda: not [j for j in slurm_live() if j["job_id"] in (h.pid,)]
+             and not b.running("full"))

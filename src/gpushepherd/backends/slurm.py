@@ -220,6 +220,13 @@ class SlurmBackend(RunFiles):
             self.kill(job_id)
             return
         name = _signal.Signals(sig).name.removeprefix("SIG")
+        # scancel --signal on a job still PENDING in Slurm sleeps 5 s and retries before
+        # failing, holding up the daemon's loop (bench/slurm_compare.py found it): ask first
+        state = self._slurm("squeue", "-h", "-j", str(r.pid), "-o", "%T", check=False).stdout.strip()
+        if state == "PENDING":
+            log.info("job %s: Slurm job %d has not started; cancelling it", job_id, r.pid)
+            self._slurm("scancel", str(r.pid), check=False)
+            return
         p = self._slurm("scancel", "--full", f"--signal={name}", str(r.pid), check=False)
         if p.returncode != 0:
             log.info("job %s: Slurm job %d took no signal (%s); cancelling it", job_id, r.pid, p.stderr.strip())

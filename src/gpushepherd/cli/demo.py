@@ -65,11 +65,17 @@ def register(app: typer.Typer) -> None:
     def demo(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where the demo server keeps its "
                                                               "database, logs and checkpoints (default: a new "
                                                               "temporary directory, removed at the end).")] = None,
-             keep: Annotated[bool, typer.Option("--keep", help="Keep the data directory.")] = False) -> None:
+             keep: Annotated[bool, typer.Option("--keep", help="Keep the data directory.")] = False,
+             backend: Annotated[str, typer.Option("--backend", help="Where the jobs run: local (processes here) or "
+                                                  "slurm (a fake Slurm cluster of one 8-GPU node that the demo "
+                                                  "starts and stops; root and slurm-wlm; SLURM_CONF is not "
+                                                  "used).")] = "local") -> None:
         """Run a server with the small-team policy on one 8-GPU node and the seed's mixed workload as real
         processes: an inference service, a checkpointing training job preempted by an inference burst and
         resumed, a chunked batch job with a failing chunk retried, an idle notebook; live queue, then usage."""
-        from gpushepherd.daemon.demo import demo_policy_path, run_demo, temp_data_dir
+        from gpushepherd.backends import BackendError
+        from gpushepherd.backends.fakeslurm import unavailable
+        from gpushepherd.daemon.demo import BACKENDS, demo_policy_path, run_demo, temp_data_dir
 
         console = Console()
         if data_dir is not None and (data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir()))):
@@ -78,10 +84,17 @@ def register(app: typer.Typer) -> None:
                       "runs its own server there; it never writes into an existing server's data)", soft_wrap=True,
                       markup=False)
             raise typer.Exit(2)
+        if backend not in BACKENDS:
+            raise typer.BadParameter(f"{backend!r} is not allowed: {' or '.join(BACKENDS)}", param_hint="--backend")
+        if backend == "slurm" and unavailable():
+            console.print(f"[red]--backend slurm[/red]: {unavailable()}")
+            raise typer.Exit(2)
         own_dir = data_dir is None
         data_dir = temp_data_dir() if own_dir else data_dir
         console.print(f"[bold]shepherd demo[/bold]: a server on {data_dir} under {demo_policy_path().name} "
-                      "(small-team policy, one 8-GPU node); times are seconds since the start")
+                      "(small-team policy, one 8-GPU node"
+                      + (", jobs through a fake Slurm cluster" if backend == "slurm" else "")
+                      + "); times are seconds since the start")
         names: dict[str, str] = {}
         live = Live(Text("starting the server..."), console=console, refresh_per_second=4, transient=False)
 
@@ -103,7 +116,10 @@ def register(app: typer.Typer) -> None:
         result = None
         try:
             with live:
-                result = run_demo(data_dir, on_tick=on_tick, on_event=on_event)
+                result = run_demo(data_dir, on_tick=on_tick, on_event=on_event, backend=backend)
+        except BackendError as exc:
+            console.print(f"[red]--backend {backend}[/red]: {exc}")
+            raise typer.Exit(2) from None
         finally:
             # kept when asked, and when something went wrong: the server's log and the jobs' output are there
             keep = keep or not own_dir or result is None or not result.ok
@@ -114,7 +130,8 @@ def register(app: typer.Typer) -> None:
         console.print()
         console.print(usage_table(result))
         for name, ok, detail in result.checks:
-            console.print(f"{'[green]ok[/green]  ' if ok else '[red]FAIL[/red]'} {name}: {detail}")
+            mark = "[yellow]n/a[/yellow] " if ok is None else "[green]ok[/green]  " if ok else "[red]FAIL[/red]"
+            console.print(f"{mark} {name}: {detail}")
         kept = f"kept in {data_dir}" if keep else "removed"
         console.print(f"done in {result.wall_s:.0f} s; data directory {kept}")
         if not result.ok:
