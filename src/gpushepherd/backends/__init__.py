@@ -110,9 +110,11 @@ class RunFiles:
     data_dir: Path
 
     def run_dir(self, job_id: str, run: int) -> Path:
+        """``<data>/runs/<job>/<run>``: the run's stdout, stderr and exit file."""
         return self.data_dir / "runs" / job_id / str(run)
 
     def checkpoint_dir(self, job_id: str) -> Path:
+        """``<data>/checkpoints/<job>``: ``SHEPHERD_CHECKPOINT_DIR``, kept across runs."""
         return self.data_dir / "checkpoints" / job_id
 
     def prepare_run(self, job_id: str, run: int) -> tuple[Path, Path, Path]:

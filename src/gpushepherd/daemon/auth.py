@@ -36,14 +36,17 @@ class Principal:
 
 
 def new_token() -> str:
+    """A new API token: ``shp_`` and 43 URL-safe characters (256 random bits)."""
     return PREFIX + secrets.token_urlsafe(32)
 
 
 def token_hash(token: str) -> str:
+    """The SHA-256 hex digest of ``token``: what the database stores."""
     return hashlib.sha256(token.encode()).hexdigest()
 
 
 def digest_matches(token: str, stored_hash: str) -> bool:
+    """Whether ``token`` hashes to ``stored_hash``, compared in constant time."""
     return hmac.compare_digest(token_hash(token), stored_hash)
 
 

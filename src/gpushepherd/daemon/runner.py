@@ -20,6 +20,8 @@ import sys
 
 
 def main(args: list[str]) -> int:
+    """Run ``args`` (``[--shell] EXIT_FILE -- ARGV...``), record the exit code in
+    ``EXIT_FILE`` and return it (a signal S as ``128+S``); 2 for a bad command line."""
     shell = False
     if args and args[0] == "--shell":
         shell, args = True, args[1:]

@@ -996,6 +996,8 @@ class Daemon:
                 "unmanaged_processes": self.unmanaged.get(g, []) if mine else []}
 
     def usage_view(self) -> dict:
+        """What ``GET /usage`` shows: per team GPUs in use (fractions for shares), decayed
+        usage in GPU-seconds at the core's time, fair-share factor in [0, 1]."""
         sched = self.sched
         t = sched.now
         teams = sorted(set(self.rules.teams) | {j.spec.team for j in sched.jobs.values()})

@@ -167,6 +167,7 @@ class LockHeld(RuntimeError):
 
 # -- events <-> rows -------------------------------------------------------------
 def spec_to_dict(spec: JobSpec) -> dict:
+    """A ``JobSpec`` as the JSON-ready dict the event log stores (a share as its own dict)."""
     # shallow (dataclasses.asdict deep-copies every field: a third of a submission's
     # time in the loop); the share, the one nested dataclass, as a dict
     d = {f.name: getattr(spec, f.name) for f in fields(spec)}
@@ -178,6 +179,8 @@ def spec_to_dict(spec: JobSpec) -> dict:
 
 
 def spec_from_dict(d: dict) -> JobSpec:
+    """The ``JobSpec`` of a logged dict (``spec_to_dict``); fields absent from an older log
+    take their defaults (``project`` ''), so an old log replays unchanged."""
     d = dict(d)
     share = d.pop("share", None)
     d["gpu_types"] = tuple(d.get("gpu_types") or ())
@@ -208,6 +211,11 @@ def event_row(e: Event) -> dict:
 
 
 def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Event:
+    """The core's event of one ``events`` row (``kind``, ``t`` in epoch seconds, ``job_id``,
+    JSON ``payload``).
+
+    Raises:
+        ValueError: an unknown ``kind`` (a log written by a newer gpushepherd)."""
     data = json.loads(payload)
     if kind == "submit":
         return JobSubmitted(t, spec_from_dict(data))
@@ -320,6 +328,7 @@ class Store:
 
     @staticmethod
     def sqlite_url(data_dir: Path) -> str:
+        """The default database: ``sqlite:///<data_dir>/shepherd.db`` (absolute path)."""
         return f"sqlite:///{Path(data_dir).resolve() / 'shepherd.db'}"
 
     # -- the lock -------------------------------------------------------------
@@ -370,6 +379,7 @@ class Store:
             return res.rowcount == 1
 
     def release_lock(self) -> None:
+        """Give up the server lock row if this store holds it (no-op otherwise)."""
         with self.engine.begin() as c:
             c.execute(server_lock.delete().where(server_lock.c.name == "server", server_lock.c.token == self.token))
 
@@ -424,6 +434,7 @@ class Store:
                                             payload=json.dumps(payload, sort_keys=True)))
 
     def last_policy(self) -> dict | None:
+        """The last logged policy (parsed YAML as a dict), or ``None`` when none is logged."""
         with self.engine.connect() as c:
             row = c.execute(select(events.c.payload).where(events.c.kind == "policy")
                             .order_by(events.c.seq.desc()).limit(1)).first()
@@ -463,6 +474,7 @@ class Store:
 
     # -- jobs -------------------------------------------------------------------
     def next_job_number(self) -> int:
+        """The next free numeric job id (one more than any job, array or service so far)."""
         with self.engine.connect() as c:
             return max(c.execute(select(func.max(jobs.c.num))).scalar() or 0,
                        c.execute(select(func.max(arrays.c.num))).scalar() or 0,
@@ -474,20 +486,25 @@ class Store:
             return [dict(r) for r in c.execute(select(arrays).order_by(arrays.c.num)).mappings()]
 
     def cancel_array(self, array_id: str, t: float) -> None:
+        """Record that array ``array_id`` was cancelled at ``t`` (epoch seconds), committed."""
         with self.engine.begin() as c:
             c.execute(update(arrays).where(arrays.c.id == array_id, arrays.c.cancelled.is_(None))
                       .values(cancelled=t))
 
     def job_row(self, job_id: str) -> dict | None:
+        """The ``jobs`` row of ``job_id`` as a dict, or ``None`` for an unknown job."""
         with self.engine.connect() as c:
             row = c.execute(select(jobs).where(jobs.c.id == job_id)).mappings().first()
         return dict(row) if row else None
 
     def job_rows(self) -> dict[str, dict]:
+        """Every ``jobs`` row, as ``{job id: row dict}``."""
         with self.engine.connect() as c:
             return {r["id"]: dict(r) for r in c.execute(select(jobs).order_by(jobs.c.num)).mappings()}
 
     def update_job(self, job_id: str, **values: Any) -> None:
+        """Set columns of one ``jobs`` row (no fsync of its own: note 008, "Submission
+        throughput")."""
         with self.engine.begin() as c:
             c.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
 
