@@ -236,14 +236,16 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
 
 
 def _sqlite_pragmas(synchronous: str):
-    """A connect hook: WAL, ``synchronous`` (FULL: an acknowledged event survives a
+    """A connect hook: a 30 s busy timeout, WAL, ``synchronous`` (FULL: an acknowledged event survives a
     power cut; NORMAL: a commit survives a crash of the process, and the next FULL
-    commit makes it durable too), a 30 s busy timeout."""
+    commit makes it durable too)."""
     def hook(dbapi_conn, _record):  # noqa: ANN001
         cur = dbapi_conn.cursor()
+        # the busy timeout first: switching a fresh database to WAL needs its lock, and
+        # without the timeout a second process opening it at once fails at that pragma
+        cur.execute("PRAGMA busy_timeout=30000")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA synchronous={synchronous}")
-        cur.execute("PRAGMA busy_timeout=30000")
         cur.close()
     return hook
 
