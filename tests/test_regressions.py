@@ -85,7 +85,9 @@ def test_a_reclaimed_victim_is_not_told_it_waits_for_a_preemptor_that_started():
             SimJob(job("A1", 2, team="A", submit=10), 100)]
     res = Simulator(_cohort(2, 0, 2), jobs, record_reasons=True).run()
     assert res.records["A1"].starts[0][0] == 10
-    assert [r[2] for r in res.records["B1"].reasons] == ["Resources"]
+    # A1 is within team A's nominal quota: B1 (higher class, but borrowing) may not evict it
+    assert [r[2] for r in res.records["B1"].reasons] == [
+        "NoPreemptibleVictims(lower-priority jobs may not be preempted)"]
 
 
 def test_a_variant_policy_is_checked_before_anything_runs():

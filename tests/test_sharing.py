@@ -300,7 +300,7 @@ def test_a_lost_node_drops_its_mig_plan_and_a_report_without_a_plan_is_ignored()
     sched, out = scheduler(rules, job("big", share=GpuShare("mig", profile="3g.40gb")))
     assert [type(d).__name__ for d in out] == ["ReconfigureMig"]
     sched.handle([NodeLost(1, "n1")])
-    assert sched._mig_plans == {}
+    assert sched.book.mig_plans == {}
     assert sched.handle([MigReconfigured(2, "n1", 0, ((0, "7g.80gb"),))]) == []  # no plan: stale, ignored
     out = sched.handle([NodeAdded(3, rules.nodes[0])])  # back as the policy has it: planned again
     assert [d.layout[-1] for d in out] == [(4, "3g.40gb")]

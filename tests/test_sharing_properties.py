@@ -93,7 +93,7 @@ def check_cards(sched) -> None:
             if holder not in (None, SHARED, MIG):
                 assert g not in slot.cards and g not in slot.migs  # a whole GPU shares its card with nobody
     # class anti-affinity: no node holds sandbox and training jobs at once (both started there)
-    for idx, on in enumerate(sched._node_classes):
+    for idx, on in enumerate(sched.book.node_classes):
         assert not ("sandbox" in on and "training" in on), f"{sched.ledger.slots[idx].node.name}: {on}"
 
 

@@ -22,7 +22,8 @@ takes the tightest GPU (its ``gpuSelMethod`` default ``best``), not the first.
 
 from __future__ import annotations
 
-from gpushepherd.core import Scheduler, backfill
+from gpushepherd.core import Scheduler
+from gpushepherd.core.admission import Admission
 from gpushepherd.core.filters import share_fits_card
 from gpushepherd.core.ledger import FULL_MILLI, NodeSlot, ShareCard
 from gpushepherd.core.placement import members_of
@@ -44,23 +45,24 @@ def node_free_milli(slot: NodeSlot) -> int:
     return slot.free * FULL_MILLI + sum(card_free_milli(c) for c in slot.cards.values() if c.key)
 
 
-class NodeBestFit(Scheduler):
-    """gpushepherd's core with node best-fit placement of shares (see the module docstring).
+class BestFitAdmission(Admission):
+    """gpushepherd's admission rule with node best-fit placement of shares (see the module
+    docstring).
 
     Each node's summed free capacity and the largest room of its cards per mode are
     kept from the ledger's change log (and the node's health mask: a shared card that
     turns unhealthy is not in that log), so a placement scans the candidate nodes once,
     looking inside a node only when it may fit."""
 
-    def __init__(self, rules: Rules):
-        super().__init__(rules)
+    def __init__(self, book):
+        super().__init__(book)
         self._bf_free: list[int] = []
         self._bf_room: list[dict[str, int]] = []
         self._bf_health: list[int] = []
         self._bf_pos = 0
 
     def _bf_node(self, idx: int) -> None:
-        slot = self.ledger.slots[idx]
+        slot = self.book.ledger.slots[idx]
         self._bf_free[idx] = node_free_milli(slot)
         self._bf_health[idx] = slot.healthy_mask
         room: dict[str, int] = {}
@@ -73,7 +75,7 @@ class NodeBestFit(Scheduler):
         self._bf_room[idx] = room
 
     def _bf_sync(self) -> None:
-        ledger = self.ledger
+        ledger = self.book.ledger
         changes = ledger.changes
         old = len(self._bf_free)
         if old < len(ledger.slots):
@@ -87,21 +89,25 @@ class NodeBestFit(Scheduler):
                 self._bf_node(idx)
             self._bf_pos = len(changes)
 
-    def _place_share_in(self, job, groups, res, end):
+    def _share_spot_in(self, job, groups, avoided, profile, end, fresh):
         share = job.share
         if share.kind == "mig":
-            return super()._place_share_in(job, groups, res, end)
-        ledger = self.ledger
+            return super()._share_spot_in(job, groups, avoided, profile, end, fresh)
+        ledger = self.book.ledger
         need = share.need()
         kind = share.kind
         primary = need[2] if kind == "time_slice" else need[0]
         self._bf_sync()
         free, rooms, health, slots = self._bf_free, self._bf_room, self._bf_health, ledger.slots
-        cand = members_of(ledger, groups)  # live nodes, ascending
+        cand = [i for i in members_of(ledger, groups) if i not in avoided]  # live nodes, ascending
         for idx in cand:
             if slots[idx].healthy_mask != health[idx]:
                 self._bf_node(idx)
-        fresh_ok = {g: share_fits_card(ledger.groups[g].node, share) for g in groups}
+        fresh_ok = {g: fresh and share_fits_card(ledger.groups[g].node, share) for g in groups}
+
+        def fresh_allowed(idx: int) -> bool:
+            return not profile or self._cap(job, profile, idx, end, None) >= 1
+
         best = None
         best_free = 0
         for idx in cand:
@@ -111,30 +117,37 @@ class NodeBestFit(Scheduler):
             slot = slots[idx]
             if rooms[idx].get(kind, -1) < primary and not (slot.free and fresh_ok[slot.group]):
                 continue  # no card with room enough, no whole GPU to open
-            if self._first_fit(slot, kind, need, fresh_ok[slot.group], res, end, job) is not None:
+            if _first_fit(slot, kind, need, fresh_ok[slot.group], fresh_allowed) is not None:
                 best, best_free = idx, f
         if best is None:
             return None
-        gpu, fresh = self._first_fit(ledger.slots[best], kind, need, fresh_ok[ledger.slots[best].group], res, end, job)
-        return best, gpu, None, fresh
+        slot = ledger.slots[best]
+        gpu, opens = _first_fit(slot, kind, need, fresh_ok[slot.group], fresh_allowed)
+        return best, gpu, None, opens
 
-    @staticmethod
-    def _first_fit(slot: NodeSlot, kind: str, need: tuple[int, int, int], fresh_ok: bool, res, end: float,
-                   job) -> tuple[int, bool] | None:
-        """``(GPU, opens a fresh GPU)`` of the lowest-index GPU of ``slot`` that can take
-        the share, or ``None``."""
-        fresh_allowed = None
-        for g in range(slot.total):
-            card = slot.cards.get(g)
-            if card is not None:
-                if card.key and card.mode == kind and card.fits(*need):
-                    return g, False
-            elif slot.free_mask >> g & 1 and fresh_ok:
-                if fresh_allowed is None:
-                    fresh_allowed = not res or backfill.conflict(res, [(slot.idx, 1)], end, job.key) is None
-                if fresh_allowed:
-                    return g, True
-        return None
+
+def _first_fit(slot: NodeSlot, kind: str, need: tuple[int, int, int], fresh_ok: bool,
+               fresh_allowed) -> tuple[int, bool] | None:
+    """``(GPU, opens a fresh GPU)`` of the lowest-index GPU of ``slot`` that can take the
+    share, or ``None``."""
+    allowed = None
+    for g in range(slot.total):
+        card = slot.cards.get(g)
+        if card is not None:
+            if card.key and card.mode == kind and card.fits(*need):
+                return g, False
+        elif slot.free_mask >> g & 1 and fresh_ok:
+            if allowed is None:
+                allowed = fresh_allowed(slot.idx)
+            if allowed:
+                return g, True
+    return None
+
+
+class NodeBestFit(Scheduler):
+    """gpushepherd's core with node best-fit placement of shares (``BestFitAdmission``)."""
+
+    admission_class = BestFitAdmission
 
 
 def baseline(rules: Rules):

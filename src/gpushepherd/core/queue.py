@@ -44,6 +44,9 @@ class PendingQueue:
     def __init__(self) -> None:
         self.subs: dict[int, list[Job]] = {}
         self._subkeys: dict[int, list[tuple]] = {}
+        self._subests: dict[int, list[float]] = {}  # each job's planned run, in queue order
+        self._mins: dict[int, tuple[int, list[float]]] = {}  # sig -> (version, block minima)
+        self._version: dict[int, int] = {}
         self.heads: list[tuple[tuple, int]] = []
         self.count = 0
 
@@ -56,6 +59,7 @@ class PendingQueue:
         if keys is None:
             self.subs[sig] = [job]
             self._subkeys[sig] = [job.key]
+            self._subests[sig] = [job.pend_est]
             insort(self.heads, (job.key, sig))
         else:
             i = bisect_left(keys, job.key)
@@ -64,6 +68,8 @@ class PendingQueue:
                 insort(self.heads, (job.key, sig))
             keys.insert(i, job.key)
             self.subs[sig].insert(i, job)
+            self._subests[sig].insert(i, job.pend_est)
+        self._version[sig] = self._version.get(sig, 0) + 1
         self.count += 1
 
     def remove(self, job: Job) -> None:
@@ -75,6 +81,8 @@ class PendingQueue:
             i += 1
         del keys[i]
         del sub[i]
+        del self._subests[sig][i]
+        self._version[sig] = self._version.get(sig, 0) + 1
         if i == 0:
             self._drop_head(job.key, sig)
             if keys:
@@ -82,7 +90,41 @@ class PendingQueue:
             else:
                 del self.subs[sig]
                 del self._subkeys[sig]
+                del self._subests[sig]
+                self._mins.pop(sig, None)
         self.count -= 1
+
+    #: jobs per block of the minima that ``next_shorter`` skips by
+    BLOCK = 64
+
+    def next_shorter(self, sig: int, i: int, below: float) -> int | None:
+        """The first position after ``i`` in sub-queue ``sig`` whose job's planned run is
+        below ``below`` (``None``: none). Exact: blocks whose minimum is not below it
+        are skipped (the minima are rebuilt when the sub-queue changed)."""
+        ests = self._subests[sig]
+        n = len(ests)
+        j = i + 1
+        block = self.BLOCK
+        stop = min(n, (j // block + 1) * block)
+        while j < stop:  # the rest of i's block
+            if ests[j] < below:
+                return j
+            j += 1
+        if j >= n:
+            return None
+        version = self._version.get(sig, 0)
+        cached = self._mins.get(sig)
+        if cached is None or cached[0] != version:
+            mins = [min(ests[b:b + block]) for b in range(0, n, block)]
+            self._mins[sig] = (version, mins)
+        else:
+            mins = cached[1]
+        for b in range(j // block, len(mins)):
+            if mins[b] < below:
+                for k in range(b * block, min(n, (b + 1) * block)):
+                    if ests[k] < below:
+                        return k
+        return None
 
     def _drop_head(self, key: tuple, sig: int) -> None:
         i = bisect_left(self.heads, (key, sig))
@@ -104,5 +146,6 @@ class PendingQueue:
             keys = [j.key for j in sub]
             assert keys == sorted(keys) == self._subkeys[sig], "sub-queue out of order"
             assert all(j.sig == sig for j in sub), "job in the wrong sub-queue"
+            assert [j.pend_est for j in sub] == self._subests[sig], "planned runs drifted"
             total += len(sub)
         assert total == self.count, "pending count drifted"

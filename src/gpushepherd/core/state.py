@@ -70,6 +70,21 @@ class Job:
     share_at: tuple[int, ...] = ()  # a share's (GPU,) or MIG (GPU, instance position) on alloc's node
     #: why the core stopped its current run (``time-limit``, ``idle``, ``memory-overrun``; '' none)
     stop_reason: str = ""
+    #: it may be evicted: preemptible, and checkpointable where its class asks
+    evictable: bool = False
+    #: the grace period its stops get (its class's, when it checkpoints; else 0), seconds
+    stop_grace: float = 0.0
+    #: what the current run is charged: units (7000 per GPU) and quota charges (a memory
+    #: share is charged by the card it holds; a reserved class's covered part is not
+    #: charged to cohort limits)
+    run_units: int = 0
+    run_charges: tuple[Charge, ...] = ()
+    #: units of the current run covered by its class's ``reserved_gpus`` (note 015)
+    covered: int = 0
+    #: while it holds a preemptor's hold: the pass number that last kept it
+    hold_pass: int = -1
+    #: a preemptor's planned GPUs per node (masks): it starts on them when they are free
+    hold_gpus: dict[int, int] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -92,6 +107,18 @@ class Job:
         if self.estimate_s is None:
             return None
         return max(0.0, self.estimate_s - self.done_s)
+
+    def planned_run(self) -> float:
+        """Seconds a run started now is planned to last (note 015): its remaining
+        estimate when that ends before its time limit, else the time limit plus the
+        grace its time-limit stop gets; ``INF`` without either."""
+        rem = self.remaining_estimate()
+        lim = self.run_limit()
+        if lim is None:
+            return INF if rem is None else rem
+        if rem is not None and rem < lim:
+            return rem
+        return lim + self.stop_grace
 
     def run_limit(self) -> float | None:
         """Seconds this run may last before its time limit stops it."""

@@ -86,6 +86,10 @@ class Limit:
     pools: tuple[str, ...] | None = None
     #: counts only jobs that may not be preempted (they could never be reclaimed)
     unevictable_only: bool = False
+    #: compiled from a cohort: the part of a job covered by its class's
+    #: ``reserved_gpus`` does not count here (the reserved GPUs are outside every
+    #: nominal quota, so they are counted once; note 015)
+    covers_reserved: bool = False
 
     @property
     def loosest(self) -> int:

@@ -623,12 +623,12 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
             idx = len(limits)
             cap = UNLIMITED if bl is None else nom + bl
             path = f"teams.{team}.borrowing_limit" if co.pool is None else f"cohorts.{cname}.{team}.borrowing_limit"
-            limits.append(Limit(path, cap, team=team, pools=pools))
+            limits.append(Limit(path, cap, team=team, pools=pools, covers_reserved=True))
             members.append(CohortMember(team, nom, idx))
             # work that may not be preempted could never be reclaimed: it never borrows
             prefix = f"teams.{team}" if co.pool is None else f"cohorts.{cname}.{team}"
             limits.append(Limit(f"{prefix}.nominal_gpus(not preemptible)", nom, team=team, pools=pools,
-                                unevictable_only=True))
+                                unevictable_only=True, covers_reserved=True))
             if ll is not None and ll < nom:
                 guards[team] = nom - ll
         capacity = sum(m.nominal for m in members)
@@ -643,7 +643,7 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
                 continue
             cap = capacity - sum(guards[g] for g in subset)
             path = f"cohorts.{cname}" + (f"(keeping {'+'.join(subset)} lending_limit)" if subset else "")
-            limits.append(Limit(path, cap, members=outside, cohort=cname, pools=pools))
+            limits.append(Limit(path, cap, members=outside, cohort=cname, pools=pools, covers_reserved=True))
         out[cname] = Cohort(cname, tuple(members), co.reclaim, pools)
     return out
 

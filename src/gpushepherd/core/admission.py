@@ -1,0 +1,502 @@
+"""The one admission rule (design note 015, section 1): may a pending job start now,
+where, and if not, which rule refuses it first.
+
+Every path that starts a job asks ``Admission.decide``: the pass, a preemptor whose
+victims left, a preemption or reclaim plan (on a ``Scratch`` state in which the victims
+are gone, KAI's ``Statement``), shares, and the reason ``shepherd why`` shows. Rules in
+precedence order (the first that refuses is the reason):
+
+1. ``HARD_NEVER``   a limit the job exceeds even at its loosest window;
+2. ``HARD_NOW``     a hard limit now (team, user, class, parent, running jobs, window);
+3. ``NEVER_FITS``   the healthy nodes it may use, all empty, minus other classes'
+                    ``reserved_gpus``;
+4. ``FREE``         a placement on the free GPUs;
+5. ``COHORT``       the cohort's capacity;
+6. ``ANTI``         class anti-affinity (``avoid_nodes_with``);
+7. ``CLASS_HOLD``   other classes' ``reserved_gpus`` left free;
+8. ``CLAIMS``       holds of preemptors and reservations it would delay (GPUs, quota).
+
+A job that passes all eight starts on the best placement satisfying all of them at once
+(best fit, NVLink islands, model-cache locality; shares on the tightest card).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpushepherd.core.filters import inventory_misfit, share_fits_card
+from gpushepherd.core.intake import units_of
+from gpushepherd.core.placement import Counts, members_of, pick_gpus, place_counts, place_live
+from gpushepherd.core.profile import Claim, Profile
+from gpushepherd.core.state import Job
+from gpushepherd.model.job import GPU_UNITS
+
+ADMITTED, HARD_NEVER, HARD_NOW, NEVER_FITS, FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS = range(9)
+#: rules whose refusal is about capacity: preemption, reclaim and reservations may help
+CAPACITY_RULES = frozenset({FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS})
+
+
+@dataclass(slots=True)
+class Verdict:
+    """The answer of the admission rule.
+
+    Attributes:
+        rule: ``ADMITTED`` (0) or the first rule that refused.
+        counts: whole-GPU placement ``[(node index, GPUs)]`` when admitted.
+        spot: a share's ``(node index, GPU, MIG instance position or None, opens a
+            fresh GPU)`` when admitted.
+        units / charges: what the run would be charged.
+        limit: for quota rules, ``(limit index, usage)`` of the limit that refused.
+        blocker: for ``CLAIMS``, the claim it would delay.
+        holder: for ``CLASS_HOLD``, the class whose reservation binds.
+    """
+
+    rule: int
+    counts: Counts | None = None
+    spot: tuple | None = None
+    units: int = 0
+    charges: tuple = ()
+    limit: tuple[int, int] | None = None
+    blocker: Claim | None = None
+    holder: str = ""
+
+    @property
+    def admitted(self) -> bool:
+        return self.rule == ADMITTED
+
+
+class Scratch:
+    """The allocation as it would be with ``victims`` gone (nothing in the book changes):
+    their GPUs in service are free, their charges and class units released."""
+
+    __slots__ = ("book", "victims", "freed", "free_total", "quota", "class_units", "covered", "node_classes",
+                 "ends")
+
+    def __init__(self, book, victims: list[Job]):
+        self.book = book
+        self.victims = victims
+        ledger = book.ledger
+        self.freed: dict[int, int] = {}  # node -> mask of whole GPUs freed
+        self.ends: list[tuple[int, int, float]] = []  # (node, GPUs, the victim's planned end)
+        self.quota: dict[tuple[int, str], int] = {}
+        self.class_units: dict[str, int] = {}
+        self.covered: dict[str, int] = {}
+        freed_n = 0
+        for v in victims:
+            for idx, mask in v.alloc:
+                m = mask & ledger.slots[idx].healthy_mask
+                if m:
+                    self.freed[idx] = self.freed.get(idx, 0) | m
+                    self.ends.append((idx, m.bit_count(), v.end_est))
+                    freed_n += m.bit_count()
+            for i, user, a in v.run_charges:
+                self.quota[(i, user)] = self.quota.get((i, user), 0) + a
+            self.class_units[v.cls.name] = self.class_units.get(v.cls.name, 0) + v.run_units
+            if v.covered:
+                self.covered[v.cls.name] = self.covered.get(v.cls.name, 0) + v.covered
+        self.free_total = ledger.free_total + freed_n
+        self.node_classes = None
+        if book.anti:
+            table = [dict(on) for on in book.node_classes]
+            for v in victims:
+                for idx, _mask in v.alloc:
+                    on = table[idx]
+                    on[v.cls.name] -= 1
+                    if not on[v.cls.name]:
+                        del on[v.cls.name]
+            self.node_classes = table
+
+    def free(self, n: int) -> int:
+        return self.book.ledger.slots[n].free + self.freed.get(n, 0).bit_count()
+
+    def free_mask(self, n: int) -> int:
+        return self.book.ledger.slots[n].free_mask | self.freed.get(n, 0)
+
+    def extra_at(self, n: int, p: float) -> int:
+        """GPUs of node ``n`` the victims free that would still be held at ``p``."""
+        return sum(g for idx, g, end in self.ends if idx == n and end > p)
+
+
+class Admission:
+    """The admission rule over one book. Subclasses may change where shares go
+    (``share_spot``), as the node best-fit baseline does."""
+
+    def __init__(self, book):
+        self.book = book
+
+    # ----------------------------------------------------------- the rule
+    def decide(self, job: Job, profile: Profile | None, scratch: Scratch | None = None) -> Verdict:
+        """Apply rules 1-8 to ``job`` now (on ``scratch`` when given)."""
+        if job.shape.mode == "share":
+            return self._decide_share(job, profile, scratch)
+        book = self.book
+        units = job.units
+        covered = self._coverage(job, units, scratch)
+        charges = book.charges_with(job, units, covered) if covered else job.charges
+        if charges:
+            v = self._hard(charges, scratch)
+            if v is not None:
+                return v
+        if self.never_fits(job):
+            return Verdict(NEVER_FITS)
+        counts = self._place(job, scratch)
+        if counts is None:
+            return Verdict(FREE, units=units, charges=charges)
+        if job.cohort is not None:
+            hit = self._blocking(charges, True, scratch)
+            if hit is not None:
+                return Verdict(COHORT, limit=hit, units=units, charges=charges)
+        avoided = frozenset()
+        if book.anti and job.cls.avoid:
+            avoided = book.avoided_nodes(job, scratch.node_classes if scratch is not None else None)
+            if avoided and any(n in avoided for n, _c in counts):
+                counts = self._place(job, scratch, avoided)
+                if counts is None:
+                    return Verdict(ANTI, units=units, charges=charges)
+        if book.reserved:
+            holder = self._class_hold(job, units, scratch)
+            if holder:
+                return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
+        if profile:
+            end = book.now + job.planned_run()
+            caps = self._caps(job, profile, counts, end, scratch)
+            if caps is not None:
+                counts = self._place(job, scratch, avoided, caps)
+                if counts is None:
+                    return Verdict(CLAIMS, units=units, charges=charges,
+                                   blocker=self._blocker(job, profile, caps, charges, end, scratch))
+            blocker = self._quota_claims(job, profile, charges, end, scratch)
+            if blocker is not None:
+                return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
+        return Verdict(ADMITTED, counts=counts, units=units, charges=charges)
+
+    # ----------------------------------------------------------- rules 1-3
+    def _hard(self, charges: tuple, scratch: Scratch | None) -> Verdict | None:
+        quota = self.book.quota
+        for i, _user, amount in charges:
+            if amount > quota.limits[i].loosest * quota.scale[i]:
+                return Verdict(HARD_NEVER, limit=(i, 0), charges=charges)
+        hit = self._blocking(charges, False, scratch)
+        if hit is not None:
+            return Verdict(HARD_NOW, limit=hit, charges=charges)
+        return None
+
+    def _blocking(self, charges: tuple, cohort: bool, scratch: Scratch | None) -> tuple[int, int] | None:
+        """The first limit (policy order) the charges exceed now: hard limits, or with
+        ``cohort`` the cohort capacity limits; ``(limit index, usage)``."""
+        quota = self.book.quota
+        usage, current, cohorts = quota.usage, quota.current, quota.cohort_limits
+        freed = scratch.quota if scratch is not None else None
+        for i, user, amount in charges:
+            if (i in cohorts) != cohort:
+                continue
+            used = usage.get((i, user), 0)
+            if freed:
+                used -= freed.get((i, user), 0)
+            if used + amount > current[i]:
+                return i, used
+        return None
+
+    def never_fits(self, job: Job) -> bool:
+        """The job can never fit the healthy nodes it may use, even all empty (too big
+        for any node, for all of them together, a gang that cannot be packed), or more
+        GPUs than other classes' ``reserved_gpus`` ever leave."""
+        book = self.book
+        key = (job.fkey, job.shape.k)
+        never = book.cap_cache.get(key)
+        if never is None:
+            ledger = book.ledger
+            if job.shape.mode == "share":
+                live = [s.node for s in ledger.slots if s.alive]
+                never = inventory_misfit(live, job.cls, job.spec, job.shape.ckey,
+                                         book.rules.mig_reconfigure) is not None
+            else:
+                cand = members_of(ledger, book.groups_for(job))
+                totals = {i: ledger.slots[i].healthy for i in cand}
+                never = place_counts(dict(totals), cand, totals, job.shape) is None
+            book.cap_cache[key] = never
+        if not never and book.reserved and job.shape.mode != "share":
+            other = sum(r for c, r in book.reserved.items() if c != job.cls.name)
+            never = job.units > book.ledger.healthy_total * GPU_UNITS - other
+        return never
+
+    # ----------------------------------------------------------- rules 5-7
+    def _coverage(self, job: Job, units: int, scratch: Scratch | None) -> int:
+        book = self.book
+        res = book.reserved.get(job.cls.name)
+        if not res:
+            return 0
+        used = book.covered_units.get(job.cls.name, 0)
+        if scratch is not None:
+            used -= scratch.covered.get(job.cls.name, 0)
+        return max(0, min(units, res - used))
+
+    def _class_hold(self, job: Job, units: int, scratch: Scratch | None) -> str:
+        """The first class (policy order) whose ``reserved_gpus`` the job would take;
+        '' when the free GPUs left after it cover every other class's reservation."""
+        book = self.book
+        held = 0
+        holder = ""
+        for name, res in book.reserved.items():
+            if name == job.cls.name:
+                continue
+            used = book.class_units.get(name, 0)
+            if scratch is not None:
+                used -= scratch.class_units.get(name, 0)
+            if used < res:
+                held += res - used
+                holder = holder or name
+        free = scratch.free_total if scratch is not None else book.ledger.free_total
+        if held and free * GPU_UNITS - units < held:
+            return holder
+        return ""
+
+    # ------------------------------------------------------------ rule 8
+    def _caps(self, job: Job, profile: Profile, counts: Counts, end: float,
+              scratch: Scratch | None) -> dict[int, int] | None:
+        """Per candidate node, the GPUs the claims leave the job; ``None`` when the
+        placement ``counts`` is within them already (it is then the best one)."""
+        if not profile.held_now and not profile.binding_points(end):
+            return None
+        book = self.book
+        ok = True
+        for n, x in counts:
+            if x > self._cap(job, profile, n, end, scratch):
+                ok = False
+                break
+        if ok:
+            return None
+        return {n: self._cap(job, profile, n, end, scratch) for n in book.nodes_for(job)}
+
+    def _cap(self, job: Job, profile: Profile, n: int, end: float, scratch: Scratch | None) -> int:
+        if scratch is None:
+            return profile.node_cap(job.id, n, self.book.ledger.slots[n].free, end)
+        cap = scratch.free(n)
+        held = profile.held_now.get(n)
+        if held:
+            cap -= sum(c for claim, c in held if claim.job_id != job.id)
+        for p in profile.binding_points(end):
+            s = profile.spare[p].get(n)
+            if s is not None:
+                s += scratch.extra_at(n, p)
+                cap = min(cap, s)
+        return max(0, cap)
+
+    def _quota_claims(self, job: Job, profile: Profile, charges: tuple, end: float,
+                      scratch: Scratch | None) -> Claim | None:
+        if not charges or (not profile.quota_held and not profile.binding_points(end)):
+            return None
+        quota = self.book.quota
+        for i, user, amount in charges:
+            k = (i, user)
+            used = quota.usage.get(k, 0) - (scratch.quota.get(k, 0) if scratch is not None else 0)
+            if amount > profile.quota_cap(job.id, k, quota.current[i] - used, end):
+                return self._blocker(job, profile, None, charges, end, scratch)
+        return None
+
+    def _blocker(self, job: Job, profile: Profile, caps, charges: tuple, end: float,
+                 scratch: Scratch | None) -> Claim | None:
+        """The claim a user is told the job waits for: the first that its best
+        placement without claims would delay."""
+        book = self.book
+        counts = self._place(job, scratch) or []
+        quota = book.quota
+
+        def free_of(n: int) -> int:
+            return scratch.free(n) if scratch is not None else book.ledger.slots[n].free
+
+        def headroom_of(k) -> int:
+            used = quota.usage.get(k, 0) - (scratch.quota.get(k, 0) if scratch is not None else 0)
+            return quota.current[k[0]] - used
+
+        found = profile.blocker(job.id, counts, charges, end, free_of, headroom_of)
+        if found is None:
+            found = next((c for c in profile.claims if c.job_id != job.id
+                          and (c.hold or end > c.start)
+                          and (not book.nodes_for(job).isdisjoint(c.gpus) or c.quota)), None)
+        return found
+
+    # ---------------------------------------------------------- placement
+    def _place(self, job: Job, scratch: Scratch | None, avoided: frozenset = frozenset(),
+               caps: dict[int, int] | None = None) -> Counts | None:
+        """Best fit for a whole-GPU job on free GPUs (``scratch``'s when given), away from
+        ``avoided`` nodes and within ``caps``; nodes holding its (preferred) cache key
+        first; single-node multi-GPU jobs on nodes where they fit one NVLink island first."""
+        book = self.book
+        ledger = book.ledger
+        groups = book.groups_for(job)
+        shape = job.shape
+        islands = shape.k > 1 and shape.mode == "single" and any(ledger.groups[g].node.nvlink_islands for g in groups)
+        key = job.spec.cache_key
+        tiered = key and not job.spec.cache_required
+        if scratch is None and not avoided and caps is None and not islands:
+            if tiered:
+                cached = [g for g in groups if key in ledger.groups[g].node.cached]
+                if cached and len(cached) < len(groups):
+                    counts = place_live(ledger, cached, shape)
+                    if counts is not None:
+                        return counts
+            return place_live(ledger, groups, shape)
+        cand = [i for i in members_of(ledger, groups) if i not in avoided]
+        tiers = [cand]
+        if tiered:
+            first = [i for i in cand if key in ledger.slots[i].node.cached]
+            if first and len(first) < len(cand):
+                tiers = [first, cand]
+        for tier in tiers:
+            avail = {}
+            for i in tier:
+                f = scratch.free(i) if scratch is not None else ledger.slots[i].free
+                if caps is not None:
+                    f = min(f, caps.get(i, f))
+                avail[i] = f
+            totals = {i: ledger.slots[i].healthy for i in tier}
+            if islands:
+                counts = self._best_fit_islands(job, tier, avail, scratch)
+            else:
+                counts = place_counts(avail, tier, totals, shape)
+            if counts is not None:
+                return counts
+        return None
+
+    def _best_fit_islands(self, job: Job, cand: list[int], avail: dict[int, int],
+                          scratch: Scratch | None) -> Counts | None:
+        """Single-node best fit that prefers nodes where the job fits one NVLink island:
+        ``(not on one island, free GPUs, node index)``."""
+        ledger = self.book.ledger
+        k = job.shape.k
+        best = None
+        for i in cand:
+            f = avail.get(i, 0)
+            if f < k:
+                continue
+            slot = ledger.slots[i]
+            mask = scratch.free_mask(i) if scratch is not None else slot.free_mask
+            key = (0 if fits_island(mask, k, slot.node.nvlink_islands) else 1, f, i)
+            if best is None or key < best:
+                best = key
+        return None if best is None else [(best[2], k)]
+
+    # ------------------------------------------------------------- shares
+    def _decide_share(self, job: Job, profile: Profile | None, scratch: Scratch | None) -> Verdict:
+        """Rules 1-8 for a share: hard limits, a card that fits (the tightest shared card,
+        else a fresh GPU), the cohort, anti-affinity, class holds for a fresh GPU,
+        claims. A memory-only share is charged by the card it lands on."""
+        book = self.book
+        charges = job.charges
+        if charges:
+            v = self._hard(charges, scratch)
+            if v is not None:
+                return v
+        if self.never_fits(job):
+            return Verdict(NEVER_FITS)
+        groups = book.groups_for(job)
+        spot = self.share_spot(job, groups, frozenset(), None, None)
+        if spot is None:
+            return Verdict(FREE, units=job.units, charges=charges)
+        units, charges = self._share_charges(job, spot)
+        if charges:
+            v = self._hard(charges, scratch)
+            if v is not None:
+                return v
+        if job.cohort is not None:
+            hit = self._blocking(charges, True, scratch)
+            if hit is not None:
+                return Verdict(COHORT, limit=hit, units=units, charges=charges)
+        avoided = book.avoided_nodes(job) if book.anti and job.cls.avoid else frozenset()
+        if avoided and spot[0] in avoided:
+            spot = self.share_spot(job, groups, avoided, None, None)
+            if spot is None:
+                return Verdict(ANTI, units=units, charges=charges)
+            units, charges = self._share_charges(job, spot)
+        if spot[3] and book.reserved:
+            holder = self._class_hold(job, GPU_UNITS, scratch)
+            if holder:
+                # a shared card with room would not take a reserved GPU
+                card = self.share_spot(job, groups, avoided, None, None, fresh=False)
+                if card is None:
+                    return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
+                spot = card
+                units, charges = self._share_charges(job, spot)
+        if profile:
+            end = book.now + job.planned_run()
+            if spot[3] and self._cap(job, profile, spot[0], end, scratch) < 1:
+                spot = self.share_spot(job, groups, avoided, profile, end)
+                if spot is None:
+                    return Verdict(CLAIMS, units=units, charges=charges,
+                                   blocker=self._blocker(job, profile, None, charges, end, scratch))
+                units, charges = self._share_charges(job, spot)
+            blocker = self._quota_claims(job, profile, charges, end, scratch)
+            if blocker is not None:
+                return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
+        return Verdict(ADMITTED, spot=spot, units=units, charges=charges)
+
+    def _share_charges(self, job: Job, spot: tuple) -> tuple[int, tuple]:
+        share = job.share
+        if share.kind != "fraction" or share.milli:
+            return job.units, job.charges
+        book = self.book
+        mem = book.ledger.slots[spot[0]].node.gpu_mem_mib
+        units = units_of(book, job.spec, job.shape.ckey, mem)
+        return units, book.charges_with(job, units, 0)
+
+    def share_spot(self, job: Job, groups: list[int], avoided: frozenset, profile: Profile | None,
+                   end: float | None, fresh: bool = True) -> tuple | None:
+        """Where a share goes: ``(node index, GPU, MIG instance position or None, opens a
+        fresh GPU)``. Nodes holding the job's cache key first (when it names one); within
+        them the tightest card that fits, else (``fresh``) a whole free GPU by best fit on
+        a node where the claims of ``profile`` leave one."""
+        spec = job.spec
+        ledger = self.book.ledger
+        tiers = [groups]
+        if spec.cache_key and not spec.cache_required:
+            cached = [g for g in groups if spec.cache_key in ledger.groups[g].node.cached]
+            if cached and len(cached) < len(groups):
+                tiers = [cached, [g for g in groups if g not in cached]]
+        for tier in tiers:
+            spot = self._share_spot_in(job, tier, avoided, profile, end, fresh)
+            if spot is not None:
+                return spot
+        return None
+
+    def _share_spot_in(self, job: Job, groups: list[int], avoided: frozenset, profile: Profile | None,
+                       end: float | None, fresh: bool) -> tuple | None:
+        ledger = self.book.ledger
+        share = job.share
+        if share.kind == "mig":
+            found = ledger.best_mig(groups, share.profile, avoided)
+            return None if found is None else (found[0], found[1], found[2], False)
+        found = ledger.best_card(groups, share.kind, *share.need(), exclude=avoided)
+        if found is not None:
+            return found[0], found[1], None, False
+        if not fresh:
+            return None
+        fits = [g for g in groups if share_fits_card(ledger.groups[g].node, share)]
+        if not fits or ledger.free_in(fits) == 0:
+            return None
+        idx = ledger.best_fit(fits, 1)
+        if idx is not None and (idx in avoided or (profile and self._cap(job, profile, idx, end, None) < 1)):
+            idx = None
+            for cand in sorted(members_of(ledger, fits), key=lambda i: (ledger.slots[i].free, i)):
+                if (ledger.slots[cand].free and cand not in avoided
+                        and not (profile and self._cap(job, profile, cand, end, None) < 1)):
+                    idx = cand
+                    break
+        if idx is None:
+            return None
+        slot = ledger.slots[idx]
+        mask = pick_gpus(slot.free_mask, 1, slot.node.nvlink_islands)
+        return idx, mask.bit_length() - 1, None, True
+
+
+def fits_island(free_mask: int, k: int, islands: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether ``k`` GPUs of ``free_mask`` fit one NVLink island (no islands: yes)."""
+    if not islands:
+        return True
+    for island in islands:
+        n = 0
+        for g in island:
+            n += free_mask >> g & 1
+        if n >= k:
+            return True
+    return False

@@ -1,0 +1,455 @@
+"""The core's state and its transitions: who is pending, who holds which GPUs, what each
+limit counts, and the indexes kept from them (Kueue keeps its cache apart from its
+queues; here the pending queue and the allocation ledger are two rooms of one book).
+
+Every change of a job's state goes through one method here (``launch``, ``release``,
+``signal``, ``end``, ``requeue``, ``preempt``, ``stop``), which logs the transition and
+keeps every index consistent; ``core/invariants.py`` checks them. No policy decision is
+taken here: the stages (admission, preemption, the cycle) decide, the book records.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+
+from gpushepherd.core import priority
+from gpushepherd.core.fairshare import UsageBook
+from gpushepherd.core.filters import node_ok
+from gpushepherd.core.ledger import Ledger, bits
+from gpushepherd.core.placement import members_of
+from gpushepherd.core.predict import RuntimePredictor
+from gpushepherd.core.queue import PendingQueue, estimate_band
+from gpushepherd.core.quota import QuotaBook
+from gpushepherd.core.state import INF, Job, Transition
+from gpushepherd.core.usage import UsageTrack
+from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
+from gpushepherd.model.job import GPU_UNITS, JobState, natural_key
+from gpushepherd.model.placement import Placement
+from gpushepherd.model.reasons import PendingReason, ReasonCode
+from gpushepherd.model.rules import LimitUnit, Rules
+
+
+def victim_order_key(job: Job) -> tuple:
+    """The global victim order (the conventions'): lowest class first, most recently
+    started first, highest job id first."""
+    return (job.cls.priority, -job.run_start, _neg_natural(job.id))
+
+
+def _neg_natural(text: str) -> tuple:
+    # invert a natural key so that ascending order puts the highest id first
+    return tuple((-a, -b, tuple(-ord(ch) for ch in c) + (1,)) for a, b, c in natural_key(text)) + ((2, 0, ()),)
+
+
+class Book:
+    """Everything the core knows, and the one place that changes it.
+
+    Attributes:
+        rules: the compiled policy.
+        ledger: the allocation ledger (who holds which GPU).
+        quota: usage of every policy limit, in GPU units (7000 per GPU) or jobs.
+        jobs: every job ever submitted, by id.
+        queue: the pending jobs, in sub-queues (``core/queue.py``).
+        running: jobs holding GPUs (RUNNING, PREEMPTING, STOPPING), by id.
+        ends: ``(planned end, seq, id)`` of the jobs holding GPUs, sorted (note 015).
+        preemptors: pending jobs that hold GPUs their victims free, by id.
+        now: the time of the last handled event (seconds).
+    """
+
+    def __init__(self, rules: Rules):
+        self.rules = rules
+        self.ledger = Ledger(rules.nodes)
+        self.quota = QuotaBook(rules)
+        self.jobs: dict[str, Job] = {}
+        self.queue = PendingQueue()
+        self.running: dict[str, Job] = {}
+        self.ends: list[tuple[float, int, str]] = []
+        self.timers: list[tuple[float, int, int, str]] = []  # time-limit timers
+        self.wakeups: list[float] = []  # times a victim comes of age (minimum runtime)
+        self.preemptors: dict[str, Job] = {}
+        self.now = float("-inf")
+        self.seq = 0
+        self.event_no = 0
+        self.last_submit = float("-inf")
+        # fair-share and multifactor priority (``core/priority.py``)
+        self.usage = UsageBook(rules.priority.half_life_s, GPU_UNITS)
+        self.max_prio = max((c.priority for c in rules.classes.values()), default=1) or 1
+        self.recalc_t = float("-inf")
+        self.next_recalc = float("-inf")
+        self.teams_seen: set[str] = set(rules.teams)
+        self.users_seen: dict[str, set[str]] = {}
+        pr = rules.prediction
+        self.predictor = RuntimePredictor(pr.quantile, pr.history, pr.min_jobs) if pr.enabled else None
+        # per class: units held, units covered by its reserved_gpus
+        self.class_units: dict[str, int] = {}
+        self.covered_units: dict[str, int] = {}
+        self.reserved = {c.name: c.reserved_gpus * GPU_UNITS for c in rules.classes.values() if c.reserved_gpus}
+        # class anti-affinity: per node index, class -> jobs of it holding GPUs there
+        self.anti = any(c.avoid for c in rules.classes.values())
+        self.node_classes: list[dict[str, int]] = [{} for _ in self.ledger.slots]
+        # RUNNING jobs per class priority, and the evictable ones themselves
+        self.running_prio: dict[int, int] = {}
+        self.evictable: dict[int, dict[str, Job]] = {}
+        # per node and class priority (by position): GPUs of RUNNING jobs of a lower
+        # class, all of them / the evictable ones (necessary conditions of victim searches)
+        self.prios = sorted({c.priority for c in rules.classes.values()})
+        self.prio_pos = {p: i for i, p in enumerate(self.prios)}
+        self.lower_all: list[list[int]] = [[0] * len(self.prios) for _ in self.ledger.slots]
+        self.lower_vic: list[list[int]] = [[0] * len(self.prios) for _ in self.ledger.slots]
+        # caches of static facts (node filters): cleared when the topology changes
+        self.groups_cache: dict[tuple, list[int]] = {}
+        self.nodeset_cache: dict[tuple, frozenset[int]] = {}
+        self.max_node_cache: dict[tuple, int] = {}
+        self.misfit_cache: dict[tuple, str | None] = {}
+        self.cap_cache: dict[tuple, bool] = {}
+        self.cohort_cache: dict[tuple, tuple | None] = {}
+        self.sig_ids: dict[tuple, int] = {}
+        self.fkey_ids: dict[tuple, int] = {}
+        self.uniform: int | None = None
+        self.pending_shares = 0
+        # MIG re-partitioning and GPU usage samples (notes 007, 009)
+        self.mig_plans: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {}
+        self.tracks: dict[str, UsageTrack] = {}
+        self.idle_timers: list[tuple[float, int, int, str, float]] = []
+        self.mem_stops: list[Job] = []
+        self.any_unmanaged = False
+        #: something other than a submission changed since the last pass
+        self.dirty = True
+
+    # ------------------------------------------------------------- look-ups
+    def order_key(self, job: Job) -> tuple:
+        return priority.order_key(self, job.spec, job.cls, job.estimate_s)
+
+    def groups_of(self, ckey: tuple) -> list[int]:
+        """Shape groups of the ledger whose nodes pass the filter ``ckey``."""
+        found = self.groups_cache.get(ckey)
+        if found is None:
+            found = self.groups_cache[ckey] = [g.gid for g in self.ledger.groups if node_ok(g.node, ckey)]
+        return found
+
+    def groups_for(self, job: Job) -> list[int]:
+        """Shape groups whose nodes the job may use (``filters.node_ok``)."""
+        return self.groups_of(job.shape.ckey)
+
+    def nodes_for(self, job: Job) -> frozenset[int]:
+        """Indices of the live nodes the job may use."""
+        ckey = job.shape.ckey
+        found = self.nodeset_cache.get(ckey)
+        if found is None:
+            found = self.nodeset_cache[ckey] = frozenset(members_of(self.ledger, self.groups_of(ckey)))
+        return found
+
+    def avoided_nodes(self, job: Job, node_classes: list[dict[str, int]] | None = None) -> frozenset[int]:
+        """Nodes the job may not start on now: a job of a class it avoids holds GPUs
+        there (``classes.X.avoid_nodes_with``, symmetric)."""
+        avoid = job.cls.avoid
+        if not avoid or not self.anti:
+            return frozenset()
+        table = self.node_classes if node_classes is None else node_classes
+        return frozenset(i for i, on in enumerate(table) if on and not avoid.isdisjoint(on))
+
+    def cohort_of(self, team: str, pools):
+        key = (team, pools)
+        if key not in self.cohort_cache:
+            self.cohort_cache[key] = self.rules.cohort_of(team, pools) if self.rules.cohorts else None
+        return self.cohort_cache[key]
+
+    def uniform_nodes(self) -> int:
+        """The GPU count of every live node when all have the same, else 0."""
+        if self.uniform is None:
+            sizes = {s.total for s in self.ledger.slots if s.alive}
+            self.uniform = sizes.pop() if len(sizes) == 1 else 0
+        return self.uniform
+
+    def lower_gpus(self, idx: int, prio: int, victims_only: bool) -> int:
+        """GPUs on node ``idx`` held by RUNNING jobs of a class priority below ``prio``
+        (``victims_only``: only evictable ones, minimum runtime aside)."""
+        table = self.lower_vic if victims_only else self.lower_all
+        return table[idx][self.prio_pos[prio]] if idx < len(table) else 0
+
+    def topology_changed(self) -> None:
+        self.uniform = None
+        self.nodeset_cache.clear()
+        self.cap_cache.clear()
+        self.dirty = True
+
+    def holds_reserved_class(self) -> bool:
+        return bool(self.reserved)
+
+    def coverage_for(self, job: Job, units: int) -> int:
+        """Units of a run of ``units`` starting now that its class's ``reserved_gpus``
+        would cover (0 for a class without a reservation)."""
+        res = self.reserved.get(job.cls.name)
+        if not res:
+            return 0
+        return max(0, min(units, res - self.covered_units.get(job.cls.name, 0)))
+
+    def charges_with(self, job: Job, units: int, covered: int) -> tuple:
+        """The job's quota charges for a run of ``units`` with ``covered`` of them in its
+        class's reservation (limits compiled from cohorts do not count the covered part)."""
+        if units == job.units and not covered:
+            return job.charges
+        limits = self.quota.limits
+        out = []
+        for i, user, amount in job.charges:
+            if limits[i].unit is LimitUnit.GPUS:  # job-count limits charge 1 whatever the size
+                amount = units
+                if covered and limits[i].covers_reserved:
+                    amount -= covered
+            out.append((i, user, amount))
+        return tuple(out)
+
+    # ---------------------------------------------------------- transitions
+    def log(self, job: Job, old: JobState | str, new: JobState, reason: str) -> None:
+        old_s = old.value if isinstance(old, JobState) else old
+        job.history.append(Transition(self.now, old_s, new.value, reason, self.event_no))
+
+    def enqueue(self, job: Job) -> None:
+        """Put a job in its sub-queue (signature: shape, class, charges, estimate band)."""
+        job.pend_est = job.planned_run()
+        shape = job.shape
+        # failures are monotone in the GPU count within one filter and layout (and pod
+        # size), so the memo key leaves the count out
+        fk = (shape.ckey, shape.mode, shape.per_pod if shape.mode == "pods" else 0, shape.share)
+        job.fkey = self.fkey_ids.setdefault(fk, len(self.fkey_ids))
+        sig = (shape, job.cls.name, job.charges, estimate_band(None if job.pend_est == INF else job.pend_est))
+        job.sig = self.sig_ids.setdefault(sig, len(self.sig_ids))
+        self.queue.add(job)
+        if job.share is not None:
+            self.pending_shares += 1
+        job.state = JobState.PENDING
+        job.reason = PendingReason(ReasonCode.NEW)
+        job.reason_pass = -1
+
+    def dequeue(self, job: Job) -> None:
+        self.preemptors.pop(job.id, None)
+        self.queue.remove(job)
+        if job.share is not None:
+            self.pending_shares -= 1
+
+    def occupy(self, job: Job, alloc: list[tuple[int, int]], started: float, state: JobState,
+               units: int | None = None) -> None:
+        """Give ``job`` the GPUs of ``alloc`` since ``started`` and book what follows from
+        holding them: its charges (``units`` for a memory share: by its card), usage,
+        its planned end, its time-limit timer and the running indexes. Shared by start,
+        adopt and restore."""
+        for idx, mask in alloc:
+            self.ledger.allocate(job.id, idx, mask)
+        job.run_units = job.units if units is None else units
+        job.covered = self.coverage_for(job, job.run_units)
+        job.run_charges = self.charges_with(job, job.run_units, job.covered)
+        self.quota.charge(job.run_charges, +1)
+        if self.anti:
+            for idx, _mask in alloc:
+                while idx >= len(self.node_classes):
+                    self.node_classes.append({})
+                on = self.node_classes[idx]
+                on[job.cls.name] = on.get(job.cls.name, 0) + 1
+        job.alloc = alloc
+        job.state = state
+        job.run_start = started
+        job.vkey = victim_order_key(job)
+        self.running[job.id] = job
+        self.usage.hold(priority.usage_keys(job.spec), self.now, job.run_units)
+        name = job.cls.name
+        self.class_units[name] = self.class_units.get(name, 0) + job.run_units
+        if job.covered:
+            self.covered_units[name] = self.covered_units.get(name, 0) + job.covered
+        if state is JobState.RUNNING:
+            self.ends_add(job, started + job.planned_run())
+            limit = job.run_limit()
+            if limit is not None:
+                heapq.heappush(self.timers, (started + limit, job.seq, job.runs, job.id))
+            self.count_running(job, +1)
+        else:  # signalled before a restart: it leaves at the end of its grace period
+            self.ends_add(job, (job.signal_t if job.signal_t is not None else self.now) + job.stop_grace)
+
+    def launch(self, job: Job, alloc: list[tuple[int, int]], placement: Placement, out: list[Decision],
+               units: int | None = None, dequeue: bool = True) -> None:
+        """PENDING -> RUNNING on ``placement`` now (a ``Start`` decision). A pass that
+        walks the queue's lists passes ``dequeue=False`` and dequeues when it is done."""
+        job.runs += 1
+        job.stop_reason = ""
+        if job.first_start is None:
+            job.first_start = self.now
+        self.clear_victims(job)
+        if dequeue:
+            self.dequeue(job)
+        self.occupy(job, alloc, self.now, JobState.RUNNING, units)
+        self.log(job, JobState.PENDING, JobState.RUNNING, f"placed on {placement}")
+        out.append(Start(self.now, job.id, placement))
+        self.check_deadline(job, "start")
+
+    def release(self, job: Job) -> None:
+        """Take back every GPU and charge the job holds."""
+        if job.state is JobState.RUNNING:
+            self.count_running(job, -1)
+        ledger = self.ledger
+        for idx, mask in job.alloc:
+            ledger.release(job.id, idx, mask)
+            if self.anti:
+                on = self.node_classes[idx]
+                on[job.cls.name] -= 1
+                if not on[job.cls.name]:
+                    del on[job.cls.name]
+            if job.share_at:
+                if len(job.share_at) == 1:
+                    ledger.release_share(job.id, idx, job.share_at[0])
+                else:
+                    ledger.release_mig(job.id, idx, *job.share_at)
+        job.alloc = []
+        job.share_at = ()
+        self.quota.charge(job.run_charges, -1)
+        self.usage.hold(priority.usage_keys(job.spec), self.now, -job.run_units)
+        self.ends_remove(job)
+        del self.running[job.id]
+        name = job.cls.name
+        left = self.class_units[name] - job.run_units
+        if left:
+            self.class_units[name] = left
+        else:
+            del self.class_units[name]
+        if job.covered:
+            left = self.covered_units[name] - job.covered
+            if left:
+                self.covered_units[name] = left
+            else:
+                del self.covered_units[name]
+        job.covered = 0
+        job.run_charges = ()
+        self.dirty = True
+
+    def count_running(self, job: Job, sign: int) -> None:
+        """The indexes of RUNNING jobs by class priority: counts of all, the evictable
+        whole-GPU ones themselves, and per node the GPUs of lower classes."""
+        p = job.cls.priority
+        left = self.running_prio.get(p, 0) + sign
+        if left:
+            self.running_prio[p] = left
+        else:
+            del self.running_prio[p]
+        victim = job.evictable and job.share is None  # shares free no whole GPU
+        if victim:
+            if sign > 0:
+                self.evictable.setdefault(p, {})[job.id] = job
+            else:
+                table = self.evictable[p]
+                del table[job.id]
+                if not table:
+                    del self.evictable[p]
+        first = self.prio_pos[p] + 1  # thresholds above this class
+        n = len(self.prios)
+        for idx, mask in job.alloc:
+            while idx >= len(self.lower_all):
+                self.lower_all.append([0] * n)
+                self.lower_vic.append([0] * n)
+            g = sign * mask.bit_count()
+            row = self.lower_all[idx]
+            for j in range(first, n):
+                row[j] += g
+            if victim:
+                row = self.lower_vic[idx]
+                for j in range(first, n):
+                    row[j] += g
+
+    def ends_add(self, job: Job, end: float) -> None:
+        job.end_est = end
+        insort(self.ends, (end, job.seq, job.id))
+
+    def ends_remove(self, job: Job) -> None:
+        i = bisect_left(self.ends, (job.end_est, job.seq, job.id))
+        assert self.ends[i][1] == job.seq, f"{job.id} missing from the end list"
+        del self.ends[i]
+
+    def signal(self, job: Job, state: JobState, grace: float) -> None:
+        """RUNNING -> PREEMPTING or STOPPING: it keeps its GPUs until it exits, at the
+        latest ``grace`` seconds from now."""
+        self.count_running(job, -1)
+        self.ends_remove(job)
+        self.ledger.changes.extend(idx for idx, _ in job.alloc)  # no longer a victim candidate
+        job.state = state
+        job.signal_t = self.now
+        self.ends_add(job, self.now + grace)
+        self.dirty = True
+
+    def end(self, job: Job, state: JobState, reason: str) -> None:
+        old = job.state
+        self.release(job)
+        self.clear_victims(job)
+        job.state = state
+        self.log(job, old, state, reason)
+
+    def requeue(self, job: Job, reason: str) -> None:
+        old = job.state
+        self.release(job)
+        job.signal_t = None
+        job.preemptor = None
+        self.log(job, old, JobState.PENDING, reason)
+        self.enqueue(job)
+
+    def detach_from_preemptor(self, victim: Job) -> None:
+        if victim.preemptor is not None:
+            p = self.jobs.get(victim.preemptor)
+            if p is not None:
+                p.victims.discard(victim.id)
+            victim.preemptor = None
+
+    def clear_victims(self, job: Job) -> None:
+        """Forget a job's preemption: its victims no longer exit for it; its hold is gone."""
+        for vid in sorted(job.victims):
+            v = self.jobs[vid]
+            if v.preemptor == job.id:
+                v.preemptor = None
+        job.victims = set()
+        job.plan = []
+        job.hold_gpus = {}
+        job.reclaim = False
+        self.preemptors.pop(job.id, None)
+
+    def preempt(self, victim: Job, preemptor: Job | None, out: list[Decision], reason: str = "") -> None:
+        """RUNNING -> PREEMPTING for ``preemptor`` (or for ``reason``): a ``Preempt``
+        decision with the victim's grace period."""
+        grace = victim.stop_grace
+        self.signal(victim, JobState.PREEMPTING, grace)
+        victim.preemptor = preemptor.id if preemptor is not None else None
+        why = f"preempted for {preemptor.id}" if preemptor is not None else f"stopped: {reason}"
+        self.log(victim, JobState.RUNNING, JobState.PREEMPTING, f"{why} (grace {grace:g} s)")
+        out.append(Preempt(self.now, victim.id, grace_s=grace,
+                           reason=reason or f"priority:{preemptor.cls.name}",
+                           preemptor=preemptor.id if preemptor is not None else ""))
+
+    def stop(self, job: Job, reason: str, grace: float, why: str, out: list[Decision]) -> None:
+        """RUNNING -> STOPPING for ``reason``: the job keeps its GPUs through ``grace``."""
+        self.signal(job, JobState.STOPPING, grace)
+        job.stop_reason = reason
+        self.log(job, JobState.RUNNING, JobState.STOPPING, why)
+        out.append(Stop(self.now, job.id, reason=reason, grace_s=grace))
+
+    def lose(self, job: Job, reason: str, out: list[Decision]) -> None:
+        """The job's current run is lost (node lost, GPU failed): no chance to
+        checkpoint, it restarts from what it banked before this run."""
+        if not job.checkpointable:
+            job.done_s = 0.0
+        self.detach_from_preemptor(job)
+        self.requeue(job, reason)
+        out.append(Stop(self.now, job.id, reason=reason, requeue=True))
+
+    def check_deadline(self, job: Job, stage: str) -> None:
+        """Flag a job that cannot end by its deadline even if it runs from now on
+        without a break (by its remaining estimate, else its time limit)."""
+        deadline = job.spec.deadline
+        if deadline is None:
+            return
+        rem = job.remaining_estimate()
+        if rem is None:
+            rem = job.run_limit()
+        if rem is None:
+            return
+        end = self.now + rem
+        if end > deadline:
+            job.deadline_flags.append((self.now, stage, end))
+            self.log(job, job.state, job.state, f"deadline at risk ({stage}): ends at {end:g} at the earliest, "
+                     f"deadline {deadline:g}")
+
+    def alloc_names(self, job: Job) -> list[list]:
+        return [[self.ledger.slots[i].node.name, list(bits(m))] for i, m in job.alloc]

@@ -1,0 +1,313 @@
+"""The scheduling pass, written out in one place (Kueue's ``schedule()``; design note
+015, section 3). After the events of an instant:
+
+1. expire    - time limits, memory overruns, idle stops, closing windows (``expire.py``);
+2. order     - pending jobs by priority (``priority.py``; the queue is kept sorted);
+3. holds     - every preemptor's turn, in queue order, before anyone else;
+4. admit     - each pending job in order through the admission rule (``admission.py``);
+5. preempt   - a job refused for capacity may evict lower-priority work or reclaim
+               lent quota, planned on a scratch copy (``preemption.py``);
+6. reserve   - the first capacity-blocked jobs get reservations (``profile.py``);
+7. backfill  - later jobs start only where the admission rule's claims allow.
+
+``Turn`` is one job's turn (steps 4-6), shared by the fast pass here and by the
+reference pass (``reference.py``). The fast pass visits the queue by sub-queue heads and
+skips a job only when an earlier job of the pass proves it would do nothing different
+(each shortcut is a lemma below); the oracle tests hold the two passes equal.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from gpushepherd.core import admission as A
+from gpushepherd.core import preemption, reasons
+from gpushepherd.core.ledger import bits
+from gpushepherd.core.placement import members_of, pick_gpus
+from gpushepherd.core.profile import Profile, basis_of, earliest_start
+from gpushepherd.core.state import INF, Job
+from gpushepherd.model.decisions import Decision
+from gpushepherd.model.job import JobState
+from gpushepherd.model.placement import Placement
+from gpushepherd.model.reasons import PendingReason, ReasonCode
+
+STARTED, PREEMPTED, RESERVED, BLOCKED, HELD = range(5)
+
+
+class Turn:
+    """What one pass knows while it runs: the profile of claims, the reservation depth,
+    the reservations not computed yet, the jobs it started (dequeued at its end)."""
+
+    def __init__(self, sched, out: list[Decision], dequeue_now: bool):
+        self.sched = sched
+        self.book = sched.book
+        self.adm = sched.admission
+        self.out = out
+        self.profile = Profile(self.book)
+        rules = self.book.rules
+        self.depth = rules.backfill_reservations if rules.backfill_enabled else 0
+        self.n_reserved = 0
+        self.deferred: list[Job] = []
+        self.started: list[Job] = []
+        self.dequeue_now = dequeue_now
+        self.first_blocked: Job | None = None  # the first capacity-blocked job (strict order)
+
+    # ------------------------------------------------------------- steps
+    def holds(self) -> None:
+        """Step 3: every preemptor's hold, then each preemptor's turn in queue order: it
+        starts if admitted; it keeps its hold while victims are still exiting; else its
+        hold is dropped and it takes its turn like any job."""
+        book = self.book
+        order = sorted(book.preemptors.values(), key=lambda j: j.key)
+        for p in order:
+            self.profile.add_hold(p)
+        for p in order:
+            v = self.adm.decide(p, self.profile)
+            if v.admitted:
+                self.profile.drop_hold(p.id)
+                self.start(p, v)
+            elif p.victims:
+                p.hold_pass = self.sched.pass_no
+            else:
+                self.profile.drop_hold(p.id)
+                book.clear_victims(p)
+
+    def turn(self, job: Job) -> tuple[int, int]:
+        """Steps 4-6 for one pending job: ``(outcome, rule)``; ``rule`` is the first
+        admission rule that refused it (``ADMITTED`` when it started)."""
+        book = self.book
+        if job.state is not JobState.PENDING:  # started in step 3 (the walk dequeues at its end)
+            return HELD, A.ADMITTED
+        if job.id in book.preemptors:  # still waiting for its victims (step 3 kept its hold)
+            return HELD, A.CLAIMS
+        v = self.adm.decide(job, None)  # rules 1-7: claims cannot matter if these refuse
+        if v.admitted and (self.deferred or self.profile):
+            self.materialize()
+            v = self.adm.decide(job, self.profile)
+        if v.admitted:
+            self.start(job, v)
+            return STARTED, A.ADMITTED
+        return self.blocked(job, v.rule)
+
+    def blocked(self, job: Job, rule: int) -> tuple[int, int]:
+        """A refused job: it may preempt (step 5), else take a reservation (step 6)."""
+        if rule not in A.CAPACITY_RULES:
+            return BLOCKED, rule
+        if job.shape.mode == "share":
+            return BLOCKED, rule  # shares neither preempt nor take reservations
+        if self.can_preempt(job):
+            self.materialize()
+            found, until = preemption.plan(self.book, self.adm, self.profile, job)
+            if found is not None:
+                self.begin_preemption(job, *found)
+                return PREEMPTED, rule
+            self.sched.wake_at(until)
+        if self.first_blocked is None:
+            self.first_blocked = job
+        if self.n_reserved < self.depth:
+            self.deferred.append(job)
+            self.n_reserved += 1  # a job whose start cannot be planned still takes its slot
+            return RESERVED, rule
+        return BLOCKED, rule
+
+    def can_preempt(self, job: Job) -> bool:
+        book = self.book
+        if not book.rules.preemption_enabled or job.shape.mode == "share":
+            return False
+        p = job.cls.priority
+        if any(q < p for q in book.evictable):
+            return True
+        return job.cohort is not None and preemption.may_reclaim(book, job)
+
+    def materialize(self) -> None:
+        """Compute the deferred reservations, in order, before anything in the pass could
+        use them or change the state they are computed from: they come out exactly as if
+        computed when their job blocked."""
+        while self.deferred:
+            self.reserve(self.deferred.pop(0))
+
+    def reserve(self, job: Job) -> bool:
+        book = self.book
+        ledger = book.ledger
+        nodes = [i for i in members_of(ledger, book.groups_for(job)) if i not in book.avoided_nodes(job)]
+        totals = {i: ledger.slots[i].healthy for i in nodes}
+        if job.shape.mode == "share":
+            return False  # shares wait for a card; they hold no reservation
+        found = earliest_start(book, self.profile, job, nodes, totals)
+        if found is None:
+            return False
+        start, counts = found
+        self.profile.add_reservation(job, start, counts, basis_of(book, book.running.values()))
+        return True
+
+    # ----------------------------------------------------------- actions
+    def start(self, job: Job, v: A.Verdict) -> None:
+        book = self.book
+        ledger = book.ledger
+        if v.spot is not None:
+            idx, gpu, pos, fresh = v.spot
+            slot = ledger.slots[idx]
+            share = job.share
+            if pos is None:
+                ledger.allocate_share(job.id, idx, gpu, share.kind, share.need())
+                job.share_at = (gpu,)
+                what = str(share)
+            else:
+                ledger.allocate_mig(job.id, idx, gpu, pos)
+                job.share_at = (gpu, pos)
+                what = f"mig:{share.profile}@{slot.migs[gpu].layout[pos].start}"
+            alloc = [(idx, 0)]
+            placement = Placement(((slot.node.name, (gpu,)),), share=what)
+            counts = [(idx, 1)] if fresh else []
+        else:
+            alloc, parts = [], []
+            planned = job.hold_gpus
+            for idx, c in v.counts:
+                slot = ledger.slots[idx]
+                mine = planned.get(idx, 0) & slot.free_mask
+                if mine.bit_count() >= c:  # a preemptor on the GPUs it planned for
+                    mask = pick_gpus(mine, c, slot.node.nvlink_islands)
+                else:
+                    mask = pick_gpus(slot.free_mask, c, slot.node.nvlink_islands)
+                alloc.append((idx, mask))
+                parts.append((slot.node.name, bits(mask)))
+            placement = Placement(tuple(parts))
+            counts = v.counts
+        book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now)
+        if self.profile:
+            self.profile.consume(counts, job.end_est, job.run_charges)
+        self.started.append(job)
+
+    def begin_preemption(self, job: Job, victims: list[Job], v: A.Verdict) -> None:
+        """Signal ``victims`` for ``job``; what they free is held for it from now on."""
+        book = self.book
+        reclaiming = preemption.may_reclaim(book, job)
+        taken = [x for x in victims if reclaiming and _borrows_from(job, x)]
+        reclaim = bool(taken)
+        for x in victims:
+            book.preempt(x, job, self.out, "reclaim" if x in taken else "")
+        job.victims = {x.id for x in victims}
+        job.plan = list(v.counts or [])
+        scratch = A.Scratch(book, victims)
+        job.hold_gpus = {idx: pick_gpus(scratch.free_mask(idx), c, book.ledger.slots[idx].node.nvlink_islands)
+                         for idx, c in job.plan}
+        job.reclaim = reclaim
+        job.hold_pass = self.sched.pass_no
+        book.preemptors[job.id] = job
+        self.profile.add_hold(job)
+        job.reason = reasons.in_progress(job)
+        why = "reclaiming quota from " if reclaim else "preempting "
+        book.log(job, JobState.PENDING, JobState.PENDING, why + ",".join(x.id for x in victims))
+
+    def finish(self) -> None:
+        if not self.dequeue_now:
+            for job in self.started:
+                if job.state is not JobState.PENDING:
+                    self.book.queue.remove(job)
+                    if job.share is not None:
+                        self.book.pending_shares -= 1
+
+
+def _borrows_from(job: Job, victim: Job) -> bool:
+    """Whether ``victim`` is a job of another member of ``job``'s cohort (evicted to give
+    back lent quota: a reclaim)."""
+    return (job.cohort is not None and victim.cohort is not None and victim.cohort[0] is job.cohort[0]
+            and victim.cohort[1] is not job.cohort[1])
+
+
+def run_fast(sched, out: list[Decision]) -> Turn:
+    """The pass over sub-queue heads (note 001's walk, made exact).
+
+    Lemmas (free GPUs, victims and quota headroom only shrink during a pass; claims only
+    grow; so a job refused at some point stays refused later in the pass):
+
+    * a job of a sub-queue (same shape, filter, class, charges) refused by a rule that
+      does not look at its planned run (rules 1-7) proves every later job of its
+      sub-queue refused, for starting, preempting and - once the depth is reached -
+      reserving: they are not looked at (``_DEAD``);
+    * refused by the claims (rule 8), it proves refused every later job of its
+      sub-queue whose planned run is not shorter (a longer run covers more claim
+      points): the walk jumps to the next shorter one (``PendingQueue.next_shorter``);
+    * a failed placement of ``k`` GPUs for a node filter proves every job of that filter
+      asking ``>= k`` refused at rule 4 for the rest of the pass;
+    * with no free GPU, no share pending, no preemption possible for any pending job and
+      the depth reached, nothing more can happen (the walk stops).
+    """
+    book = sched.book
+    turn = Turn(sched, out, dequeue_now=False)
+    turn.holds()
+    queue = book.queue
+    subs = queue.subs
+    heads = list(queue.heads)
+    prio_top = max((subs[sig][0].cls.priority for _k, sig in heads), default=0)
+    cont: list[tuple[tuple, int, int]] = []
+    fail_fit: dict[int, int] = {}
+    budget = book.rules.backfill_max_job_test
+    strict = not book.rules.backfill_enabled
+    cohorts = bool(book.rules.cohorts)
+    hi, n_heads = 0, len(heads)
+    cut = False
+    while True:
+        if cont and (hi >= n_heads or cont[0][0] < heads[hi][0]):
+            _key, sig, idx = heapq.heappop(cont)
+        elif hi < n_heads:
+            sig = heads[hi][1]
+            hi += 1
+            idx = 0
+        else:
+            break
+        sub = subs[sig]
+        job = sub[idx]
+        full = turn.n_reserved >= turn.depth
+        if (full and book.ledger.free_total == 0 and not book.pending_shares and not cohorts
+                and not (book.rules.preemption_enabled and book.evictable and min(book.evictable) < prio_top)):
+            break  # nothing can start, preempt or reserve any more
+        shape = job.shape
+        if full and fail_fit.get(job.fkey, INF) <= shape.k and not turn.can_preempt(job):
+            continue  # rule 4 (or an earlier one) refuses it and its sub-queue: nothing to do
+        if full and budget <= 0:
+            cut = True
+            break
+        outcome, rule = turn.turn(job)
+        if rule == A.FREE:
+            fail_fit[job.fkey] = min(fail_fit.get(job.fkey, INF), shape.k)
+        if outcome in (STARTED, PREEMPTED, HELD):
+            nxt = idx + 1
+        else:
+            if turn.n_reserved >= turn.depth:
+                budget -= 1
+            if rule not in A.CAPACITY_RULES:
+                continue  # a hard limit: the same for its whole sub-queue
+            if strict:
+                break  # no backfill: nobody passes a blocked job
+            if turn.n_reserved < turn.depth:
+                nxt = idx + 1  # the next one may take a reservation too
+            elif rule == A.CLAIMS or (turn.profile and turn.can_preempt(job)):
+                nxt = queue.next_shorter(sig, idx, job.pend_est)  # only a shorter run may do better
+                if nxt is None:
+                    continue
+            else:
+                continue
+        if nxt < len(sub):
+            heapq.heappush(cont, (sub[nxt].key, sig, nxt))
+    turn.finish()
+    if cut:
+        sched.wake_at(book.now + 1.0)  # the rest waits for the next pass, a second later
+    return turn
+
+
+def pending_reason(sched, job: Job) -> PendingReason:
+    """The reason of a pending job now: the admission rule on the current state, with the
+    claims that bind it (holds, and reservations of jobs ahead of it)."""
+    book = sched.book
+    if job.id in book.preemptors and job.victims:
+        return reasons.in_progress(job)
+    profile = sched.profile_for(job)
+    adm = sched.admission
+    v = adm.decide(job, profile)
+    if v.admitted:
+        first = sched.last_turn.first_blocked if sched.last_turn is not None else None
+        if not book.rules.backfill_enabled and first is not None and first.key < job.key:
+            return PendingReason(ReasonCode.PRIORITY, first.id)
+        return PendingReason(ReasonCode.PRIORITY, "not reached by the last pass")
+    return reasons.reason_of(book, adm, profile, job, v)

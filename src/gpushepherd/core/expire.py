@@ -1,0 +1,112 @@
+"""Step 1 of the cycle, expire: stop what passed its time limit, its declared GPU memory
+(on a shared card) or its idle limit, and what a closing time window no longer allows
+(design notes 003 and 009). Each stop keeps the job's GPUs through the grace its class
+gives; its planned end moves to the end of that grace.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from gpushepherd.core.lifecycle import idle_entry_live
+from gpushepherd.core.usage import declared_mib
+from gpushepherd.model.decisions import Decision
+from gpushepherd.model.job import JobState
+
+
+def windows_at(book, t: float) -> list[tuple[int, int]]:
+    """Bring time-windowed limits to ``t``; a change is a configuration change with its
+    own full pass. Returns the limits that tightened, with their new value."""
+    if not book.quota.windowed:
+        return []
+    changes = book.quota.set_time(t)
+    if changes:
+        book.dirty = True
+    return [(i, new) for i, old, new in changes if new < old]
+
+
+def close_windows(book, tightened: list[tuple[int, int]], out: list[Decision]) -> None:
+    """A window closed: jobs over the new limit whose class says ``checkpoint-and-stop``
+    are preempted (victim order: youngest first, with their grace period) until the usage
+    fits; ``drain`` classes keep running."""
+    quota = book.quota
+    for i, new_max in tightened:
+        over: dict[str, int] = {}
+        for (li, user), used in quota.usage.items():
+            if li == i and used > new_max:
+                over[user] = used - new_max
+        if not over:
+            continue
+        candidates = sorted(
+            (j for j in book.running.values()
+             if j.state is JobState.RUNNING and j.preemptible and j.cls.on_window_close == "checkpoint-and-stop"),
+            key=lambda j: j.vkey)
+        for job in candidates:
+            for li, user, amount in job.run_charges:
+                if li == i and over.get(user, 0) > 0:
+                    over[user] -= amount
+                    book.preempt(job, None, out, reason=f"window-closed:{quota.limits[i].path}")
+                    break
+
+
+def expire(book, out: list[Decision]) -> None:
+    """Stop jobs past their time limit, over their declared memory on a shared card
+    (``memory_overrun: stop``), or idle past their class's ``idle_stop``."""
+    timers = book.timers
+    while timers and timers[0][0] <= book.now:
+        _t, _seq, run, job_id = heapq.heappop(timers)
+        job = book.jobs[job_id]
+        if job.state is not JobState.RUNNING or job.runs != run:
+            continue
+        book.stop(job, "time-limit", job.stop_grace, "time limit reached", out)
+    if book.mem_stops:
+        stops, book.mem_stops = book.mem_stops, []
+        for job in sorted(stops, key=lambda j: j.seq):
+            if job.state is JobState.RUNNING:
+                tr = book.tracks[job.id]
+                book.stop(job, "memory-overrun", 0.0,
+                          f"stopped: GPU memory {tr.run_peak_mib} MiB over the {declared_mib(job.spec)} MiB "
+                          "declared, on a shared GPU", out)
+    idle = book.idle_timers
+    while idle and idle[0][0] <= book.now:
+        entry = heapq.heappop(idle)
+        if not idle_entry_live(book, entry):
+            continue
+        job = book.jobs[entry[3]]
+        rule = job.cls.idle_stop
+        grace = job.stop_grace
+        book.stop(job, "idle", grace, f"idle for {book.now - entry[4]:g} s below {rule.below_util_pct:g} % GPU "
+                  f"utilisation (grace {grace:g} s)", out)
+
+
+def next_timer(book) -> float | None:
+    """The earliest live time-limit or idle deadline (stale entries dropped)."""
+    t_limit = None
+    timers = book.timers
+    while timers:
+        t, _seq, run, job_id = timers[0]
+        job = book.jobs[job_id]
+        if job.state is JobState.RUNNING and job.runs == run:
+            t_limit = t
+            break
+        heapq.heappop(timers)
+    idle = book.idle_timers
+    while idle:
+        entry = idle[0]
+        if idle_entry_live(book, entry):
+            t_limit = entry[0] if t_limit is None else min(t_limit, entry[0])
+            break
+        heapq.heappop(idle)
+    return t_limit
+
+
+def window_matters(book) -> bool:
+    """Whether a window boundary can change anything: a pending job counts against a
+    windowed limit (and could ever fit it), or a running job could be stopped."""
+    windowed = set(book.quota.windowed)
+    for sig_jobs in book.queue.subs.values():
+        job = sig_jobs[0]
+        if any(i in windowed for i, _u, _a in job.charges) and book.quota.never_fits(job.charges) is None:
+            return True
+    return any(j.cls.on_window_close == "checkpoint-and-stop" and any(i in windowed for i, _u, _a in j.run_charges)
+               for j in book.running.values())

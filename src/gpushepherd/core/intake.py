@@ -1,0 +1,229 @@
+"""Intake: what a job spec becomes in the core - validation, time limit, quota units,
+shape - and the fixed order of the events of one instant.
+
+Nothing here keeps state; ``make_job`` reads the book's caches and the policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpushepherd.core.filters import job_filter, node_ok, whole_gpus
+from gpushepherd.core.placement import Shape
+from gpushepherd.core.state import INF, Job
+from gpushepherd.model.cluster import Node
+from gpushepherd.model.events import Event, JobAdopted, JobSubmitted
+from gpushepherd.model.job import GPU_UNITS, SHARE_KINDS, GpuShare, JobSpec, natural_key
+from gpushepherd.model.mig import MIG_MODELS, MigError, profile as mig_profile
+from gpushepherd.model.rules import Rules
+
+
+class SpecError(ValueError):
+    """A job spec the policy cannot take; ``str()`` names the field, value and what is allowed."""
+
+
+def validate_spec(rules: Rules, spec: JobSpec) -> None:
+    """Check a job spec against the policy before it is submitted.
+
+    Raises:
+        SpecError: unknown class or team, non-positive GPUs, a pod size that does not
+            divide the GPUs, negative times, a time limit above the class's max runtime.
+    """
+    where = f"job {spec.id!r}"
+    if not spec.id:
+        raise SpecError("job id: '' is not allowed: a non-empty id")
+    if spec.workload_class not in rules.classes:
+        raise SpecError(f"{where}: class: {spec.workload_class!r} is not allowed: one of {', '.join(sorted(rules.classes))}")
+    if rules.teams and spec.team not in rules.teams:
+        raise SpecError(f"{where}: team: {spec.team!r} is not allowed: one of {', '.join(sorted(rules.teams))}")
+    if not isinstance(spec.gpus, int) or spec.gpus < 1:
+        raise SpecError(f"{where}: gpus: {spec.gpus!r} is not allowed: an integer >= 1")
+    if spec.gpus_per_pod is not None and (spec.gpus_per_pod < 1 or spec.gpus % spec.gpus_per_pod):
+        raise SpecError(f"{where}: gpus_per_pod: {spec.gpus_per_pod!r} is not allowed: a divisor of gpus ({spec.gpus})")
+    for name in ("time_limit_s", "runtime_estimate_s"):
+        value = getattr(spec, name)
+        if value is not None and not value > 0:
+            raise SpecError(f"{where}: {name}: {value!r} is not allowed: seconds > 0")
+    if spec.gpu_mem_mib < 0:
+        raise SpecError(f"{where}: gpu_mem_mib: {spec.gpu_mem_mib!r} is not allowed: MiB >= 0")
+    if spec.submit_time != spec.submit_time or spec.submit_time in (INF, -INF):
+        raise SpecError(f"{where}: submit_time: {spec.submit_time!r} is not allowed: a finite number of seconds")
+    if spec.deadline is not None and not (spec.deadline == spec.deadline and spec.deadline > spec.submit_time
+                                          and spec.deadline != INF):
+        raise SpecError(f"{where}: deadline: {spec.deadline!r} is not allowed: a finite time after submit_time "
+                        f"({spec.submit_time})")
+    cls = rules.classes[spec.workload_class]
+    _validate_share(spec, cls, where)
+    if spec.preemptible and cls.name == "production-inference":
+        raise SpecError(f"{where}: preemptible: True is not allowed: production inference is never preempted "
+                        "(use another class for work that may be)")
+    if cls.max_runtime_s is not None and spec.time_limit_s is not None and spec.time_limit_s > cls.max_runtime_s:
+        raise SpecError(f"{where}: time_limit_s: {spec.time_limit_s!r} is not allowed: at most the max runtime of "
+                        f"class {cls.name} ({cls.max_runtime_s} s)")
+
+
+#: every MIG profile name of every GPU model we know, sorted
+_MIG_NAMES = sorted({name for profiles in MIG_MODELS.values() for name in profiles},
+                    key=lambda n: (int(n.split("g.")[0]), n))
+
+
+def _validate_share(spec: JobSpec, cls, where: str) -> None:
+    share = spec.share
+    if share is not None and not isinstance(share, GpuShare):
+        raise SpecError(f"{where}: share: {share!r} is not allowed: a GpuShare or None")
+    mode = share.kind if share is not None else "whole"
+    if cls.sharing is not None and mode not in cls.sharing:
+        raise SpecError(f"{where}: sharing: {mode!r} is not allowed for class {cls.name}: one of "
+                        f"{', '.join(cls.sharing)}")
+    if share is None:
+        return
+    if share.kind not in SHARE_KINDS:
+        raise SpecError(f"{where}: share.kind: {share.kind!r} is not allowed: one of {', '.join(SHARE_KINDS)}")
+    if spec.gpus != 1 or spec.gpus_per_pod:
+        raise SpecError(f"{where}: gpus: {spec.gpus!r} is not allowed with a {share.kind} share: 1 (a share is "
+                        "part of one GPU)")
+    for name in ("milli", "mem_mib", "slots"):
+        value = getattr(share, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise SpecError(f"{where}: share.{name}: {value!r} is not allowed: an integer >= 0")
+    if share.kind == "fraction" and not (0 < share.milli <= 1000 or (share.milli == 0 and share.mem_mib > 0)):
+        raise SpecError(f"{where}: gpu_fraction: {share.milli / 1000:g} is not allowed: 0.001 .. 1 (or 0 with "
+                        "gpu_mem_mib > 0)")
+    if share.kind == "time_slice" and (share.slots < 1 or share.mem_mib < 1):
+        raise SpecError(f"{where}: time_slice: replicas {share.slots}, gpu_mem_mib {share.mem_mib} is not allowed: "
+                        "at least 1 replica and the GPU memory it uses declared (time-sliced jobs share memory "
+                        "without isolation)")
+    if share.kind == "mps" and (share.slots < 1 or not 0 < share.milli <= 1000):
+        raise SpecError(f"{where}: mps: {share.slots} clients at {share.milli / 10:g}% SM is not allowed: at least "
+                        "1 client and an SM percentage in (0, 100]")
+    if share.kind == "mig" and share.profile not in _MIG_NAMES:
+        raise SpecError(f"{where}: mig_profile: {share.profile!r} is not allowed: a MIG profile as NVIDIA names it "
+                        f"(lower case), one of {', '.join(_MIG_NAMES)}")
+
+
+#: within one instant's hardware and operator events: a node lost, then a node added
+#: (it may come back), then GPU health (of the node as it is now), then operator actions
+#: (a GPU's foreign processes after its health; usage samples of the jobs on the
+#: hardware as it is then)
+_SUBRANK = {"NodeLost": 0, "NodeAdded": 1, "GpuHealthChanged": 2, "GpuUnmanaged": 3, "MigReconfigured": 4,
+            "UsageSample": 5, "JobAdopted": 6, "JobCancelled": 7, "JobRequeueRequested": 8}
+
+
+def event_order(e: Event) -> tuple:
+    """A total order of the events of one instant that does not depend on the order
+    they were given in (ties end on the event's full text; a GPU reported both healthy
+    and unhealthy at once ends unhealthy)."""
+    if isinstance(e, JobSubmitted):
+        return (e.t, e.rank, 0, natural_key(e.spec.id if e.spec else ""), repr(e))
+    job = getattr(e, "job_id", "") or ""
+    if isinstance(e, JobAdopted) and e.spec is not None:
+        job = e.spec.id
+    node = getattr(e, "node", "")
+    node = node.name if isinstance(node, Node) else node
+    healthy = getattr(e, "healthy", False) or not getattr(e, "unmanaged", True)
+    return (e.t, e.rank, _SUBRANK.get(type(e).__name__, 9), node or "", getattr(e, "gpu", 0), natural_key(job),
+            not healthy, repr(e))
+
+
+def time_limit(spec: JobSpec, cls) -> float | None:
+    """Seconds a job may run: its own limit, else the class default, else the class's
+    max runtime; never above the class's max runtime (``None``: no limit)."""
+    limit = spec.time_limit_s or cls.default_time_limit_s or cls.max_runtime_s
+    if limit is not None and cls.max_runtime_s is not None:
+        limit = min(limit, cls.max_runtime_s)
+    return limit
+
+
+def spec_with(spec: JobSpec, **changes) -> JobSpec:
+    """A copy of ``spec`` with ``changes`` (a small helper for drivers and tests)."""
+    return replace(spec, **changes)
+
+
+def make_job(book, spec: JobSpec) -> Job:
+    """The core's record of a submitted (or adopted, or restored) job: its class, time
+    limit, estimate (the user's, else a prediction, else the time limit; never above the
+    limit), node filter, shape, quota charges and cohort. Not yet queued or logged."""
+    rules = book.rules
+    cls = rules.classes[spec.workload_class]
+    book.last_submit = max(book.last_submit, spec.submit_time)  # also on restore
+    limit = time_limit(spec, cls)
+    estimate = spec.runtime_estimate_s
+    if estimate is None and book.predictor is not None:
+        estimate = book.predictor.predict(spec.team, spec.user, limit)
+    if estimate is None:
+        estimate = limit
+    if estimate is not None and limit is not None:
+        estimate = min(estimate, limit)
+    ckey = job_filter(cls, spec)
+    shape = shape_for(book, spec, ckey)
+    book.seq += 1
+    preemptible = cls.preemptible if spec.preemptible is None else spec.preemptible
+    checkpointable = cls.checkpointable if spec.checkpointable is None else spec.checkpointable
+    evictable = preemptible and not (cls.preempt_only_if_checkpointable and not checkpointable)
+    units = units_of(book, spec, ckey)
+    charges = book.quota.charges(spec.team, spec.workload_class, spec.user, units, evictable)
+    book.teams_seen.add(spec.team)
+    book.users_seen.setdefault(spec.team, set()).add(spec.user)
+    job = Job(
+        spec=spec,
+        seq=book.seq,
+        cls=cls,
+        key=(),
+        shape=shape,
+        charges=charges,
+        preemptible=preemptible,
+        checkpointable=checkpointable,
+        estimate_s=estimate,
+        time_limit_s=limit,
+        cohort=book.cohort_of(spec.team, cls.pools),
+        units=units,
+    )
+    job.evictable = evictable
+    job.stop_grace = cls.grace_period_s if checkpointable else 0.0
+    job.key = book.order_key(job)
+    return job
+
+
+def units_of(book, spec: JobSpec, ckey: tuple, card_mem_mib: int | None = None) -> int:
+    """GPU units (7000 per GPU) the job counts against quotas: whole GPUs x 7000; a
+    fraction its milli x 7 (memory only: its memory over the memory of the card it holds,
+    ``card_mem_mib``, rounded up - while pending, over the largest card it may use, the
+    least it can be charged); time-slicing its replicas' share of the card (the most
+    replicas a node it may use offers); MPS its clients' SM share; MIG its compute
+    slices x 1000 (a seventh of the GPU each)."""
+    share = spec.share
+    if share is None:
+        return spec.gpus * GPU_UNITS
+    nodes = [book.ledger.groups[g].node for g in book.groups_of(ckey)] or list(book.rules.nodes)
+    if share.kind == "fraction":
+        if share.milli:
+            return share.milli * 7
+        mem = card_mem_mib if card_mem_mib else max((n.gpu_mem_mib for n in nodes), default=0)
+        return GPU_UNITS if not mem else max(1, min(GPU_UNITS, -(-share.mem_mib * GPU_UNITS // mem)))
+    if share.kind == "time_slice":
+        reps = max((n.ts_replicas for n in nodes), default=0)
+        return GPU_UNITS if not reps else max(1, min(GPU_UNITS, -(-share.slots * GPU_UNITS // reps)))
+    if share.kind == "mps":
+        return min(GPU_UNITS, share.milli * share.slots * 7)
+    try:
+        types = {n.gpu_type for n in nodes if n.mig}
+        slices = max((mig_profile(t, share.profile).compute_slices for t in sorted(types)), default=7)
+    except MigError:
+        slices = 7
+    return slices * 1000
+
+
+def shape_for(book, spec: JobSpec, ckey: tuple) -> Shape:
+    """How the job's GPUs are laid out: ``share``, ``single`` (one node), ``multi``
+    (larger than any node it may use: whole nodes plus a remainder) or ``pods``."""
+    if spec.share is not None:
+        return Shape(1, "share", 1, 1, ckey, spec.share)
+    biggest = book.max_node_cache.get(ckey)
+    if biggest is None:
+        biggest = max((whole_gpus(s.node) for s in book.ledger.slots if node_ok(s.node, ckey)), default=0)
+        book.max_node_cache[ckey] = biggest
+    if spec.gpus_per_pod and spec.gpus_per_pod < spec.gpus and not spec.same_node:
+        return Shape(spec.gpus, "pods", spec.gpus_per_pod, spec.gpus // spec.gpus_per_pod, ckey)
+    if spec.same_node or spec.gpus <= biggest or biggest == 0:
+        return Shape(spec.gpus, "single", spec.gpus, 1, ckey)
+    return Shape(spec.gpus, "multi", spec.gpus, 1, ckey)

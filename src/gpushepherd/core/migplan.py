@@ -1,0 +1,81 @@
+"""MIG re-partitioning for the pending mix (``mig.reconfigure``, design note 007).
+
+After the pass, pending MIG jobs that find no free instance of their profile (nor one in
+a layout being applied) get, in queue order, the first idle, healthy MIG GPU of a node
+they may use whose model has their profile. The new layout holds their profile, then the
+profiles of later waiting jobs that still fit (queue order), then the smallest profile
+in what is left, so that no slice is wasted. The GPU serves nobody until the driver
+reports ``MigReconfigured``.
+"""
+
+from __future__ import annotations
+
+from gpushepherd.core import admission as A
+from gpushepherd.core.placement import members_of
+from gpushepherd.model.decisions import Decision, ReconfigureMig
+from gpushepherd.model.job import JobState
+from gpushepherd.model.mig import MigError, layout_from_names, mig_model, profiles_for
+
+
+def fits_layout(gpu_type: str, names: list[str]) -> bool:
+    try:
+        layout_from_names(gpu_type, names)
+    except MigError:
+        return False
+    return True
+
+
+def plan_mig(book, adm, out: list[Decision]) -> None:
+    """Emit ``ReconfigureMig`` decisions for the waiting MIG jobs (module docstring)."""
+    ledger = book.ledger
+    waiting = sorted((j for j in book.queue if j.share is not None and j.share.kind == "mig"), key=lambda j: j.key)
+    if not waiting:
+        return
+    supply = {key: [p for _s, p in layout] for key, layout in sorted(book.mig_plans.items())}
+    for i, job in enumerate(waiting):
+        prof = job.share.profile
+        if adm.decide(job, None).rule in (A.HARD_NEVER, A.HARD_NOW, A.NEVER_FITS, A.COHORT):
+            continue  # a limit, not a missing instance, keeps it waiting
+        groups = book.groups_for(job)
+        if ledger.best_mig(groups, prof) is not None:
+            continue  # an instance is free: the job waits for something else
+        nodes = book.nodes_for(job)
+        served = next((k for k in sorted(supply) if k[0] in nodes and prof in supply[k]), None)
+        if served is not None:
+            supply[served].remove(prof)
+            continue
+        target = None
+        for idx in members_of(ledger, groups):
+            slot = ledger.slots[idx]
+            model = mig_model(slot.node.gpu_type)
+            if model is None or prof not in profiles_for(model):
+                continue
+            for gpu in sorted(slot.migs):
+                card = slot.migs[gpu]
+                if card.idle and card.in_service:
+                    target = (idx, gpu)
+                    break
+            if target is not None:
+                break
+        if target is None:
+            continue
+        idx, gpu = target
+        node = ledger.slots[idx].node
+        names = [prof]
+        for other in waiting[i + 1:]:
+            if idx in book.nodes_for(other) and fits_layout(node.gpu_type, names + [other.share.profile]):
+                names.append(other.share.profile)
+        profs = profiles_for(node.gpu_type)
+        smallest = min(profs.values(), key=lambda p: (p.size, p.compute_slices, "+" in p.name, p.name)).name
+        while fits_layout(node.gpu_type, names + [smallest]):
+            names.append(smallest)
+        layout = tuple((inst.start, inst.profile) for inst in layout_from_names(node.gpu_type, names))
+        ledger.begin_reconfigure(idx, gpu)
+        book.mig_plans[target] = layout
+        rest = [p for _s, p in layout]
+        rest.remove(prof)
+        supply[target] = rest
+        book.log(job, JobState.PENDING, JobState.PENDING,
+                 f"MIG reconfiguration of {node.name}:{gpu} to {','.join(p for _s, p in layout)}")
+        out.append(ReconfigureMig(book.now, job.id, node=node.name, gpu=gpu, layout=layout))
+        book.topology_changed()

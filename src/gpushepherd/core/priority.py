@@ -1,0 +1,105 @@
+"""Step 2 of the cycle, order: multifactor priority (Slurm's priority/multifactor) with
+fair-share over exactly decayed GPU-seconds (design notes 004 and 006).
+
+``score = class_weight * class + fair_share_weight * F + age_weight * age +
+size_weight * size + time_limit_weight * short``, each factor in [0, 1]. The queue is
+ordered by ``(-score, submit time, job id)``; scores are recomputed every
+``priority.recalc_s`` (at its multiples), as Slurm's ``PriorityCalcPeriod``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpushepherd.core.fairshare import factor
+from gpushepherd.core.intake import time_limit
+from gpushepherd.core.queue import PendingQueue
+from gpushepherd.model.job import JobSpec, natural_key
+
+
+def usage_keys(spec: JobSpec) -> tuple[tuple, ...]:
+    """The usage accounts a job's GPU-seconds go to: all, its team, its user in the team."""
+    return (("all",), ("team", spec.team), ("user", spec.team, spec.user))
+
+
+def fair_share_factor(book, team: str, user: str = "") -> float:
+    """Slurm's classic ``2^(-U/S)`` now: the team's share of all decayed usage over its
+    share of the teams' ``shares``; at ``fair_share.level: user`` times the same for the
+    user inside the team (its users share it equally)."""
+    t = book.now
+    usage = book.usage
+    total_shares = sum(book.rules.shares.get(x, 1) for x in book.teams_seen) or 1
+    f = factor(usage.value(("team", team), t), usage.value(("all",), t), book.rules.shares.get(team, 1) / total_shares)
+    if book.rules.priority.fair_share_level == "user":
+        users = book.users_seen.get(team) or {user}
+        f *= factor(usage.value(("user", team, user), t), usage.value(("team", team), t), 1 / len(users))
+    return f
+
+
+def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str, float]:
+    """A job's priority factor by factor, weighted (what ``sprio`` shows): ``class``,
+    ``fair_share``, ``age``, ``size``, ``time_limit`` and their sum ``priority``."""
+    pr = book.rules.priority
+    out = {"class": pr.class_weight * cls.priority / book.max_prio, "fair_share": 0.0, "age": 0.0, "size": 0.0}
+    if pr.fair_share_weight:
+        out["fair_share"] = pr.fair_share_weight * fair_share_factor(book, spec.team, spec.user)
+    if pr.age_weight and book.recalc_t > spec.submit_time:
+        out["age"] = pr.age_weight * min(book.recalc_t - spec.submit_time, pr.max_age_s) / pr.max_age_s
+    if pr.size_weight:
+        total = book.ledger.healthy_total or 1
+        out["size"] = pr.size_weight * min(1.0, spec.gpus / total)
+    out["time_limit"] = 0.0
+    if pr.time_limit_weight:
+        limit = time_limit(spec, cls)
+        if estimate is None:
+            estimate = spec.runtime_estimate_s
+        if estimate is not None:  # the job's estimate or a prediction, when it has one
+            limit = estimate if limit is None else min(limit, estimate)
+        if limit is not None:
+            out["time_limit"] = pr.time_limit_weight * max(0.0, 1.0 - limit / pr.max_time_limit_s)
+    out["priority"] = out["class"] + out["fair_share"] + out["age"] + out["size"] + out["time_limit"]
+    return out
+
+
+def order_key(book, spec: JobSpec, cls, estimate: float | None = None) -> tuple:
+    """Queue order: priority (high first), then submit time, then job id."""
+    pr = book.rules.priority
+    if not (pr.dynamic or pr.size_weight or pr.time_limit_weight):
+        return (-pr.class_weight * cls.priority / book.max_prio, spec.submit_time, natural_key(spec.id))
+    return (-factors(book, spec, cls, estimate)["priority"], spec.submit_time, natural_key(spec.id))
+
+
+def by_class_alone(book) -> bool:
+    """Whether the order is class priority alone (then submit time and id)."""
+    pr = book.rules.priority
+    return not (pr.dynamic or pr.size_weight or pr.time_limit_weight)
+
+
+def maybe_recalc(book, t: float) -> None:
+    """Every ``priority.recalc_s`` (at its multiples) scores are recomputed from the usage
+    and waits of now; the queue is rebuilt in the new order."""
+    pr = book.rules.priority
+    if not pr.dynamic or t < book.next_recalc:
+        return
+    book.next_recalc = (math.floor(t / pr.recalc_s) + 1) * pr.recalc_s
+    book.recalc_t = t
+    if not book.queue:
+        return
+    jobs = list(book.queue)
+    book.queue = PendingQueue()
+    for job in jobs:
+        job.key = book.order_key(job)
+        book.queue.add(job)
+    book.dirty = True
+
+
+def recalc_matters(book) -> bool:
+    """Whether a recalculation can reorder the queue: usage changes only while GPUs are
+    held (idle decay scales every account alike, so shares keep their ratios), and age
+    grows only until ``max_age_s``."""
+    pr = book.rules.priority
+    if pr.fair_share_weight and book.running:
+        return True
+    # age: some pending job may still be below max_age_s (the newest submission is a
+    # cheap upper bound; a spare recalculation is harmless)
+    return bool(pr.age_weight) and book.last_submit > book.recalc_t - pr.max_age_s

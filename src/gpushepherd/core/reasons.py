@@ -1,0 +1,168 @@
+"""Why a job waits: the admission rule's verdict in the policy's words (the reason codes
+of ``model/reasons.py``; the conventions' vocabulary is mapped in docs/scenarios.md).
+
+The code comes from the rule that refused; the detail names the blocker - the limit and
+its use, the claim, the class reservation, the constraint that leaves free GPUs unusable.
+"""
+
+from __future__ import annotations
+
+from gpushepherd.core import admission as A
+from gpushepherd.core.filters import describe, share_fits_card
+from gpushepherd.core.ledger import bits
+from gpushepherd.core.placement import members_of, place_counts
+from gpushepherd.core.preemption import lower_jobs_would_make_room, plan as preemption_plan
+from gpushepherd.core.state import INF, Job
+from gpushepherd.model.job import GPU_UNITS, natural_key
+from gpushepherd.model.reasons import PendingReason, ReasonCode
+
+R = ReasonCode
+
+
+def in_progress(job: Job) -> PendingReason:
+    return PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
+
+
+def reason_of(book, adm, profile, job: Job, v: A.Verdict) -> PendingReason:
+    """The reason a user reads for ``job`` refused by verdict ``v``."""
+    quota = book.quota
+    rule = v.rule
+    if rule == A.HARD_NEVER:
+        lim = quota.limits[v.limit[0]]
+        return PendingReason(R.EXCEEDS_CAPACITY, f"{lim.path}={lim.max}")
+    if rule == A.HARD_NOW:
+        i, used = v.limit
+        lim, now_max, window = quota.limits[i], quota.current[i], quota.window[i]
+        if lim.windows:  # the limit in force is a time window's
+            where = f"@{window}" if window else "@outside windows"
+            return PendingReason(R.WINDOW_LIMIT, f"{lim.path}{where}={quota.fmt(i, now_max)}, in use {quota.fmt(i, used)}")
+        return PendingReason(R.QUOTA_EXCEEDED, f"{lim.path}={quota.fmt(i, now_max)}, in use {quota.fmt(i, used)}")
+    if rule == A.NEVER_FITS:
+        return never_fits_reason(book, job)
+    if rule == A.FREE:
+        return unmanaged_reason(book, job) or capacity_reason(book, adm, profile, job)
+    if rule == A.COHORT:
+        i, used = v.limit
+        return PendingReason(R.COHORT_QUOTA, f"{quota.limits[i].path}={quota.fmt(i, quota.current[i])}, "
+                             f"in use {quota.fmt(i, used)}")
+    if rule == A.ANTI:
+        return PendingReason(R.NO_FIT, "anti-affinity")
+    if rule == A.CLASS_HOLD:
+        return PendingReason(R.RESERVED_FOR, f"classes.{v.holder}.reserved_gpus")
+    if rule == A.CLAIMS:
+        b = v.blocker
+        if b is None:  # pragma: no cover - a CLAIMS verdict names its claim
+            return PendingReason(R.RESERVED_FOR)
+        return PendingReason(R.HELD_FOR_PREEMPTOR if b.hold else R.RESERVED_FOR, b.job_id)
+    raise ValueError(f"no reason for an admitted job {job.id}")  # pragma: no cover
+
+
+def never_fits_reason(book, job: Job) -> PendingReason:
+    unmanaged = unmanaged_reason(book, job, capacity=True)
+    if unmanaged is not None:
+        return unmanaged
+    ledger = book.ledger
+    if job.shape.mode != "share" and book.reserved:
+        cand = members_of(ledger, book.groups_for(job))
+        totals = {i: ledger.slots[i].healthy for i in cand}
+        if place_counts(dict(totals), cand, totals, job.shape) is not None:  # only the reservations bind
+            names = [c for c in book.reserved if c != job.cls.name]
+            detail = ",".join(f"classes.{c}.reserved_gpus={book.reserved[c] // GPU_UNITS}" for c in names)
+            return PendingReason(R.EXCEEDS_CAPACITY, detail)
+    text = describe(job.cls, job.spec)
+    if job.shape.mode == "single" and job.spec.same_node:
+        text += ",same_node"
+    return PendingReason(R.EXCEEDS_CAPACITY, text)
+
+
+def unmanaged_reason(book, job: Job, capacity: bool = False) -> PendingReason | None:
+    """``Resources(unmanaged:NODE:GPU,...)`` when GPUs the job may use run processes the
+    scheduler did not start and the job would fit were they free (``capacity``: were
+    they in service, all GPUs empty); else ``None``."""
+    if not book.any_unmanaged:
+        return None
+    ledger = book.ledger
+    cand = [i for i in members_of(ledger, book.groups_for(job))
+            if ledger.slots[i].unmanaged_mask or any(c.unmanaged for c in ledger.slots[i].migs.values())]
+    if not cand:
+        return None
+    names = []
+    for i in cand:
+        slot = ledger.slots[i]
+        names.extend(f"{slot.node.name}:{g}" for g in range(slot.total)
+                     if (slot.migs[g].unmanaged if g in slot.migs else slot.unmanaged_mask >> g & 1))
+    detail = PendingReason(R.RESOURCES, "unmanaged:" + ",".join(names))
+    if job.shape.mode == "share":
+        return detail  # a share could take a card of any of them
+    cand = members_of(ledger, book.groups_for(job))
+    extra = {i: (ledger.slots[i].unmanaged_mask & ~ledger.slots[i].sick_mask).bit_count() for i in cand}
+    idle = {i: extra[i] - sum(1 for g in bits(ledger.slots[i].unmanaged_mask) if ledger.slots[i].holder[g])
+            for i in cand}
+    totals = {i: ledger.slots[i].healthy + extra[i] for i in cand}
+    avail = dict(totals) if capacity else {i: ledger.slots[i].free + idle[i] for i in cand}
+    return detail if place_counts(avail, cand, totals, job.shape) is not None else None
+
+
+def capacity_reason(book, adm, profile, job: Job) -> PendingReason:
+    """Why no free GPUs take the job: ``NoPreemptibleVictims`` when evicting lower
+    classes would make room but none of that work may be evicted now (saying when a
+    too-young victim comes of age), else the shape that does not fit, else ``Resources``."""
+    ledger = book.ledger
+    groups = book.groups_for(job)
+    if job.shape.mode == "share":
+        return share_reason(book, job)
+    if (book.rules.preemption_enabled and any(q < job.cls.priority for q in book.running_prio)
+            and lower_jobs_would_make_room(book, job)):
+        found, until = preemption_plan(book, adm, profile, job)
+        if found is None:
+            if until != INF:
+                return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, f"min_runtime: victims eligible at t={until:g}")
+            return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, "lower-priority jobs may not be preempted")
+    free_here = ledger.free_in(groups)
+    if free_here >= job.shape.k:
+        what = {"single": "single-node", "multi": "whole-nodes", "pods": "pods"}[job.shape.mode]
+        return PendingReason(R.NO_FIT, what)
+    if ledger.free_total >= job.shape.k and len(groups) < len(ledger.groups):
+        return PendingReason(R.NO_FIT, constraint_names(job))
+    if any(ledger.groups[g].node.mig or any(ledger.groups[g].open.values()) for g in groups):
+        return PendingReason(R.NO_FIT, "whole-gpu")  # capacity left only as shares or MIG instances
+    return PendingReason(R.RESOURCES)
+
+
+def constraint_names(job: Job) -> str:
+    spec = job.spec
+    names = []
+    if job.cls.pools is not None:
+        names.append("pool")
+    if spec.gpu_types:
+        names.append("gpu_type")
+    if spec.gpu_mem_mib:
+        names.append("gpu_memory")
+    return "+".join(names) or "constraints"
+
+
+def share_reason(book, job: Job) -> PendingReason:
+    """Why no card takes a share now: the dimension that binds (the conventions'
+    ``insufficient_gpu_memory``, ``insufficient_gpu_fraction``, ``no_free_mig_slice``,
+    ``no_free_mps_replica``)."""
+    share = job.share
+    ledger = book.ledger
+    groups = book.groups_for(job)
+    if share.kind == "mig":
+        nodes = book.nodes_for(job)
+        coming = [f"{ledger.slots[i].node.name}:{g}" for (i, g), layout in sorted(book.mig_plans.items())
+                  if i in nodes and any(p == share.profile for _s, p in layout)]
+        if coming:
+            return PendingReason(R.NO_FIT, f"mig-slice {share.profile}, reconfiguring {','.join(coming)}")
+        return PendingReason(R.NO_FIT, f"mig-slice {share.profile}")
+    milli, mem, slots = share.need()
+    if mem and ledger.best_card(groups, share.kind, milli, 0, slots) is not None:
+        return PendingReason(R.NO_FIT, "gpu-memory")
+    if share.kind == "time_slice":
+        return PendingReason(R.NO_FIT, "time-slice-replica")
+    if share.kind == "mps":
+        return PendingReason(R.NO_FIT, "mps-client")
+    fresh = ledger.free_in([g for g in groups if share_fits_card(ledger.groups[g].node, share)]) > 0
+    if fresh:  # pragma: no cover - a free GPU that fits would have been a spot
+        return PendingReason(R.NO_FIT, "gpu")
+    return PendingReason(R.NO_FIT, "gpu-fraction" if milli else "gpu-memory")
