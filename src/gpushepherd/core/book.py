@@ -83,6 +83,7 @@ class Book:
         # per class: units held, units covered by its reserved_gpus
         self.class_units: dict[str, int] = {}
         self.covered_units: dict[str, int] = {}
+        self.class_jobs: dict[str, dict[str, Job]] = {}  # reserved classes: their jobs holding GPUs
         self.reserved = {c.name: c.reserved_gpus * GPU_UNITS for c in rules.classes.values() if c.reserved_gpus}
         # class anti-affinity: per node index, class -> jobs of it holding GPUs there
         self.anti = any(c.avoid for c in rules.classes.values())
@@ -236,8 +237,8 @@ class Book:
         for idx, mask in alloc:
             self.ledger.allocate(job.id, idx, mask)
         job.run_units = job.units if units is None else units
-        job.covered = self.coverage_for(job, job.run_units)
-        job.run_charges = self.charges_with(job, job.run_units, job.covered)
+        job.covered = 0
+        job.run_charges = self.charges_with(job, job.run_units, 0)
         self.quota.charge(job.run_charges, +1)
         if self.anti:
             for idx, _mask in alloc:
@@ -253,8 +254,9 @@ class Book:
         self.usage.hold(priority.usage_keys(job.spec), self.now, job.run_units)
         name = job.cls.name
         self.class_units[name] = self.class_units.get(name, 0) + job.run_units
-        if job.covered:
-            self.covered_units[name] = self.covered_units.get(name, 0) + job.covered
+        if name in self.reserved:
+            self.class_jobs.setdefault(name, {})[job.id] = job
+            self.recover(name)
         if state is JobState.RUNNING:
             self.ends_add(job, started + job.planned_run())
             limit = job.run_limit()
@@ -309,15 +311,38 @@ class Book:
             self.class_units[name] = left
         else:
             del self.class_units[name]
-        if job.covered:
-            left = self.covered_units[name] - job.covered
-            if left:
-                self.covered_units[name] = left
-            else:
-                del self.covered_units[name]
-        job.covered = 0
+        if name in self.reserved:
+            self._set_covered(job, 0, charge=False)
+            del self.class_jobs[name][job.id]
+            self.recover(name)
         job.run_charges = ()
         self.dirty = True
+
+    def recover(self, name: str) -> None:
+        """Give class ``name``'s ``reserved_gpus`` to its running jobs, earliest started
+        first (then submission order): a function of who runs, so a restored core
+        counts them as the running one did; a new run comes last and never takes
+        coverage from another, so no charge ever grows (note 015, section 6)."""
+        left = self.reserved[name]
+        for job in sorted(self.class_jobs.get(name, {}).values(), key=lambda j: (j.run_start, j.seq)):
+            want = min(job.run_units, left)
+            left -= want
+            if want != job.covered:
+                self._set_covered(job, want)
+
+    def _set_covered(self, job: Job, covered: int, charge: bool = True) -> None:
+        name = job.cls.name
+        if charge:
+            self.quota.charge(job.run_charges, -1)
+        total = self.covered_units.get(name, 0) - job.covered + covered
+        if total:
+            self.covered_units[name] = total
+        else:
+            self.covered_units.pop(name, None)
+        job.covered = covered
+        if charge:
+            job.run_charges = self.charges_with(job, job.run_units, covered)
+            self.quota.charge(job.run_charges, +1)
 
     def count_running(self, job: Job, sign: int) -> None:
         """The indexes of RUNNING jobs by class priority: counts of all, the evictable
@@ -375,6 +400,7 @@ class Book:
     def end(self, job: Job, state: JobState, reason: str) -> None:
         old = job.state
         self.release(job)
+        self.detach_from_preemptor(job)  # a victim that ended inside its grace is no longer awaited
         self.clear_victims(job)
         job.state = state
         self.log(job, old, state, reason)

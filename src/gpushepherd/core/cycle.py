@@ -19,6 +19,7 @@ skips a job only when an earlier job of the pass proves it would do nothing diff
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 
 from gpushepherd.core import admission as A
 from gpushepherd.core import preemption, reasons
@@ -51,6 +52,7 @@ class Turn:
         self.started: list[Job] = []
         self.dequeue_now = dequeue_now
         self.first_blocked: Job | None = None  # the first capacity-blocked job (strict order)
+        self.walk: "Walk | None" = None
 
     # ------------------------------------------------------------- steps
     def holds(self) -> None:
@@ -216,7 +218,25 @@ def _borrows_from(job: Job, victim: Job) -> bool:
 
 
 def run_fast(sched, out: list[Decision]) -> Turn:
-    """The pass over sub-queue heads (note 001's walk, made exact).
+    """The pass over sub-queue heads (note 001's walk, made exact); see ``Walk``."""
+    turn = Turn(sched, out, dequeue_now=False)
+    turn.holds()
+    turn.walk = Walk(turn)
+    turn.walk.run()
+    return turn
+
+
+def resume_fast(turn: Turn, out: list[Decision]) -> None:
+    """Go on with a walk its budget cut short, on the same state (nothing changed since
+    but the time): the pass it completes is the one an unbounded budget would make."""
+    turn.out = out
+    turn.started = []
+    turn.walk.resume()
+
+
+class Walk:
+    """The walk of the fast pass over the pending queue by sub-queue heads, in global
+    queue order.
 
     Lemmas (free GPUs, victims and quota headroom only shrink during a pass; claims only
     grow; so a job refused at some point stays refused later in the pass):
@@ -224,7 +244,7 @@ def run_fast(sched, out: list[Decision]) -> Turn:
     * a job of a sub-queue (same shape, filter, class, charges) refused by a rule that
       does not look at its planned run (rules 1-7) proves every later job of its
       sub-queue refused, for starting, preempting and - once the depth is reached -
-      reserving: they are not looked at (``_DEAD``);
+      reserving: they are not looked at;
     * refused by the claims (rule 8), it proves refused every later job of its
       sub-queue whose planned run is not shorter (a longer run covers more claim
       points): the walk jumps to the next shorter one (``PendingQueue.next_shorter``);
@@ -232,68 +252,92 @@ def run_fast(sched, out: list[Decision]) -> Turn:
       asking ``>= k`` refused at rule 4 for the rest of the pass;
     * with no free GPU, no share pending, no preemption possible for any pending job and
       the depth reached, nothing more can happen (the walk stops).
+
+    A walk that has tested ``backfill.max_job_test`` jobs that did nothing once the
+    depth is reached stops (``cut``) and asks for a wake-up a second later; the next
+    pass, if nothing changed but the time, resumes it where it stopped.
     """
-    book = sched.book
-    turn = Turn(sched, out, dequeue_now=False)
-    turn.holds()
-    queue = book.queue
-    subs = queue.subs
-    heads = list(queue.heads)
-    prio_top = max((subs[sig][0].cls.priority for _k, sig in heads), default=0)
-    cont: list[tuple[tuple, int, int]] = []
-    fail_fit: dict[int, int] = {}
-    budget = book.rules.backfill_max_job_test
-    strict = not book.rules.backfill_enabled
-    cohorts = bool(book.rules.cohorts)
-    hi, n_heads = 0, len(heads)
-    cut = False
-    while True:
-        if cont and (hi >= n_heads or cont[0][0] < heads[hi][0]):
-            _key, sig, idx = heapq.heappop(cont)
-        elif hi < n_heads:
-            sig = heads[hi][1]
-            hi += 1
-            idx = 0
-        else:
-            break
-        sub = subs[sig]
-        job = sub[idx]
-        full = turn.n_reserved >= turn.depth
-        if (full and book.ledger.free_total == 0 and not book.pending_shares and not cohorts
-                and not (book.rules.preemption_enabled and book.evictable and min(book.evictable) < prio_top)):
-            break  # nothing can start, preempt or reserve any more
-        shape = job.shape
-        if full and fail_fit.get(job.fkey, INF) <= shape.k and not turn.can_preempt(job):
-            continue  # rule 4 (or an earlier one) refuses it and its sub-queue: nothing to do
-        if full and budget <= 0:
-            cut = True
-            break
-        outcome, rule = turn.turn(job)
-        if rule == A.FREE:
-            fail_fit[job.fkey] = min(fail_fit.get(job.fkey, INF), shape.k)
-        if outcome in (STARTED, PREEMPTED, HELD):
-            nxt = idx + 1
-        else:
-            if turn.n_reserved >= turn.depth:
-                budget -= 1
-            if rule not in A.CAPACITY_RULES:
-                continue  # a hard limit: the same for its whole sub-queue
-            if strict:
-                break  # no backfill: nobody passes a blocked job
-            if turn.n_reserved < turn.depth:
-                nxt = idx + 1  # the next one may take a reservation too
-            elif rule == A.CLAIMS or (turn.profile and turn.can_preempt(job)):
-                nxt = queue.next_shorter(sig, idx, job.pend_est)  # only a shorter run may do better
-                if nxt is None:
-                    continue
+
+    def __init__(self, turn: Turn):
+        self.turn = turn
+        book = self.book = turn.book
+        queue = book.queue
+        self.heads = list(queue.heads)
+        self.prio_top = max((queue.subs[sig][0].cls.priority for _k, sig in self.heads), default=0)
+        self.cont: list[tuple[tuple, int, int]] = []
+        self.fail_fit: dict[int, int] = {}
+        self.budget = book.rules.backfill_max_job_test
+        self.hi = 0
+        self.cut = False
+
+    def run(self) -> None:
+        turn, book = self.turn, self.book
+        queue = book.queue
+        subs = queue.subs
+        heads, cont, fail_fit = self.heads, self.cont, self.fail_fit
+        strict = not book.rules.backfill_enabled
+        cohorts = bool(book.rules.cohorts)
+        n_heads = len(heads)
+        self.cut = False
+        while True:
+            if cont and (self.hi >= n_heads or cont[0][0] < heads[self.hi][0]):
+                _key, sig, idx = heapq.heappop(cont)
+            elif self.hi < n_heads:
+                sig = heads[self.hi][1]
+                self.hi += 1
+                idx = 0
             else:
-                continue
-        if nxt < len(sub):
-            heapq.heappush(cont, (sub[nxt].key, sig, nxt))
-    turn.finish()
-    if cut:
-        sched.wake_at(book.now + 1.0)  # the rest waits for the next pass, a second later
-    return turn
+                break
+            sub = subs[sig]
+            job = sub[idx]
+            full = turn.n_reserved >= turn.depth
+            if (full and book.ledger.free_total == 0 and not book.pending_shares and not cohorts
+                    and not (book.rules.preemption_enabled and book.evictable
+                             and min(book.evictable) < self.prio_top)):
+                break  # nothing can start, preempt or reserve any more
+            shape = job.shape
+            if full and fail_fit.get(job.fkey, INF) <= shape.k and not turn.can_preempt(job):
+                continue  # rule 4 (or an earlier one) refuses it and its sub-queue: nothing to do
+            if full and self.budget <= 0:
+                heapq.heappush(cont, (job.key, sig, idx))
+                self.cut = True
+                break
+            outcome, rule = turn.turn(job)
+            if rule == A.FREE:
+                fail_fit[job.fkey] = min(fail_fit.get(job.fkey, INF), shape.k)
+            if outcome in (STARTED, PREEMPTED, HELD):
+                nxt = idx + 1
+            else:
+                if full:
+                    self.budget -= 1
+                if rule not in A.CAPACITY_RULES:
+                    continue  # a hard limit: the same for its whole sub-queue
+                if strict:
+                    break  # no backfill: nobody passes a blocked job
+                if turn.n_reserved < turn.depth:
+                    nxt = idx + 1  # the next one may take a reservation too
+                elif rule == A.CLAIMS or (turn.profile and turn.can_preempt(job)):
+                    nxt = queue.next_shorter(sig, idx, job.pend_est)  # only a shorter run may do better
+                    if nxt is None:
+                        continue
+                else:
+                    continue
+            if nxt < len(sub):
+                heapq.heappush(cont, (sub[nxt].key, sig, nxt))
+        if self.cut:
+            # positions move when the started jobs leave the queue: keep keys only
+            self.cont = [(key, sig, -1) for key, sig, _idx in cont]
+        turn.finish()
+        turn.sched.resume_at = book.now + 1.0 if self.cut else None  # the rest: a second later
+
+    def resume(self) -> None:
+        """Find the positions of the jobs the walk was about to look at again, and go on."""
+        queue = self.book.queue
+        self.cont = [(key, sig, bisect_left(queue.keys_of(sig), key)) for key, sig, _i in self.cont
+                     if sig in queue.subs]
+        heapq.heapify(self.cont)
+        self.budget = self.book.rules.backfill_max_job_test
+        self.run()
 
 
 def pending_reason(sched, job: Job) -> PendingReason:

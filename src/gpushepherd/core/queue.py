@@ -94,6 +94,10 @@ class PendingQueue:
                 self._mins.pop(sig, None)
         self.count -= 1
 
+    def keys_of(self, sig: int) -> list[tuple]:
+        """The order keys of sub-queue ``sig``, ascending (a read-only view)."""
+        return self._subkeys[sig]
+
     #: jobs per block of the minima that ``next_shorter`` skips by
     BLOCK = 64
 

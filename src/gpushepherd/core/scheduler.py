@@ -72,6 +72,8 @@ class Scheduler:
         self._new: list[Job] = []
         self._prefix_profiles: dict[int, Profile] = {}
         self._estimates: dict | None = None
+        #: when a walk cut short by its budget goes on (``None``: none was)
+        self.resume_at: float | None = None
 
     # ------------------------------------------------------------ views
     @property
@@ -169,9 +171,16 @@ class Scheduler:
             ends = book.ends
             i = bisect_right(ends, (self.last_pass_t, INF, ""))
             if not (i < len(ends) and ends[i][0] <= book.now):
+                turn = self.last_turn
+                if (self.resume_at is not None and book.now >= self.resume_at and turn is not None
+                        and turn.walk is not None and turn.walk.cut):
+                    self.pass_no += 1  # the same pass, gone on with: reasons are worked out again
+                    self.last_pass_t = book.now
+                    cycle.resume_fast(turn, out)
                 return  # nothing changed: the last pass (and its reservations) stands
         book.dirty = False
         self.last_pass_t = book.now
+        self.resume_at = None
         self.pass_no += 1
         self._prefix_profiles = {}
         self.last_turn = run_reference(self, out) if self.reference else cycle.run_fast(self, out)
@@ -198,6 +207,8 @@ class Scheduler:
         t_window = None
         if book.quota.windowed and expire.window_matters(book):
             t_window = self.rules.clock.next_boundary(self.rules.window_boundaries(), book.now)
+        if self.resume_at is not None and self.resume_at > book.now and book.queue:
+            t_wake = self.resume_at if t_wake is None else min(t_wake, self.resume_at)
         times = [t for t in (t_limit, t_wake, t_window) if t is not None]
         return min(times) if times else None
 
