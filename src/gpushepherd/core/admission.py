@@ -125,10 +125,14 @@ class Admission:
         self.book = book
 
     # ----------------------------------------------------------- the rule
-    def decide(self, job: Job, profile: Profile | None, scratch: Scratch | None = None) -> Verdict:
-        """Apply rules 1-8 to ``job`` now (on ``scratch`` when given)."""
+    def decide(self, job: Job, profile: Profile | None, scratch: Scratch | None = None,
+               before_claims=None, no_room: bool = False) -> Verdict:
+        """Apply rules 1-8 to ``job`` now (on ``scratch`` when given). ``before_claims``
+        is called once rules 1-7 admit it, before rule 8 reads ``profile`` (the pass
+        computes its deferred reservations then). ``no_room``: the caller knows rule 4
+        refuses it (a pass's memo), so no placement is tried."""
         if job.shape.mode == "share":
-            return self._decide_share(job, profile, scratch)
+            return self._decide_share(job, profile, scratch, before_claims)
         book = self.book
         units = job.units
         covered = self._coverage(job, units, scratch)
@@ -139,7 +143,7 @@ class Admission:
                 return v
         if self.never_fits(job):
             return Verdict(NEVER_FITS)
-        counts = self._place(job, scratch)
+        counts = None if no_room else self._place(job, scratch)
         if counts is None:
             return Verdict(FREE, units=units, charges=charges)
         if job.cohort is not None:
@@ -157,6 +161,8 @@ class Admission:
             holder = self._class_hold(job, units, scratch)
             if holder:
                 return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
+        if before_claims is not None:
+            before_claims()
         if profile:
             end = book.now + job.planned_run()
             caps = self._caps(job, profile, counts, end, scratch)
@@ -256,17 +262,16 @@ class Admission:
               scratch: Scratch | None) -> dict[int, int] | None:
         """Per candidate node, the GPUs the claims leave the job; ``None`` when the
         placement ``counts`` is within them already (it is then the best one)."""
-        if not profile.held_now and not profile.binding_points(end):
+        points = profile.binding_points(end)
+        if not profile.held_now and not points:
             return None
-        book = self.book
-        ok = True
-        for n, x in counts:
-            if x > self._cap(job, profile, n, end, scratch):
-                ok = False
-                break
-        if ok:
+        touched = set(profile.held_now)
+        for p in points:
+            touched.update(profile.spare[p])
+        if all(n not in touched or x <= self._cap(job, profile, n, end, scratch) for n, x in counts):
             return None
-        return {n: self._cap(job, profile, n, end, scratch) for n in book.nodes_for(job)}
+        nodes = self.book.nodes_for(job)
+        return {n: self._cap(job, profile, n, end, scratch) for n in sorted(touched) if n in nodes}
 
     def _cap(self, job: Job, profile: Profile, n: int, end: float, scratch: Scratch | None) -> int:
         if scratch is None:
@@ -329,6 +334,8 @@ class Admission:
         islands = shape.k > 1 and shape.mode == "single" and any(ledger.groups[g].node.nvlink_islands for g in groups)
         key = job.spec.cache_key
         tiered = key and not job.spec.cache_required
+        if scratch is None and not avoided and not islands and not tiered and caps is not None and shape.mode == "single":
+            return _best_fit_capped(ledger, groups, shape.k, caps)
         if scratch is None and not avoided and caps is None and not islands:
             if tiered:
                 cached = [g for g in groups if key in ledger.groups[g].node.cached]
@@ -378,7 +385,8 @@ class Admission:
         return None if best is None else [(best[2], k)]
 
     # ------------------------------------------------------------- shares
-    def _decide_share(self, job: Job, profile: Profile | None, scratch: Scratch | None) -> Verdict:
+    def _decide_share(self, job: Job, profile: Profile | None, scratch: Scratch | None,
+                      before_claims=None) -> Verdict:
         """Rules 1-8 for a share: hard limits, a card that fits (the tightest shared card,
         else a fresh GPU), the cohort, anti-affinity, class holds for a fresh GPU,
         claims. A memory-only share is charged by the card it lands on."""
@@ -409,6 +417,8 @@ class Admission:
             if spot is None:
                 return Verdict(ANTI, units=units, charges=charges)
             units, charges = self._share_charges(job, spot)
+        if before_claims is not None:
+            before_claims()
         if spot[3] and book.reserved:
             holder = self._class_hold(job, GPU_UNITS, scratch)
             if holder:
@@ -500,3 +510,31 @@ def fits_island(free_mask: int, k: int, islands: tuple[tuple[int, ...], ...]) ->
         if n >= k:
             return True
     return False
+
+
+def _best_fit_capped(ledger, groups: list[int], k: int, caps: dict[int, int]) -> Counts | None:
+    """Single-node best fit on the free GPUs with a few nodes capped below their free
+    count (the claims'): the capped nodes by their cap, the others from the free-count
+    buckets; the fewest GPUs left that still hold ``k``, then the lowest index."""
+    best = None
+    for n, cap in caps.items():
+        f = min(ledger.slots[n].free, cap)
+        if f >= k and (best is None or (f, n) < best):
+            best = (f, n)
+    top = max((ledger.groups[g].gpus for g in groups), default=0)
+    for f in range(k, top + 1):
+        if best is not None and best[0] < f:
+            break
+        found = None
+        for g in groups:
+            grp = ledger.groups[g]
+            if f <= grp.gpus:
+                for idx in grp.buckets[f]:
+                    if idx not in caps:
+                        if found is None or idx < found:
+                            found = idx
+                        break
+        if found is not None:
+            best = (f, found) if best is None or (f, found) < best else best
+            break
+    return None if best is None else [(best[1], k)]

@@ -100,6 +100,7 @@ class Book:
         # caches of static facts (node filters): cleared when the topology changes
         self.groups_cache: dict[tuple, list[int]] = {}
         self.nodeset_cache: dict[tuple, frozenset[int]] = {}
+        self.totals_cache: dict[tuple, tuple[list[int], dict[int, int]]] = {}
         self.max_node_cache: dict[tuple, int] = {}
         self.misfit_cache: dict[tuple, str | None] = {}
         self.cap_cache: dict[tuple, bool] = {}
@@ -140,6 +141,20 @@ class Book:
             found = self.nodeset_cache[ckey] = frozenset(members_of(self.ledger, self.groups_of(ckey)))
         return found
 
+    def nodes_and_totals(self, job: Job) -> tuple[list[int], dict[int, int]]:
+        """The live nodes a job may take a reservation on (ascending; not those it avoids
+        now) and each one's GPUs in service (cached per filter until the topology
+        changes, when it avoids none)."""
+        avoided = self.avoided_nodes(job)
+        found = None if avoided else self.totals_cache.get(job.shape.ckey)
+        if found is None:
+            ledger = self.ledger
+            nodes = [i for i in members_of(ledger, self.groups_for(job)) if i not in avoided]
+            found = (nodes, {i: ledger.slots[i].healthy for i in nodes})
+            if not avoided:
+                self.totals_cache[job.shape.ckey] = found
+        return found
+
     def avoided_nodes(self, job: Job, node_classes: list[dict[str, int]] | None = None) -> frozenset[int]:
         """Nodes the job may not start on now: a job of a class it avoids holds GPUs
         there (``classes.X.avoid_nodes_with``, symmetric)."""
@@ -171,6 +186,7 @@ class Book:
     def topology_changed(self) -> None:
         self.uniform = None
         self.nodeset_cache.clear()
+        self.totals_cache.clear()
         self.cap_cache.clear()
         self.dirty = True
 

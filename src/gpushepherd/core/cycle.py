@@ -24,7 +24,7 @@ from bisect import bisect_left
 from gpushepherd.core import admission as A
 from gpushepherd.core import preemption, reasons
 from gpushepherd.core.ledger import bits
-from gpushepherd.core.placement import members_of, pick_gpus
+from gpushepherd.core.placement import pick_gpus
 from gpushepherd.core.profile import Profile, basis_of, earliest_start
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.decisions import Decision
@@ -51,7 +51,10 @@ class Turn:
         self.deferred: list[Job] = []
         self.started: list[Job] = []
         self.dequeue_now = dequeue_now
-        self.first_blocked: Job | None = None  # the first capacity-blocked job (strict order)
+        self.first_blocked: Job | None = None  # the first capacity-blocked job
+        self.last_reserved: Job | None = None  # the last job given a slot of the depth
+        #: a job started or preempted after the first reservation of the pass
+        self.acted_after_reserve = False
         self.walk: "Walk | None" = None
 
     # ------------------------------------------------------------- steps
@@ -74,18 +77,17 @@ class Turn:
                 self.profile.drop_hold(p.id)
                 book.clear_victims(p)
 
-    def turn(self, job: Job) -> tuple[int, int]:
+    def turn(self, job: Job, no_room: bool = False) -> tuple[int, int]:
         """Steps 4-6 for one pending job: ``(outcome, rule)``; ``rule`` is the first
-        admission rule that refused it (``ADMITTED`` when it started)."""
+        admission rule that refused it (``ADMITTED`` when it started). ``no_room``: the
+        walk knows no free GPUs take it (rule 4)."""
         book = self.book
         if job.state is not JobState.PENDING:  # started in step 3 (the walk dequeues at its end)
             return HELD, A.ADMITTED
         if job.id in book.preemptors:  # still waiting for its victims (step 3 kept its hold)
             return HELD, A.CLAIMS
-        v = self.adm.decide(job, None)  # rules 1-7: claims cannot matter if these refuse
-        if v.admitted and (self.deferred or self.profile):
-            self.materialize()
-            v = self.adm.decide(job, self.profile)
+        v = self.adm.decide(job, self.profile, before_claims=self.materialize if self.deferred else None,
+                            no_room=no_room)
         if v.admitted:
             self.start(job, v)
             return STARTED, A.ADMITTED
@@ -109,6 +111,7 @@ class Turn:
         if self.n_reserved < self.depth:
             self.deferred.append(job)
             self.n_reserved += 1  # a job whose start cannot be planned still takes its slot
+            self.last_reserved = job
             return RESERVED, rule
         return BLOCKED, rule
 
@@ -130,11 +133,9 @@ class Turn:
 
     def reserve(self, job: Job) -> bool:
         book = self.book
-        ledger = book.ledger
-        nodes = [i for i in members_of(ledger, book.groups_for(job)) if i not in book.avoided_nodes(job)]
-        totals = {i: ledger.slots[i].healthy for i in nodes}
         if job.shape.mode == "share":
             return False  # shares wait for a card; they hold no reservation
+        nodes, totals = book.nodes_and_totals(job)
         found = earliest_start(book, self.profile, job, nodes, totals)
         if found is None:
             return False
@@ -145,6 +146,8 @@ class Turn:
     # ----------------------------------------------------------- actions
     def start(self, job: Job, v: A.Verdict) -> None:
         book = self.book
+        if self.n_reserved:
+            self.acted_after_reserve = True
         ledger = book.ledger
         if v.spot is not None:
             idx, gpu, pos, fresh = v.spot
@@ -183,6 +186,8 @@ class Turn:
     def begin_preemption(self, job: Job, victims: list[Job], v: A.Verdict) -> None:
         """Signal ``victims`` for ``job``; what they free is held for it from now on."""
         book = self.book
+        if self.n_reserved:
+            self.acted_after_reserve = True
         reclaiming = preemption.may_reclaim(book, job)
         taken = [x for x in victims if reclaiming and _borrows_from(job, x)]
         reclaim = bool(taken)
@@ -234,6 +239,42 @@ def resume_fast(turn: Turn, out: list[Decision]) -> None:
     turn.walk.resume()
 
 
+def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
+    """Give only the jobs submitted since ``turn``'s pass their turns, against its claims,
+    when that decides what a full pass would (``False``: it does not; run one).
+
+    Lemma: if nothing but submissions changed since the pass, nothing started or was
+    preempted after its first reservation, and every new job queues behind the pass's
+    first capacity-blocked job and behind its last reserved one, then a full pass would
+    find every old job where this one left it - same state at each old job's turn, same
+    reservations - and every new job at its turn facing exactly these claims. The
+    budget must leave a test for each new job (else the full pass, cut, decides)."""
+    walk = turn.walk
+    if walk is None or walk.cut or turn.acted_after_reserve or walk.budget < len(new):
+        return False
+    cut = max((j.key for j in (turn.first_blocked, turn.last_reserved) if j is not None), default=None)
+    if cut is not None and any(j.key < cut for j in new):
+        return False
+    turn.out = out
+    turn.started = []
+    strict = not turn.book.rules.backfill_enabled
+    if strict and turn.first_blocked is not None:
+        return True  # no backfill: nobody passes the blocked job
+    for job in sorted(new, key=lambda j: j.key):
+        if job.state is not JobState.PENDING:
+            continue
+        full = turn.n_reserved >= turn.depth
+        outcome, rule = turn.turn(job, walk.fail_fit.get(job.fkey, INF) <= job.shape.k)
+        if rule == A.FREE:
+            walk.fail_fit[job.fkey] = min(walk.fail_fit.get(job.fkey, INF), job.shape.k)
+        if outcome not in (STARTED, PREEMPTED, HELD) and full:
+            walk.budget -= 1
+        if strict and outcome == BLOCKED and rule in A.CAPACITY_RULES:
+            break
+    turn.finish()
+    return True
+
+
 class Walk:
     """The walk of the fast pass over the pending queue by sub-queue heads, in global
     queue order.
@@ -263,7 +304,7 @@ class Walk:
         book = self.book = turn.book
         queue = book.queue
         self.heads = list(queue.heads)
-        self.prio_top = max((queue.subs[sig][0].cls.priority for _k, sig in self.heads), default=0)
+        self.prio_top = None  # the highest class pending (worked out when it matters)
         self.cont: list[tuple[tuple, int, int]] = []
         self.fail_fit: dict[int, int] = {}
         self.budget = book.rules.backfill_max_job_test
@@ -291,18 +332,22 @@ class Walk:
             sub = subs[sig]
             job = sub[idx]
             full = turn.n_reserved >= turn.depth
-            if (full and book.ledger.free_total == 0 and not book.pending_shares and not cohorts
-                    and not (book.rules.preemption_enabled and book.evictable
-                             and min(book.evictable) < self.prio_top)):
-                break  # nothing can start, preempt or reserve any more
+            if full and book.ledger.free_total == 0 and not book.pending_shares and not cohorts:
+                if not (book.rules.preemption_enabled and book.evictable):
+                    break  # nothing can start, preempt or reserve any more
+                if self.prio_top is None:
+                    self.prio_top = max(subs[s][0].cls.priority for _k, s in heads)
+                if min(book.evictable) >= self.prio_top:
+                    break
             shape = job.shape
-            if full and fail_fit.get(job.fkey, INF) <= shape.k and not turn.can_preempt(job):
+            no_room = fail_fit.get(job.fkey, INF) <= shape.k
+            if full and no_room and not turn.can_preempt(job):
                 continue  # rule 4 (or an earlier one) refuses it and its sub-queue: nothing to do
             if full and self.budget <= 0:
                 heapq.heappush(cont, (job.key, sig, idx))
                 self.cut = True
                 break
-            outcome, rule = turn.turn(job)
+            outcome, rule = turn.turn(job, no_room)
             if rule == A.FREE:
                 fail_fit[job.fkey] = min(fail_fit.get(job.fkey, INF), shape.k)
             if outcome in (STARTED, PREEMPTED, HELD):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpushepherd.core.placement import members_of
 from gpushepherd.core.profile import Profile, basis_of, earliest_start
 from gpushepherd.core.state import INF
 from gpushepherd.model.job import JobState
@@ -45,7 +44,6 @@ def plan_all(sched, limit: int | None = None) -> dict[str, Estimate]:
         profile.add_hold(p)
     running_basis = basis_of(book, book.running.values())
     next_change = next((e for e, _s, _j in book.ends if e > now and e != INF), None)
-    ledger = book.ledger
     for n, job in enumerate(book.queue):
         if limit is not None and n >= limit:
             break
@@ -58,8 +56,7 @@ def plan_all(sched, limit: int | None = None) -> dict[str, Estimate]:
             continue
         if job.shape.mode == "share":
             continue  # shares wait for a card; no claim to plan
-        nodes = [i for i in members_of(ledger, book.groups_for(job)) if i not in book.avoided_nodes(job)]
-        totals = {i: ledger.slots[i].healthy for i in nodes}
+        nodes, totals = book.nodes_and_totals(job)
         found = earliest_start(book, profile, job, nodes, totals)
         if found is None:
             continue

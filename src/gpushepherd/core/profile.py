@@ -360,16 +360,24 @@ def _place_at(book, job: Job, nodes: list[int], totals: dict[int, int], t: float
 
 
 def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int]) -> tuple[float, Counts] | None:
-    """The earliest instant by planned ends alone (no claims on these nodes)."""
+    """The earliest instant by planned ends alone (no claims on these nodes): the walk
+    over planned ends touches only the nodes whose GPUs come free, and runs the exact
+    placement when a cheap necessary condition (``_Gate``) holds."""
     ledger = book.ledger
     slots = ledger.slots
-    avail = {n: slots[n].free for n in nodes}
-    gate = _Gate(job.shape, avail, totals)
+    node_set = set(nodes)
+    changed: dict[int, int] = {}
+
+    def full() -> dict[int, int]:
+        avail = {n: slots[n].free for n in nodes}
+        avail.update(changed)
+        return avail
+
+    gate = _Gate.of(job.shape, ledger, book.groups_for(job), nodes, totals)
     if gate.maybe():
-        counts = place_counts(avail, nodes, totals, job.shape)
+        counts = place_counts(full(), nodes, totals, job.shape)
         if counts is not None:
             return book.now, counts
-    node_set = set(nodes)
     ends = book.ends
     i, n_ends = 0, len(ends)
     while i < n_ends:
@@ -384,11 +392,12 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int]) -> tupl
                 if idx in node_set:
                     got = _freed_whole(book, holder, idx, mask, end_t)
                     if got:
-                        gate.update(avail[idx], avail[idx] + got, totals[idx])
-                        avail[idx] += got
+                        before = changed.get(idx, slots[idx].free)
+                        gate.update(before, before + got, totals[idx])
+                        changed[idx] = before + got
                         touched = True
         if touched and gate.maybe():
-            counts = place_counts(avail, nodes, totals, job.shape)
+            counts = place_counts(full(), nodes, totals, job.shape)
             if counts is not None:
                 return max(end_t, book.now), counts
     return None
@@ -518,6 +527,26 @@ class _Gate:
 
     __slots__ = ("shape", "whole", "biggest", "top", "homog", "sum", "slots")
 
+    @classmethod
+    def of(cls, shape, ledger, groups: list[int], nodes: list[int], totals: dict[int, int]) -> "_Gate":
+        """The gate from the ledger's free-count buckets when the job's groups are of one
+        size and fully healthy (no walk over the nodes; the buckets may count nodes the job
+        avoids, which only weakens a necessary condition), else from the nodes."""
+        sizes = {ledger.groups[g].gpus for g in groups}
+        if len(sizes) == 1 and all(ledger.groups[g].healthy_sum == len(ledger.groups[g].members) * ledger.groups[g].gpus
+                                   for g in groups):
+            gate = cls.__new__(cls)
+            gate.shape = shape
+            gate.top = sizes.pop()
+            gate.homog = True
+            gate.sum = ledger.free_in(groups)
+            gate.biggest = ledger.max_free_node(groups)
+            gate.whole = sum(len(ledger.groups[g].buckets[ledger.groups[g].gpus]) for g in groups)
+            per = shape.per_pod
+            gate.slots = sum(len(b) * (f // per) for g in groups for f, b in enumerate(ledger.groups[g].buckets))
+            return gate
+        return cls(shape, {n: ledger.slots[n].free for n in nodes}, totals)
+
     def __init__(self, shape, avail: dict[int, int], totals: dict[int, int]):
         self.shape = shape
         sizes = set(totals.values())
@@ -530,11 +559,15 @@ class _Gate:
         self.slots = sum(max(0, v) // per for v in avail.values())
 
     def update(self, before: int, after: int, healthy: int) -> None:
+        if before < 0:
+            before = 0
+        if after < 0:
+            after = 0
         per = self.shape.per_pod
-        self.slots += max(0, after) // per - max(0, before) // per
+        self.slots += after // per - before // per
         if before < healthy <= after:
             self.whole += 1
-        self.sum += max(0, after) - max(0, before)
+        self.sum += after - before
         if after > self.biggest:
             self.biggest = after
 

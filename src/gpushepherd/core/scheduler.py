@@ -167,10 +167,17 @@ class Scheduler:
         while wakeups and wakeups[0] <= book.now:
             heapq.heappop(wakeups)
             book.dirty = True
-        if not book.dirty and not new:
+        if not book.dirty:
             ends = book.ends
             i = bisect_right(ends, (self.last_pass_t, INF, ""))
-            if not (i < len(ends) and ends[i][0] <= book.now):
+            moved = i < len(ends) and ends[i][0] <= book.now  # a job outlived its planned end
+            if new and not moved and not self.reference and self.last_turn is not None:
+                if cycle.continue_fast(self.last_turn, new, out):
+                    self.pass_no += 1
+                    self.last_pass_t = book.now
+                    return
+        if not book.dirty and not new:
+            if not moved:
                 turn = self.last_turn
                 if (self.resume_at is not None and book.now >= self.resume_at and turn is not None
                         and turn.walk is not None and turn.walk.cut):
