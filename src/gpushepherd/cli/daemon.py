@@ -214,6 +214,17 @@ def _fmt_t(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
+def _fmt_est(j: dict) -> str:
+    """A planned start as a person should read it: ``<= T`` when it rests on time limits
+    (jobs usually end before them: an upper bound unless higher-priority work arrives),
+    ``~ T`` when on runtime estimates, ``-`` when none can be planned."""
+    t = j.get("estimated_start")
+    if t is None:
+        return "-"
+    mark = "<=" if j.get("estimated_start_basis") == "time limits" else "~"
+    return f"{mark} {_fmt_t(t)}"
+
+
 DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Logs, checkpoints and the SQLite database.")]
 DbOpt = Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL (default: SQLite in --data-dir).")]
 
@@ -508,7 +519,7 @@ def register(app: typer.Typer) -> None:
             prio = "-" if j["priority"] is None else f"{j['priority']:.3f}"
             jid = f"{j['id']}_[{j['array']}]" if j.get("array") else j["id"]
             table.add_row(jid, j["class"], j["team"], j["user"], j["share"] or str(j["gpus"]), j["state"],
-                          j["reason"] or j["placement"] or "", _fmt_t(j["estimated_start"]), prio)
+                          j["reason"] or j["placement"] or "", _fmt_est(j), prio)
         out.print(table)
 
     @app.command("show")
@@ -538,7 +549,7 @@ def register(app: typer.Typer) -> None:
             out.print(f"gpu: util {util}, memory {_num(j.get('gpu_mem_mib'))} MiB, peak "
                       f"{_num(j.get('peak_gpu_mem_mib'))} of {_num(j.get('declared_gpu_mem_mib') or None)} MiB "
                       f"declared{over} (sampled {_fmt_t(j.get('sampled_at'))})")
-        out.print(f"submit_time: {_fmt_t(j['submit_time'])}  estimated_start: {_fmt_t(j['estimated_start'])}")
+        out.print(f"submit_time: {_fmt_t(j['submit_time'])}  estimated_start: {_fmt_est(j)}")
         out.print("history:")
         for h in j["history"]:
             out.print(f"  {_fmt_t(h['t'])}  {h['from'] or '-'} -> {h['to']}  {h['reason']}")
@@ -551,7 +562,7 @@ def register(app: typer.Typer) -> None:
         if j.get("array"):
             out.print(f"array {j['id']} is {j['state']}: {j['reason']}")
         elif j["state"] == "PENDING":
-            est = f"; estimated start {_fmt_t(j['estimated_start'])}" if j["estimated_start"] else ""
+            est = f"; estimated start {_fmt_est(j)}" if j["estimated_start"] else ""
             out.print(f"job {j['id']} is PENDING: {j['reason']}{est}")
         elif j["placement"]:
             out.print(f"job {j['id']} is {j['state']} on {j['placement']}")

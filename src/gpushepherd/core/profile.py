@@ -373,11 +373,19 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int]) -> tupl
         avail.update(changed)
         return avail
 
-    gate = _Gate.of(job.shape, ledger, book.groups_for(job), nodes, totals)
+    shape = job.shape
+    single = shape.mode == "single" and len(nodes) == len(book.nodes_for(job))
+    gate = _Gate.of(shape, ledger, book.groups_for(job), nodes, totals)
     if gate.maybe():
-        counts = place_counts(full(), nodes, totals, job.shape)
-        if counts is not None:
-            return book.now, counts
+        if single:
+            idx = ledger.best_fit(book.groups_for(job), shape.k)
+            if idx is not None:
+                return book.now, [(idx, shape.k)]
+        else:
+            counts = place_counts(full(), nodes, totals, shape)
+            if counts is not None:
+                return book.now, counts
+    k = shape.k
     ends = book.ends
     i, n_ends = 0, len(ends)
     while i < n_ends:
@@ -397,7 +405,14 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int]) -> tupl
                         changed[idx] = before + got
                         touched = True
         if touched and gate.maybe():
-            counts = place_counts(full(), nodes, totals, job.shape)
+            if single:
+                # no node had k free before (else found above): the best fit is among
+                # the nodes whose GPUs came free
+                best = min(((f, n) for n, f in changed.items() if f >= k), default=None)
+                if best is not None:
+                    return max(end_t, book.now), [(best[1], k)]
+                continue
+            counts = place_counts(full(), nodes, totals, shape)
             if counts is not None:
                 return max(end_t, book.now), counts
     return None

@@ -885,7 +885,7 @@ class Daemon:
             "preemptions": job.preemptions,
             "placement": str(self.placements[job_id]) if job.state.holds_gpus else None,
             "reason": str(reason) if reason is not None else None,
-            "estimated_start": self.sched.estimated_start(job_id) if pending else None,
+            **self._estimate_view(job_id, pending),
             "priority": self.sched.priority_factors(job_id)["priority"],
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
             "launch_error": self.launch_errors.get(job_id),
@@ -899,6 +899,14 @@ class Daemon:
             view["stdout"], view["stderr"] = row["stdout"], row["stderr"]
             view["checkpoint_dir"] = str(self.backend.checkpoint_dir(job_id))
         return view
+
+    def _estimate_view(self, job_id: str, pending: bool) -> dict[str, Any]:
+        """A pending job's planned start (epoch seconds) and what it rests on
+        (``estimates`` or ``time limits``: then an upper bound unless higher-priority
+        work arrives; note 015, section 7); ``None`` when not pending or not plannable."""
+        est = self.sched.estimated_starts().get(job_id) if pending else None
+        return {"estimated_start": est.t if est is not None else None,
+                "estimated_start_basis": est.basis if est is not None else None}
 
     def _usage_view(self, job) -> dict[str, Any]:
         """A job's GPU usage: its last sample as this server took it (utilisation %,
@@ -929,7 +937,8 @@ class Daemon:
             "throttle": rec.throttle, "max_retries": rec.max_retries, "cancelled": rec.cancelled is not None,
             "reason": f"{p['done']}/{p['total']} done, {p['running']} running"
                       + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else ""),
-            "placement": None, "estimated_start": None, "priority": None, "command": rec.argv, "exit_code": None,
+            "placement": None, "estimated_start": None, "estimated_start_basis": None, "priority": None,
+            "command": rec.argv, "exit_code": None,
             "runs": sum(len(ids) for ids in rec.attempts.values()),
         }
         if history:

@@ -102,7 +102,11 @@
         el("td", {}, j.user),
         el("td", {className: "state-" + j.state}, j.state),
         el("td", {className: "reason"}, j.reason ?? ""),
-        el("td", {}, j.state === "PENDING" ? fmtTime(j.estimated_start) : ""),
+        el("td", {title: j.estimated_start_basis === "time limits"
+                    ? "an upper bound from time limits, unless higher-priority work arrives"
+                    : "from runtime estimates"},
+           j.state === "PENDING" && j.estimated_start != null
+             ? (j.estimated_start_basis === "time limits" ? "\u2264 " : "~ ") + fmtTime(j.estimated_start) : ""),
         el("td", {className: "num"}, j.priority === null || j.priority === undefined ? "-"
           : Number(j.priority).toLocaleString(undefined, {maximumFractionDigits: 3})),
         el("td", {className: "num"}, j.share ? `${j.gpus} (${j.share})` : j.gpus),
