@@ -28,7 +28,7 @@ from gpushepherd.core.filters import inventory_misfit, share_fits_card
 from gpushepherd.core.intake import units_of
 from gpushepherd.core.placement import Counts, members_of, pick_gpus, place_counts, place_live
 from gpushepherd.core.profile import Claim, Profile
-from gpushepherd.core.state import Job
+from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS
 
 ADMITTED, HARD_NEVER, HARD_NOW, NEVER_FITS, FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS = range(9)
@@ -126,11 +126,15 @@ class Admission:
 
     # ----------------------------------------------------------- the rule
     def decide(self, job: Job, profile: Profile | None, scratch: Scratch | None = None,
-               before_claims=None, no_room: bool = False) -> Verdict:
+               before_claims=None, no_room: bool = False, memo: dict | None = None) -> Verdict:
         """Apply rules 1-8 to ``job`` now (on ``scratch`` when given). ``before_claims``
         is called once rules 1-7 admit it, before rule 8 reads ``profile`` (the pass
         computes its deferred reservations then). ``no_room``: the caller knows rule 4
-        refuses it (a pass's memo), so no placement is tried."""
+        refuses it (a pass's memo), so no placement is tried. ``memo``: a pass's record
+        of placements the claims refused (``(filter, binding points, class) -> least
+        GPUs refused``; claims only grow during a pass, so more GPUs are refused too).
+        The blocker of a ``CLAIMS`` verdict is named by ``blocker_of`` when a reason is
+        asked for."""
         if job.shape.mode == "share":
             return self._decide_share(job, profile, scratch, before_claims)
         book = self.book
@@ -165,16 +169,30 @@ class Admission:
             before_claims()
         if profile:
             end = book.now + job.planned_run()
-            caps = self._caps(job, profile, counts, end, scratch)
-            if caps is not None:
-                counts = self._place(job, scratch, avoided, caps)
-                if counts is None:
-                    return Verdict(CLAIMS, units=units, charges=charges,
-                                   blocker=self._blocker(job, profile, caps, charges, end, scratch))
-            blocker = self._quota_claims(job, profile, charges, end, scratch)
-            if blocker is not None:
-                return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
+            points = profile.binding_points(end)
+            if profile.held_now or points:
+                mkey = None
+                if memo is not None and scratch is None:
+                    mkey = (job.fkey, tuple(points), job.cls.name if avoided else "")
+                    if memo.get(mkey, INF) <= job.shape.k:
+                        return Verdict(CLAIMS, units=units, charges=charges)
+                caps = self._caps(job, profile, counts, end, scratch)
+                if caps is not None:
+                    counts = self._place(job, scratch, avoided, caps)
+                    if counts is None:
+                        if mkey is not None:
+                            memo[mkey] = min(memo.get(mkey, INF), job.shape.k)
+                        return Verdict(CLAIMS, units=units, charges=charges)
+            if self._quota_claimed(job, profile, charges, end, scratch):
+                return Verdict(CLAIMS, units=units, charges=charges)
         return Verdict(ADMITTED, counts=counts, units=units, charges=charges)
+
+    def blocker_of(self, job: Job, profile: Profile, charges: tuple | None = None) -> Claim | None:
+        """The claim a user is told a job refused by rule 8 (now, live) waits for: the
+        first (holds first, then reservations in order) that its best placement without
+        claims would delay, else the first claiming a node it may use."""
+        end = self.book.now + job.planned_run()
+        return self._blocker(job, profile, None, job.charges if charges is None else charges, end, None)
 
     # ----------------------------------------------------------- rules 1-3
     def _hard(self, charges: tuple, scratch: Scratch | None) -> Verdict | None:
@@ -265,9 +283,7 @@ class Admission:
         points = profile.binding_points(end)
         if not profile.held_now and not points:
             return None
-        touched = set(profile.held_now)
-        for p in points:
-            touched.update(profile.spare[p])
+        touched = profile.touched(points)
         if all(n not in touched or x <= self._cap(job, profile, n, end, scratch) for n, x in counts):
             return None
         nodes = self.book.nodes_for(job)
@@ -287,17 +303,18 @@ class Admission:
                 cap = min(cap, s)
         return max(0, cap)
 
-    def _quota_claims(self, job: Job, profile: Profile, charges: tuple, end: float,
-                      scratch: Scratch | None) -> Claim | None:
+    def _quota_claimed(self, job: Job, profile: Profile, charges: tuple, end: float,
+                       scratch: Scratch | None) -> bool:
+        """Whether the claims' quota leaves the job too little of a limit it counts in."""
         if not charges or (not profile.quota_held and not profile.binding_points(end)):
-            return None
+            return False
         quota = self.book.quota
         for i, user, amount in charges:
             k = (i, user)
             used = quota.usage.get(k, 0) - (scratch.quota.get(k, 0) if scratch is not None else 0)
             if amount > profile.quota_cap(job.id, k, quota.current[i] - used, end):
-                return self._blocker(job, profile, None, charges, end, scratch)
-        return None
+                return True
+        return False
 
     def _blocker(self, job: Job, profile: Profile, caps, charges: tuple, end: float,
                  scratch: Scratch | None) -> Claim | None:
@@ -331,7 +348,7 @@ class Admission:
         ledger = book.ledger
         groups = book.groups_for(job)
         shape = job.shape
-        islands = shape.k > 1 and shape.mode == "single" and any(ledger.groups[g].node.nvlink_islands for g in groups)
+        islands = shape.k > 1 and shape.mode == "single" and book.on_islands(job)
         key = job.spec.cache_key
         tiered = key and not job.spec.cache_required
         if scratch is None and not avoided and not islands and not tiered and caps is not None and shape.mode == "single":
@@ -433,12 +450,10 @@ class Admission:
             if spot[3] and self._cap(job, profile, spot[0], end, scratch) < 1:
                 spot = self.share_spot(job, groups, avoided, profile, end)
                 if spot is None:
-                    return Verdict(CLAIMS, units=units, charges=charges,
-                                   blocker=self._blocker(job, profile, None, charges, end, scratch))
+                    return Verdict(CLAIMS, units=units, charges=charges)
                 units, charges = self._share_charges(job, spot)
-            blocker = self._quota_claims(job, profile, charges, end, scratch)
-            if blocker is not None:
-                return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
+            if self._quota_claimed(job, profile, charges, end, scratch):
+                return Verdict(CLAIMS, units=units, charges=charges)
         return Verdict(ADMITTED, spot=spot, units=units, charges=charges)
 
     def _share_charges(self, job: Job, spot: tuple) -> tuple[int, tuple]:

@@ -99,8 +99,11 @@ class Book:
         self.lower_vic: list[list[int]] = [[0] * len(self.prios) for _ in self.ledger.slots]
         # caches of static facts (node filters): cleared when the topology changes
         self.groups_cache: dict[tuple, list[int]] = {}
-        self.nodeset_cache: dict[tuple, frozenset[int]] = {}
-        self.totals_cache: dict[tuple, tuple[list[int], dict[int, int]]] = {}
+        self.nodeset_cache: dict[int, frozenset[int]] = {}
+        self.fgroups: dict[int, list[int]] = {}
+        self.island_cache: dict[int, bool] = {}
+        self.totals_cache: dict[int, tuple[list[int], dict[int, int]]] = {}
+        self.release_cache: dict[int, tuple[int, list[float]]] = {}  # node -> (version, releases)
         self.max_node_cache: dict[tuple, int] = {}
         self.misfit_cache: dict[tuple, str | None] = {}
         self.cap_cache: dict[tuple, bool] = {}
@@ -130,29 +133,52 @@ class Book:
         return found
 
     def groups_for(self, job: Job) -> list[int]:
-        """Shape groups whose nodes the job may use (``filters.node_ok``)."""
-        return self.groups_of(job.shape.ckey)
+        """Shape groups whose nodes the job may use (``filters.node_ok``), cached by the
+        job's filter id (hashing the filter itself costs more than the look-up)."""
+        found = self.fgroups.get(job.fkey)
+        if found is None:
+            found = self.fgroups[job.fkey] = self.groups_of(job.shape.ckey)
+        return found
 
     def nodes_for(self, job: Job) -> frozenset[int]:
         """Indices of the live nodes the job may use."""
-        ckey = job.shape.ckey
-        found = self.nodeset_cache.get(ckey)
+        found = self.nodeset_cache.get(job.fkey)
         if found is None:
-            found = self.nodeset_cache[ckey] = frozenset(members_of(self.ledger, self.groups_of(ckey)))
+            found = self.nodeset_cache[job.fkey] = frozenset(members_of(self.ledger, self.groups_for(job)))
         return found
+
+    def on_islands(self, job: Job) -> bool:
+        """Whether some node the job may use has NVLink islands (placement prefers one)."""
+        found = self.island_cache.get(job.fkey)
+        if found is None:
+            ledger = self.ledger
+            found = self.island_cache[job.fkey] = any(ledger.groups[g].node.nvlink_islands
+                                                      for g in self.groups_for(job))
+        return found
+
+    def filter_id(self, shape) -> int:
+        """A small int for a job's filter and layout (the memos and caches key on it)."""
+        fk = (shape.ckey, shape.mode, shape.per_pod if shape.mode == "pods" else 0, shape.share)
+        return self.fkey_ids.setdefault(fk, len(self.fkey_ids))
+
+    def groups_changed(self) -> None:
+        """Nodes were added: every filter's groups are looked up again."""
+        self.groups_cache.clear()
+        self.fgroups.clear()
+        self.island_cache.clear()
 
     def nodes_and_totals(self, job: Job) -> tuple[list[int], dict[int, int]]:
         """The live nodes a job may take a reservation on (ascending; not those it avoids
         now) and each one's GPUs in service (cached per filter until the topology
         changes, when it avoids none)."""
         avoided = self.avoided_nodes(job)
-        found = None if avoided else self.totals_cache.get(job.shape.ckey)
+        found = None if avoided else self.totals_cache.get(job.fkey)
         if found is None:
             ledger = self.ledger
             nodes = [i for i in members_of(ledger, self.groups_for(job)) if i not in avoided]
             found = (nodes, {i: ledger.slots[i].healthy for i in nodes})
             if not avoided:
-                self.totals_cache[job.shape.ckey] = found
+                self.totals_cache[job.fkey] = found
         return found
 
     def avoided_nodes(self, job: Job, node_classes: list[dict[str, int]] | None = None) -> frozenset[int]:
@@ -227,8 +253,7 @@ class Book:
         shape = job.shape
         # failures are monotone in the GPU count within one filter and layout (and pod
         # size), so the memo key leaves the count out
-        fk = (shape.ckey, shape.mode, shape.per_pod if shape.mode == "pods" else 0, shape.share)
-        job.fkey = self.fkey_ids.setdefault(fk, len(self.fkey_ids))
+        job.fkey = self.filter_id(shape)
         sig = (shape, job.cls.name, job.charges, estimate_band(None if job.pend_est == INF else job.pend_est))
         job.sig = self.sig_ids.setdefault(sig, len(self.sig_ids))
         self.queue.add(job)
@@ -407,7 +432,8 @@ class Book:
         latest ``grace`` seconds from now."""
         self.count_running(job, -1)
         self.ends_remove(job)
-        self.ledger.changes.extend(idx for idx, _ in job.alloc)  # no longer a victim candidate
+        for idx, _mask in job.alloc:  # no longer a victim candidate; its planned end moved
+            self.ledger.touch(idx)
         job.state = state
         job.signal_t = self.now
         self.ends_add(job, self.now + grace)

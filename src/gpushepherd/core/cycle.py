@@ -25,7 +25,8 @@ from gpushepherd.core import admission as A
 from gpushepherd.core import preemption, reasons
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import pick_gpus
-from gpushepherd.core.profile import Profile, basis_of, earliest_start
+from gpushepherd.core.planning import earliest_start
+from gpushepherd.core.profile import Profile
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.decisions import Decision
 from gpushepherd.model.job import JobState
@@ -56,6 +57,8 @@ class Turn:
         #: a job started or preempted after the first reservation of the pass
         self.acted_after_reserve = False
         self.walk: "Walk | None" = None
+        #: the fast pass's memo of placements the claims refused (``Admission.decide``)
+        self.memo: dict | None = None
 
     # ------------------------------------------------------------- steps
     def holds(self) -> None:
@@ -87,7 +90,7 @@ class Turn:
         if job.id in book.preemptors:  # still waiting for its victims (step 3 kept its hold)
             return HELD, A.CLAIMS
         v = self.adm.decide(job, self.profile, before_claims=self.materialize if self.deferred else None,
-                            no_room=no_room)
+                            no_room=no_room, memo=self.memo)
         if v.admitted:
             self.start(job, v)
             return STARTED, A.ADMITTED
@@ -136,11 +139,12 @@ class Turn:
         if job.shape.mode == "share":
             return False  # shares wait for a card; they hold no reservation
         nodes, totals = book.nodes_and_totals(job)
-        found = earliest_start(book, self.profile, job, nodes, totals)
+        free_at: dict[int, int] = {}
+        found = earliest_start(book, self.profile, job, nodes, totals, free_out=free_at)
         if found is None:
             return False
         start, counts = found
-        self.profile.add_reservation(job, start, counts, basis_of(book, book.running.values()))
+        self.profile.add_reservation(job, start, counts, "", free_at if free_at else None)
         return True
 
     # ----------------------------------------------------------- actions
@@ -226,6 +230,7 @@ def run_fast(sched, out: list[Decision]) -> Turn:
     """The pass over sub-queue heads (note 001's walk, made exact); see ``Walk``."""
     turn = Turn(sched, out, dequeue_now=False)
     turn.holds()
+    turn.memo = {}
     turn.walk = Walk(turn)
     turn.walk.run()
     return turn

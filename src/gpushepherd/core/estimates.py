@@ -3,25 +3,35 @@
 
 On demand, every pending job is planned in queue order on a copy of the time profile,
 each taking its claim from its planned start (conservative backfill): a preemptor at its
-victims' planned exits; a job refused by a quota when enough of it is planned to be free;
-any other job at the earliest instant its GPUs and quota fit for its whole planned run
-after the jobs ahead of it. The plan assumes no new submissions and running jobs ending
-at their planned ends.
+victims' planned exits; any other job at the earliest instant its GPUs, its quota and
+other classes' reserved GPUs fit for its whole planned run after the jobs ahead of it.
+The plan assumes no new submissions and running jobs ending at their planned ends.
 
 An estimate is never in the past and never "now" for a job the last pass did not start
 (it is then the next instant anything is planned to change). ``basis`` says what it
 rests on: ``estimates`` (every planned end it counts on is a runtime estimate shorter
 than the job's time limit) or ``time limits`` (an upper bound: jobs usually end before
 their limits - unless higher-priority work arrives).
+
+Planning is per node, on step functions of free GPUs over time (``Plan``): a
+single-node job looks at each node's few breakpoints, so planning ``P`` jobs on ``N``
+nodes costs ``O(P x (N + P))``; at most ``limit`` jobs are planned (the rest have no
+estimate, like jobs beyond Slurm's ``bf_max_job_test``).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right, insort
 from dataclasses import dataclass
 
-from gpushepherd.core.profile import Profile, basis_of, earliest_start
-from gpushepherd.core.state import INF
+from gpushepherd.core.placement import place_counts
+from gpushepherd.core.planning import node_releases, quota_start
+from gpushepherd.core.profile import basis_of
+from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import JobState
+
+#: jobs planned per request by default (the rest: no estimate)
+DEFAULT_LIMIT = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,41 +43,182 @@ class Estimate:
     basis: str
 
 
-def plan_all(sched, limit: int | None = None) -> dict[str, Estimate]:
+class Plan:
+    """Free GPUs per node over time: for each node a sorted list of breakpoints
+    ``[(t, free from t on)]`` starting at now, from planned ends and claims."""
+
+    def __init__(self, book):
+        self.book = book
+        self.steps: dict[int, list[tuple[float, int]]] = {}
+        self.claims = []  # (start, end, quota) for the quota look-ups
+
+    def of(self, n: int) -> list[tuple[float, int]]:
+        found = self.steps.get(n)
+        if found is None:
+            now = self.book.now
+            out: list[tuple[float, int]] = []
+            free = 0
+            for t in node_releases(self.book, n):
+                if t == INF:
+                    break
+                t = max(t, now)
+                free += 1
+                if out and out[-1][0] == t:
+                    out[-1] = (t, free)
+                else:
+                    out.append((t, free))
+            if not out or out[0][0] > now:
+                out.insert(0, (now, 0))
+            found = self.steps[n] = out
+        return found
+
+    def earliest(self, n: int, k: int, run: float, t_min: float) -> tuple[float, int] | None:
+        """The earliest ``t >= t_min`` from which node ``n`` keeps ``k`` GPUs free for
+        ``run`` seconds, and its free GPUs then; ``None``: never."""
+        steps = self.of(n)
+        i = max(0, bisect_right(steps, (t_min, INF)) - 1)
+        while i < len(steps):
+            t = max(steps[i][0], t_min)
+            if steps[i][1] >= k:
+                end = t + run
+                j = i + 1
+                ok = True
+                while j < len(steps) and steps[j][0] < end:
+                    if steps[j][1] < k:
+                        ok = False
+                        break
+                    j += 1
+                if ok:
+                    return t, steps[i][1]
+                i = j
+                continue
+            i += 1
+        return None
+
+    def free_at(self, n: int, t: float, run: float) -> int:
+        """The least free GPUs node ``n`` has over ``[t, t + run)``."""
+        steps = self.of(n)
+        i = max(0, bisect_right(steps, (t, INF)) - 1)
+        least = steps[i][1]
+        j = i + 1
+        while j < len(steps) and steps[j][0] < t + run:
+            least = min(least, steps[j][1])
+            j += 1
+        return least
+
+    def take(self, n: int, c: int, start: float, end: float) -> None:
+        """Claim ``c`` GPUs of node ``n`` over ``[start, end)``."""
+        steps = self.of(n)
+        for t in (start, end):
+            if t == INF:
+                continue
+            i = bisect_right(steps, (t, INF)) - 1
+            if steps[i][0] != t:
+                insort(steps, (t, steps[i][1]))
+        for i, (t, free) in enumerate(steps):
+            if start <= t < end:
+                steps[i] = (t, free - c)
+
+
+def plan_all(sched, limit: int | None = DEFAULT_LIMIT) -> dict[str, Estimate]:
     """Plan the first ``limit`` pending jobs (all: ``None``) in queue order; a job whose
     start cannot be planned (it waits for jobs without an end) is left out."""
     book = sched.book
     now = book.now
-    profile = Profile(book)
+    plan = Plan(book)
     out: dict[str, Estimate] = {}
-    for p in sorted(book.preemptors.values(), key=lambda j: j.key):
-        profile.add_hold(p)
     running_basis = basis_of(book, book.running.values())
     next_change = next((e for e, _s, _j in book.ends if e > now and e != INF), None)
-    for n, job in enumerate(book.queue):
-        if limit is not None and n >= limit:
+    claims: list[_QuotaClaim] = []  # the planned jobs' claims, for quota and class holds
+    for p in sorted(book.preemptors.values(), key=lambda j: j.key):
+        exits = [book.jobs[v].end_est for v in p.victims]
+        start = max([now] + exits)
+        for n, c in p.plan:
+            plan.take(n, c, now, start + p.planned_run())
+    for count, job in enumerate(book.queue):
+        if limit is not None and count >= limit:
             break
         if job.state is not JobState.PENDING:
             continue
         if job.id in book.preemptors and job.victims:
             exits = [book.jobs[v].end_est for v in job.victims]
             t = max([now] + exits)
-            out[job.id] = Estimate(t if t > now else _after(now, next_change), running_basis)
+            t = t if t > now else _after(now, next_change)
+            if t is not None:
+                out[job.id] = Estimate(t, running_basis)
             continue
         if job.shape.mode == "share":
             continue  # shares wait for a card; no claim to plan
-        nodes, totals = book.nodes_and_totals(job)
-        found = earliest_start(book, profile, job, nodes, totals)
+        found = _earliest(book, plan, claims, job)
         if found is None:
             continue
         t, counts = found
-        profile.add_reservation(job, t, counts, running_basis)
+        run = job.planned_run()
+        for n, c in counts:
+            plan.take(n, c, t, t + run)
+        claims.append(_QuotaClaim(t, t + run, {(i, u): a for i, u, a in job.charges}, dict(counts)))
         if t <= now:
             t = _after(now, next_change)
             if t is None:
                 continue
         out[job.id] = Estimate(t, running_basis)
     return out
+
+
+@dataclass(slots=True)
+class _QuotaClaim:
+    """A planned job's claim as ``planning.quota_start`` reads it."""
+
+    start: float
+    end: float
+    quota: dict
+    gpus: dict
+    hold: bool = False
+
+
+def _earliest(book, plan: Plan, claims: list, job: Job) -> tuple[float, list] | None:
+    """The earliest start of ``job`` on the plan (GPUs), then its quota and class holds
+    (``planning.quota_start``), alternating until both hold at one instant."""
+    nodes, totals = book.nodes_and_totals(job)
+    run = job.planned_run()
+    t_min = book.now
+    for _ in range(32):
+        found = _gpus_from(plan, job, nodes, totals, run, t_min)
+        if found is None:
+            return None
+        t, counts = found
+        if not job.charges and not book.reserved:
+            return found
+        t_q = quota_start(book, job, claims, t, run)
+        if t_q is None:
+            return None
+        if t_q == t:
+            return found
+        t_min = t_q
+    return None
+
+
+def _gpus_from(plan: Plan, job: Job, nodes: list[int], totals: dict[int, int], run: float,
+               t_min: float) -> tuple[float, list] | None:
+    shape = job.shape
+    if shape.mode == "single":
+        best = None
+        for n in nodes:
+            found = plan.earliest(n, shape.k, run, t_min)
+            if found is not None:
+                key = (found[0], found[1], n)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else (best[0], [(best[2], shape.k)])
+    # gangs: the candidate instants are the nodes' breakpoints; at each, every node
+    # offers the least it has over the run
+    times = sorted({t for n in nodes for t, _f in plan.of(n) if t >= t_min} | {t_min})
+    for t in times:
+        avail = {n: max(0, plan.free_at(n, t, run)) for n in nodes}
+        counts = place_counts(avail, nodes, totals, shape)
+        if counts is not None:
+            return t, counts
+    return None
 
 
 def _after(now: float, next_change: float | None) -> float | None:

@@ -180,6 +180,7 @@ def make_job(book, spec: JobSpec) -> Job:
     )
     job.evictable = evictable
     job.stop_grace = cls.grace_period_s if checkpointable else 0.0
+    job.fkey = book.filter_id(shape)
     job.key = book.order_key(job)
     return job
 

@@ -184,8 +184,18 @@ class Ledger:
         #: node indices in the order their allocation or health changed (memos of
         #: failed searches re-check only the nodes changed since)
         self.changes: list[int] = []
+        #: per node index: a counter bumped at each change of its allocation, health or
+        #: its holders' planned ends (``touch``): caches of per-node facts key on it
+        self.version: list[int] = []
         for node in nodes:
             self.add_node(node)
+
+    def touch(self, idx: int) -> None:
+        """Node ``idx`` changed (allocation, health, or a holder's planned end)."""
+        self.changes.append(idx)
+        while idx >= len(self.version):
+            self.version.append(0)
+        self.version[idx] += 1
 
     # -- nodes -------------------------------------------------------------
     def add_node(self, node: Node) -> NodeSlot:
@@ -215,7 +225,7 @@ class Ledger:
         group.healthy_sum += slot.healthy
         self.free_total += slot.free
         self.healthy_total += slot.healthy
-        self.changes.append(idx)
+        self.touch(idx)
         return slot
 
     def remove_node(self, idx: int) -> list[str]:
@@ -240,11 +250,11 @@ class Ledger:
         slot.alive = False
         slot.free = 0
         slot.free_mask = 0
-        self.changes.append(idx)
+        self.touch(idx)
         return holders
 
     def _set_free(self, slot: NodeSlot, new_mask: int) -> None:
-        self.changes.append(slot.idx)
+        self.touch(slot.idx)
         old = slot.free
         new = new_mask.bit_count()
         slot.free_mask = new_mask
@@ -279,7 +289,7 @@ class Ledger:
                 card.healthy = not off
             else:
                 card.unmanaged = off
-            self.changes.append(idx)
+            self.touch(idx)
             return sorted(h for h in card.holders if h is not None)
         if why == "sick":
             slot.sick_mask = slot.sick_mask | bit if off else slot.sick_mask & ~bit
@@ -303,7 +313,7 @@ class Ledger:
             card = slot.cards.get(gpu)
             if card is not None and not card.key:  # its holders stayed (unmanaged): open again
                 self._index(slot, gpu, card)
-                self.changes.append(idx)
+                self.touch(idx)
         else:
             slot.healthy_mask &= ~bit
             slot.healthy -= 1
@@ -315,7 +325,7 @@ class Ledger:
             if card is not None:  # no new shares on it; its holders are the caller's
                 self._unindex(slot, gpu, card)
                 card.key = ()
-                self.changes.append(idx)
+                self.touch(idx)
         return holders
 
     # -- allocation ----------------------------------------------------------
@@ -404,7 +414,7 @@ class Ledger:
         card.slots += slots
         card.holders[job_id] = need
         self._index(slot, gpu, card)
-        self.changes.append(idx)
+        self.touch(idx)
 
     def release_share(self, job_id: str, idx: int, gpu: int) -> None:
         """Take ``job_id``'s share off the card; the last one out frees the GPU."""
@@ -417,7 +427,7 @@ class Ledger:
         card.milli -= milli
         card.mem -= mem
         card.slots -= slots
-        self.changes.append(idx)
+        self.touch(idx)
         if card.holders:
             self._index(slot, gpu, card)
             return
@@ -457,13 +467,13 @@ class Ledger:
         if card is None or not slot.alive or not 0 <= pos < len(card.layout) or card.holders[pos] is not None:
             raise ValueError(f"MIG instance {pos} of GPU {gpu} on {slot.node.name} is not free for {job_id}")
         card.holders[pos] = job_id
-        self.changes.append(idx)
+        self.touch(idx)
 
     def release_mig(self, job_id: str, idx: int, gpu: int, pos: int) -> None:
         card = self.slots[idx].migs.get(gpu)
         if card is not None and 0 <= pos < len(card.holders) and card.holders[pos] == job_id:
             card.holders[pos] = None
-            self.changes.append(idx)
+            self.touch(idx)
 
     def begin_reconfigure(self, idx: int, gpu: int) -> None:
         """Take an idle MIG GPU out of service for a new layout. Raises ``ValueError``
@@ -473,7 +483,7 @@ class Ledger:
         if card is None or not card.idle:
             raise ValueError(f"GPU {gpu} of {slot.node.name} is not an idle MIG GPU")
         card.reconfiguring = True
-        self.changes.append(idx)
+        self.touch(idx)
 
     def reconfigure_mig(self, idx: int, gpu: int, layout: tuple) -> None:
         """Give an idle MIG GPU ``layout`` (``MigInstance``s) and put it back in
@@ -486,7 +496,7 @@ class Ledger:
         new.healthy = card.healthy
         new.unmanaged = card.unmanaged
         slot.migs[gpu] = new
-        self.changes.append(idx)
+        self.touch(idx)
 
     # -- queries -------------------------------------------------------------
     def best_fit(self, groups: list[int], k: int) -> int | None:

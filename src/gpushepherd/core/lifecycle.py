@@ -279,7 +279,7 @@ def node_added(book, node: Node | None) -> None:
         return
     book.ledger.add_node(node)
     book.misfit_cache.clear()
-    book.groups_cache.clear()
+    book.groups_changed()
     book.topology_changed()
     book.max_node_cache.clear()
     for job in list(book.queue):

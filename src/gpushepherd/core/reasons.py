@@ -50,8 +50,8 @@ def reason_of(book, adm, profile, job: Job, v: A.Verdict) -> PendingReason:
     if rule == A.CLASS_HOLD:
         return PendingReason(R.RESERVED_FOR, f"classes.{v.holder}.reserved_gpus")
     if rule == A.CLAIMS:
-        b = v.blocker
-        if b is None:  # pragma: no cover - a CLAIMS verdict names its claim
+        b = v.blocker or adm.blocker_of(job, profile, v.charges)
+        if b is None:  # pragma: no cover - a CLAIMS verdict has a claim to name
             return PendingReason(R.RESERVED_FOR)
         return PendingReason(R.HELD_FOR_PREEMPTOR if b.hold else R.RESERVED_FOR, b.job_id)
     raise ValueError(f"no reason for an admitted job {job.id}")  # pragma: no cover
