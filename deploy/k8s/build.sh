@@ -5,9 +5,9 @@
 #
 #   deploy/k8s/build.sh [PIECE...]        # default: all
 #
-# PIECE: kube-apiserver kube-controller-manager kube-scheduler etcd kwok kueue,
-#        or `test` (what the test suite needs: kube-apiserver etcd kwok kube-controller-manager)
-#        or `all`.
+# PIECE: kube-apiserver kube-controller-manager kube-scheduler etcd kwok kueue kueue-crds
+#        (Kueue's CRD manifests, copied from its module: no build), or `test` (what the test
+#        suite needs: etcd kwok kube-apiserver kube-controller-manager kueue-crds) or `all`.
 # Env:  GPUSHEPHERD_K8S_CACHE  the cache directory (default ~/.cache/gpushepherd/k8s):
 #                              bin/ the binaries, src/ the build modules, build-times.txt
 #       K8S_BUILD_P            go build -p (default 1: the machine is shared)
@@ -35,7 +35,7 @@ version_of() {
         kube-apiserver|kube-controller-manager|kube-scheduler) echo "k8s.io/kubernetes@$K8S_VERSION" ;;
         etcd) echo "go.etcd.io/etcd/server/v3@$ETCD_VERSION" ;;
         kwok) echo "sigs.k8s.io/kwok@$KWOK_VERSION" ;;
-        kueue) echo "sigs.k8s.io/kueue@$KUEUE_VERSION" ;;
+        kueue|kueue-crds) echo "sigs.k8s.io/kueue@$KUEUE_VERSION" ;;
     esac
 }
 
@@ -94,6 +94,16 @@ build_one() {
         kueue)
             plain_module kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue || return 1
             d=$CACHE/src/kueue; pkg=sigs.k8s.io/kueue/cmd/kueue ;;
+        kueue-crds)  # the CRDs (and nothing to build) from the module's source
+            local dir
+            dir=$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+            [ -d "$dir/config/components/crd/bases" ] || { echo "no CRDs in $dir" >&2; return 1; }
+            rm -rf "$CACHE/kueue-crds"; mkdir -p "$CACHE/kueue-crds"
+            cp "$dir"/config/components/crd/bases/*.yaml "$CACHE/kueue-crds/"
+            chmod u+w "$CACHE"/kueue-crds/*.yaml
+            printf '#!/bin/sh\n# marker: Kueue %s CRDs are in ../kueue-crds\n' "$KUEUE_VERSION" > "$BIN/kueue-crds.tmp"
+            chmod +x "$BIN/kueue-crds.tmp"; mv "$BIN/kueue-crds.tmp" "$BIN/kueue-crds"
+            return 0 ;;
         *) echo "build.sh: unknown piece $piece" >&2; return 2 ;;
     esac
     (cd "$d" && nice -n 10 go build -ldflags="$LDFLAGS" -o "$BIN/$piece.tmp" "$pkg") || return 1
@@ -103,8 +113,8 @@ build_one() {
 pieces=()
 for a in "${@:-all}"; do
     case $a in
-        all) pieces+=(etcd kwok kube-apiserver kube-controller-manager kube-scheduler kueue) ;;
-        test) pieces+=(etcd kwok kube-apiserver kube-controller-manager) ;;
+        all) pieces+=(etcd kwok kueue-crds kube-apiserver kube-controller-manager kube-scheduler kueue) ;;
+        test) pieces+=(etcd kwok kueue-crds kube-apiserver kube-controller-manager) ;;
         *) pieces+=("$a") ;;
     esac
 done
@@ -112,7 +122,7 @@ done
 failed=0
 for piece in "${pieces[@]}"; do
     want=$(version_of "$piece")
-    [ -n "$want" ] || { echo "build.sh: unknown piece $piece (allowed: kube-apiserver kube-controller-manager kube-scheduler etcd kwok kueue test all)" >&2; exit 2; }
+    [ -n "$want" ] || { echo "build.sh: unknown piece $piece (allowed: kube-apiserver kube-controller-manager kube-scheduler etcd kwok kueue kueue-crds test all)" >&2; exit 2; }
     if [ -x "$BIN/$piece" ] && [ "$(cat "$BIN/$piece.version" 2>/dev/null)" = "$want" ]; then
         echo "build.sh: $piece ($want) is in the cache: $BIN/$piece"
         continue
