@@ -554,3 +554,42 @@ def test_the_kueue_export_is_accepted_by_kueues_crds(cluster, tmp_path):
         assert got["metadata"]["name"] == o["metadata"]["name"]  # the CRD's schema took it
     cq = custom.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ml")
     assert cq["spec"]["cohortName"] == "shared"
+
+
+def test_the_deploy_manifests_apply_and_their_rbac_is_enough_to_schedule(cluster, core, tmp_path):
+    from kubernetes import client, utils
+
+    from gpushepherd.policy.load import parse_policy
+
+    manifests = ROOT / "deploy" / "k8s" / "manifests"
+    api = cluster.api()
+    for f in ("rbac.yaml", "policy-configmap.yaml", "deployment.yaml"):
+        utils.create_from_yaml(api, str(manifests / f))
+    cm = core.read_namespaced_config_map("gpushepherd-policy", "gpushepherd-system")
+    assert parse_policy(cm.data["policy.yaml"]).rules.nodes  # the ConfigMap holds a valid policy
+    dep = client.AppsV1Api(api).read_namespaced_deployment("gpushepherd", "gpushepherd-system")
+    spec = dep.spec.template.spec
+    assert spec.service_account_name == "gpushepherd" and spec.containers[0].command[:4] == [
+        "shepherd", "server", "--backend", "kubernetes"]
+    # the ServiceAccount's own token is enough to run the scheduler: bind, label, condition, event
+    token = core.create_namespaced_service_account_token("gpushepherd", "gpushepherd-system", {
+        "spec": {"expirationSeconds": 3600}}).status.token
+    kc = tmp_path / "sa.kubeconfig"
+    kc.write_text(kubecluster.kubeconfig_text(cluster.server, cluster.dir / "pki" / "ca.crt", token=token))
+    s = Server(tmp_path, "sa")
+    s.policy.write_text(POLICY)
+    s.start(extra=("--backend", "kubernetes", "--kubeconfig", str(kc), "--k8s-scheduler-name", "gpushepherd-sa",
+                   "--k8s-node-selector", "gpushepherd.io/pool=main"))
+    try:
+        make_pod(core, "rbac-a", 6, team="capped", scheduler="gpushepherd-sa")
+        assert bound(core, "rbac-a")["metadata"]["labels"]["gpushepherd.io/job"]
+        make_pod(core, "rbac-b", 6, team="capped", scheduler="gpushepherd-sa")
+        wait_for("rbac-b's event", lambda: [e for e in events_of(core, "rbac-b") if e.reason == "FailedScheduling"])
+        finish(core, "rbac-a")
+        bound(core, "rbac-b")
+        finish(core, "rbac-b")
+        wait_for("the GPUs back", lambda: all_free(s))
+        assert "403" not in s.log.read_text()
+    finally:
+        s.stop()
+        delete_pods(core, "rbac-a", "rbac-b")
