@@ -44,8 +44,8 @@ cluster:
       gpu_type: A100-80GB
       gpu_mem_mib: 81920
       mig: {0: {layout: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]}}
-    - {name: plain1, gpus: 8, gpu_type: A100-80GB, gpu_mem_mib: 81920}
-    - {name: plain2, gpus: 8, gpu_type: A100-80GB, gpu_mem_mib: 81920}
+    - {name: plain1, gpus: 8, gpu_type: A100-80GB, gpu_mem_mib: 81920, labels: {host: plain1}}
+    - {name: plain2, gpus: 8, gpu_type: A100-80GB, gpu_mem_mib: 81920, labels: {host: plain2}}
 classes:
   production-inference: {sharing: [whole, mig], avoid_nodes_with: [sandbox]}
   sandbox: {sharing: [whole, mig, time_slice]}
@@ -81,12 +81,18 @@ def test_a_node_is_read_from_gpu_feature_discovery_labels_and_allocatable():
 def test_a_pod_becomes_a_job_spec_and_a_bad_one_is_refused_naming_the_field():
     classes = {"batch": None, "training": None}
     s = spec_from_pods([pod("p", 3, {"gpushepherd.io/team": "ml", "gpushepherd.io/checkpointable": "true"},
-                            nodeSelector={"pool": "a"}, activeDeadlineSeconds=600, priorityClassName="training",
-                            tolerations=[{"key": "gpu", "operator": "Exists"}, {"key": "d", "value": "x"}])], classes)
+                            nodeSelector={"gpushepherd.io/pool": "a", "nvidia.com/gpu.product": "H100",
+                                          "kubernetes.io/os": "linux"},
+                            activeDeadlineSeconds=600, priorityClassName="training",
+                            tolerations=[{"key": "gpu", "operator": "Exists"}, {"key": "d", "value": "x"}])], classes,
+                       {"n1": {"kubernetes.io/os": "linux"}, "n2": {"kubernetes.io/os": "linux", "x": "1"}})
     assert (s.team, s.user, s.workload_class, s.gpus, s.same_node, s.gpus_per_pod) == ("ml", NS, "training", 3, True,
                                                                                        None)
     assert (s.time_limit_s, s.checkpointable, s.node_selector, s.tolerations) == (600.0, True, (("pool", "a"),),
                                                                                   ("d=x", "gpu"))
+    assert s.gpu_types == ("H100",)  # kubernetes.io/os=linux holds on every node: dropped
+    with pytest.raises(ValueError, match="nodeSelector: x=1 is not allowed: it selects only some of the nodes"):
+        spec_from_pods([pod("q", 1, nodeSelector={"x": "1"})], classes, {"n1": {}, "n2": {"x": "1"}})
     gang = spec_from_pods([pod("g-0", 8, {"gpushepherd.io/pod-group": "g"}), pod("g-1", 8)], classes)
     assert (gang.gpus, gang.gpus_per_pod, gang.same_node, gang.workload_class) == (16, 8, False, "batch")
     m = spec_from_pods([pod("m", mig="1g.10gb")], classes)
@@ -260,6 +266,12 @@ class Deletions:
         self._t.start()
 
     def _run(self, core) -> None:
+        try:
+            self._watch(core)
+        except Exception:  # noqa: BLE001 - the watch ends when the test stops it
+            pass
+
+    def _watch(self, core) -> None:
         for ev in self._w.stream(core.list_namespaced_pod, NS, timeout_seconds=300):
             p = ev["raw_object"]
             name = p["metadata"]["name"]
@@ -312,7 +324,7 @@ def test_a_job_submitted_to_the_api_gets_pods_on_its_nodes(server, core):
     assert sorted(p["spec"]["nodeName"] for p in pods) == ["fake1", "fake2"]  # a gang: one pod per node
     c = pods[0]["spec"]["containers"][0]
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "8"} and c["command"][-1] == "print('hi')"
-    env_of = {e["name"]: e["value"] for e in c["env"]}
+    env_of = {e["name"]: e.get("value", "") for e in c["env"]}
     assert env_of["SHEPHERD_RUN"] == "1" and env_of["SHEPHERD_NNODES"] == "2" and "SHEPHERD_CHECKPOINT_DIR" in env_of
     assert pods[0]["spec"]["schedulerName"] == "gpushepherd" and pods[0]["metadata"]["labels"]["gpushepherd.io/job"] \
         == job_id
@@ -474,12 +486,11 @@ def test_a_mig_pod_gets_a_mig_instance_on_the_mig_node(aux, core):
 
 
 def test_production_inference_avoids_a_node_with_sandbox_pods(aux, core):
-    make_pod(core, "sbx", 1, cls="sandbox", scheduler="gpushepherd-aux", nodeSelector={"kubernetes.io/hostname":
+    make_pod(core, "sbx", 1, cls="sandbox", scheduler="gpushepherd-aux", nodeSelector={"gpushepherd.io/host":
                                                                                       "plain1"})
     assert bound(core, "sbx")["spec"]["nodeName"] == "plain1"
     # best fit would put it beside the sandbox (plain1 is the fuller node); avoid_nodes_with says no
-    make_pod(core, "inf", 1, cls="production-inference", scheduler="gpushepherd-aux",
-             nodeSelector={"gpushepherd.io/pool": "aux"})
+    make_pod(core, "inf", 1, cls="production-inference", scheduler="gpushepherd-aux")
     assert bound(core, "inf")["spec"]["nodeName"] != "plain1"
     for n in ("sbx", "inf"):
         finish(core, n)
@@ -489,7 +500,7 @@ def test_production_inference_avoids_a_node_with_sandbox_pods(aux, core):
 
 def test_a_lost_node_requeues_its_pod_and_a_gpu_gone_from_allocatable_is_not_handed_out(aux, core, cluster):
     make_pod(core, "onplain2", 2, cls="batch", scheduler="gpushepherd-aux",
-             nodeSelector={"kubernetes.io/hostname": "plain2"})
+             nodeSelector={"gpushepherd.io/host": "plain2"})
     first = bound(core, "onplain2")
     job_id = job_of(core, "onplain2")
     core.delete_node("plain2")  # the node is gone: its job is requeued
@@ -502,7 +513,7 @@ def test_a_lost_node_requeues_its_pod_and_a_gpu_gone_from_allocatable_is_not_han
     aux.wait_state(job_id, "COMPLETED")
     # 2 of plain2's 8 GPUs are unhealthy (allocatable 6): an 8-GPU pod for plain2 waits
     make_pod(core, "all8", 8, cls="batch", scheduler="gpushepherd-aux",
-             nodeSelector={"kubernetes.io/hostname": "plain2"})
+             nodeSelector={"gpushepherd.io/host": "plain2"})
     wait_for("all8's reason", lambda: [c for c in (read(core, "all8")["status"].get("conditions") or [])
                                        if c["type"] == "PodScheduled" and c["status"] == "False"])
     assert not read(core, "all8")["spec"].get("nodeName")
@@ -514,46 +525,25 @@ def test_a_lost_node_requeues_its_pod_and_a_gpu_gone_from_allocatable_is_not_han
     delete_pods(core, "onplain2", "onplain2-r2", "all8")
 
 
-def test_the_kueue_export_is_accepted_by_kueues_crds(cluster, tmp_path):
-    crds = kubecluster.cache_dir() / "kueue-crds"
-    if not crds.is_dir():
-        pytest.skip(f"Kueue's CRDs are not in {crds} (deploy/k8s/build.sh kueue-crds)")
-    from kubernetes import client, utils
-    from kubernetes.client.exceptions import ApiException
+def test_the_kueue_export_is_accepted_by_kueues_crds(cluster):
+    if not (kubecluster.cache_dir() / "kueue-crds").is_dir():
+        pytest.skip(f"Kueue's CRDs are not in {kubecluster.cache_dir() / 'kueue-crds'} (deploy/k8s/build.sh "
+                    "kueue-crds)")
+    from kubernetes import client
 
     from gpushepherd.policy.kueue import export_kueue
     from gpushepherd.policy.load import parse_policy
     from test_kueue_export import COHORTS
 
     api = cluster.api()
-    for f in sorted(crds.glob("*.yaml")):
-        try:
-            utils.create_from_yaml(api, str(f))
-        except utils.FailToCreateError as exc:
-            if not all(isinstance(e, ApiException) and e.status == 409 for e in exc.api_exceptions):
-                raise
-    ext = client.ApiextensionsV1Api(api)
-    wait_for("the Kueue CRDs established", lambda: all(
-        any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
-        for crd in ext.list_custom_resource_definition().items if crd.spec.group == "kueue.x-k8s.io"))
+    kubecluster.install_kueue_crds(api)
     objects, _ = export_kueue(parse_policy(COHORTS))
-    custom = client.CustomObjectsApi(api)
-    core = client.CoreV1Api(api)
-    plural = {"ResourceFlavor": "resourceflavors", "Cohort": "cohorts", "ClusterQueue": "clusterqueues",
-              "LocalQueue": "localqueues", "WorkloadPriorityClass": "workloadpriorityclasses"}
-    for o in objects:
-        ns = o["metadata"].get("namespace")
-        if ns:
-            try:
-                core.create_namespace({"metadata": {"name": ns}})
-            except ApiException as exc:
-                assert exc.status == 409
-            got = custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, plural[o["kind"]], o)
-        else:
-            got = custom.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", plural[o["kind"]], o)
-        assert got["metadata"]["name"] == o["metadata"]["name"]  # the CRD's schema took it
-    cq = custom.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ml")
+    stored = kubecluster.create_kueue_objects(api, objects)
+    assert [o["metadata"]["name"] for o in stored] == [o["metadata"]["name"] for o in objects]  # the schemas took them
+    cq = client.CustomObjectsApi(api).get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ml")
     assert cq["spec"]["cohortName"] == "shared"
+    quota = {f["name"]: f["resources"][0]["nominalQuota"] for f in cq["spec"]["resourceGroups"][0]["flavors"]}
+    assert quota == {"a100-80gb-serve": "7", "h100-80gb-train": "8"}
 
 
 def test_the_deploy_manifests_apply_and_their_rbac_is_enough_to_schedule(cluster, core, tmp_path):

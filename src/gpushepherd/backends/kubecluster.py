@@ -182,7 +182,7 @@ class KubeCluster:
                 f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
                 f"--authorization-kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
                 f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-                "--leader-elect=false", "--controllers=*,-nodeipam,-service-lb-controller,-route,-cloud-node-lifecycle",
+                "--leader-elect=false", "--controllers=*,-nodeipam",
                 "--concurrent-job-syncs=10", "--v=1"])
         else:  # what its service-account controller would make
             self.core().create_namespaced_service_account("default", {"metadata": {"name": "default"}})
@@ -264,6 +264,60 @@ class KubeCluster:
             return all(n in nodes and any(c.type == "Ready" and c.status == "True"
                                           for c in nodes[n].status.conditions or []) for n in names)
         self._wait(f"nodes {', '.join(names)} Ready", ready, timeout)
+
+
+def install_kueue_crds(api, timeout: float = 120.0) -> None:
+    """Create Kueue's CRDs (``deploy/k8s/build.sh kueue-crds`` copies them into the
+    cache) on the API server of ``api`` (an ApiClient) and wait until they are
+    established; CRDs already there are kept.
+
+    Raises:
+        BackendError: the CRDs are not in the cache, or not established in time.
+    """
+    from kubernetes import client, utils
+    from kubernetes.client.exceptions import ApiException
+
+    files = sorted((cache_dir() / "kueue-crds").glob("*.yaml"))
+    if not files:
+        raise BackendError(f"Kueue's CRDs are not in {cache_dir() / 'kueue-crds'} (deploy/k8s/build.sh kueue-crds)")
+    for f in files:
+        try:
+            utils.create_from_yaml(api, str(f))
+        except utils.FailToCreateError as exc:
+            if not all(isinstance(e, ApiException) and e.status == 409 for e in exc.api_exceptions):
+                raise
+    ext = client.ApiextensionsV1Api(api)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        crds = [d for d in ext.list_custom_resource_definition().items if d.spec.group == "kueue.x-k8s.io"]
+        if crds and all(any(c.type == "Established" and c.status == "True" for c in (d.status.conditions or []))
+                        for d in crds):
+            return
+        time.sleep(0.3)
+    raise BackendError(f"Kueue's CRDs not established after {timeout:.0f} s")
+
+
+def create_kueue_objects(api, objects: list[dict]) -> list[dict]:
+    """Create ``shepherd policy export --kueue``'s objects (and the LocalQueues'
+    namespaces); returns them as the API server stored them."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    out = []
+    for o in objects:
+        plural = o["kind"].lower() + ("es" if o["kind"].endswith("s") else "s")
+        ns = o["metadata"].get("namespace")
+        if ns:
+            try:
+                core.create_namespace({"metadata": {"name": ns}})
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            out.append(custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, plural, o))
+        else:
+            out.append(custom.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", plural, o))
+    return out
 
 
 def _stop_dir(d: Path) -> None:

@@ -149,15 +149,40 @@ def _bool_label(labels: dict, key: str) -> bool | None:
     return v.lower() == "true"
 
 
-def spec_from_pods(pods: list[dict], classes) -> JobSpec:
+def node_selector(selector: dict[str, str], k8s_labels: dict[str, dict[str, str]] | None = None
+                  ) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """A pod's ``nodeSelector`` as the core's ``(node_selector, gpu_types)``:
+    ``gpushepherd.io/<key>: v`` is the policy's node label ``<key>=v``;
+    ``nvidia.com/gpu.product: T`` is the GPU type ``T``; any other term must hold on
+    every managed node (``k8s_labels``: node -> its labels), where it constrains nothing
+    and is dropped.
+
+    Raises:
+        ValueError: a term that selects only some of the nodes (say it as a policy node
+            label, ``gpushepherd.io/<key>``).
+    """
+    pairs, types = [], []
+    for k, v in sorted(selector.items()):
+        if k.startswith(PREFIX):
+            pairs.append((k.removeprefix(PREFIX), v))
+        elif k == "nvidia.com/gpu.product":
+            types.append(v)
+        elif k8s_labels is not None and not all(labels.get(k) == v for labels in k8s_labels.values()):
+            raise ValueError(f"nodeSelector: {k}={v} is not allowed: it selects only some of the nodes; give the "
+                             f"policy's nodes a label and select it as {PREFIX}<label> (or use "
+                             "nvidia.com/gpu.product for a GPU type)")
+    return tuple(pairs), tuple(types)
+
+
+def spec_from_pods(pods: list[dict], classes, k8s_labels: dict[str, dict[str, str]] | None = None) -> JobSpec:
     """The job of a pod, or of a gang's pods (all of one ``gpushepherd.io/pod-group``),
     as the core's ``JobSpec`` (``id`` and ``submit_time`` are the server's to set).
 
     Class: label ``gpushepherd.io/class``, else ``priorityClassName`` when ``classes``
     has it, else ``batch``. Team: label ``gpushepherd.io/team``, else the namespace. User:
     label ``gpushepherd.io/user``, else the namespace. Time limit: the smallest
-    ``activeDeadlineSeconds``. A single pod stays on one node; a gang's pods take
-    ``gpus_per_pod`` each (pods may share a node).
+    ``activeDeadlineSeconds``. Node selector: ``node_selector``. A single pod stays on
+    one node; a gang's pods take ``gpus_per_pod`` each (pods may share a node).
 
     Raises:
         ValueError: naming the pod, the field, the value and what is allowed.
@@ -191,13 +216,17 @@ def spec_from_pods(pods: list[dict], classes) -> JobSpec:
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
     ns = meta.get("namespace", "default")
+    try:
+        selector, gpu_types = node_selector(spec.get("nodeSelector") or {}, k8s_labels)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
     return JobSpec(
         id="", team=labels.get(PREFIX + "team") or ns, workload_class=cls, gpus=1 if profile else sum(counts),
         user=labels.get(PREFIX + "user") or ns, project=labels.get(PREFIX + "project", ""),
         gpus_per_pod=counts[0] if len(pods) > 1 else None, same_node=len(pods) == 1 and not profile,
         time_limit_s=float(min(deadlines)) if deadlines else None, preemptible=preemptible,
         checkpointable=checkpointable, share=GpuShare("mig", profile=profile) if profile else None,
-        node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())), tolerations=_tolerations(first))
+        node_selector=selector, gpu_types=gpu_types, tolerations=_tolerations(first))
 
 
 def assign(placement: Placement, n_pods: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -494,8 +523,17 @@ class KubernetesBackend(RunFiles):
             self._threads.append(t)
 
     def close(self) -> None:
-        """Stop the watches and the intake."""
+        """Stop the watches and the intake (their connections closed, their threads
+        joined for a moment: a process that exits next leaves no thread mid-write)."""
         self._stop.set()
+        if self._api is not None:
+            try:
+                self._api.rest_client.pool_manager.clear()  # the watches' reads end now
+            except Exception:  # noqa: BLE001
+                pass
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=2.0)
 
     def _grace(self, job_id: str) -> int | None:
         d = self.daemon
@@ -900,6 +938,7 @@ class KubernetesBackend(RunFiles):
             g = (p["metadata"].get("labels") or {}).get(GROUP_LABEL)
             key = f"{p['metadata']['namespace']}/group/{g}" if g else p["metadata"]["uid"]
             groups.setdefault(key, []).append(p)
+        self._recreate_requeued()
         submitted = []
         for key, pods in groups.items():
             want = 1
@@ -918,6 +957,27 @@ class KubernetesBackend(RunFiles):
                 submitted.append(job_id)
         return submitted
 
+    def _recreate_requeued(self) -> None:
+        """Re-create the pods of requeued bare-pod jobs at once (as a Job's controller
+        would), so that the waiting job is visible with its reason; its next start binds
+        them."""
+        d = self.daemon
+        with d.lock:
+            if d.sched is None:
+                return
+            want = [(j.id, d.runs[j.id] + 1) for j in d.sched.pending_jobs() if d.runs[j.id] >= 1]
+        with self._lock:
+            live = {(p["metadata"].get("labels") or {}).get(JOB_LABEL) for p in self.pods.values()
+                    if not p["metadata"].get("deletionTimestamp") and not pod_exit(p)[0]}
+        for job_id, run in want:
+            if job_id in live or job_id in self.runs:
+                continue
+            info = self._intake_info(job_id)
+            if info is None or info.get("owner"):
+                continue  # not from Kubernetes, or its owner makes the new pod
+            if self._recreate(KubeRun(job_id, run, 0, []), info):
+                log.info("job %s: its pods re-created for run %d", job_id, run)
+
     def _refuse(self, pods: list[dict], why: str) -> None:
         for p in pods:
             self.refused[p["metadata"]["uid"]] = why
@@ -928,8 +988,10 @@ class KubernetesBackend(RunFiles):
     def _submit(self, pods: list[dict], key: str) -> str | None:
         from gpushepherd.core.scheduler import SpecError
         d = self.daemon
+        with self._lock:
+            labels = {n: (k["metadata"].get("labels") or {}) for n, k in self.nodes.items()}
         try:
-            spec = spec_from_pods(pods, d.rules.classes)
+            spec = spec_from_pods(pods, d.rules.classes, labels)
         except ValueError as exc:
             self._refuse(pods, str(exc))
             return None

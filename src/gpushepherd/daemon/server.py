@@ -172,6 +172,9 @@ class Daemon:
             if serve is not None:  # an engine that feeds the server (Kubernetes' pod intake, note 016)
                 serve(self)
         except BaseException:
+            close = getattr(self.backend, "close", None)
+            if close is not None:
+                close()
             self.store.release_lock()
             self._unlock_data_dir()
             raise
