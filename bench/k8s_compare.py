@@ -190,19 +190,29 @@ def kueue_up(cluster: kubecluster.KubeCluster, policy_path: Path, work: Path) ->
     subprocess.run(["openssl", "x509", "-req", "-in", str(certs / "tls.csr"), "-CA", str(pki / "ca.crt"), "-CAkey",
                     str(pki / "ca.key"), "-CAcreateserial", "-out", str(certs / "tls.crt"), "-days", "2",
                     "-extfile", str(pki / "server.ext")], check=True, capture_output=True)
+    # with its own certificate management off, Kueue reads its metrics certificate from a
+    # fixed path: made here (and removed after the run) only when it does not exist
+    metrics = Path("/etc/kueue/metrics/certs")
+    made = not metrics.exists()
+    if made:
+        metrics.mkdir(parents=True)
+        for f in ("tls.crt", "tls.key"):
+            (metrics / f).write_bytes((certs / f).read_bytes())
     base = free_ports(4)
     cfg = work / "kueue-config.yaml"
     cfg.write_text(json.dumps({
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration", "namespace": "kueue-system",
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{base}"}, "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{base}"}, "metrics": {"bindAddress": f"127.0.0.1:{base + 2}"},
         "webhook": {"port": base + 1, "host": "127.0.0.1", "certDir": str(certs)},
         "leaderElection": {"leaderElect": False}, "internalCertManagement": {"enable": False},
         "manageJobsWithoutQueueName": False, "integrations": {"frameworks": ["batch/job"]},
         "clientConnection": {"qps": 200, "burst": 400}}))
     log = open(work / "kueue.log", "ab")
-    proc = subprocess.Popen([str(kubecluster.binary("kueue")), f"--config={cfg}"], stdout=log,
-                            stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
-                            start_new_session=True)
+    # VisibilityOnDemand off: its server would read another fixed certificate path
+    proc = subprocess.Popen([str(kubecluster.binary("kueue")), f"--config={cfg}", f"--visibility-server-port={base + 3}",
+                             "--feature-gates=VisibilityOnDemand=false"], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, start_new_session=True)
+    proc.made_metrics_dir = metrics.parent.parent if made else None  # type: ignore[attr-defined]
     kubecluster.create_kueue_objects(api, export_kueue(load_policy(policy_path))[0])
     time.sleep(3)
     if proc.poll() is not None:
@@ -281,6 +291,9 @@ def run_mode(mode: str, jobs: list[BenchJob], teams: dict[str, str], nodes: int,
                     p.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     p.kill()
+        if kueue is not None and kueue.made_metrics_dir is not None:
+            import shutil
+            shutil.rmtree(kueue.made_metrics_dir, ignore_errors=True)
         cluster.stop()
 
 
@@ -347,16 +360,23 @@ def main(argv: list[str] | None = None) -> int:
     jobs = workload(a.jobs, a.span_s, a.seed)
     rng = random.Random(a.seed + 1)
     teams = {j.name: rng.choice(TEAMS) for j in jobs}
-    results = {}
+    results, failed = {}, {}
     with tempfile.TemporaryDirectory(prefix="k8s-compare-") as tmp:
         for mode in modes:
             print(f"k8s_compare: mode {mode} ({len(jobs)} jobs over {a.span_s:.0f} s on {a.nodes} x 8 GPUs) ...",
                   file=sys.stderr, flush=True)
-            results[mode] = run_mode(mode, jobs, teams, a.nodes, a.burst, Path(tmp) / mode, a.drain_s)
-    print(table(results, jobs))
+            try:
+                results[mode] = run_mode(mode, jobs, teams, a.nodes, a.burst, Path(tmp) / mode, a.drain_s)
+            except Exception as exc:  # noqa: BLE001 - report the mode as blocked, with its error, and go on
+                failed[mode] = f"{type(exc).__name__}: {exc}"[:2000]
+                print(f"k8s_compare: mode {mode} failed: {failed[mode]}", file=sys.stderr, flush=True)
+    if results:
+        print(table(results, jobs))
+    for mode, why in failed.items():
+        print(f"\nmode {mode}: blocked: {why}")
     if a.json:
-        a.json.write_text(json.dumps(results, indent=2))
-    return 0
+        a.json.write_text(json.dumps({"results": results, "failed": failed}, indent=2))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

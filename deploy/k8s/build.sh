@@ -32,7 +32,7 @@ command -v go >/dev/null 2>&1 || { echo "build.sh: no \`go\` on PATH: cannot bui
 
 version_of() {
     case $1 in
-        kube-apiserver|kube-controller-manager|kube-scheduler) echo "k8s.io/kubernetes@$K8S_VERSION" ;;
+        kube-apiserver|kube-controller-manager|kube-scheduler) echo "k8s.io/kubernetes@$K8S_VERSION version-stamped" ;;
         etcd) echo "go.etcd.io/etcd/server/v3@$ETCD_VERSION" ;;
         kwok) echo "sigs.k8s.io/kwok@$KWOK_VERSION" ;;
         kueue|kueue-crds) echo "sigs.k8s.io/kueue@$KUEUE_VERSION" ;;
@@ -106,7 +106,12 @@ build_one() {
             return 0 ;;
         *) echo "build.sh: unknown piece $piece" >&2; return 2 ;;
     esac
-    (cd "$d" && nice -n 10 go build -ldflags="$LDFLAGS" -o "$BIN/$piece.tmp" "$pkg") || return 1
+    local ldflags=$LDFLAGS
+    case $piece in kube-*)  # the version a release build stamps (hack/lib/version.sh): clients such as Kueue read it
+        local v=k8s.io/component-base/version minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+        ldflags="$ldflags -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean" ;;
+    esac
+    (cd "$d" && nice -n 10 go build -ldflags="$ldflags" -o "$BIN/$piece.tmp" "$pkg") || return 1
     mv "$BIN/$piece.tmp" "$BIN/$piece"
 }
 
