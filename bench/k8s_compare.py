@@ -209,8 +209,8 @@ def kueue_up(cluster: kubecluster.KubeCluster, policy_path: Path, work: Path) ->
         "clientConnection": {"qps": 200, "burst": 400}}))
     log = open(work / "kueue.log", "ab")
     # VisibilityOnDemand off: its server would read another fixed certificate path
-    proc = subprocess.Popen([str(kubecluster.binary("kueue")), f"--config={cfg}", f"--visibility-server-port={base + 3}",
-                             "--feature-gates=VisibilityOnDemand=false"], stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([str(kubecluster.binary("kueue")), f"--config={cfg}",
+                             f"--visibility-server-port={base + 3}", "--feature-gates=VisibilityOnDemand=false"], stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, start_new_session=True)
     proc.made_metrics_dir = metrics.parent.parent if made else None  # type: ignore[attr-defined]
     kubecluster.create_kueue_objects(api, export_kueue(load_policy(policy_path))[0])

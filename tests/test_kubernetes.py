@@ -583,3 +583,48 @@ def test_the_deploy_manifests_apply_and_their_rbac_is_enough_to_schedule(cluster
     finally:
         s.stop()
         delete_pods(core, "rbac-a", "rbac-b")
+
+
+def test_a_preempted_jobs_pod_is_replaced_by_its_owner_and_bound_to_the_same_job(server, core, cluster):
+    if not any(p == "kube-controller-manager" for p in cluster.procs):
+        pytest.skip("Kubernetes: kube-controller-manager is not built (its Job controller makes the pods)")
+    from kubernetes import client
+
+    batch = client.BatchV1Api(cluster.api())
+    make_pod(core, "filler", 8, cls="urgent")  # one node taken: the Job's pod gets the other
+    bound(core, "filler")
+    template = pod("x", 8)["spec"]
+    template.update(restartPolicy="Never", schedulerName="gpushepherd")
+    template["containers"][0].update(name="job", image="busybox:stable")
+    body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
+            "spec": {"backoffLimit": 0, "podFailurePolicy": {"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [85]}}]},
+                "template": {"metadata": {"labels": {"gpushepherd.io/class": "batch", "gpushepherd.io/team": "ml",
+                                                     "gpushepherd.io/checkpointable": "true", "app": "train"},
+                                          "annotations": {ON_TERM: "85"}}, "spec": template}}}
+    batch.create_namespaced_job(NS, body)
+    try:
+        def pods():
+            return sorted((p for p in core.list_namespaced_pod(NS, label_selector="app=train").items),
+                          key=lambda p: p.metadata.creation_timestamp)
+        first = wait_for("the Job's pod bound", lambda: [p for p in pods() if p.spec.node_name])[0]
+        job_id = first.metadata.labels["gpushepherd.io/job"]
+        assert server.job(job_id)["gpus"] == 8 and server.job(job_id)["state"] == "RUNNING"
+        make_pod(core, "urgent-job", 8, cls="urgent")
+        bound(core, "urgent-job")
+        second = wait_for("the Job's new pod", lambda: [p for p in pods() if p.metadata.uid != first.metadata.uid])[0]
+        assert second.metadata.owner_references[0].kind == "Job"  # made by the Job controller, not gpushepherd
+        finish(core, "urgent-job")
+        finish(core, "filler")
+        again = wait_for("the new pod bound", lambda: (p := core.read_namespaced_pod(second.metadata.name, NS))
+                         .spec.node_name and p)
+        assert again.metadata.labels["gpushepherd.io/job"] == job_id  # the same job, requeued, not a new one
+        finish(core, second.metadata.name)
+        job = server.wait_state(job_id, "COMPLETED", "FAILED")
+        assert job["state"] == "COMPLETED" and job["runs"] == 2 and job["preemptions"] == 1
+        wait_for("the Job complete", lambda: (batch.read_namespaced_job("train", NS).status.succeeded or 0) == 1)
+        assert wait_for("the GPUs back", lambda: all_free(server))
+    finally:
+        batch.delete_namespaced_job("train", NS, propagation_policy="Background")
+        delete_pods(core, "urgent-job", "filler")

@@ -180,7 +180,8 @@ class KubeCluster:
         if kcm:
             self._spawn("kube-controller-manager", [
                 f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
+                f"--authorization-kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
                 f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
                 "--leader-elect=false", "--controllers=*,-nodeipam",
                 "--concurrent-job-syncs=10", "--v=1"])

@@ -509,7 +509,7 @@ class KubernetesBackend(RunFiles):
         self.daemon = daemon
         self._start_watches()
         snap = daemon.sched.snapshot()
-        self._lost = set(snap.get("lost") or ())
+        self._lost = set(snap.get("lost_nodes", snap.get("lost")) or ())
         self._sick = {(n, int(g)) for n, g in snap.get("unhealthy") or ()}
         for row in daemon.store.job_rows().values():
             info = json.loads(row["env"] or "{}").get(INTAKE_ENV)
@@ -578,7 +578,8 @@ class KubernetesBackend(RunFiles):
             raise ValueError(f"env {ANNOTATIONS_ENV}: {env[ANNOTATIONS_ENV][:60]!r} is not allowed: a JSON object")
         job = self.daemon.sched.jobs.get(job_id) if self.daemon is not None else None
         tolerations = [({"key": t.split("=", 1)[0], "operator": "Equal", "value": t.split("=", 1)[1]}
-                        if "=" in t else {"key": t, "operator": "Exists"}) for t in (job.spec.tolerations if job else ())]
+                        if "=" in t else {"key": t, "operator": "Exists"})
+                       for t in (job.spec.tolerations if job else ())]
         command = ["/bin/sh", "-c", argv[0] if len(argv) == 1 else " ".join(argv)] if shell else list(argv)
         grace = self._grace(job_id)
         handle = KubeRun(job_id, run, 0, [], assign=parts)
@@ -842,7 +843,8 @@ class KubernetesBackend(RunFiles):
                            and ((p["metadata"].get("labels") or {}).get(RUN_LABEL)
                                 or (p["metadata"].get("annotations") or {}).get(RUN_LABEL)) == str(run)
                            and p["spec"].get("nodeName")),
-                          key=lambda p: ((p["metadata"].get("labels") or {}).get(RANK_LABEL, ""), p["metadata"]["name"]))
+                          key=lambda p: ((p["metadata"].get("labels") or {}).get(RANK_LABEL, ""),
+                                         p["metadata"]["name"]))
         if not mine:
             return None
         r = KubeRun(job_id, run, pid or 0, [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in mine],
