@@ -426,6 +426,18 @@ def test_cancel_deletes_the_pod_and_deleting_a_pod_cancels_its_job(server, core)
     core.delete_namespaced_pod("deleteme", NS)  # what `kubectl delete pod` does
     assert server.wait_state(other, "CANCELLED", "COMPLETED", "FAILED")["state"] == "CANCELLED"
     assert wait_for("the GPUs back", lambda: all_free(server))
+    for n in ("hold-1", "hold-2"):  # a waiting pod deleted: its job is cancelled too
+        make_pod(core, n, 8, cls="urgent")
+        bound(core, n)
+    make_pod(core, "waiting", 1)
+    waiting = job_of(core, "waiting")
+    assert server.job(waiting)["state"] == "PENDING"
+    core.delete_namespaced_pod("waiting", NS)
+    assert server.wait_state(waiting, "CANCELLED", "RUNNING")["state"] == "CANCELLED"
+    for n in ("hold-1", "hold-2"):
+        finish(core, n)
+    assert wait_for("the GPUs back", lambda: all_free(server))
+    delete_pods(core, "hold-1", "hold-2")
 
 
 def test_a_pod_the_policy_refuses_says_why_on_the_pod(server, core):

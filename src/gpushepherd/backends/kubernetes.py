@@ -345,7 +345,9 @@ class KubernetesBackend(RunFiles):
         self._reasons: dict[str, str] = {}  # job -> the reason last written onto its pods
         self._lost: set[str] = set()  # nodes the core has as lost
         self._sick: set[tuple[str, int]] = set()  # GPUs the core has as unhealthy
-        self._pending_events: list = []
+        self._expected: dict[str, set[str]] = {}  # job -> uids of the pods re-created for its next run
+        self._cancelled: set[str] = set()  # jobs this backend asked the daemon to cancel
+        self._info: dict[str, dict | None] = {}  # job -> its intake record (None: not from Kubernetes)
 
     # -------------------------------------------------------------- the API
     def core(self):
@@ -816,17 +818,24 @@ class KubernetesBackend(RunFiles):
         return out
 
     def _cancel_later(self, job_id: str) -> None:
+        """Queue a cancel of the job for the daemon's next step (its answer unread)."""
         from concurrent.futures import Future
         d = self.daemon
         d.commands.put(("cancel", job_id, Future()))
+        d.wake.set()
 
     def _intake_info(self, job_id: str) -> dict | None:
+        """What the intake recorded of a job's pods (``None``: not from Kubernetes), from
+        its environment in the store, read once."""
+        if job_id in self._info:
+            return self._info[job_id]
         d = self.daemon
         if d is None:
             return None
         row = d.store.job_row(job_id)
         raw = json.loads(row["env"] or "{}").get(INTAKE_ENV) if row else None
-        return json.loads(raw) if raw else None
+        self._info[job_id] = json.loads(raw) if raw else None
+        return self._info[job_id]
 
     def attach(self, job_id: str, run: int, pid: int | None, start: str | None) -> KubeRun | None:
         """Re-attach to a run an earlier server bound: its pods by label
@@ -941,6 +950,7 @@ class KubernetesBackend(RunFiles):
             key = f"{p['metadata']['namespace']}/group/{g}" if g else p["metadata"]["uid"]
             groups.setdefault(key, []).append(p)
         self._recreate_requeued()
+        self._cancel_deleted_pending()
         submitted = []
         for key, pods in groups.items():
             want = 1
@@ -977,8 +987,34 @@ class KubernetesBackend(RunFiles):
             info = self._intake_info(job_id)
             if info is None or info.get("owner"):
                 continue  # not from Kubernetes, or its owner makes the new pod
-            if self._recreate(KubeRun(job_id, run, 0, []), info):
+            made = self._recreate(KubeRun(job_id, run, 0, []), info)
+            if made:
+                self._expected[job_id] = {p["metadata"]["uid"] for p in made}
                 log.info("job %s: its pods re-created for run %d", job_id, run)
+
+    def _cancel_deleted_pending(self) -> None:
+        """A waiting bare-pod job whose pods were all deleted through the API (``kubectl
+        delete pod``) is cancelled, as a running one is (``exits``)."""
+        d = self.daemon
+        with d.lock:
+            if d.sched is None:
+                return
+            pending = [(j.id, d.runs[j.id]) for j in d.sched.pending_jobs()]
+        for job_id, runs in pending:
+            if job_id in self.runs or job_id in self._cancelled:
+                continue
+            info = self._intake_info(job_id)
+            if info is None or info.get("owner"):
+                continue  # not from Kubernetes, or its owner decides
+            expected = set(info["uids"]) if runs == 0 else self._expected.get(job_id, set())
+            if not expected:
+                continue
+            with self._lock:
+                there = {p["metadata"]["uid"] for p in self.pods.values()}
+            if not expected & there:
+                log.info("job %s: its waiting pods were deleted through the API: cancelling the job", job_id)
+                self._cancelled.add(job_id)
+                self._cancel_later(job_id)
 
     def _refuse(self, pods: list[dict], why: str) -> None:
         for p in pods:
@@ -1008,6 +1044,7 @@ class KubernetesBackend(RunFiles):
             self._refuse(pods, str(exc))
             return None
         job_id = view["id"]
+        self._info[job_id] = info
         for k in keys:
             self.intake_of[k] = job_id
         if not owner:  # a bare pod: kept to re-create it for a later run
