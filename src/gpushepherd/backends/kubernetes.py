@@ -1009,9 +1009,9 @@ class KubernetesBackend(RunFiles):
             expected = set(info["uids"]) if runs == 0 else self._expected.get(job_id, set())
             if not expected:
                 continue
-            with self._lock:
-                there = {p["metadata"]["uid"] for p in self.pods.values()}
-            if not expected & there:
+            with self._lock:  # deleted: seen by the watch, then gone (a pod just made may not be seen yet)
+                gone = expected <= self.gone.keys()
+            if gone:
                 log.info("job %s: its waiting pods were deleted through the API: cancelling the job", job_id)
                 self._cancelled.add(job_id)
                 self._cancel_later(job_id)
