@@ -218,17 +218,19 @@ class KubeCluster:
         return True
 
     def stop(self) -> None:
-        """Stop every component this object started (by its pid; KWOK first, etcd last)."""
-        for name in reversed(list(self.procs)):
-            p = self.procs[name]
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        """Stop every component this object started, by its pid: all but etcd, then etcd
+        (an API server whose etcd went first waits for it; SIGKILL after 15 s)."""
+        names = [n for n in reversed(list(self.procs)) if n != "etcd"] + ["etcd"] * ("etcd" in self.procs)
+        for group in (names[:-1], names[-1:]):
+            for name in group:
+                if self.procs[name].poll() is None:
+                    self.procs[name].terminate()
+            for name in group:
+                try:
+                    self.procs[name].wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    self.procs[name].kill()
+                    self.procs[name].wait()
         self.procs.clear()
 
     # -------------------------------------------------------------- nodes
