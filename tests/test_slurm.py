@@ -62,7 +62,7 @@ def test_the_inventory_check_names_both_sides():
 
 
 def test_an_unknown_backend_is_refused_naming_the_allowed_ones(tmp_path):
-    with pytest.raises(ValueError, match="'k8s' is not allowed: local, slurm or ray"):
+    with pytest.raises(ValueError, match="'k8s' is not allowed: local, slurm, ray or kubernetes"):
         make_backend("k8s", tmp_path)
 
 

@@ -3,7 +3,8 @@
 The daemon (``gpushepherd.daemon.server``) drives a backend only through ``Backend``;
 the core never knows which one runs a job. Implementations: ``LocalBackend``
 (``gpushepherd.daemon.local``: process groups on this server) and ``SlurmBackend``
-(``gpushepherd.backends.slurm``) and ``RayBackend`` (``gpushepherd.backends.ray``).
+(``gpushepherd.backends.slurm``), ``RayBackend`` (``gpushepherd.backends.ray``) and
+``KubernetesBackend`` (``gpushepherd.backends.kubernetes``, note 016).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from pathlib import Path
 from typing import Protocol
 
 from gpushepherd.model.placement import Placement
+
+
+#: the backends ``make_backend`` knows
+BACKENDS = ("local", "slurm", "ray", "kubernetes")
 
 
 class BackendError(RuntimeError):
@@ -57,7 +62,7 @@ class Backend(Protocol):
     """What the daemon needs from an engine (note 013). Runs are keyed by job id: a job
     has at most one live run."""
 
-    #: ``local``, ``slurm``, ``ray``
+    #: ``local``, ``slurm``, ``ray``, ``kubernetes``
     kind: str
 
     def discover(self) -> list[EngineNode]:
@@ -176,9 +181,11 @@ def node_mismatches(policy_nodes, engine_nodes: list[EngineNode]) -> list[str]:
     return out
 
 
-def make_backend(kind: str, data_dir: Path, *, partition: str = "shepherd", ray_address: str = "auto") -> Backend:
-    """The backend named ``kind`` (``local``, ``slurm`` or ``ray``) for ``data_dir``
-    (``partition``: Slurm's; ``ray_address``: the Ray cluster's, ``auto`` as ``ray.init``).
+def make_backend(kind: str, data_dir: Path, *, partition: str = "shepherd", ray_address: str = "auto",
+                 k8s: dict | None = None) -> Backend:
+    """The backend named ``kind`` (``local``, ``slurm``, ``ray`` or ``kubernetes``) for
+    ``data_dir`` (``partition``: Slurm's; ``ray_address``: the Ray cluster's, ``auto`` as
+    ``ray.init``; ``k8s``: ``KubernetesBackend``'s keyword arguments).
 
     Raises:
         ValueError: an unknown kind (names the allowed ones).
@@ -192,4 +199,7 @@ def make_backend(kind: str, data_dir: Path, *, partition: str = "shepherd", ray_
     if kind == "ray":
         from gpushepherd.backends.ray import RayBackend
         return RayBackend(data_dir, address=ray_address)
-    raise ValueError(f"backend: {kind!r} is not allowed: local, slurm or ray")
+    if kind == "kubernetes":
+        from gpushepherd.backends.kubernetes import KubernetesBackend
+        return KubernetesBackend(data_dir, **(k8s or {}))
+    raise ValueError(f"backend: {kind!r} is not allowed: {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}")

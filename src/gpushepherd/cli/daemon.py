@@ -364,14 +364,30 @@ def register(app: typer.Typer) -> None:
                    "idle_stop).")] = "10m",
                backend: Annotated[str, typer.Option("--backend", help="Where jobs run: local (processes on this "
                                                     "server), slurm (sbatch; the Slurm commands read "
-                                                    "$SLURM_CONF) or ray (actors; needs gpushepherd[ray]).")]
+                                                    "$SLURM_CONF), ray (actors; needs gpushepherd[ray]) or "
+                                                    "kubernetes (binds pods; needs gpushepherd[kubernetes]).")]
                = "local",
                slurm_partition: Annotated[str, typer.Option("--slurm-partition", help="The Slurm partition "
                                                             "gpushepherd owns (nothing else submits to it).")]
                = "shepherd",
                ray_address: Annotated[str, typer.Option("--ray-address", help="The Ray cluster (--backend ray): "
                                                         "auto ($RAY_ADDRESS or the one on this machine), "
-                                                        "HOST:PORT or ray://HOST:PORT.")] = "auto") -> None:
+                                                        "HOST:PORT or ray://HOST:PORT.")] = "auto",
+               kubeconfig: Annotated[Optional[str], typer.Option(
+                   "--kubeconfig", help="--backend kubernetes: the kubeconfig (default $KUBECONFIG, ~/.kube/config, "
+                   "else the in-cluster service account).")] = None,
+               k8s_scheduler_name: Annotated[str, typer.Option(
+                   "--k8s-scheduler-name", help="--backend kubernetes: the spec.schedulerName of the pods this "
+                   "server schedules.")] = "gpushepherd",
+               k8s_node_selector: Annotated[str, typer.Option(
+                   "--k8s-node-selector", help="--backend kubernetes: a label selector of the nodes it manages "
+                   "(default: all).")] = "",
+               k8s_namespace: Annotated[str, typer.Option(
+                   "--k8s-namespace", help="--backend kubernetes: the namespace of the pods of jobs submitted "
+                   "to this server.")] = "default",
+               k8s_image: Annotated[str, typer.Option(
+                   "--k8s-image", help="--backend kubernetes: the container image of those pods.")]
+               = "busybox:stable") -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -397,9 +413,13 @@ def register(app: typer.Typer) -> None:
         except typer.BadParameter as exc:
             err.print(f"error: --idle-after: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
-        if backend not in ("local", "slurm", "ray"):
-            err.print(f"error: --backend: {backend!r} is not allowed: local, slurm or ray", soft_wrap=True)
+        from gpushepherd.backends import BACKENDS
+        if backend not in BACKENDS:
+            err.print(f"error: --backend: {backend!r} is not allowed: {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}",
+                      soft_wrap=True)
             raise typer.Exit(2)
+        k8s = dict(kubeconfig=kubeconfig, scheduler_name=k8s_scheduler_name, node_selector=k8s_node_selector,
+                   namespace=k8s_namespace, image=k8s_image)
         from sqlalchemy.exc import SQLAlchemyError
 
         from gpushepherd.daemon.migrate import SchemaError
@@ -410,7 +430,7 @@ def register(app: typer.Typer) -> None:
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s,
-                            backend=backend, slurm_partition=slurm_partition, ray_address=ray_address)
+                            backend=backend, slurm_partition=slurm_partition, ray_address=ray_address, k8s=k8s)
         except SchemaError as exc:
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None

@@ -126,6 +126,35 @@ def register(policy_app: typer.Typer) -> None:
         for line in summary(policy_from_dict(res["policy"], "server").rules):
             out.print(f"  {line}", soft_wrap=True)
 
+    @policy_app.command("export")
+    def export(file: Annotated[Path, typer.Argument(metavar="FILE", help="Policy YAML file.")],
+               kueue: Annotated[bool, typer.Option("--kueue", help="Kueue's objects (kueue.x-k8s.io/v1beta2): "
+                                                   "ResourceFlavors, Cohorts, ClusterQueues, LocalQueues, "
+                                                   "WorkloadPriorityClasses.")] = False,
+               output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the YAML here "
+                                                           "(default: stdout).")] = None) -> None:
+        """Export a policy for another scheduler (design note 016): with --kueue, the
+        parts Kueue can express as YAML; what it cannot is listed at the top of the YAML
+        and on stderr."""
+        from gpushepherd.cli.main import err
+        from gpushepherd.policy.kueue import export_kueue, to_yaml
+        from gpushepherd.policy.load import load_policy
+
+        if not kueue:
+            err.print("error: shepherd policy export: name the target: --kueue", soft_wrap=True)
+            raise typer.Exit(2)
+        with _errors():
+            objects, cannot = export_kueue(load_policy(file))
+        text = to_yaml(objects, cannot, str(file))
+        if output is None:
+            print(text, end="")
+        else:
+            output.write_text(text)
+            err.print(f"{output}: {_plural(len(objects), 'Kueue object')}", soft_wrap=True)
+        err.print(f"not expressible in Kueue ({len(cannot)}):", soft_wrap=True)
+        for line in cannot:
+            err.print(f"  - {line}", soft_wrap=True)
+
     @policy_app.command("history")
     def history(server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Every policy version the server ran: when, by whom, from which file."""

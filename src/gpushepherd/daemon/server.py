@@ -83,6 +83,7 @@ class Daemon:
             the Slurm commands read ``SLURM_CONF``) or ``ray`` (note 013, "Ray").
         slurm_partition: the Slurm partition gpushepherd owns.
         ray_address: the Ray cluster's address (``auto``, ``HOST:PORT``).
+        k8s: ``KubernetesBackend``'s options (``--backend kubernetes``, note 016).
 
     Raises:
         ValueError: an idle threshold outside 0-100 or a non-positive idle time; an
@@ -92,14 +93,15 @@ class Daemon:
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
                  poll_s: float = 0.2, inventory: str = "static", sample_every: float = 10.0, node: str | None = None,
                  clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
-                 backend: str = "local", slurm_partition: str = "shepherd", ray_address: str = "auto"):
+                 backend: str = "local", slurm_partition: str = "shepherd", ray_address: str = "auto",
+                 k8s: dict | None = None):
         self.data_dir = Path(data_dir).resolve()
         if db_url is None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(db_url or Store.sqlite_url(self.data_dir))  # a --db that fails leaves no folder
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.backend: Backend = make_backend(backend, self.data_dir, partition=slurm_partition,
-                                             ray_address=ray_address)
+                                             ray_address=ray_address, k8s=k8s)
         self.policy_path = policy_path
         self.poll_s = poll_s
         self.clock = clock
@@ -166,7 +168,13 @@ class Daemon:
             self._load_arrays()
             self.services.load()
             self._reconcile()
+            serve = getattr(self.backend, "serve", None)
+            if serve is not None:  # an engine that feeds the server (Kubernetes' pod intake, note 016)
+                serve(self)
         except BaseException:
+            close = getattr(self.backend, "close", None)
+            if close is not None:
+                close()
             self.store.release_lock()
             self._unlock_data_dir()
             raise
@@ -178,6 +186,9 @@ class Daemon:
         """Stop the loop and release the lock. Jobs keep running: a restarted server
         re-attaches to them."""
         self.services.stop()
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
         self._stop.set()
         self.wake.set()
         if self._thread is not None:
@@ -578,6 +589,9 @@ class Daemon:
                 batch.append(replace(self._lost(job), t=now))
             else:
                 batch.append(JobFinished(now, job_id, exit_status(code)))
+        engine_events = getattr(backend, "events", None)  # nodes lost / back, GPU health (note 016)
+        if engine_events is not None:
+            batch.extend(replace(e, t=now) for e in engine_events())
         for job_id, due in list(self.kills.items()):
             if due <= now:
                 backend.kill(job_id)

@@ -43,15 +43,20 @@ from sqlalchemy.exc import IntegrityError
 from gpushepherd.daemon.auth import Principal, digest_matches, new_token, token_hash
 from gpushepherd.model.events import (
     Event,
+    GpuHealthChanged,
     GpuUnmanaged,
     JobCancelled,
     JobFinished,
     JobRequeueRequested,
     JobSubmitted,
+    NodeAdded,
+    NodeLost,
     Tick,
     UsageSample,
 )
+from gpushepherd.model.cluster import Node
 from gpushepherd.model.job import ExitStatus, GpuShare, JobSpec
+from gpushepherd.model.mig import MigInstance
 
 #: the marker of a database made before Alembic (``meta.schema_version``); the schema's
 #: version is now its Alembic revision (``gpushepherd.daemon.migrate``)
@@ -207,7 +212,32 @@ def event_row(e: Event) -> dict:
     if isinstance(e, GpuUnmanaged):
         return {"kind": "unmanaged", "job_id": None,
                 "payload": json.dumps({"node": e.node, "gpu": e.gpu, "unmanaged": e.unmanaged})}
+    if isinstance(e, NodeLost):  # an engine's node gone or NotReady (note 016)
+        return {"kind": "node-lost", "job_id": None, "payload": json.dumps({"node": e.node})}
+    if isinstance(e, NodeAdded) and e.node is not None:  # ... and back
+        return {"kind": "node-added", "job_id": None, "payload": json.dumps({"node": node_to_dict(e.node)})}
+    if isinstance(e, GpuHealthChanged):
+        return {"kind": "gpu-health", "job_id": None,
+                "payload": json.dumps({"node": e.node, "gpu": e.gpu, "healthy": e.healthy})}
     raise TypeError(f"event {type(e).__name__} is not logged by the daemon")
+
+
+def node_to_dict(node: Node) -> dict:
+    """A ``Node`` as JSON-ready data (``node_from_dict`` reads it back)."""
+    d = asdict(node)
+    d["mig"] = [[g, [asdict(m) for m in layout]] for g, layout in node.mig]
+    return d
+
+
+def node_from_dict(d: dict) -> Node:
+    """The ``Node`` of ``node_to_dict``'s data."""
+    d = dict(d)
+    d["labels"] = tuple(tuple(p) for p in d.get("labels") or ())
+    d["nvlink_islands"] = tuple(tuple(i) for i in d.get("nvlink_islands") or ())
+    for k in ("gpu_uuids", "taints", "cached"):
+        d[k] = tuple(d.get(k) or ())
+    d["mig"] = tuple((int(g), tuple(MigInstance(**m) for m in layout)) for g, layout in d.get("mig") or ())
+    return Node(**d)
 
 
 def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Event:
@@ -231,8 +261,14 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
         return UsageSample(t, job_id, float(data["gpu_util_pct"]), int(data["mem_used_mib"]))
     if kind == "unmanaged":
         return GpuUnmanaged(t, data["node"], int(data["gpu"]), bool(data["unmanaged"]))
-    raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue, tick, usage "
-                     f"or unmanaged")
+    if kind == "node-lost":
+        return NodeLost(t, data["node"])
+    if kind == "node-added":
+        return NodeAdded(t, node_from_dict(data["node"]))
+    if kind == "gpu-health":
+        return GpuHealthChanged(t, data["node"], int(data["gpu"]), bool(data["healthy"]))
+    raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue, tick, usage, "
+                     f"unmanaged, node-lost, node-added or gpu-health")
 
 
 def _sqlite_pragmas(synchronous: str):
