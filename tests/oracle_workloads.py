@@ -427,6 +427,10 @@ def _jobs(src, scale: float, raw: dict, rules) -> list[tuple[JobSpec, float]]:
             pre = None  # refused at submit: production inference is never preempted
         kw["preemptible"] = pre
         kw["checkpointable"] = src.choice([None, None, True, False])
+        if cls.on_window_close == "checkpoint-and-stop" and pre is not False:
+            # a window that closes stops it every day: without a checkpoint a run longer
+            # than the window restarts from zero for ever (documented, note 003)
+            kw["checkpointable"] = True
         if src.chance(0.1):
             kw["node_selector"] = (("zone", src.choice(["a", "b"])),)
         if src.chance(0.2):

@@ -5,10 +5,12 @@ seeds of ``bench/oracle.py`` where the fault showed; they fail until the core is
 
 from __future__ import annotations
 
+import json
+
 from builders import job, policy, simulate
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Start
-from gpushepherd.model.events import GpuHealthChanged, JobFinished, JobSubmitted, NodeLost
+from gpushepherd.model.events import GpuHealthChanged, JobFinished, JobSubmitted, NodeLost, Tick
 from gpushepherd.model.job import ExitStatus, GpuShare
 from gpushepherd.sim.engine import Restart
 
@@ -144,3 +146,80 @@ def test_a_mig_share_whose_only_mig_gpu_is_unhealthy_reads_exceeds_capacity():
     sched.handle([GpuHealthChanged(1.0, node="n1", gpu=0, healthy=False)])
     sched.handle([JobSubmitted(2.0, job("M", 1, "batch", "t", 2, share=GpuShare("mig", profile="1g.10gb")))])
     assert sched.pending_reason("M").code.value == "ExceedsCapacity"
+
+
+def test_a_preemptors_turn_does_not_take_gpus_a_reservation_ahead_of_it_claims():
+    # seeds 1430, 1972 (a second full pass at the same instant started the preemptor):
+    # cohort co (a: nominal 3, b: 2). n1 (3 GPUs, zone a) has A (team a, not
+    # preemptible, until 100) and V (team b, sandbox, grace 200). R (production
+    # inference, team a, 2 GPUs) cannot preempt V (team b is within its nominal quota)
+    # and is reserved at 100 on A's GPU and the free one. P (training, team b) may not
+    # take the free GPU (it would delay R) and preempts V; its plan is V's GPU. At 100,
+    # step 3 of the pass (every preemptor's turn before anyone else) admits P against
+    # holds only - R's reservation is not in the profile yet - and P takes a GPU R's
+    # reservation claims: R waits until V leaves at 210 (note 015: the GPUs a hold
+    # protects are its victims' and the free ones it counted on; a lower job never
+    # delays a reservation ahead of it).
+    zone_a = (("zone", "a"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 3, "labels": {"zone": "a"}}, ("n2", 2)],
+                   teams={"a": {"nominal_gpus": 3}, "b": {"nominal_gpus": 2}},
+                   cohorts={"co": {"members": ["a", "b"]}}, classes={"sandbox": {"grace_period_s": 200.0}})
+    result = simulate(rules, [
+        (job("A", 1, "research-training", "a", 0, preemptible=False, runtime_estimate_s=100.0, node_selector=zone_a),
+         100.0),
+        (job("V", 1, "sandbox", "b", 0, runtime_estimate_s=2000.0, node_selector=zone_a), 2000.0),
+        (job("R", 2, "production-inference", "a", 10, runtime_estimate_s=50.0, node_selector=zone_a), 50.0),
+        (job("P", 1, "training", "b", 10, node_selector=zone_a), 500.0)])
+    assert result.records["V"].preempted_at == [10.0]
+    assert [t for t, _ in result.records["R"].starts] == [100.0]
+    assert [t for t, _ in result.records["P"].starts] == [210.0]
+
+
+def test_a_second_full_pass_keeps_a_reservation_that_a_backfill_pushed_into_a_hard_limit():
+    # seed 1991: team T may hold 3 GPUs. X (T, n1, until 100) runs; R (T, 2 GPUs) is
+    # blocked for capacity and reserved on n1 at 100. B (T, 1 GPU, no end) backfills on
+    # n2 - within T's quota at 100 too - and T is then at 2 + 2 > 3 now: R reads
+    # QuotaExceeded, its reservation stands and keeps C (team U) off n1's free GPU. A
+    # core restored from this state (a full pass at the same instant) gives R no
+    # reservation (hard-limit-blocked jobs get none) and starts C there for ever:
+    # incremental pass != full pass (and the full pass starves R).
+    zone_a = (("zone", "a"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 2, "labels": {"zone": "a"}}, ("n2", 1)],
+                   teams={"T": {"max_gpus": 3}, "U": {}}, preemption=False)
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("X", 1, "batch", "T", 0, runtime_estimate_s=100.0, node_selector=zone_a))])
+    sched.handle([JobSubmitted(1.0, job("R", 2, "training", "T", 1, runtime_estimate_s=50.0)),
+                  JobSubmitted(1.0, job("B", 1, "batch", "T", 1)), JobSubmitted(1.0, job("C", 1, "batch", "U", 1))])
+    again = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot()))).handle([Tick(1.0)])
+    assert again == []
+
+
+def test_a_job_started_at_this_instant_becomes_a_victim_without_waiting_for_an_unrelated_event():
+    # seed 2758: L (batch) starts at 5; H (training) arrives in a second call at the
+    # same instant. L is no victim yet (placed at this very instant), and the core asks
+    # for no wake-up: at any later instant a full pass (a restored core) preempts L for
+    # H, the running core does not until some unrelated event comes (H's reason says
+    # "lower-priority jobs may not be preempted" meanwhile).
+    rules = policy(nodes=[("n1", 1)])
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(5.0, job("L", 1, "batch", "t", 5))])
+    sched.handle([JobSubmitted(5.0, job("H", 1, "training", "t", 5))])
+    restored = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot())))
+    assert restored.handle([Tick(6.0)]) == sched.handle([Tick(6.0)])
+
+
+def test_a_restored_memory_share_is_charged_by_the_card_it_holds():
+    # seed 1985: a memory-only share is charged its memory over its card's (note 015,
+    # section 5); a restored core charges a running one by the largest card it may use
+    # (the pending charge). J1 (40 GB) holds n1's 40 GB card: 1 GPU of T's 1. Restored,
+    # J1 counts 0.5 and J2 starts on n2's 80 GB card: T holds two cards (observation 8
+    # after a restart).
+    rules = policy(nodes=[{"name": "n1", "gpus": 1, "gpu_type": "A100-40GB", "gpu_mem_mib": 40960},
+                          {"name": "n2", "gpus": 1, "gpu_type": "A100-80GB", "gpu_mem_mib": 81920}],
+                   teams={"T": {"max_gpus": 1}})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("J1", 1, "batch", "T", 0, share=GpuShare("fraction", mem_mib=40960))),
+                  JobSubmitted(0.0, job("J2", 1, "batch", "T", 0, share=GpuShare("fraction", mem_mib=40960)))])
+    restored = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot())))
+    assert restored.handle([Tick(50.0)]) == []
+    assert restored.jobs["J1"].run_charges == sched.jobs["J1"].run_charges
