@@ -20,6 +20,7 @@ checks on this machine.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections import Counter
@@ -29,12 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from oracle_checks import PROPERTIES, check  # noqa: E402
-from oracle_workloads import workload_from_seed  # noqa: E402
+from oracle_checks import PROPERTIES, check
+from oracle_workloads import workload_from_seed
 
 CHUNK = 25
 
@@ -45,6 +46,13 @@ def _one(args: tuple[int, int | None]) -> tuple[int, Counter, list[tuple[str, st
     t0 = time.perf_counter()
     rep = check(workload_from_seed(seed), horizon=horizon)
     return seed, rep.counts, [(f.prop, f.text) for f in rep.failures], time.perf_counter() - t0, rep.plain_s
+
+
+def kind_of(prop: str, text: str) -> str:
+    """A failure with its numbers, times and job ids folded, to group failures of one kind."""
+    text = re.sub(r"\bj\d+\b", "J", text)
+    text = re.sub(r"\d+(\.\d+)?(e[+-]?\d+)?", "N", text)
+    return f"{prop}: {text[:110]}"
 
 
 def reproducer(seed: int) -> str:
@@ -95,7 +103,7 @@ def main() -> int:
                 pool.join()
     wall = time.perf_counter() - t0
 
-    out = Console()
+    out = Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title=f"oracle: {args.n:,} workloads (seeds {args.seed}..{args.seed + args.n - 1})")
     table.add_column("property")
     table.add_column("checked", justify="right")
@@ -110,12 +118,29 @@ def main() -> int:
     out.print(f"wall {wall:,.1f} s with {args.jobs} process(es): {args.n / wall:,.1f} workloads/s; "
               f"{per * 1000:,.1f} ms of checks per workload beside {plain / args.n * 1000:,.1f} ms for its plain fast "
               f"simulation (baseline, same run): x{spent / plain if plain else float('nan'):,.1f}")
+    kinds: dict[str, list[int]] = {}
     for seed in sorted(failures):
         for prop, text in failures[seed]:
-            out.print(f"[red]seed {seed}[/red] {prop}: {text}", markup=True, highlight=False, soft_wrap=True)
-        out.print(f"  rerun: {reproducer(seed)}", highlight=False)
+            kinds.setdefault(kind_of(prop, text), []).append(seed)
+    if kinds:
+        ktab = Table(title="failure kinds (numbers and job ids folded)")
+        ktab.add_column("kind")
+        ktab.add_column("failures", justify="right")
+        ktab.add_column("first seed", justify="right")
+        for kind, where in sorted(kinds.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            ktab.add_row(kind, f"{len(where):,}", str(where[0]))
+        out.print(ktab)
+    for seed in sorted(failures):
+        fails = failures[seed]
         if args.verbose:
+            for prop, text in fails:
+                out.print(f"seed {seed} {prop}: {text}", highlight=False, soft_wrap=True)
             out.print(repr(workload_from_seed(seed)), highlight=False, soft_wrap=True)
+        else:
+            prop, text = fails[0]
+            more = f" (+{len(fails) - 1} more)" if len(fails) > 1 else ""
+            out.print(f"seed {seed} {prop}{more}: {text}", highlight=False, soft_wrap=True)
+        out.print(f"  rerun: {reproducer(seed)}", highlight=False)
     if failures:
         out.print(f"[red]{len(failures):,} of {args.n:,} workloads failed[/red]")
         return 1

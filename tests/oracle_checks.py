@@ -403,6 +403,7 @@ class Checker:
         started = {d.job_id for d in out if isinstance(d, Start)}
         for d in out:
             if isinstance(d, Preempt) and d.preemptor:
+                self.guarantee(book, d)
                 w = self.watch.get(d.preemptor)
                 if w is None or w["t"] != t:
                     p = book.jobs[d.preemptor]
@@ -435,6 +436,20 @@ class Checker:
                 continue
             self.report.fail("e_preemptor", f"t={t:g}: the last victim of {pid} (preempted {sorted(w['victims'])} at "
                              f"t={w['t']:g}) is gone and {pid} does not start: {sched.pending_reason(pid)}")
+
+    def guarantee(self, book, d: Preempt) -> None:
+        """A job of another member of the preemptor's cohort is evicted only while its
+        team borrows (holds more than its nominal quota): a member within its nominal
+        quota keeps it (Kueue's guarantee; note 005)."""
+        p, v = book.jobs[d.preemptor], book.jobs[d.job_id]
+        if p.cohort is None or v.cohort is None or p.cohort[0] is not v.cohort[0] or p.cohort[1] is v.cohort[1]:
+            return
+        self.report.counts["d_guarantee"] += 1
+        member = v.cohort[1]
+        used = book.quota.usage.get((member.limit, ""), 0)
+        if used <= member.nominal * GPU_UNITS:
+            self.report.fail("d_reserved", f"t={book.now:g}: {p.id} (team {p.spec.team}) preempts {v.id} of team "
+                             f"{member.team}, which holds {used / GPU_UNITS:g} GPUs of its nominal {member.nominal}")
 
     # ------------------------------------------------------------------- g
     def end(self, sched) -> None:

@@ -137,7 +137,8 @@ def test_a_restored_preemptor_starts_on_the_gpus_it_planned_for():
 
 
 def test_a_mig_share_whose_only_mig_gpu_is_unhealthy_reads_exceeds_capacity():
-    # seed 28: a whole-GPU job that no healthy GPU can hold reads ExceedsCapacity (rule
+    # seeds 28, 3325: never_fits for a share looks at the live nodes' inventory, not at
+    # the health of their GPUs. a whole-GPU job that no healthy GPU can hold reads ExceedsCapacity (rule
     # 3 counts healthy GPUs); a MIG share whose only MIG GPU is unhealthy reads
     # NoFit(mig-slice 1g.10gb) - waiting for capacity that cannot come without a
     # hardware event (and, with a window on its team, it is woken at every boundary).
@@ -146,6 +147,16 @@ def test_a_mig_share_whose_only_mig_gpu_is_unhealthy_reads_exceeds_capacity():
     sched.handle([GpuHealthChanged(1.0, node="n1", gpu=0, healthy=False)])
     sched.handle([JobSubmitted(2.0, job("M", 1, "batch", "t", 2, share=GpuShare("mig", profile="1g.10gb")))])
     assert sched.pending_reason("M").code.value == "ExceedsCapacity"
+
+
+def test_a_fraction_whose_only_card_is_unhealthy_reads_exceeds_capacity():
+    # seed 5017 (the run ends with the share pending, NoFit(gpu-fraction)): the same for
+    # a fraction; with backfill off such a share also stops the strict order for good
+    # (seed 3842)
+    sched = Scheduler(policy(nodes=[("n1", 1), {"name": "n2", "gpus": 1, "sharing": "exclusive"}]))
+    sched.handle([GpuHealthChanged(1.0, node="n1", gpu=0, healthy=False)])
+    sched.handle([JobSubmitted(2.0, job("F", 1, "batch", "t", 2, share=GpuShare("fraction", milli=500)))])
+    assert sched.pending_reason("F").code.value == "ExceedsCapacity"
 
 
 def test_a_preemptors_turn_does_not_take_gpus_a_reservation_ahead_of_it_claims():
@@ -223,3 +234,80 @@ def test_a_restored_memory_share_is_charged_by_the_card_it_holds():
     restored = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot())))
     assert restored.handle([Tick(50.0)]) == []
     assert restored.jobs["J1"].run_charges == sched.jobs["J1"].run_charges
+
+
+def test_strict_order_is_kept_when_the_fast_pass_skips_a_job_by_its_failed_fit_memo():
+    # seed 3852, the one fast != reference found: backfill off. P (2 GPUs) preempts V;
+    # B (3 GPUs, same node filter) is refused for capacity, so nobody behind B may start
+    # (the reference pass stops there: S reads Priority(B)). The fast walk skips B by its
+    # failed-fit memo (a 2-GPU placement failed, B asks 3) with `continue`, not as a
+    # refusal of the strict order, and starts S on the free GPU.
+    rules = policy(nodes=[("n1", 4)], backfill=False, classes={"sandbox": {"grace_period_s": 10.0}})
+    outs = {}
+    for reference in (False, True):
+        sched = Scheduler(rules, reference=reference)
+        sched.handle([JobSubmitted(0.0, job("V", 2, "sandbox", "t", 0)),
+                      JobSubmitted(0.0, job("X", 1, "production-inference", "t", 0))])
+        outs[reference] = sched.handle([JobSubmitted(5.0, job("P", 2, "training", "t", 5)),
+                                        JobSubmitted(5.0, job("B", 3, "batch", "t", 5)),
+                                        JobSubmitted(5.0, job("S", 1, "sandbox", "t", 5))])
+        if reference:
+            assert str(sched.pending_reason("S")) == "Priority(B)"
+    assert outs[False] == outs[True]
+
+
+def test_a_run_keeps_the_class_reservation_coverage_it_started_with():
+    # seed 3802: note 015 section 6 - coverage of reserved_gpus is fixed at start, a new
+    # run never takes coverage from another, so no charge ever grows. c2 (team c, not
+    # preemptible) starts first in the pass (fair-share order) covered by batch's 2
+    # reserved GPUs (its charge on teams.c.nominal_gpus(not preemptible) = 1 is 0); a1
+    # starts next in the same pass; Book.recover re-deals coverage by (start time,
+    # submission order) and gives it to a1 (submitted first): c2 is then charged 2 GPUs
+    # against that limit of 1.
+    rules = policy(nodes=[("n1", 6)], teams={"a": {"nominal_gpus": 3}, "c": {"nominal_gpus": 1}},
+                   cohorts={"co": {"members": ["a", "c"]}}, classes={"batch": {"reserved_gpus": 2}},
+                   priority={"weights": {"fair_share": 1000.0}, "recalc_s": 1.0})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("w", 2, "sandbox", "a", 0))])
+    sched.handle([JobFinished(10.0, "w", ExitStatus.COMPLETED)])
+    out = sched.handle([JobSubmitted(20.0, job("a1", 2, "batch", "a", 20)),
+                        JobSubmitted(20.0, job("c2", 2, "batch", "c", 20, preemptible=False))])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["c2", "a1"]
+    quota = sched.quota
+    for (i, user), used in quota.usage.items():
+        assert used <= quota.current[i], f"{quota.limits[i].path}: {used / 7000:g} of {quota.current[i] / 7000:g}"
+
+
+def test_a_job_waiting_for_a_window_gets_a_wakeup_when_its_class_reservation_covers_it():
+    # seed 5358: J (batch, team b) fits team b's borrowing_limit 0 only through batch's
+    # reserved GPU (covered); it waits WindowLimit until 01:00. window_matters tests
+    # the uncovered charges, finds J can never fit (borrowing_limit 0) and asks for no
+    # wake-up: next_wakeup() is None, though a tick at 3600 starts J.
+    rules = policy(nodes=[("n1", 2)],
+                   teams={"a": {"nominal_gpus": 1},
+                          "b": {"nominal_gpus": 0, "borrowing_limit": 0,
+                                "windows": [{"from": "00:00", "to": "01:00", "max_running_jobs_per_user": 0}]}},
+                   cohorts={"co": {"members": ["a", "b"]}}, classes={"batch": {"reserved_gpus": 1}})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(10.0, job("J", 1, "batch", "b", 10))])
+    assert str(sched.pending_reason("J")).startswith("WindowLimit(")
+    assert sched.next_wakeup() == 3600.0
+
+
+def test_a_preemptors_hold_keeps_the_class_reservation_coverage_its_plan_counted_on():
+    # seed 6468: production inference reserves 2 GPUs; cohort co (a: 2, b: 2). P
+    # (production inference, team b, 4 GPUs, not preemptible) fits b's
+    # nominal_gpus(not preemptible)=2 only with 2 GPUs covered by the reservation; it
+    # preempts V (sandbox, grace 10). Q (production inference, team a) starts on n2 at
+    # 6 and takes the coverage. At 15 V is gone and P is refused, reading
+    # ExceedsCapacity (which it is not: it starts at 66); V restarts and is preempted
+    # again at 56.
+    zone_a = (("zone", "a"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 4, "labels": {"zone": "a"}}, ("n2", 2)],
+                   teams={"a": {"nominal_gpus": 2}, "b": {"nominal_gpus": 2}}, cohorts={"co": {"members": ["a", "b"]}},
+                   classes={"production-inference": {"reserved_gpus": 2}, "sandbox": {"grace_period_s": 10.0}})
+    result = simulate(rules, [(job("V", 1, "sandbox", "b", 0, node_selector=zone_a), 100.0),
+                              (job("P", 4, "production-inference", "b", 5, node_selector=zone_a), 50.0),
+                              (job("Q", 2, "production-inference", "a", 6), 50.0)])
+    assert result.records["V"].preempted_at == [5.0]
+    assert [t for t, _ in result.records["P"].starts] == [15.0]
