@@ -10,7 +10,7 @@ import json
 from builders import job, policy, simulate
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Start
-from gpushepherd.model.events import GpuHealthChanged, JobFinished, JobSubmitted, NodeLost, Tick
+from gpushepherd.model.events import GpuHealthChanged, JobFinished, JobRequeueRequested, JobSubmitted, NodeLost, Tick
 from gpushepherd.model.job import ExitStatus, GpuShare
 from gpushepherd.sim.engine import Restart
 
@@ -311,3 +311,18 @@ def test_a_preemptors_hold_keeps_the_class_reservation_coverage_its_plan_counted
                               (job("Q", 2, "production-inference", "a", 6), 50.0)])
     assert result.records["V"].preempted_at == [5.0]
     assert [t for t, _ in result.records["P"].starts] == [15.0]
+
+
+def test_a_job_with_no_time_left_is_not_started_for_a_run_of_zero_seconds():
+    # seed 6408 (a second full pass at the same instant stopped a job the uninterrupted
+    # core had just started): J (batch, checkpointable, time limit 10) is requeued by
+    # the operator at 10 - the event comes before the time-limit check, so it banks 10
+    # s, all of its limit. The pass starts it again for 0 s; its time-limit timer is at
+    # the current instant, next_wakeup() returns the current instant (a driver ticks
+    # only later times) and J runs past its limit until some other event; a restored
+    # core stops it at once. A run with no time left should not start (J has used its
+    # time limit: it ends TIMEOUT).
+    sched = Scheduler(policy(nodes=[("n1", 1)]))
+    sched.handle([JobSubmitted(0.0, job("J", 1, "batch", "t", 0, time_limit_s=10.0))])
+    out = sched.handle([JobRequeueRequested(10.0, job_id="J")])
+    assert [d.job_id for d in out if isinstance(d, Start)] == []
