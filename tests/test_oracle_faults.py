@@ -326,3 +326,20 @@ def test_a_job_with_no_time_left_is_not_started_for_a_run_of_zero_seconds():
     sched.handle([JobSubmitted(0.0, job("J", 1, "batch", "t", 0, time_limit_s=10.0))])
     out = sched.handle([JobRequeueRequested(10.0, job_id="J")])
     assert [d.job_id for d in out if isinstance(d, Start)] == []
+
+
+def test_a_share_joining_a_card_does_not_delay_a_reservation():
+    # seed 622 (a share the admission rule admits waits "Priority(not reached by the
+    # last pass)"): rule 8 is checked for a share only when it opens a fresh GPU
+    # (admission._decide_share); a share joining a card keeps that card from freeing
+    # for as long as it runs. X holds n1 until 100; R (2 GPUs: n1 and n2 whole) is
+    # reserved at 100. S2 (estimate 10) opens a card on n2 - it ends before 100. S1
+    # (estimate 1000) joins that card at 5: the card frees at 1005 and R waits until
+    # then. S1 should wait (ReservedFor(R)) and R start at 100.
+    rules = policy(nodes=[("n1", 1), ("n2", 1)], preemption=False)
+    half = GpuShare("fraction", milli=500)
+    result = simulate(rules, [(job("X", 1, "batch", "t", 0, runtime_estimate_s=100.0), 100.0),
+                              (job("R", 2, "batch", "t", 1, runtime_estimate_s=50.0), 50.0),
+                              (job("S2", 1, "batch", "t", 2, share=half, runtime_estimate_s=10.0), 10.0),
+                              (job("S1", 1, "batch", "t", 5, share=half, runtime_estimate_s=1000.0), 1000.0)])
+    assert [t for t, _ in result.records["R"].starts] == [100.0]
