@@ -196,7 +196,8 @@ class Simulator:
             cap_before, held_before = sched.ledger.healthy_total, held
             if restart:
                 snap = json.loads(json.dumps(sched.snapshot()))
-                sched = self.sched = Scheduler.restore(self.rules, snap)
+                # the same kind of core as before (a reference core restarts as one)
+                sched = self.sched = type(sched).restore(self.rules, snap, reference=sched.reference)
             decisions = sched.handle(batch) if batch else []
             n_decisions += len(decisions)
             # Runs that ended in this instant close first: the scheduler may already

@@ -1,0 +1,623 @@
+"""The oracle's checks (issue 20, item 4; design note 015, section 8), run on one
+workload of ``oracle_workloads`` by ``tests/test_oracle.py`` and ``bench/oracle.py``.
+
+``check(wl)`` drives the workload through the simulator with the fast core and with the
+reference core (``Scheduler(rules, reference=True)``), and returns a ``Report``: how
+many times each property was checked and every failure. The properties:
+
+* ``a_equal`` - fast == reference: the same ``handle()`` calls with the same decisions,
+  decision by decision, and the same pending reasons over time (``record_reasons``);
+* ``b_work`` - work conservation after every instant: no pending job passes the
+  admission rule (``admission.decide(job, profile_for(job))``), except behind the first
+  blocked job when backfill is off (its reason then reads ``Priority(<that job>)``);
+* ``c_reason`` - every reason is the real blocker: the refusing rule lifted (that limit
+  raised, that claim dropped from the profile, that class's reservation dropped,
+  anti-affinity off) the job is admitted or refused by a later rule (or by the same rule
+  for another limit / claim / class); a capacity reason is checked against the free
+  GPUs independently (``Resources``: no placement on the free GPUs; ``ExceedsCapacity``:
+  none on the empty healthy nodes); the job ids a reason names are what it says;
+* ``d_reserved`` - after every instant with a start: the free GPUs cover every class's
+  unused ``reserved_gpus`` (a start that leaves them short must be of the class itself
+  inside its reservation), and no limit a started job counts against is exceeded;
+* ``e_preemptor`` - every preemption's preemptor starts at the instant its last victim
+  is gone, unless it was cancelled, hardware was lost or a window changed its limits in
+  between (counted apart as ``e_excused:<why>``);
+* ``f_restart`` - a ``Restart`` changes no decision: the run with the workload's
+  restarts decides as the run without them; and after every instant of the run
+  without them a restored core decides nothing at the same instant (a full pass) and
+  then the same as the uninterrupted one;
+* ``g_live`` - at the end no pending job could start later (each is refused for good:
+  a limit it can never fit, no healthy nodes that could hold it); after every instant,
+  a job waiting on time (a window, a victim's minimum runtime) has ``next_wakeup()``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from itertools import combinations
+
+from gpushepherd.core import admission as A
+from gpushepherd.core.profile import Profile
+from gpushepherd.core.scheduler import Scheduler
+from gpushepherd.model.decisions import Preempt, Start
+from gpushepherd.model.events import GpuHealthChanged, JobCancelled, NodeLost, Tick
+from gpushepherd.model.job import GPU_UNITS, JobState
+from gpushepherd.model.reasons import ReasonCode
+from gpushepherd.sim.engine import SimJob, Simulator
+
+PROPERTIES = ("a_equal", "b_work", "c_reason", "d_reserved", "e_preemptor", "f_restart", "g_live")
+MAX_CALLS = 3000  # a dozen jobs need a few dozen instants; many more is a livelock
+#: wake-ups in a row that decide nothing over more than this many seconds end a run as a
+#: livelock (``next_wakeup()`` asking for ticks that change nothing): every window of a
+#: workload opens within a week, and every job's true duration is far shorter
+IDLE_S = 8 * 86400.0
+BIG = 10 ** 12
+RULE_NAMES = {A.ADMITTED: "admitted", A.HARD_NEVER: "1 hard-never", A.HARD_NOW: "2 hard-now",
+              A.NEVER_FITS: "3 never-fits", A.FREE: "4 free", A.COHORT: "5 cohort", A.ANTI: "6 anti-affinity",
+              A.CLASS_HOLD: "7 class-hold", A.CLAIMS: "8 claims"}
+
+
+@dataclass
+class Failure:
+    prop: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.prop}: {self.text}"
+
+
+@dataclass
+class Report:
+    """Checks done per property (and ``e_excused:<why>``) and the failures found."""
+
+    counts: Counter = field(default_factory=Counter)
+    failures: list[Failure] = field(default_factory=list)
+    #: seconds of the plain fast simulation (no checks, no reasons, no restarts): the
+    #: bench's baseline
+    plain_s: float = 0.0
+
+    def fail(self, prop: str, text: str) -> None:
+        if sum(1 for f in self.failures if f.prop == prop) < 5:  # the first few of each say enough
+            self.failures.append(Failure(prop, text))
+
+    def merge(self, other: Report) -> None:
+        self.counts.update(other.counts)
+        self.failures.extend(other.failures)
+        self.plain_s += other.plain_s
+
+
+@dataclass
+class Call:
+    t: float
+    batch: list
+    decisions: list
+    wake: float | None = None  # next_wakeup() after the call
+
+
+# ------------------------------------------------------------------ driving
+def _probe_class(recorder):
+    """A ``Scheduler`` subclass whose ``handle`` tells ``recorder`` about every call;
+    the simulator's ``Restart`` rebuilds the same class, so restarts keep recording."""
+
+    class Probe(Scheduler):
+        def handle(self, events):
+            batch = list(events)
+            out = super().handle(batch)
+            recorder(self, batch, out)
+            return out
+
+    return Probe
+
+
+class Livelock(Exception):
+    """The run was stopped: wake-ups over more than ``IDLE_S`` seconds changed nothing."""
+
+    def __init__(self, sched, calls, since):
+        super().__init__(f"{len(calls)} instants, and from t={since:g} to {sched.now:g} only wake-ups that "
+                         "decided nothing")
+        self.sched = sched
+        self.calls = calls
+
+
+def drive(wl, *, reference: bool = False, restarts: bool = True, record_reasons: bool = True,
+          checker: Checker | None = None):
+    """Run ``wl`` through the simulator; returns ``(result, calls)``.
+
+    Raises:
+        Livelock: instants over more than ``IDLE_S`` seconds were bare wake-ups that
+            decided nothing (the run would never end).
+        RuntimeError: more than ``MAX_CALLS`` instants.
+    """
+    calls: list[Call] = []
+    idle: list[float | None] = [None]  # when the current run of idle wake-ups began
+
+    def recorder(sched, batch, out):
+        calls.append(Call(batch[0].t, batch, list(out), sched.next_wakeup()))
+        if len(calls) > MAX_CALLS:
+            raise RuntimeError(f"runaway simulation: more than {MAX_CALLS} instants")
+        if checker is not None:
+            checker.after(sched, batch, out)
+        if out or not all(isinstance(e, Tick) for e in batch):
+            idle[0] = None
+        elif idle[0] is None:
+            idle[0] = sched.now
+        elif sched.now - idle[0] > IDLE_S:
+            raise Livelock(sched, calls, idle[0])
+
+    probe = _probe_class(recorder)
+    events = wl.events if restarts else wl.without_restarts().events
+    sim = Simulator(wl.rules, [SimJob(s, d) for s, d in wl.jobs], list(events), record_reasons=record_reasons,
+                    check_invariants=checker is not None,
+                    scheduler=lambda rules: probe(rules, reference=reference))
+    result = sim.run()
+    return result, calls
+
+
+def _flat(calls: list[Call]) -> list:
+    return [d for c in calls for d in c.decisions]
+
+
+def _first_difference(a: list[Call], b: list[Call]) -> str | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.t != y.t or x.decisions != y.decisions:
+            return (f"call {i} at t={x.t:g} (batch {_brief(x.batch)}): fast {_brief(x.decisions)}, "
+                    f"reference {_brief(y.decisions)}" if x.t == y.t else
+                    f"call {i}: fast at t={x.t:g}, reference at t={y.t:g}")
+    if len(a) != len(b):
+        return f"fast made {len(a)} calls, reference {len(b)}"
+    return None
+
+
+def _brief(items) -> str:
+    text = "[" + ", ".join(_short(x) for x in items) + "]"
+    return text if len(text) < 600 else text[:600] + "...]"
+
+
+def _short(x) -> str:
+    name = type(x).__name__
+    if isinstance(x, Start):
+        return f"Start({x.job_id}@{x.placement})"
+    if isinstance(x, Preempt):
+        return f"Preempt({x.job_id} for {x.preemptor or x.reason})"
+    job = getattr(x, "job_id", None) or (x.spec.id if getattr(x, "spec", None) is not None else None)
+    if job:
+        return f"{name}({job})"
+    node = getattr(x, "node", None)
+    if node is not None:
+        return f"{name}({getattr(node, 'name', node)})"
+    return name
+
+
+# ------------------------------------------------------------------- checks
+class Checker:
+    """Properties b, c, d, e, g, checked after every ``handle`` call of the fast core."""
+
+    def __init__(self, wl, report: Report):
+        self.wl = wl
+        self.rules = wl.rules
+        self.report = report
+        self.watch: dict[str, dict] = {}  # preemptor -> what its preemption was
+        self.hw_lost_at: list[float] = []
+
+    # -------------------------------------------------------------- per call
+    def after(self, sched, batch, out) -> None:
+        t = sched.now
+        if any(isinstance(e, NodeLost) or (isinstance(e, GpuHealthChanged) and not e.healthy) for e in batch):
+            self.hw_lost_at.append(t)
+        for e in batch:
+            if isinstance(e, JobCancelled) and e.job_id in self.watch:
+                self.watch[e.job_id]["cancelled"] = True
+        self.pending(sched)
+        self.reserved(sched, out)
+        self.preemptions(sched, batch, out)
+
+    def pending(self, sched) -> None:
+        rep = self.report
+        adm = sched.admission
+        wake = sched.next_wakeup()
+        t = sched.now
+        for job in sched.pending_jobs():
+            reason = sched.pending_reason(job.id)
+            text = str(reason)
+            profile = sched.profile_for(job)
+            v = adm.decide(job, profile)
+            rep.counts["b_work"] += 1
+            if v.admitted:
+                first = sched.last_turn.first_blocked if sched.last_turn is not None else None
+                strict = not self.rules.backfill_enabled
+                if not (strict and first is not None and first.key < job.key and reason.code is ReasonCode.PRIORITY
+                        and reason.detail == first.id):
+                    ahead = ""
+                    if strict:  # who blocks the strict order ahead of it
+                        blocker = next((j for j in sched.pending_jobs() if j.key < job.key
+                                        and adm.decide(j, sched.profile_for(j)).rule in A.CAPACITY_RULES), None)
+                        if blocker is not None:
+                            ahead = (f"; backfill off, {blocker.id} ahead is refused for capacity"
+                                     + (f" (a {blocker.share.kind} share)" if blocker.share is not None else ""))
+                    rep.fail("b_work", f"t={t:g}: {job.id} passes the admission rule ({v.counts or v.spot}) "
+                             f"but waits, reason {text}{ahead}")
+                continue
+            rep.counts["c_reason"] += 1
+            self.lift(sched, job, profile, v, text)
+            self.named(sched, job, reason, v, wake)
+            if reason.code is ReasonCode.WINDOW_LIMIT or (reason.code is ReasonCode.NO_PREEMPTIBLE_VICTIMS
+                                                          and reason.detail.startswith("min_runtime")):
+                rep.counts["g_live"] += 1
+                if wake is None:
+                    rep.fail("g_live", f"t={t:g}: {job.id} waits on time ({text}) and next_wakeup() is None")
+
+    def named(self, sched, job, reason, v, wake) -> None:
+        """The job ids and times a reason names are what it says."""
+        book = sched.book
+        t = sched.now
+        code, detail = reason.code, reason.detail
+        bad = None
+        if code is ReasonCode.PREEMPTION_IN_PROGRESS:
+            gone = [x for x in detail.split(",") if not (x in book.jobs and book.jobs[x].state is JobState.PREEMPTING)]
+            if gone or job.id not in book.preemptors:
+                bad = f"victims {gone} are not exiting"
+        elif code is ReasonCode.HELD_FOR_PREEMPTOR:
+            p = book.jobs.get(detail)
+            if p is None or p.state is not JobState.PENDING or detail not in book.preemptors:
+                bad = f"{detail} holds nothing"
+        elif code is ReasonCode.RESERVED_FOR and not detail.startswith("classes."):
+            r = book.jobs.get(detail)
+            if r is None or r.state is not JobState.PENDING:
+                bad = f"{detail} is not pending"
+            elif detail not in book.preemptors and not r.key < job.key:
+                bad = f"{detail} is not ahead of it in the queue"
+        elif code is ReasonCode.NO_PREEMPTIBLE_VICTIMS and detail.startswith("min_runtime"):
+            at = float(detail.rsplit("t=", 1)[1].rstrip(")"))
+            if not at > t or wake is None or wake > at:
+                bad = f"eligible at {at:g}, next_wakeup() {wake}"
+        elif code is ReasonCode.PRIORITY:
+            bad = "a job the admission rule refuses reads Priority"
+        if bad is not None:
+            self.report.fail("c_reason", f"t={t:g}: {job.id} reads {reason}: {bad} (rule {RULE_NAMES[v.rule]})")
+
+    # ------------------------------------------------------------------- c
+    def lift(self, sched, job, profile, v, text) -> None:
+        """Lift the rule that refused ``job`` and ask again: admitted, or refused later."""
+        book = sched.book
+        adm = sched.admission
+        quota = book.quota
+        t = sched.now
+        rule = v.rule
+        rep = self.report
+
+        def later(w, same_ok) -> bool:
+            return w.admitted or w.rule > rule or (w.rule == rule and same_ok(w))
+
+        if rule in (A.HARD_NEVER, A.HARD_NOW, A.COHORT):
+            i = v.limit[0]
+            lim, cur = quota.limits[i], quota.current[i]
+            limits = quota.limits
+            quota.limits = limits[:i] + (replace(lim, max=BIG, windows=()),) + limits[i + 1:]
+            quota.current[i] = BIG
+            try:
+                w = adm.decide(job, profile)
+            finally:
+                quota.limits = limits
+                quota.current[i] = cur
+            if not later(w, lambda w: w.limit is not None and w.limit[0] != i):
+                rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; with {lim.path} raised it is refused by "
+                         f"rule {RULE_NAMES[w.rule]} {w.limit and quota.limits[w.limit[0]].path}")
+            if rule == A.HARD_NEVER:
+                amount = next(a for li, _u, a in v.charges if li == i)
+                if not amount > lim.loosest * quota.scale[i]:
+                    rep.fail("c_reason", f"t={t:g}: {job.id} reads {text} but {lim.path} reaches "
+                             f"{lim.loosest} and it asks {quota.fmt(i, amount)}")
+        elif rule == A.NEVER_FITS:
+            self.never_fits(sched, job, text)
+        elif rule == A.FREE:
+            if job.shape.mode != "share":
+                nodes = book.nodes_for(job)
+                avail = {n: book.ledger.slots[n].free for n in nodes}
+                if fits(job.shape, avail, {n: book.ledger.slots[n].healthy for n in nodes}):
+                    rep.fail("c_reason", f"t={t:g}: {job.id} reads {text} but fits the free GPUs {avail}")
+        elif rule == A.ANTI:
+            book.anti = False
+            try:
+                w = adm.decide(job, profile)
+            finally:
+                book.anti = True
+            if not later(w, lambda w: False):
+                rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; without anti-affinity it is refused by "
+                         f"rule {RULE_NAMES[w.rule]}")
+        elif rule == A.CLASS_HOLD:
+            reserved = book.reserved
+            book.reserved = {c: r for c, r in reserved.items() if c != v.holder}
+            try:
+                w = adm.decide(job, profile)
+            finally:
+                book.reserved = reserved
+            if not later(w, lambda w: w.holder != v.holder):
+                rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; without {v.holder}'s reserved_gpus it is "
+                         f"refused by rule {RULE_NAMES[w.rule]}")
+        elif rule == A.CLAIMS:
+            c = v.blocker
+            if c is None or not any(x is c for x in profile.claims):
+                rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}: the claim is not in its profile")
+                return
+            w = adm.decide(job, profile_without(book, profile, c))
+            if not later(w, lambda w: w.blocker is not None and w.blocker.job_id != c.job_id):
+                rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; without {c.job_id}'s "
+                         f"{'hold' if c.hold else 'reservation'} it is refused by rule {RULE_NAMES[w.rule]}"
+                         + (f" ({w.blocker.job_id})" if w.blocker is not None else ""))
+
+    def never_fits(self, sched, job, text) -> None:
+        book = sched.book
+        t = sched.now
+        if job.shape.mode == "share":
+            return  # the inventory check of shares is the core's own (filters.inventory_misfit)
+        self.report.counts["c_never_fits"] += 1
+        ledger = book.ledger
+        totals = {n: ledger.slots[n].healthy for n in book.nodes_for(job)}
+        other = sum(r for c, r in book.reserved.items() if c != job.cls.name)
+        by_reservation = job.units > ledger.healthy_total * GPU_UNITS - other
+        if fits(job.shape, totals, totals) and not by_reservation:
+            self.report.fail("c_reason", f"t={t:g}: {job.id} reads {text} but fits the empty healthy nodes {totals}"
+                             f" (other classes reserve {other // GPU_UNITS})")
+
+    # ------------------------------------------------------------------- d
+    def reserved(self, sched, out) -> None:
+        book = sched.book
+        starts = [d for d in out if isinstance(d, Start)]
+        if not starts:
+            return
+        rep = self.report
+        t = sched.now
+        rep.counts["d_reserved"] += 1
+        used = _class_use(book)
+        held = {c: max(0, r - used.get(c, 0)) for c, r in book.reserved.items()}
+        slack = book.ledger.free_total * GPU_UNITS - sum(held.values())
+        if slack < 0:
+            for d in starts:
+                job = book.jobs[d.job_id]
+                if not job.state.holds_gpus or not _takes_gpu(book, job):
+                    continue
+                name = job.cls.name
+                if name in book.reserved and used.get(name, 0) <= book.reserved[name]:
+                    continue  # inside its class's own reservation: the slack is as before
+                rep.fail("d_reserved", f"t={t:g}: after {job.id} ({name}) started, {book.ledger.free_total} "
+                         f"GPUs are free for unused reservations {_gpus(held)}")
+                break
+        quota = book.quota
+        for d in starts:
+            job = book.jobs[d.job_id]
+            for i, user, _a in job.run_charges:
+                used = quota.usage.get((i, user), 0)
+                if used > quota.current[i]:
+                    rep.fail("d_reserved", f"t={t:g}: {job.id} started and {quota.limits[i].path}"
+                             f"{'[' + user + ']' if user else ''} holds {quota.fmt(i, used)} of "
+                             f"{quota.fmt(i, quota.current[i])}")
+
+    # ------------------------------------------------------------------- e
+    def preemptions(self, sched, batch, out) -> None:
+        book = sched.book
+        t = sched.now
+        started = {d.job_id for d in out if isinstance(d, Start)}
+        for d in out:
+            if isinstance(d, Preempt) and d.preemptor:
+                self.guarantee(book, d)
+                w = self.watch.get(d.preemptor)
+                if w is None or w["t"] != t:
+                    p = book.jobs[d.preemptor]
+                    w = self.watch[d.preemptor] = {
+                        "t": t, "victims": {}, "cancelled": False, "hw": len(self.hw_lost_at),
+                        "limits": {i: book.quota.current[i] for i, _u, _a in p.charges}}
+                w["victims"][d.job_id] = book.jobs[d.job_id].runs
+        for pid in sorted(self.watch):
+            w = self.watch[pid]
+            p = book.jobs[pid]
+            if pid in started and w["t"] <= t:
+                del self.watch[pid]
+                self.report.counts["e_preemptor"] += 1
+                continue
+            alive = [v for v, runs in w["victims"].items()
+                     if book.jobs[v].state.holds_gpus and book.jobs[v].runs == runs]
+            if alive:
+                continue
+            del self.watch[pid]
+            self.report.counts["e_preemptor"] += 1
+            why = None
+            if w["cancelled"] or p.state is not JobState.PENDING:
+                why = "cancelled"
+            elif len(self.hw_lost_at) > w["hw"]:
+                why = "hardware lost"
+            elif any(book.quota.current[i] != m for i, m in w["limits"].items()):
+                why = "window changed its limits"
+            if why is not None:
+                self.report.counts[f"e_excused:{why}"] += 1
+                continue
+            self.report.fail("e_preemptor", f"t={t:g}: the last victim of {pid} (preempted {sorted(w['victims'])} at "
+                             f"t={w['t']:g}) is gone and {pid} does not start: {sched.pending_reason(pid)}")
+
+    def guarantee(self, book, d: Preempt) -> None:
+        """A job of another member of the preemptor's cohort is evicted only while its
+        team borrows (holds more than its nominal quota): a member within its nominal
+        quota keeps it (Kueue's guarantee; note 005)."""
+        p, v = book.jobs[d.preemptor], book.jobs[d.job_id]
+        if p.cohort is None or v.cohort is None or p.cohort[0] is not v.cohort[0] or p.cohort[1] is v.cohort[1]:
+            return
+        self.report.counts["d_guarantee"] += 1
+        member = v.cohort[1]
+        used = book.quota.usage.get((member.limit, ""), 0)
+        if used <= member.nominal * GPU_UNITS:
+            self.report.fail("d_reserved", f"t={book.now:g}: {p.id} (team {p.spec.team}) preempts {v.id} of team "
+                             f"{member.team}, which holds {used / GPU_UNITS:g} GPUs of its nominal {member.nominal}")
+
+    # ------------------------------------------------------------------- g
+    def end(self, sched) -> None:
+        """At the end of the run: every pending job is refused for good."""
+        adm = sched.admission
+        for job in sched.pending_jobs():
+            self.report.counts["g_live"] += 1
+            v = adm.decide(job, sched.profile_for(job))
+            if v.rule in (A.HARD_NEVER, A.NEVER_FITS):
+                continue
+            self.report.fail("g_live", f"the run ends with {job.id} pending, refused by rule {RULE_NAMES[v.rule]} "
+                             f"({sched.pending_reason(job.id)}): it could start later")
+
+
+def _takes_gpu(book, job) -> bool:
+    """Whether the run holds whole GPUs, or a card it opened alone (a share on a fresh GPU)."""
+    if job.share is None:
+        return True
+    if len(job.share_at) != 1:
+        return False  # a MIG instance: never a whole GPU
+    idx = job.alloc[0][0]
+    card = book.ledger.slots[idx].cards.get(job.share_at[0])
+    return card is not None and list(card.holders) == [job.id]
+
+
+def _class_use(book) -> dict[str, int]:
+    """Units each class holds, a shared card that only one class's jobs hold counted
+    whole (it is out of the free GPUs; the room left on it is the class's), MIG
+    instances by their units (MIG GPUs are never free whole GPUs)."""
+    used: dict[str, int] = {}
+    cards: dict[tuple[int, int], set[str]] = {}
+    for job in book.running.values():
+        if job.share is not None and len(job.share_at) == 1:
+            cards.setdefault((job.alloc[0][0], job.share_at[0]), set()).add(job.cls.name)
+    for job in book.running.values():
+        name = job.cls.name
+        if job.share is not None and len(job.share_at) == 1:
+            classes = cards[(job.alloc[0][0], job.share_at[0])]
+            if len(classes) == 1:
+                continue  # counted once per card below
+        used[name] = used.get(name, 0) + job.run_units
+    for classes in cards.values():
+        if len(classes) == 1:
+            (name,) = classes
+            used[name] = used.get(name, 0) + GPU_UNITS
+    return used
+
+
+def _gpus(held: dict) -> dict:
+    return {c: u / GPU_UNITS for c, u in held.items() if u}
+
+
+def profile_without(book, profile: Profile, claim) -> Profile:
+    """``profile`` rebuilt without ``claim`` (holds first, then reservations in order, as
+    ``Scheduler.profile_for`` builds one)."""
+    out = Profile(book)
+    for c in profile.claims:
+        if c is not claim and c.hold:
+            out.add_hold(book.jobs[c.job_id])
+    for c in profile.claims:
+        if c is not claim and not c.hold:
+            out.add_reservation(book.jobs[c.job_id], c.start, list(c.gpus.items()), c.basis)
+    return out
+
+
+def fits(shape, avail: dict[int, int], totals: dict[int, int]) -> bool:
+    """Whether a whole-GPU job of ``shape`` has a placement on ``avail`` GPUs per node
+    (``totals``: each node's healthy GPUs), written here from the placement rules, not
+    with the core's placement code: ``single`` on one node; ``pods`` each pod on one
+    node, pods may share one; ``multi`` whole free nodes plus at most one remainder
+    node."""
+    if shape.mode == "single":
+        return any(a >= shape.k for a in avail.values())
+    if shape.mode == "pods":
+        return sum(max(0, a) // shape.per_pod for a in avail.values()) >= shape.pods
+    whole_ok = [n for n, a in avail.items() if 0 < a and a >= totals[n]]
+    for r in range(len(whole_ok) + 1):
+        for whole in combinations(whole_ok, r):
+            got = sum(avail[n] for n in whole)
+            if got == shape.k:
+                return True
+            if got < shape.k and any(a >= shape.k - got for n, a in avail.items() if n not in whole):
+                return True
+    return False
+
+
+# -------------------------------------------------------------------- restart
+def restart_divergences(rules, calls: list[Call], horizon: int | None = None) -> list[str]:
+    """After every call of an uninterrupted run: a core restored from its snapshot
+    decides nothing at the same instant (a full pass), and one restored there decides
+    the next ``horizon`` calls (all: ``None``) as the uninterrupted one did."""
+    out: list[str] = []
+    a = Scheduler(rules)
+    for cut, call in enumerate(calls[:-1]):
+        a.handle(call.batch)
+        snap = json.dumps(a.snapshot())
+        b = Scheduler.restore(rules, json.loads(snap))
+        again = b.handle([Tick(a.now)])
+        if again:
+            out.append(f"after t={a.now:g}: a second full pass at the same instant decided {_brief(again)}")
+        b = Scheduler.restore(rules, json.loads(snap))
+        rest = calls[cut + 1:] if horizon is None else calls[cut + 1: cut + 1 + horizon]
+        for nxt in rest:
+            got = b.handle(nxt.batch)
+            if got != nxt.decisions:
+                out.append(f"restored after t={a.now:g}, at t={nxt.t:g}: restored {_brief(got)}, "
+                           f"uninterrupted {_brief(nxt.decisions)}")
+                break
+            wake = b.next_wakeup()
+            if nxt.wake is not None and (wake is None or wake > nxt.wake):
+                # the restored core would sleep through the uninterrupted one's wake-up:
+                # a divergence if that wake-up decided something
+                woke = next((c for c in calls if c.t == nxt.wake and all(isinstance(e, Tick) for e in c.batch)), None)
+                if woke is not None and woke.decisions:
+                    out.append(f"restored after t={a.now:g}: after t={nxt.t:g} it sleeps until {wake}, the "
+                               f"uninterrupted core wakes at {nxt.wake:g} and decides {_brief(woke.decisions)}")
+                    break
+        if len(out) >= 3:
+            break
+    return out
+
+
+# ---------------------------------------------------------------------- all
+def check(wl, *, horizon: int | None = 8) -> Report:
+    """Every property on ``wl``; ``horizon``: calls a restored core is followed for."""
+    rep = Report()
+    try:
+        _check(wl, rep, horizon)
+    except Exception as exc:  # noqa: BLE001 - a crash of the core (or of a check) is a failure too
+        tb = traceback.extract_tb(exc.__traceback__)[-1]
+        rep.failures.append(Failure("crash", f"{type(exc).__name__}: {exc} ({tb.filename.rsplit('/', 1)[-1]}:"
+                                             f"{tb.lineno})"))
+    return rep
+
+
+def _check(wl, rep: Report, horizon: int | None) -> None:
+    checker = Checker(wl, rep)
+    try:
+        fast, fast_calls = drive(wl, checker=checker)
+    except Livelock as stop:
+        # the core keeps asking for wake-ups that change nothing: the run never ends
+        rep.counts["g_live"] += 1
+        waiting = [f"{j.id}: {stop.sched.pending_reason(j.id)}" for j in stop.sched.pending_jobs()]
+        rep.fail("g_live", f"{stop}; next_wakeup() {stop.sched.next_wakeup()}, pending {waiting}")
+        checker.end(stop.sched)
+        return
+    checker.end(fast.scheduler)
+    ref, ref_calls = drive(wl, reference=True)
+    rep.counts["a_equal"] += 1
+    diff = _first_difference(fast_calls, ref_calls)
+    if diff is not None:
+        rep.fail("a_equal", diff)
+    else:
+        for jid, rec in fast.records.items():
+            if rec.reasons != ref.records[jid].reasons:
+                rep.fail("a_equal", f"{jid}'s reasons: fast {rec.reasons}, reference {ref.records[jid].reasons}")
+                break
+    t0 = time.perf_counter()
+    _plain, plain_calls = drive(wl, restarts=False, record_reasons=False)
+    rep.plain_s = time.perf_counter() - t0
+    if wl.restarts:
+        rep.counts["f_restart"] += 1
+        a, b = _flat(plain_calls), _flat(fast_calls)
+        if a != b:
+            i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            rep.fail("f_restart", f"with restarts at {wl.restarts}: decision {i} is "
+                     f"{_short(b[i]) + ' at t=' + format(b[i].t, 'g') if i < len(b) else 'missing'}, without them "
+                     f"{_short(a[i]) + ' at t=' + format(a[i].t, 'g') if i < len(a) else 'missing'}")
+    rep.counts["f_restart"] += len(plain_calls)
+    for line in restart_divergences(wl.rules, plain_calls, horizon):
+        rep.fail("f_restart", line)

@@ -1,0 +1,155 @@
+"""The oracle (issue 20, item 4; design note 015, section 8): random workloads mixing
+every rule (``oracle_workloads``), each driven through the fast core and the reference
+core and checked by ``oracle_checks`` - fast == reference decision by decision, work
+conservation, reasons that name the real blocker, class reservations and limits, the
+preemptor's start, restarts, liveness.
+
+A small seeded batch and a Hypothesis batch run here; ``bench/oracle.py`` runs the same
+checks on 10^5 seeded workloads. Below them, tests of the checks themselves (a core made
+wrong on purpose is caught). The core faults the batches found, each shrunk to a few
+jobs, are in ``test_oracle_faults.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, Phase, given, settings
+
+from builders import job, policy
+from gpushepherd.core.intake import validate_spec
+from gpushepherd.core.scheduler import Scheduler
+from gpushepherd.sim.engine import Restart, SimJob, Simulator
+from oracle_checks import PROPERTIES, Report, check, fits
+from oracle_workloads import RandomSource, build, workload_from_seed, workloads
+
+#: a longer hunt: SHEPHERD_ORACLE_SCALE=20 pytest tests/test_oracle.py
+SCALE = max(1, int(os.environ.get("SHEPHERD_ORACLE_SCALE", "1")))
+PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob": True,
+           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+SEEDS = range(60 * SCALE)
+#: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
+PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (
+    Phase.explicit, Phase.reuse, Phase.generate)
+
+
+def _summary(failures: list[tuple[int | None, str]]) -> str:
+    return "\n".join(f"seed {seed}: {text}  (.venv/bin/python bench/oracle.py --seed {seed} --n 1 -v)"
+                     for seed, text in failures)
+
+
+# ------------------------------------------------------------------ the generator
+def test_every_generated_policy_and_job_is_valid():
+    # the generator keeps every policy valid (policy_from_dict raises otherwise) and
+    # every job acceptable to its policy (validate_spec raises SpecError otherwise)
+    seen_cohort_pool = seen_dst = seen_mig = seen_share = 0
+    for seed in range(800):
+        wl = workload_from_seed(seed)
+        for spec, _d in wl.jobs:
+            validate_spec(wl.rules, spec)
+        seen_cohort_pool += "co_inf" in wl.raw.get("cohorts", {})
+        seen_dst += "clock" in wl.raw
+        seen_mig += any(n.mig for n in wl.rules.nodes)
+        seen_share += any(s.share is not None for s, _d in wl.jobs)
+    # the mix reaches every rule family (a generator that drew none would pass vacuously)
+    assert min(seen_cohort_pool, seen_dst, seen_mig, seen_share) > 10
+
+
+def test_the_seeded_generator_is_reproducible():
+    a, b = workload_from_seed(12345), workload_from_seed(12345)
+    assert (a.raw, a.jobs, a.events) == (b.raw, b.jobs, b.events)
+    assert workload_from_seed(12346).raw != a.raw or workload_from_seed(12346).jobs != a.jobs
+
+
+@settings(max_examples=100, **PROFILE)
+@given(workloads())
+def test_every_hypothesis_policy_is_valid(wl):
+    for spec, _d in wl.jobs:
+        validate_spec(wl.rules, spec)
+
+
+# -------------------------------------------------------------------- the batches
+def test_oracle_seeded_batch():
+    total = Report()
+    failures = []
+    for seed in SEEDS:
+        rep = check(workload_from_seed(seed))
+        total.counts.update(rep.counts)
+        failures += [(seed, str(f)) for f in rep.failures]
+    for prop in PROPERTIES:  # every property was exercised
+        assert total.counts[prop] > 0, prop
+    assert failures == [], "\n" + _summary(failures)
+
+
+@settings(max_examples=15 * SCALE, phases=PHASES, **PROFILE)
+@given(workloads())
+def test_oracle_hypothesis_batch(wl):
+    rep = check(wl)
+    assert [str(f) for f in rep.failures] == []
+
+
+# ------------------------------------------------------------- the checks themselves
+def test_fits_follows_the_placement_rules():
+    from gpushepherd.core.placement import Shape
+
+    single, pods = Shape(4, "single", 4, 1, ()), Shape(4, "pods", 2, 2, ())
+    multi = Shape(12, "multi", 12, 1, ())
+    assert fits(single, {0: 3, 1: 4}, {0: 4, 1: 8}) and not fits(single, {0: 3, 1: 3}, {0: 4, 1: 4})
+    assert fits(pods, {0: 3, 1: 2}, {0: 4, 1: 4}) and not fits(pods, {0: 3, 1: 1}, {0: 4, 1: 4})
+    # multi: whole free nodes plus one remainder node; a part-free node is no whole one
+    assert fits(multi, {0: 8, 1: 4}, {0: 8, 1: 8})
+    assert not fits(multi, {0: 7, 1: 5}, {0: 8, 1: 8})
+    assert fits(multi, {0: 8, 1: 8}, {0: 8, 1: 8})
+
+
+def test_the_checks_catch_a_core_that_leaves_a_job_waiting(monkeypatch):
+    # a fast pass that skips jobs with an even number: they wait though they fit
+    from gpushepherd.core import cycle
+
+    real = cycle.Turn.turn
+
+    def skipping(self, job):
+        if int(job.id[1:]) % 2 == 0 and job.state.value == "PENDING" and not self.dequeue_now:
+            return cycle.BLOCKED, 2
+        return real(self, job)
+
+    monkeypatch.setattr(cycle.Turn, "turn", skipping)
+    found = {f.prop for seed in range(12) for f in check(workload_from_seed(seed)).failures}
+    assert {"a_equal", "b_work"} <= found
+
+
+def test_the_checks_catch_a_restart_that_loses_a_pending_job(monkeypatch):
+    # a restore that drops the newest pending job: the restored core decides otherwise
+    from gpushepherd.core import snapshot
+    from gpushepherd.model.job import JobState
+
+    real = snapshot.restore_into
+
+    def forgetful(sched, snap):
+        real(sched, snap)
+        book = sched.book
+        if book.queue:
+            lost = max(book.queue, key=lambda j: j.seq)
+            book.dequeue(lost)
+            lost.state = JobState.CANCELLED
+
+    monkeypatch.setattr(snapshot, "restore_into", forgetful)
+    found = {f.prop for seed in range(20) for f in check(workload_from_seed(seed)).failures}
+    assert "f_restart" in found
+
+
+def test_a_reference_core_restarts_as_a_reference_core():
+    # the simulator's Restart rebuilds the kind of core it had (sim/engine.py)
+    rules = policy(nodes=[("n1", 1)])
+    sim = Simulator(rules, [SimJob(job("A", 1, "batch", "t", 0), 10.0), SimJob(job("B", 1, "batch", "t", 5), 10.0)],
+                    [Restart(5.0)], scheduler=lambda r: Scheduler(r, reference=True))
+    result = sim.run()
+    assert result.scheduler.reference is True
+    assert [t for t, _ in result.records["B"].starts] == [10.0]
+
+
+def test_hypothesis_and_seeded_sources_build_the_same_structure():
+    # the same generator behind both: a seeded source's workload has the shape a
+    # Hypothesis one has (nodes, teams, jobs, events), both valid
+    wl = build(RandomSource(7))
+    assert 1 <= len(wl.raw["cluster"]["nodes"]) <= 4 and 2 <= len(wl.jobs) <= 12

@@ -1,0 +1,345 @@
+"""Core faults the oracle (``test_oracle.py``, ``bench/oracle.py``) found, each shrunk by
+hand to a few jobs. Each test states the outcome design note 015 requires and names the
+seeds of ``bench/oracle.py`` where the fault showed; they fail until the core is fixed.
+"""
+
+from __future__ import annotations
+
+import json
+
+from builders import job, policy, simulate
+from gpushepherd.core.scheduler import Scheduler
+from gpushepherd.model.decisions import Start
+from gpushepherd.model.events import GpuHealthChanged, JobFinished, JobRequeueRequested, JobSubmitted, NodeLost, Tick
+from gpushepherd.model.job import ExitStatus, GpuShare
+from gpushepherd.sim.engine import Restart
+
+
+def test_strict_order_behind_a_share_reads_priority_of_that_share():
+    # bench/oracle.py seeds 54, 119, 187, 199: backfill off; the share S (queued first)
+    # finds no card (n1 is X's whole, n2 takes no fractions), so the strict order stops
+    # at S and T waits although n2's GPU is free. T's reason must name S (note 015:
+    # "Priority(<that job>)"); the core reads "Priority(not reached by the last pass)"
+    # because Turn.blocked returns for a share before it records first_blocked.
+    sched = Scheduler(policy(nodes=[("n1", 1), {"name": "n2", "gpus": 1, "sharing": "exclusive"}],
+                             preemption=False, backfill=False))
+    sched.handle([JobSubmitted(0.0, job("X", 1, "batch", "t", 0))])
+    out = sched.handle([JobSubmitted(1.0, job("S", 1, "batch", "t", 1, share=GpuShare("fraction", milli=500))),
+                        JobSubmitted(1.0, job("T", 1, "batch", "t", 1))])
+    assert out == []
+    assert str(sched.pending_reason("S")) == "NoFit(gpu-fraction)"
+    assert str(sched.pending_reason("T")) == "Priority(S)"
+
+
+def test_a_share_that_only_other_classes_reservations_keep_out_reads_exceeds_capacity():
+    # seed 42: one 1-GPU node, production inference reserves it. A batch share needs a
+    # fresh GPU (production inference opens no shared card), which the reservation
+    # never leaves: it can never start. Note 015 section 6: ExceedsCapacity(classes.X.
+    # reserved_gpus=N), not ReservedFor forever. The core checks reservations in
+    # never_fits for whole-GPU jobs only.
+    sched = Scheduler(policy(nodes=[("n1", 1)], classes={"production-inference": {"reserved_gpus": 1}}))
+    sched.handle([JobSubmitted(0.0, job("J", 1, "batch", "t", 0, share=GpuShare("fraction", milli=500)))])
+    assert str(sched.pending_reason("J")) == "ExceedsCapacity(classes.production-inference.reserved_gpus=1)"
+
+
+def test_no_min_runtime_promise_when_the_young_jobs_could_not_make_room():
+    # seeds 70, 76, 84: A (4 GPUs on n1) may not be preempted; B (1 GPU on n2) is too
+    # young until 15. Even evicted, B frees one GPU of a 1-GPU node: P (4 GPUs) could
+    # never start by preempting. The core says "victims eligible at t=15" (and asks for
+    # a wake-up then, after which the reason changes with nothing else changed):
+    # preemption.plan returns the young jobs' coming of age before it checks that the
+    # candidates could make room at all.
+    sched = Scheduler(policy(nodes=[("n1", 4), ("n2", 1)], preemption={"enabled": True, "min_runtime_s": 5.0}))
+    sched.handle([JobSubmitted(0.0, job("A", 4, "research-training", "t", 0, preemptible=False))])
+    sched.handle([JobSubmitted(10.0, job("B", 1, "batch", "t", 10))])
+    assert sched.handle([JobSubmitted(12.0, job("P", 4, "training", "t", 12))]) == []
+    assert str(sched.pending_reason("P")) == "NoPreemptibleVictims(lower-priority jobs may not be preempted)"
+
+
+def test_no_window_wakeups_for_a_job_that_no_healthy_node_can_hold():
+    # seeds 1, 31, 143 (the simulation never ends): n1 is lost for good, so J (2 GPUs)
+    # can never start until a node event comes. J counts against team t's windowed
+    # max_gpus, so window_matters asks for every window boundary, forever (and J's
+    # reason alternates WindowLimit / ExceedsCapacity). next_wakeup() must be None.
+    sched = Scheduler(policy(nodes=[("n1", 2)],
+                             teams={"t": {"max_gpus": 1, "windows": [{"from": "01:00", "to": "02:00", "max_gpus": 2}]}}))
+    sched.handle([NodeLost(5.0, node="n1")])
+    sched.handle([JobSubmitted(10.0, job("J", 2, "batch", "t", 10))])
+    assert sched.next_wakeup() is None
+
+
+def test_a_share_card_planned_to_free_counts_for_other_classes_reservations():
+    # seed 296 (a second full pass started a job the uninterrupted core held back): the
+    # time profile's class-reservation check (profile._class_hold_ok) counts only whole
+    # GPUs coming free at planned ends, not a shared card whose last holder leaves. n1:
+    # 2 GPUs, production inference reserves 1; S (a share, estimate 100) holds GPU 0's
+    # card; J (1 GPU) would leave no GPU for the reservation now, and fits at 100 when
+    # S's card frees. J gets no reservation and no estimate (None) instead of 100.
+    sched = Scheduler(policy(nodes=[("n1", 2)], classes={"production-inference": {"reserved_gpus": 1}},
+                             preemption=False))
+    sched.handle([JobSubmitted(0.0, job("S", 1, "batch", "t", 0, share=GpuShare("fraction", milli=500),
+                                        runtime_estimate_s=100.0))])
+    sched.handle([JobSubmitted(1.0, job("J", 1, "batch", "t", 1, runtime_estimate_s=50.0))])
+    assert str(sched.pending_reason("J")) == "ReservedFor(classes.production-inference.reserved_gpus)"
+    assert sched.estimated_start("J") == 100.0
+
+
+def test_a_backfilled_job_does_not_delay_a_reservation_through_the_class_reservation():
+    # seed 296: claims protect a reservation's GPUs per node and its quota, not the free
+    # GPUs its start needs to leave other classes' reserved_gpus free. Production
+    # inference reserves 1 GPU. X (n1, until 100) blocks R (2 GPUs: n1 whole); R is
+    # reserved at 100 (n1's 2 GPUs + n2 free = 3, one left for inference). S (sandbox,
+    # 1000 s) then backfills onto n2: at 100 only n1's 2 GPUs are free, R would take the
+    # reserved one, and R waits until 1001 - the backfill delayed the reservation (note
+    # 015 section 2: "no backfilled job can delay a reservation"). A restored core,
+    # planning R after S started, makes no such reservation: the passes differ.
+    zone_a = (("zone", "a"),)
+    sched = Scheduler(policy(nodes=[{"name": "n1", "gpus": 2, "labels": {"zone": "a"}}, ("n2", 1)],
+                             classes={"production-inference": {"reserved_gpus": 1}}, preemption=False))
+    sched.handle([JobSubmitted(0.0, job("X", 1, "batch", "t", 0, runtime_estimate_s=100.0, node_selector=zone_a))])
+    sched.handle([JobSubmitted(1.0, job("R", 2, "batch", "t", 1, runtime_estimate_s=100.0)),
+                  JobSubmitted(1.0, job("S", 1, "sandbox", "t", 1, runtime_estimate_s=1000.0))])
+    out = sched.handle([JobFinished(100.0, "X", ExitStatus.COMPLETED)])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["R"]
+
+
+def test_a_preemptors_hold_keeps_the_free_gpus_its_plan_counted_for_a_class_reservation():
+    # seed 217 (a victim preempted twice, its preemptor not started when it left):
+    # production inference reserves 2 GPUs; n1 (1 GPU, zone a), n2 (2, zone a), n3 (1).
+    # P (training, 2 GPUs, zone a) fits n2 but would leave 1 GPU for the reservation,
+    # so it preempts V (n1): then n1 + n3 stay free. The hold protects n2's GPUs only:
+    # B (sandbox) takes n3 in the same pass; when V leaves at 15 P is refused again (and
+    # evicts B, which restarts on the GPU it freed, as does V). P should start at 15.
+    zone_a = (("zone", "a"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 1, "labels": {"zone": "a"}},
+                          {"name": "n2", "gpus": 2, "labels": {"zone": "a"}}, ("n3", 1)],
+                   classes={"production-inference": {"reserved_gpus": 2}, "batch": {"grace_period_s": 10.0}})
+    result = simulate(rules, [(job("V", 1, "batch", "t", 0, node_selector=zone_a), 100.0),
+                              (job("P", 2, "training", "t", 5, node_selector=zone_a), 50.0),
+                              (job("B", 1, "sandbox", "t", 5), 100.0)])
+    assert result.records["V"].preempted_at == [5.0]
+    assert [t for t, _ in result.records["P"].starts] == [15.0]
+
+
+def test_a_restored_preemptor_starts_on_the_gpus_it_planned_for():
+    # seed 227: a preemptor's planned GPUs (Job.hold_gpus) are not in the snapshot. A
+    # and B (not preemptible) hold n1's GPUs 0 and 1, V (batch, grace 10) GPU 2; B ends
+    # at 3; P (2 GPUs) preempts V at 5 and plans GPUs 1, 2. At 15 V leaves and A ends:
+    # the uninterrupted core starts P on 1, 2 (its plan), a core restarted at 10 on 0, 1.
+    rules = policy(nodes=[("n1", 3)], classes={"batch": {"grace_period_s": 10.0}})
+    jobs = [(job("A", 1, "research-training", "t", 0, preemptible=False), 15.0),
+            (job("B", 1, "research-training", "t", 0, preemptible=False), 3.0),
+            (job("V", 1, "batch", "t", 1), 100.0), (job("P", 2, "training", "t", 5), 50.0)]
+    plain = simulate(rules, jobs)
+    restarted = simulate(rules, jobs, [Restart(10.0)])
+    assert plain.records["P"].starts == restarted.records["P"].starts
+    assert plain.records["V"].starts == restarted.records["V"].starts
+
+
+def test_a_mig_share_whose_only_mig_gpu_is_unhealthy_reads_exceeds_capacity():
+    # seeds 28, 3325: never_fits for a share looks at the live nodes' inventory, not at
+    # the health of their GPUs. a whole-GPU job that no healthy GPU can hold reads ExceedsCapacity (rule
+    # 3 counts healthy GPUs); a MIG share whose only MIG GPU is unhealthy reads
+    # NoFit(mig-slice 1g.10gb) - waiting for capacity that cannot come without a
+    # hardware event (and, with a window on its team, it is woken at every boundary).
+    sched = Scheduler(policy(nodes=[{"name": "n1", "gpus": 1, "gpu_type": "A100-80GB",
+                                     "mig": {"g0": {"layout": ["1g.10gb"] * 7}}}]))
+    sched.handle([GpuHealthChanged(1.0, node="n1", gpu=0, healthy=False)])
+    sched.handle([JobSubmitted(2.0, job("M", 1, "batch", "t", 2, share=GpuShare("mig", profile="1g.10gb")))])
+    assert sched.pending_reason("M").code.value == "ExceedsCapacity"
+
+
+def test_a_fraction_whose_only_card_is_unhealthy_reads_exceeds_capacity():
+    # seed 5017 (the run ends with the share pending, NoFit(gpu-fraction)): the same for
+    # a fraction; with backfill off such a share also stops the strict order for good
+    # (seed 3842)
+    sched = Scheduler(policy(nodes=[("n1", 1), {"name": "n2", "gpus": 1, "sharing": "exclusive"}]))
+    sched.handle([GpuHealthChanged(1.0, node="n1", gpu=0, healthy=False)])
+    sched.handle([JobSubmitted(2.0, job("F", 1, "batch", "t", 2, share=GpuShare("fraction", milli=500)))])
+    assert sched.pending_reason("F").code.value == "ExceedsCapacity"
+
+
+def test_a_preemptors_turn_does_not_take_gpus_a_reservation_ahead_of_it_claims():
+    # seeds 1430, 1972 (a second full pass at the same instant started the preemptor):
+    # cohort co (a: nominal 3, b: 2). n1 (3 GPUs, zone a) has A (team a, not
+    # preemptible, until 100) and V (team b, sandbox, grace 200). R (production
+    # inference, team a, 2 GPUs) cannot preempt V (team b is within its nominal quota)
+    # and is reserved at 100 on A's GPU and the free one. P (training, team b) may not
+    # take the free GPU (it would delay R) and preempts V; its plan is V's GPU. At 100,
+    # step 3 of the pass (every preemptor's turn before anyone else) admits P against
+    # holds only - R's reservation is not in the profile yet - and P takes a GPU R's
+    # reservation claims: R waits until V leaves at 210 (note 015: the GPUs a hold
+    # protects are its victims' and the free ones it counted on; a lower job never
+    # delays a reservation ahead of it).
+    zone_a = (("zone", "a"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 3, "labels": {"zone": "a"}}, ("n2", 2)],
+                   teams={"a": {"nominal_gpus": 3}, "b": {"nominal_gpus": 2}},
+                   cohorts={"co": {"members": ["a", "b"]}}, classes={"sandbox": {"grace_period_s": 200.0}})
+    result = simulate(rules, [
+        (job("A", 1, "research-training", "a", 0, preemptible=False, runtime_estimate_s=100.0, node_selector=zone_a),
+         100.0),
+        (job("V", 1, "sandbox", "b", 0, runtime_estimate_s=2000.0, node_selector=zone_a), 2000.0),
+        (job("R", 2, "production-inference", "a", 10, runtime_estimate_s=50.0, node_selector=zone_a), 50.0),
+        (job("P", 1, "training", "b", 10, node_selector=zone_a), 500.0)])
+    assert result.records["V"].preempted_at == [10.0]
+    assert [t for t, _ in result.records["R"].starts] == [100.0]
+    assert [t for t, _ in result.records["P"].starts] == [210.0]
+
+
+def test_a_second_full_pass_keeps_a_reservation_that_a_backfill_pushed_into_a_hard_limit():
+    # seed 1991: team T may hold 3 GPUs. X (T, n1, until 100) runs; R (T, 2 GPUs) is
+    # blocked for capacity and reserved on n1 at 100. B (T, 1 GPU, no end) backfills on
+    # n2 - within T's quota at 100 too - and T is then at 2 + 2 > 3 now: R reads
+    # QuotaExceeded, its reservation stands and keeps C (team U) off n1's free GPU. A
+    # core restored from this state (a full pass at the same instant) gives R no
+    # reservation (hard-limit-blocked jobs get none) and starts C there for ever:
+    # incremental pass != full pass (and the full pass starves R).
+    zone_a = (("zone", "a"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 2, "labels": {"zone": "a"}}, ("n2", 1)],
+                   teams={"T": {"max_gpus": 3}, "U": {}}, preemption=False)
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("X", 1, "batch", "T", 0, runtime_estimate_s=100.0, node_selector=zone_a))])
+    sched.handle([JobSubmitted(1.0, job("R", 2, "training", "T", 1, runtime_estimate_s=50.0)),
+                  JobSubmitted(1.0, job("B", 1, "batch", "T", 1)), JobSubmitted(1.0, job("C", 1, "batch", "U", 1))])
+    again = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot()))).handle([Tick(1.0)])
+    assert again == []
+
+
+def test_a_job_started_at_this_instant_becomes_a_victim_without_waiting_for_an_unrelated_event():
+    # seed 2758: L (batch) starts at 5; H (training) arrives in a second call at the
+    # same instant. L is no victim yet (placed at this very instant), and the core asks
+    # for no wake-up: at any later instant a full pass (a restored core) preempts L for
+    # H, the running core does not until some unrelated event comes (H's reason says
+    # "lower-priority jobs may not be preempted" meanwhile).
+    rules = policy(nodes=[("n1", 1)])
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(5.0, job("L", 1, "batch", "t", 5))])
+    sched.handle([JobSubmitted(5.0, job("H", 1, "training", "t", 5))])
+    restored = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot())))
+    assert restored.handle([Tick(6.0)]) == sched.handle([Tick(6.0)])
+
+
+def test_a_restored_memory_share_is_charged_by_the_card_it_holds():
+    # seed 1985: a memory-only share is charged its memory over its card's (note 015,
+    # section 5); a restored core charges a running one by the largest card it may use
+    # (the pending charge). J1 (40 GB) holds n1's 40 GB card: 1 GPU of T's 1. Restored,
+    # J1 counts 0.5 and J2 starts on n2's 80 GB card: T holds two cards (observation 8
+    # after a restart).
+    rules = policy(nodes=[{"name": "n1", "gpus": 1, "gpu_type": "A100-40GB", "gpu_mem_mib": 40960},
+                          {"name": "n2", "gpus": 1, "gpu_type": "A100-80GB", "gpu_mem_mib": 81920}],
+                   teams={"T": {"max_gpus": 1}})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("J1", 1, "batch", "T", 0, share=GpuShare("fraction", mem_mib=40960))),
+                  JobSubmitted(0.0, job("J2", 1, "batch", "T", 0, share=GpuShare("fraction", mem_mib=40960)))])
+    restored = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot())))
+    assert restored.handle([Tick(50.0)]) == []
+    assert restored.jobs["J1"].run_charges == sched.jobs["J1"].run_charges
+
+
+def test_strict_order_is_kept_when_the_fast_pass_skips_a_job_by_its_failed_fit_memo():
+    # seed 3852, the one fast != reference found: backfill off. P (2 GPUs) preempts V;
+    # B (3 GPUs, same node filter) is refused for capacity, so nobody behind B may start
+    # (the reference pass stops there: S reads Priority(B)). The fast walk skips B by its
+    # failed-fit memo (a 2-GPU placement failed, B asks 3) with `continue`, not as a
+    # refusal of the strict order, and starts S on the free GPU.
+    rules = policy(nodes=[("n1", 4)], backfill=False, classes={"sandbox": {"grace_period_s": 10.0}})
+    outs = {}
+    for reference in (False, True):
+        sched = Scheduler(rules, reference=reference)
+        sched.handle([JobSubmitted(0.0, job("V", 2, "sandbox", "t", 0)),
+                      JobSubmitted(0.0, job("X", 1, "production-inference", "t", 0))])
+        outs[reference] = sched.handle([JobSubmitted(5.0, job("P", 2, "training", "t", 5)),
+                                        JobSubmitted(5.0, job("B", 3, "batch", "t", 5)),
+                                        JobSubmitted(5.0, job("S", 1, "sandbox", "t", 5))])
+        if reference:
+            assert str(sched.pending_reason("S")) == "Priority(B)"
+    assert outs[False] == outs[True]
+
+
+def test_a_run_keeps_the_class_reservation_coverage_it_started_with():
+    # seed 3802: note 015 section 6 - coverage of reserved_gpus is fixed at start, a new
+    # run never takes coverage from another, so no charge ever grows. c2 (team c, not
+    # preemptible) starts first in the pass (fair-share order) covered by batch's 2
+    # reserved GPUs (its charge on teams.c.nominal_gpus(not preemptible) = 1 is 0); a1
+    # starts next in the same pass; Book.recover re-deals coverage by (start time,
+    # submission order) and gives it to a1 (submitted first): c2 is then charged 2 GPUs
+    # against that limit of 1.
+    rules = policy(nodes=[("n1", 6)], teams={"a": {"nominal_gpus": 3}, "c": {"nominal_gpus": 1}},
+                   cohorts={"co": {"members": ["a", "c"]}}, classes={"batch": {"reserved_gpus": 2}},
+                   priority={"weights": {"fair_share": 1000.0}, "recalc_s": 1.0})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("w", 2, "sandbox", "a", 0))])
+    sched.handle([JobFinished(10.0, "w", ExitStatus.COMPLETED)])
+    out = sched.handle([JobSubmitted(20.0, job("a1", 2, "batch", "a", 20)),
+                        JobSubmitted(20.0, job("c2", 2, "batch", "c", 20, preemptible=False))])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["c2", "a1"]
+    quota = sched.quota
+    for (i, user), used in quota.usage.items():
+        assert used <= quota.current[i], f"{quota.limits[i].path}: {used / 7000:g} of {quota.current[i] / 7000:g}"
+
+
+def test_a_job_waiting_for_a_window_gets_a_wakeup_when_its_class_reservation_covers_it():
+    # seed 5358: J (batch, team b) fits team b's borrowing_limit 0 only through batch's
+    # reserved GPU (covered); it waits WindowLimit until 01:00. window_matters tests
+    # the uncovered charges, finds J can never fit (borrowing_limit 0) and asks for no
+    # wake-up: next_wakeup() is None, though a tick at 3600 starts J.
+    rules = policy(nodes=[("n1", 2)],
+                   teams={"a": {"nominal_gpus": 1},
+                          "b": {"nominal_gpus": 0, "borrowing_limit": 0,
+                                "windows": [{"from": "00:00", "to": "01:00", "max_running_jobs_per_user": 0}]}},
+                   cohorts={"co": {"members": ["a", "b"]}}, classes={"batch": {"reserved_gpus": 1}})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(10.0, job("J", 1, "batch", "b", 10))])
+    assert str(sched.pending_reason("J")).startswith("WindowLimit(")
+    assert sched.next_wakeup() == 3600.0
+
+
+def test_a_preemptors_hold_keeps_the_class_reservation_coverage_its_plan_counted_on():
+    # seed 6468: production inference reserves 2 GPUs; cohort co (a: 2, b: 2). P
+    # (production inference, team b, 4 GPUs, not preemptible) fits b's
+    # nominal_gpus(not preemptible)=2 only with 2 GPUs covered by the reservation; it
+    # preempts V (sandbox, grace 10). Q (production inference, team a) starts on n2 at
+    # 6 and takes the coverage. At 15 V is gone and P is refused, reading
+    # ExceedsCapacity (which it is not: it starts at 66); V restarts and is preempted
+    # again at 56.
+    zone_a = (("zone", "a"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 4, "labels": {"zone": "a"}}, ("n2", 2)],
+                   teams={"a": {"nominal_gpus": 2}, "b": {"nominal_gpus": 2}}, cohorts={"co": {"members": ["a", "b"]}},
+                   classes={"production-inference": {"reserved_gpus": 2}, "sandbox": {"grace_period_s": 10.0}})
+    result = simulate(rules, [(job("V", 1, "sandbox", "b", 0, node_selector=zone_a), 100.0),
+                              (job("P", 4, "production-inference", "b", 5, node_selector=zone_a), 50.0),
+                              (job("Q", 2, "production-inference", "a", 6), 50.0)])
+    assert result.records["V"].preempted_at == [5.0]
+    assert [t for t, _ in result.records["P"].starts] == [15.0]
+
+
+def test_a_job_with_no_time_left_is_not_started_for_a_run_of_zero_seconds():
+    # seed 6408 (a second full pass at the same instant stopped a job the uninterrupted
+    # core had just started): J (batch, checkpointable, time limit 10) is requeued by
+    # the operator at 10 - the event comes before the time-limit check, so it banks 10
+    # s, all of its limit. The pass starts it again for 0 s; its time-limit timer is at
+    # the current instant, next_wakeup() returns the current instant (a driver ticks
+    # only later times) and J runs past its limit until some other event; a restored
+    # core stops it at once. A run with no time left should not start (J has used its
+    # time limit: it ends TIMEOUT).
+    sched = Scheduler(policy(nodes=[("n1", 1)]))
+    sched.handle([JobSubmitted(0.0, job("J", 1, "batch", "t", 0, time_limit_s=10.0))])
+    out = sched.handle([JobRequeueRequested(10.0, job_id="J")])
+    assert [d.job_id for d in out if isinstance(d, Start)] == []
+
+
+def test_a_share_joining_a_card_does_not_delay_a_reservation():
+    # seed 622 (a share the admission rule admits waits "Priority(not reached by the
+    # last pass)"): rule 8 is checked for a share only when it opens a fresh GPU
+    # (admission._decide_share); a share joining a card keeps that card from freeing
+    # for as long as it runs. X holds n1 until 100; R (2 GPUs: n1 and n2 whole) is
+    # reserved at 100. S2 (estimate 10) opens a card on n2 - it ends before 100. S1
+    # (estimate 1000) joins that card at 5: the card frees at 1005 and R waits until
+    # then. S1 should wait (ReservedFor(R)) and R start at 100.
+    rules = policy(nodes=[("n1", 1), ("n2", 1)], preemption=False)
+    half = GpuShare("fraction", milli=500)
+    result = simulate(rules, [(job("X", 1, "batch", "t", 0, runtime_estimate_s=100.0), 100.0),
+                              (job("R", 2, "batch", "t", 1, runtime_estimate_s=50.0), 50.0),
+                              (job("S2", 1, "batch", "t", 2, share=half, runtime_estimate_s=10.0), 10.0),
+                              (job("S1", 1, "batch", "t", 5, share=half, runtime_estimate_s=1000.0), 1000.0)])
+    assert [t for t, _ in result.records["R"].starts] == [100.0]
