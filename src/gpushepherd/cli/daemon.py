@@ -298,7 +298,7 @@ def register(app: typer.Typer) -> None:
         logged = store.last_policy()
         if logged is not None and team:
             from gpushepherd.policy.load import policy_from_dict
-            teams = policy_from_dict(logged, source="policy in the event log").rules.teams
+            teams = policy_from_dict(logged, source="policy in the event log", intake=False).rules.teams
             unknown = [t for t in team if teams and t not in teams]
             if unknown:
                 err.print(f"error: --team: {unknown[0]!r} is not allowed: a team of the policy in force "
@@ -360,7 +360,16 @@ def register(app: typer.Typer) -> None:
                = "shepherd",
                ray_address: Annotated[str, typer.Option("--ray-address", help="The Ray cluster (--backend ray): "
                                                         "auto ($RAY_ADDRESS or the one on this machine), "
-                                                        "HOST:PORT or ray://HOST:PORT.")] = "auto") -> None:
+                                                        "HOST:PORT or ray://HOST:PORT.")] = "auto",
+               max_requeues: Annotated[int, typer.Option("--max-requeues", min=0, max=100, help="Lost runs (ended "
+                                                         "without an exit code) requeued per job; the next one "
+                                                         "fails it (Slurm's requeue limit).")] = 3,
+               requeue_backoff: Annotated[float, typer.Option("--requeue-backoff", min=0, max=300, help="Seconds "
+                                                              "before a lost run is requeued, doubled for each "
+                                                              "further one.")] = 2.0,
+               db_busy_timeout: Annotated[float, typer.Option("--db-busy-timeout", min=0.1, max=3600, help="SQLite: "
+                                                              "seconds a write waits for another writer's lock.")]
+               = 30.0) -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -399,7 +408,9 @@ def register(app: typer.Typer) -> None:
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s,
-                            backend=backend, slurm_partition=slurm_partition, ray_address=ray_address)
+                            backend=backend, slurm_partition=slurm_partition, ray_address=ray_address,
+                            max_requeues=max_requeues, requeue_backoff_s=requeue_backoff,
+                            busy_timeout_s=db_busy_timeout)
         except SchemaError as exc:
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None

@@ -16,9 +16,11 @@ token check run on the event loop instead (no thread hops on the submission path
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import re
+import threading
 from typing import Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query
@@ -35,12 +37,13 @@ from gpushepherd.daemon.auth import Principal
 from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.server import Daemon
+from gpushepherd.daemon.store import StorageUnavailable, storage_reason
 from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.model.job import GpuShare, JobSpec, JobState, first_control_char
-from gpushepherd.policy.load import PolicyError
+from gpushepherd.policy.load import PolicyError, policy_from_dict
 
 
-#: seconds ``POST /jobs`` waits for the loop to take a submission (then 500)
+#: seconds ``POST /jobs`` waits for the loop to take a submission (then 503: not confirmed)
 SUBMIT_TIMEOUT_S = 60.0
 #: the largest request body, bytes (413 above it; note 008, "Input limits")
 MAX_BODY_BYTES = 1024 * 1024
@@ -243,6 +246,21 @@ def _policy_refused(exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": detail})
 
 
+def unavailable(exc: BaseException, applied: bool = False) -> JSONResponse:
+    """503 for a storage failure or an answer the loop did not give in time: ``detail``
+    names the cause and whether anything was applied, ``Retry-After`` when to retry
+    (note 017: never "500 and applied")."""
+    if isinstance(exc, TimeoutError):
+        msg = ("not confirmed within the server's time limit: the server is busy or its storage is slow; it may "
+               "still be applied - retry with the same Idempotency-Key (a submission) or simply again (a cancel: "
+               "it is idempotent)")
+    else:
+        reason = storage_reason(exc) or f"database error ({type(exc).__name__})"
+        msg = str(StorageUnavailable(reason, applied=applied))
+    return JSONResponse(status_code=503, content={"detail": msg},
+                        headers={"Retry-After": str(StorageUnavailable.RETRY_AFTER_S)})
+
+
 def _spec_field(msg: str) -> str:
     # SpecError text: "job 'ID': FIELD: VALUE is not allowed: ..."
     parts = msg.split(": ")
@@ -290,9 +308,21 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             raise HTTPException(403, f"job {job_id!r} is team {team!r}'s: user {p.user!r} may {what} jobs of "
                                      f"teams {p.teams_text()} only")
 
+    policy_gate = threading.Semaphore(1)  # one policy validation at a time (note 017)
     app = FastAPI(title="gpushepherd", version=__version__, dependencies=[Depends(principal)],
                   description="GPU workload scheduler: submit jobs, see the queue and why a job waits.")
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    @app.exception_handler(StorageUnavailable)
+    @app.exception_handler(SQLAlchemyError)
+    @app.exception_handler(TimeoutError)
+    async def _unavailable(_request, exc: Exception) -> JSONResponse:
+        """503 with the cause and ``Retry-After``; one log line per kind a minute."""
+        kind = "timeout" if isinstance(exc, TimeoutError) else storage_reason(exc) or type(exc).__name__
+        daemon.ratelog.warning(f"api:{kind}", "API answered 503: %s", kind)
+        return unavailable(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request, exc: RequestValidationError) -> JSONResponse:
@@ -409,15 +439,19 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             raise HTTPException(403, f"applying a policy needs an admin token: user {p.user!r} is not an admin")
         by = p.user if p is not None else body.user
         try:
+            # validated here, in this request's thread, outside the daemon's lock and one at
+            # a time (note 017): the loop only checks it against the live jobs
+            with policy_gate:
+                pol = policy_from_dict(json.loads(json.dumps(body.policy, default=str)), body.source or "<policy>")
             if dry_run:
                 with daemon.lock:
-                    _pol, _raw, new = daemon.check_policy(body.policy, body.source)
+                    _pol, _raw, new = daemon.check_policy(body.policy, body.source, pol)
                     cur = daemon.policy_view(with_policy=False)
                 return {**cur, "dry_run": True, "would_apply": new is not None,
                         "message": f"version {cur['version']} is in force; " + (
                             f"this policy could be applied now as version {cur['version'] + 1}" if new is not None
                             else "this policy is identical to it: nothing to apply")}
-            return daemon.apply_policy(body.policy, body.source, by)
+            return daemon.apply_policy(body.policy, body.source, by, pol=pol)
         except (PolicyError, PolicyConflict) as exc:
             return _policy_refused(exc)
 

@@ -35,7 +35,16 @@ from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
 from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
 from gpushepherd.daemon.policy_change import Conflict, PolicyConflict, conflicts
 from gpushepherd.daemon.services import Services
-from gpushepherd.daemon.store import LockHeld, Store, spec_from_dict, spec_to_dict
+from gpushepherd.daemon.ratelog import RateLog
+from gpushepherd.daemon.store import (
+    LockHeld,
+    RunLost,
+    StorageUnavailable,
+    Store,
+    spec_from_dict,
+    spec_to_dict,
+    storage_reason,
+)
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import (
     Event,
@@ -54,6 +63,10 @@ from gpushepherd.policy.load import Policy, policy_from_dict, read_policy_dict
 log = logging.getLogger("gpushepherd.daemon")
 
 HEARTBEAT_S = 5.0
+#: the longest back-off before a lost run is handed to the core (seconds)
+MAX_REQUEUE_BACKOFF_S = 300.0
+#: the longest wait between two attempts of a step that failed (seconds)
+MAX_FAILED_STEP_WAIT_S = 5.0
 
 
 class DaemonError(RuntimeError):
@@ -83,20 +96,32 @@ class Daemon:
             the Slurm commands read ``SLURM_CONF``) or ``ray`` (note 013, "Ray").
         slurm_partition: the Slurm partition gpushepherd owns.
         ray_address: the Ray cluster's address (``auto``, ``HOST:PORT``).
+        max_requeues: how many lost runs of one job (ended without an exit code: the
+            runner or the machine gone) are requeued; the next one fails the job
+            (Slurm's requeue limit; note 017).
+        requeue_backoff_s: seconds before the first lost run is requeued; doubled for
+            each further one, at most ``MAX_REQUEUE_BACKOFF_S``.
+        busy_timeout_s: SQLite's busy timeout (``Store``), seconds.
 
     Raises:
         ValueError: an idle threshold outside 0-100 or a non-positive idle time; an
-            unknown ``backend``.
+            unknown ``backend``; a negative ``max_requeues`` or ``requeue_backoff_s``.
     """
 
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
                  poll_s: float = 0.2, inventory: str = "static", sample_every: float = 10.0, node: str | None = None,
                  clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
-                 backend: str = "local", slurm_partition: str = "shepherd", ray_address: str = "auto"):
+                 backend: str = "local", slurm_partition: str = "shepherd", ray_address: str = "auto",
+                 max_requeues: int = 3, requeue_backoff_s: float = 2.0, busy_timeout_s: float = 30.0):
+        if max_requeues < 0:
+            raise ValueError(f"max_requeues: {max_requeues!r} is not allowed: 0 or more")
+        if not 0 <= requeue_backoff_s <= MAX_REQUEUE_BACKOFF_S:
+            raise ValueError(f"requeue_backoff_s: {requeue_backoff_s!r} is not allowed: 0..{MAX_REQUEUE_BACKOFF_S:g} s")
         self.data_dir = Path(data_dir).resolve()
         if db_url is None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = Store(db_url or Store.sqlite_url(self.data_dir))  # a --db that fails leaves no folder
+        # a --db that fails leaves no folder
+        self.store = Store(db_url or Store.sqlite_url(self.data_dir), busy_timeout_s=busy_timeout_s)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.backend: Backend = make_backend(backend, self.data_dir, partition=slurm_partition,
                                              ray_address=ray_address)
@@ -110,8 +135,21 @@ class Daemon:
         self.rules = None
         self.placements: dict[str, Placement] = {}  # last Start of each job
         self.runs: Counter = Counter()  # Start decisions per job (run numbers)
-        self.kills: dict[str, float] = {}  # job -> SIGKILL due
+        self.kills: dict[str, tuple[int, float]] = {}  # job -> (run, SIGKILL due): a kill belongs to one run
+        self.live_run: dict[str, int] = {}  # job -> the run whose process the backend tracks
         self.deferred: list[Event] = []  # events found while reconciling, fed in the next step
+        # lost runs (note 017): the logged RunLost events of each job, and the runs to hand to
+        # the core once their back-off is over: job -> (run, due)
+        self.max_requeues, self.requeue_backoff_s = max_requeues, requeue_backoff_s
+        self.lost: dict[str, list[RunLost]] = {}
+        self._lost_due: dict[str, tuple[int, float]] = {}
+        # kept until committed (note 017): exits reported by the backend (job -> code, None:
+        # lost), runs waiting for their attempt to be committed before the fork, pids to write
+        self._exits: dict[str, int | None] = {}
+        self._launches: list[tuple[str, int, Placement, dict]] = []
+        self._pending_rows: dict[str, dict[str, Any]] = {}
+        self._fail_wait = 0.0  # seconds to wait before the next step after a failed one
+        self.ratelog = RateLog(log)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dir_lock: int | None = None  # descriptor holding the data dir's flock
@@ -261,10 +299,10 @@ class Daemon:
         sched = None
         skipped: dict[int, str] = {}  # policy version -> why
         version = 0
-        for _t, kind, item in self.store.batches():
+        for _t, kind, item in self.store.batches(daemon=True):
             if kind == "policy":
                 version += 1
-                rules = policy_from_dict(item, source="policy in the event log").rules
+                rules = policy_from_dict(item, source="policy in the event log", intake=False).rules
                 if sched is None:
                     sched, self.rules = Scheduler(rules), rules
                     continue
@@ -281,6 +319,9 @@ class Daemon:
                 continue
             for e in item:
                 self._note_sample(e)
+                if isinstance(e, RunLost):
+                    self.lost.setdefault(e.job_id, []).append(e)
+            item = [e for e in item if not isinstance(e, RunLost)]
             self.sched = sched
             decisions = sched.handle(item)
             for d in decisions:
@@ -293,24 +334,34 @@ class Daemon:
                 p["skipped"] = skipped[p["version"]]
 
     @staticmethod
-    def _restored(sched: Scheduler, rules) -> Scheduler:
-        """``sched``'s state under ``rules`` (``Scheduler.restore`` of its snapshot),
-        each job keeping its history. An ended job of a class or team the rules no
-        longer have (the core cannot rebuild it) is carried over as it was: it holds
-        nothing and stays visible.
+    def live_snapshot(sched: Scheduler) -> dict:
+        """``sched.snapshot()`` of the jobs not ended only (ended jobs never change:
+        they are carried over, or archived, as they are), as fresh JSON data. The core
+        is given, for that call, a ``jobs`` dict without the ended ones (the core has no
+        ``snapshot(live_only=True)`` yet; note 017)."""
+        full = sched.jobs
+        sched.jobs = {j: x for j, x in full.items() if not x.state.terminal}
+        try:
+            return json.loads(json.dumps(sched.snapshot()))
+        finally:
+            sched.jobs = full
+
+    @classmethod
+    def _restored(cls, sched: Scheduler, rules) -> Scheduler:
+        """``sched``'s state under ``rules`` (``Scheduler.restore`` of its snapshot of the
+        jobs not ended), each job keeping its history; ended jobs are carried over as
+        they are (they hold nothing and stay visible), so the cost is linear in the jobs
+        not ended (note 017).
 
         Raises:
             ValueError, KeyError: the allocations do not fit the new rules' nodes.
         """
-        snap = json.loads(json.dumps(sched.snapshot()))
-        gone = {j.id for j in sched.jobs.values() if j.state.terminal and (
-            j.spec.workload_class not in rules.classes or (rules.teams and j.spec.team not in rules.teams))}
-        snap["jobs"] = [raw for raw in snap["jobs"] if raw["spec"]["id"] not in gone]
-        new = Scheduler.restore(rules, snap)
+        new = Scheduler.restore(rules, cls.live_snapshot(sched))
         for job_id, job in new.jobs.items():
             job.history[:] = sched.jobs[job_id].history
-        for job_id in sorted(gone, key=natural_key):
-            new.jobs[job_id] = sched.jobs[job_id]
+        for job_id, job in sched.jobs.items():
+            if job.state.terminal:
+                new.jobs[job_id] = job
         return new
 
     def _note_sample(self, e: Event) -> None:
@@ -398,14 +449,16 @@ class Daemon:
                 run = self.runs[job_id]
                 if row["run"] < run:  # decided, logged, but the server died before the fork
                     log.warning("job %s: run %d was never launched; launching it now", job_id, run)
-                    self._launch(job_id, run, self.placements[job_id], row)
+                    self._launches.append((job_id, run, self.placements[job_id], row))
                     continue
                 proc = backend.attach(job_id, run, row["pid"], row["proc_start"])
                 if proc is None:
                     log.warning("job %s: run %d is gone without an exit code: lost", job_id, run)
-                    self.deferred.append(self._lost(job))
-                elif row["kill_at"] is not None:
-                    self.kills[job_id] = row["kill_at"]
+                    self._exits[job_id] = None  # fed as a lost run in the first step
+                else:
+                    self.live_run[job_id] = run
+                    if row["kill_at"] is not None:
+                        self.kills[job_id] = (run, row["kill_at"])
             elif row["run"]:
                 proc = backend.attach(job_id, row["run"], row["pid"], row["proc_start"])
                 if proc is not None and backend.running(job_id):
@@ -413,15 +466,52 @@ class Daemon:
                     backend.kill(job_id)
             if row["state"] != job.state.value:
                 self.store.update_job(job_id, state=job.state.value)
+        for job_id, records in self.lost.items():  # lost runs logged, not yet handed to the core
+            job = sched.jobs.get(job_id)
+            last = records[-1]
+            if job is not None and job.state.holds_gpus and self.runs[job_id] == last.run and not last.final:
+                self._lost_due[job_id] = (last.run, last.t + self._backoff(len(records)))
+
+    def _backoff(self, k: int) -> float:
+        """Seconds between the ``k``-th lost run of a job (1, 2, ...) and its requeue."""
+        return min(self.requeue_backoff_s * 2 ** (k - 1), MAX_REQUEUE_BACKOFF_S)
 
     @staticmethod
     def _lost(job) -> Event:
-        """The event for a run that ended without an exit code (``t`` is set when fed)."""
+        """The event that hands a lost run to the core (``t`` is set when fed): a requeue,
+        or - the core was preempting or stopping it - the exit it waited for."""
         if job.state is JobState.PREEMPTING:
             return JobFinished(0.0, job.id, ExitStatus.PREEMPTED)
         if job.state is JobState.STOPPING:
             return JobFinished(0.0, job.id, ExitStatus.TIMEOUT)
         return JobRequeueRequested(0.0, job.id)
+
+    def _lost_run(self, now: float, job, cause: str) -> tuple[list, RunLost | None]:
+        """The events for a run of ``job`` that ended without an exit code, found at
+        ``now``: ``(events for this batch, the RunLost to record once committed)``.
+
+        A run the core was preempting or stopping was killed by its grace period's
+        SIGKILL, as planned: its exit is fed at once and nothing is counted. Otherwise the
+        run is lost (note 017): the k-th is logged and handed to the core after
+        ``_backoff(k)``; the one past ``max_requeues`` fails the job at once, the reason
+        in its ``RunLost``."""
+        run = self.runs[job.id]
+        if job.state is not JobState.RUNNING:
+            return [replace(self._lost(job), t=now)], None
+        records = self.lost.get(job.id, [])
+        if records and records[-1].run == run:  # already logged (a restart during its back-off)
+            return [], None
+        k = len(records) + 1
+        if k > self.max_requeues:
+            reason = (f"lost {k} times (each run ended without an exit code): the requeue limit "
+                      f"{self.max_requeues} is reached (--max-requeues); last: {cause}")
+            rec = RunLost(now, job.id, run, cause, final=True, reason=reason)
+            log.error("job %s failed: %s", job.id, reason)
+            return [rec, JobFinished(now, job.id, ExitStatus.FAILED)], rec
+        rec = RunLost(now, job.id, run, cause)
+        log.warning("job %s: run %d lost (%s); requeued in %g s (%d of at most %d requeues)", job.id, run, cause,
+                    self._backoff(k), k, self.max_requeues)
+        return [rec], rec
 
     # ------------------------------------------------------------ the API's side
     def submit(self, spec: JobSpec, argv: list[str], *, shell: bool = False, env: dict[str, str] | None = None,
@@ -469,10 +559,11 @@ class Daemon:
         self.wake.set()
         return fut.result(timeout=timeout)
 
-    def check_policy(self, raw: Any, source: str) -> tuple[Policy, Any, Scheduler | None]:
+    def check_policy(self, raw: Any, source: str, pol: Policy | None = None) -> tuple[Policy, Any, Scheduler | None]:
         """Whether the parsed YAML ``raw`` could replace the policy in force now (called
         with ``self.lock`` held; changes nothing). Returns the policy, ``raw`` as JSON
-        and the core under it (``None``: identical to the policy in force).
+        and the core under it (``None``: identical to the policy in force). ``pol``:
+        ``raw`` already validated (the API does it outside the lock, note 017).
 
         Raises:
             PolicyError: the policy is invalid (field, value, what is allowed).
@@ -480,7 +571,8 @@ class Daemon:
                 allocations do not fit it.
         """
         raw = json.loads(json.dumps(raw, default=str))
-        pol = policy_from_dict(raw, source=source or "<policy>")
+        if pol is None:
+            pol = policy_from_dict(raw, source=source or "<policy>")
         if self.policies and raw == self._in_force()["policy"]:
             return pol, raw, None
         found = conflicts(self.sched, self.rules, pol.rules, self.placements)
@@ -493,7 +585,8 @@ class Daemon:
                 from None
         return pol, raw, new
 
-    def apply_policy(self, raw: Any, source: str = "", by: str = "", timeout: float = 60.0) -> dict:
+    def apply_policy(self, raw: Any, source: str = "", by: str = "", timeout: float = 60.0,
+                     pol: Policy | None = None) -> dict:
         """Apply a policy in the loop, atomically (see ``check_policy``): logged as the
         next version, then the core restored under it; jobs it now admits start in
         the same step. Returns ``policy_view``'s fields plus ``applied`` (``False``:
@@ -504,18 +597,18 @@ class Daemon:
             TimeoutError: the loop did not answer within ``timeout`` seconds.
         """
         fut: Future = Future()
-        self.policy_queue.put((raw, source, by, fut))
+        self.policy_queue.put((raw, source, by, pol, fut))
         self.wake.set()
         return fut.result(timeout=timeout)
 
     def _apply_policies(self) -> None:
         while True:
             try:
-                raw, source, by, fut = self.policy_queue.get_nowait()
+                raw, source, by, pol, fut = self.policy_queue.get_nowait()
             except queue.Empty:
                 return
             try:
-                pol, raw, new = self.check_policy(raw, source)
+                pol, raw, new = self.check_policy(raw, source, pol)
                 version, was = len(self.policies), self._in_force()["version"]
                 if new is None:
                     fut.set_result({**self.policy_view(), "applied": False,
@@ -546,49 +639,88 @@ class Daemon:
     # ------------------------------------------------------------ the loop
     def _loop(self) -> None:
         while not self._stop.is_set():
+            failed = False
             try:
                 with self.lock:
                     self.step()
-            except Exception:  # a step must never kill the server; it is retried
-                log.exception("reconcile step failed")
-            self.wake.wait(self.poll_s)
+            except Exception as exc:  # a step must never kill the server; it is retried
+                failed = True
+                reason = storage_reason(exc)
+                if reason is not None:  # one line per kind of failure a minute, no traceback (note 017)
+                    self.ratelog.error(f"storage:{reason}", "reconcile step failed: storage unavailable: %s; "
+                                       "retried (exits and lost runs are kept until committed)", reason)
+                else:
+                    self.ratelog.exception(f"step:{type(exc).__name__}", "reconcile step failed")
+            if failed:  # back off: the lock is free for readers meanwhile
+                self._fail_wait = min(max(self.poll_s, self._fail_wait * 2), MAX_FAILED_STEP_WAIT_S)
+                self._stop.wait(self._fail_wait)
+            else:
+                self._fail_wait = 0.0
+                self.wake.wait(self.poll_s)
             self.wake.clear()
 
     def step(self) -> list[Decision]:
-        """One pass of the loop (called with ``self.lock`` held); returns the decisions."""
+        """One pass of the loop (called with ``self.lock`` held); returns the decisions.
+
+        Nothing the backend reported is forgotten when the step fails (note 017): exits
+        stay in ``_exits`` until the batch reporting them is committed, lost runs in
+        ``_lost_due`` until handed over, runs in ``_launches`` until their attempt is
+        committed. After the core has decided, nothing raises.
+
+        Raises:
+            SQLAlchemyError: the batch could not be committed; the step's submissions and
+                cancels were answered ``StorageUnavailable`` and are not retried.
+        """
         self._apply_policies()  # first: this step's events are handled under the new rules
         sched, backend = self.sched, self.backend
         now = max(self.clock(), sched.now)
+        self._retry_writes()
         if now - self._beat >= HEARTBEAT_S:
             self._beat = now
             if not self.store.heartbeat(now):
                 log.error("another server took over the database lock; stopping")
                 self._stop.set()
                 return []
-        batch: list[Event] = [replace(e, t=now) for e in self.deferred]
-        self.deferred = []
-        ended = backend.exits()
-        self.store.update_jobs({job_id: dict(exit_code=code, kill_at=None) for job_id, code in ended})  # one commit
-        for job_id, code in ended:
+        carry, self.deferred = self.deferred, []
+        batch: list[Event] = [replace(e, t=now) for e in carry]
+        for job_id, code in backend.exits():
+            self._exits[job_id] = code
+            self.live_run.pop(job_id, None)
             self.kills.pop(job_id, None)
+        lost: list[RunLost] = []
+        exit_rows = {}
+        for job_id, code in self._exits.items():
+            exit_rows[job_id] = dict(exit_code=code, kill_at=None)
             job = sched.jobs.get(job_id)
             if job is None or not job.state.holds_gpus:
                 continue  # a cancelled or requeued run ending: the core released it already
             if code is None:
-                batch.append(replace(self._lost(job), t=now))
+                events, rec = self._lost_run(now, job, getattr(backend, "lost_causes", {}).get(job_id, "unknown"))
+                batch.extend(events)
+                if rec is not None:
+                    lost.append(rec)
             else:
                 batch.append(JobFinished(now, job_id, exit_status(code)))
-        for job_id, due in list(self.kills.items()):
+        handed = []
+        for job_id, (run, due) in sorted(self._lost_due.items()):
+            if due > now:
+                continue
+            handed.append(job_id)
+            job = sched.jobs.get(job_id)
+            if job is not None and job.state.holds_gpus and self.runs[job_id] == run and job_id not in self._exits:
+                batch.append(replace(self._lost(job), t=now))
+        for job_id, (run, due) in list(self.kills.items()):
             if due <= now:
-                backend.kill(job_id)
+                if self.live_run.get(job_id) == run:
+                    backend.kill(job_id)
                 del self.kills[job_id]
-        rows, replies, new_arrays = [], [], []
+        rows, replies, new_arrays, keys = [], [], [], []
         while True:
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 break
-            self._command(now, cmd, batch, rows, replies, new_arrays)
+            self._command(now, cmd, batch, rows, replies, new_arrays, keys)
         children = self._array_children(now, batch, rows, new_arrays)
         replicas = self.services.reconcile(now, batch, rows)
         if self.inventory is not None and now >= self._next_sample:
@@ -601,44 +733,148 @@ class Daemon:
             except Exception:  # a failed sample (a bad scripted file, NVML trouble) is skipped whole
                 log.exception("GPU sample failed; skipped")
         wake = sched.next_wakeup()
-        if not batch and wake is not None and wake <= now:
+        if not any(not isinstance(e, RunLost) for e in batch) and wake is not None and wake <= now:
             batch.append(Tick(now))
-        if not batch and not new_arrays:
+        if not batch and not new_arrays and not exit_rows:
             return []
         try:  # committed before it is applied or acknowledged
-            self.store.append(now, batch, rows, [self._array_row(a) for a in new_arrays])
+            self.store.append(now, batch, rows, [self._array_row(a) for a in new_arrays], job_updates=exit_rows,
+                              idempotency=keys)
         except Exception as exc:
+            reason = storage_reason(exc) or f"{type(exc).__name__}: {exc}"
             for fut, _ in replies:
-                fut.set_exception(exc)
-            self.deferred = [e for e in batch if not isinstance(e, JobSubmitted)]  # retried next step
+                if not fut.done():
+                    fut.set_exception(StorageUnavailable(reason))
+            # retried next step: what the loop found itself (exits, lost runs and ticks are
+            # derived again); never the API's submissions and cancels, answered 503 above
+            self.deferred = carry + [e for e in batch if isinstance(e, (UsageSample, GpuUnmanaged))]
             raise
+        self._exits.clear()
+        for rec in lost:
+            self.lost.setdefault(rec.job_id, []).append(rec)
+            if not rec.final:
+                self._lost_due[rec.job_id] = (rec.run, now + self._backoff(len(self.lost[rec.job_id])))
+        for job_id in handed:
+            self._lost_due.pop(job_id, None)
         for a in new_arrays:
             self.arrays[a.id] = a
         for array_id, index, job_id in children:
             self.arrays[array_id].attempts.setdefault(index, []).append(job_id)
         self.services.committed(replicas)
+        self._idempotent_committed(keys)
+        core_batch = [e for e in batch if not isinstance(e, RunLost)]
         t0 = time.perf_counter()
-        decisions = sched.handle(batch)
+        decisions = sched.handle(core_batch)
         self.metrics.observe_cycle(time.perf_counter() - t0)
         for d in decisions:
             self._track(d)  # placements and run numbers, before the replies' views
-        self.metrics.observe(now, batch, decisions)
+        self.metrics.observe(now, core_batch, decisions)
         for fut, value in replies:
-            fut.set_result(value() if callable(value) else value)
-        touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None) for e in batch}
+            if not fut.done():
+                fut.set_result(value() if callable(value) else value)
+        touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None)
+                   for e in core_batch}
         touched |= {d.job_id for d in decisions}
-        states = {j: {"state": sched.jobs[j].state.value} for j in touched if j in sched.jobs}
-        launches, fresh = [], {r["id"]: r for r in rows}  # a job submitted in this step: its row is at hand
+        for j in touched:
+            if j in sched.jobs:
+                self._pending_rows.setdefault(j, {})["state"] = sched.jobs[j].state.value
+        fresh = {r["id"]: r for r in rows}  # a job submitted in this step: its row is at hand
         for d in decisions:
             if isinstance(d, Start):
-                row = fresh.get(d.job_id) or self.store.job_row(d.job_id)
-                launches.append((d.job_id, self.runs[d.job_id], d.placement, row))
+                self._launches.append((d.job_id, self.runs[d.job_id], d.placement, fresh.get(d.job_id)))
             else:
                 self._apply(now, d)
-        self._launch_all(launches, states)
+        self._do_launches()
         return decisions
 
-    def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list, new_arrays: list) -> None:
+    def _retry_writes(self) -> None:
+        """Runs and jobs-row writes a failed step left (never raises)."""
+        if self._launches or self._pending_rows:
+            self._do_launches()
+
+    def _apply(self, now: float, d: Decision) -> None:
+        """Act on a decision other than ``Start`` (``_do_launches`` starts runs). Never
+        raises: a ``kill_at`` that cannot be written is re-armed from the core at a
+        restart."""
+        if isinstance(d, (Preempt, Stop)):
+            run = self.live_run.get(d.job_id)
+            if run is None:
+                return  # no process (lost, never launched, ended): nothing to signal or kill
+            if isinstance(d, Stop) and d.grace_s <= 0 and (d.requeue or d.reason == "cancelled"):
+                self.backend.kill(d.job_id)  # the core released its GPUs already: nothing may outlive that
+                self.kills.pop(d.job_id, None)
+                return
+            job = self.sched.jobs.get(d.job_id)
+            try:
+                self.backend.signal(d.job_id, getattr(signal, job.cls.stop_signal if job else "SIGTERM"))
+            except Exception:  # an engine command that failed: the kill at the end of the grace is the backstop
+                self.ratelog.exception(f"signal:{d.job_id}", "job %s: cannot signal its run", d.job_id)
+            due = now + d.grace_s
+            self.kills[d.job_id] = (run, due)
+            self._pending_rows.setdefault(d.job_id, {})["kill_at"] = due
+        elif isinstance(d, Reject):
+            log.info("job %s rejected: %s", d.job_id, d.reason)
+        elif isinstance(d, ReconfigureMig):
+            log.warning("MIG reconfiguration of %s GPU %d is not supported by the local backend yet", d.node, d.gpu)
+
+    def _do_launches(self) -> None:
+        """Start the runs in ``_launches`` and write ``_pending_rows``, never raising:
+        the attempts (and the rows' states) are committed first, then the forks, then
+        the pids (note 008, "Submission throughput"); a commit that fails leaves the
+        runs queued for the next step - a fork never comes before its attempt is in the
+        database, so a restart never launches a run twice. A run whose job no longer
+        holds GPUs for it (cancelled meanwhile) is dropped."""
+        launches = []
+        for job_id, run, placement, row in self._launches:
+            job = self.sched.jobs.get(job_id)
+            if job is not None and job.state.holds_gpus and self.runs[job_id] == run:
+                launches.append((job_id, run, placement, row))
+        values = {j: dict(v) for j, v in self._pending_rows.items()}
+        for job_id, run, _placement, _row in launches:
+            values.setdefault(job_id, {}).update(run=run, pid=None, pgid=None, proc_start=None, exit_code=None,
+                                                 kill_at=None)
+        try:
+            self.store.update_jobs(values)
+            launches = [(j, r, p, row if row is not None else self.store.job_row(j)) for j, r, p, row in launches]
+        except Exception as exc:
+            self.ratelog.error(f"launch:{storage_reason(exc) or type(exc).__name__}", "runs not launched yet (their "
+                               "attempts cannot be committed: %s); retried", storage_reason(exc) or exc)
+            self._launches = launches
+            return
+        self._launches, self._pending_rows = [], {}
+        started = {}
+        for job_id, run, placement, row in launches:
+            if self.live_run.get(job_id) is not None and self.backend.running(job_id):
+                self.backend.kill(job_id)  # an earlier run still tracked: its GPUs were released already
+            self.kills.pop(job_id, None)  # a kill armed for an earlier run never reaches this one
+            try:
+                proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
+                                          env=json.loads(row["env"]), cwd=row["cwd"], placement=placement,
+                                          time_limit_s=self._limit_s(job_id))
+            except (OSError, ValueError, TypeError, BackendError) as exc:  # e.g. an environment the OS refuses
+                log.error("job %s: cannot start its runner: %s", job_id, exc)
+                self.launch_errors[job_id] = f"run {run}: cannot start: {exc}"
+                self.live_run.pop(job_id, None)
+                started[job_id] = dict(placement=str(placement))
+                self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
+                continue
+            self.live_run[job_id] = run
+            rdir = self.backend.run_dir(job_id, run)
+            started[job_id] = dict(pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
+                                   stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
+        try:
+            self.store.update_jobs(started)
+        except Exception as exc:  # the pids: a restart finds the runs by their environment (find_runner)
+            self.ratelog.error(f"pids:{storage_reason(exc) or type(exc).__name__}", "pids of started runs not "
+                               "written yet: %s; retried", storage_reason(exc) or exc)
+            self._pending_rows.update(started)
+
+    def _launch(self, job_id: str, run: int, placement: Placement, row: dict) -> None:
+        self._launches.append((job_id, run, placement, row))
+        self._do_launches()
+
+    def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list, new_arrays: list,
+                 keys: list) -> None:
         kind, arg, fut = cmd
         if kind == "submit":
             spec, argv, shell, env, cwd, array = arg
@@ -674,7 +910,11 @@ class Daemon:
         elif kind == "cancel" and arg in self.arrays:
             rec = self.arrays[arg]
             if rec.cancelled is None:
-                self.store.cancel_array(arg, now)  # committed first; its children are cancelled below
+                try:
+                    self.store.cancel_array(arg, now)  # committed first; its children are cancelled below
+                except Exception as exc:
+                    fut.set_exception(StorageUnavailable(storage_reason(exc) or f"{type(exc).__name__}: {exc}"))
+                    return
                 rec.cancelled = now
             replies.append((fut, lambda r=rec: self._array_progress(r)["state"]))
         elif kind == "cancel":
@@ -686,6 +926,9 @@ class Daemon:
             else:
                 batch.append(JobCancelled(now, arg))
                 replies.append((fut, lambda j=job: j.state.value))
+
+    def _idempotent_committed(self, keys: list[dict]) -> None:
+        """Hook for the submissions' idempotency keys once committed (point 4)."""
 
     def _misfit(self, spec: JobSpec) -> str | None:
         """Why no node could ever hold ``spec`` (the reason the core would reject it
@@ -810,50 +1053,6 @@ class Daemon:
         active = util >= threshold
         return first or rose or active != self._logged_active.get(job.id), active
 
-    def _apply(self, now: float, d: Decision) -> None:
-        """Act on a decision other than ``Start`` (``_launch_all`` starts runs)."""
-        if isinstance(d, (Preempt, Stop)):
-            job = self.sched.jobs.get(d.job_id)
-            self.backend.signal(d.job_id, getattr(signal, job.cls.stop_signal if job else "SIGTERM"))
-            due = now + d.grace_s
-            self.kills[d.job_id] = due
-            self.store.update_job(d.job_id, kill_at=due)
-        elif isinstance(d, Reject):
-            log.info("job %s rejected: %s", d.job_id, d.reason)
-        elif isinstance(d, ReconfigureMig):
-            log.warning("MIG reconfiguration of %s GPU %d is not supported by the local backend yet", d.node, d.gpu)
-
-    def _launch(self, job_id: str, run: int, placement: Placement, row: dict) -> None:
-        self._launch_all([(job_id, run, placement, row)])
-
-    def _launch_all(self, launches: list[tuple[str, int, Placement, dict]], states: dict | None = None) -> None:
-        """Start runs ``(job, run, placement, jobs row)``, writing ``states`` (job ->
-        column values) with their attempts: two commits for all of them (note 008,
-        "Submission throughput")."""
-        # the attempts are committed before the forks: a restart then looks for each run
-        # (find_runner) instead of launching it a second time
-        values = {j: dict(v) for j, v in (states or {}).items()}
-        for job_id, run, _placement, _row in launches:
-            values.setdefault(job_id, {}).update(run=run, pid=None, pgid=None, proc_start=None, exit_code=None,
-                                                 kill_at=None)
-        self.store.update_jobs(values)
-        started = {}
-        for job_id, run, placement, row in launches:
-            try:
-                proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
-                                          env=json.loads(row["env"]), cwd=row["cwd"], placement=placement,
-                                          time_limit_s=self._limit_s(job_id))
-            except (OSError, ValueError, TypeError, BackendError) as exc:  # e.g. an environment the OS refuses
-                log.error("job %s: cannot start its runner: %s", job_id, exc)
-                self.launch_errors[job_id] = f"run {run}: cannot start: {exc}"
-                started[job_id] = dict(placement=str(placement))
-                self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
-                continue
-            rdir = self.backend.run_dir(job_id, run)
-            started[job_id] = dict(pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
-                                   stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
-        self.store.update_jobs(started)
-
     def _limit_s(self, job_id: str) -> float | None:
         """The engine's backstop time limit of a run, seconds: the job's time limit (or
         its class's max runtime) plus its grace period; ``None``: none."""
@@ -889,6 +1088,8 @@ class Daemon:
             "priority": self.sched.priority_factors(job_id)["priority"],
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
             "launch_error": self.launch_errors.get(job_id),
+            "lost_runs": len(self.lost.get(job_id, ())),
+            "failure": next((r.reason for r in self.lost.get(job_id, ()) if r.final), None),
             **self._usage_view(job),
         }
         if history:

@@ -10,13 +10,15 @@ an admin flag (the tokens themselves are never stored).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import sqlite3
 import threading
 import time
 import uuid
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from gpushepherd.daemon.auth import Principal, digest_matches, new_token, token_hash
 from gpushepherd.model.events import (
@@ -149,6 +151,31 @@ service_decisions = Table(
 )
 
 
+snapshots = Table(
+    "snapshots", metadata,  # the daemon's state after a batch (note 017): a restart replays only what follows
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("batch", Integer, nullable=False),  # the last batch it covers
+    Column("t", Float, nullable=False),
+    Column("payload", Text, nullable=False),  # JSON: the core's snapshot of the jobs not ended, the daemon's state
+)
+
+ended_jobs = Table(
+    "ended_jobs", metadata,  # jobs in a final state, written once by the snapshot after they ended (note 017)
+    Column("id", String(64), primary_key=True),
+    Column("state", String(16), nullable=False),
+    Column("record", Text, nullable=False),  # JSON: spec, history, runs and the view's fields at the end
+)
+
+idempotency_keys = Table(
+    "idempotency_keys", metadata,  # POST /jobs with an Idempotency-Key header (note 017)
+    Column("scope", String(300), primary_key=True),  # who: token id, or the user without auth
+    Column("key", String(255), primary_key=True),
+    Column("body_hash", String(64), nullable=False),  # SHA-256 of the request body
+    Column("job_id", String(64), nullable=False),
+    Column("created", Float, nullable=False, index=True),
+)
+
+
 api_tokens = Table(
     "api_tokens", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -163,6 +190,62 @@ api_tokens = Table(
 
 class LockHeld(RuntimeError):
     """Another server holds the database; ``str()`` names it and what to do."""
+
+
+class StorageUnavailable(RuntimeError):
+    """The database refused a write or a read (locked past the busy timeout, disk full,
+    read-only, unreachable). ``reason`` is one short phrase (``database is locked``);
+    ``str()`` adds that nothing was applied and when to retry. The API answers 503
+    with ``Retry-After: RETRY_AFTER_S`` (note 017)."""
+
+    RETRY_AFTER_S = 5
+
+    def __init__(self, reason: str, applied: bool = False):
+        self.reason = reason
+        super().__init__(f"storage unavailable: {reason}; "
+                         + ("it may still be applied" if applied else "nothing was applied")
+                         + f"; retry in {self.RETRY_AFTER_S} s")
+
+
+def storage_reason(exc: BaseException) -> str | None:
+    """A short phrase for a storage failure (``database is locked``, ``disk full``,
+    ``read-only``, ``disk I/O error``, ``database unreachable``), or ``None`` when ``exc``
+    is not one (a bug, not the storage)."""
+    if isinstance(exc, StorageUnavailable):
+        return exc.reason
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    text = str(orig).lower()
+    if isinstance(orig, OSError) and not isinstance(orig, sqlite3.Error):
+        return {errno.ENOSPC: "disk full", errno.EROFS: "read-only file system", errno.EDQUOT: "disk quota "
+                "exceeded", errno.EIO: "disk I/O error"}.get(orig.errno)
+    for needle, phrase in (("locked", "database is locked"), ("disk is full", "disk full"),
+                           ("readonly", "read-only database"), ("read-only", "read-only database"),
+                           ("disk i/o", "disk I/O error"), ("unable to open", "database cannot be opened"),
+                           ("no space", "disk full")):
+        if needle in text:
+            return phrase
+    if isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated):
+        return "database unreachable" if "connect" in text or "server" in text else \
+            f"database error ({type(orig).__name__})"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RunLost:
+    """A daemon event, logged but never fed to the core (kind ``lost``): run ``run`` of a
+    job ended without an exit code (``cause``). ``final``: it was the one past the
+    requeue limit and the job is failed with ``reason`` (note 017)."""
+
+    t: float
+    job_id: str
+    run: int
+    cause: str = ""
+    final: bool = False
+    reason: str = ""
+
+
+#: event kinds only the daemon reads (``Store.batches(daemon=True)``)
+DAEMON_KINDS = ("lost",)
 
 
 # -- events <-> rows -------------------------------------------------------------
@@ -207,6 +290,9 @@ def event_row(e: Event) -> dict:
     if isinstance(e, GpuUnmanaged):
         return {"kind": "unmanaged", "job_id": None,
                 "payload": json.dumps({"node": e.node, "gpu": e.gpu, "unmanaged": e.unmanaged})}
+    if isinstance(e, RunLost):  # a daemon event (note 017)
+        return {"kind": "lost", "job_id": e.job_id,
+                "payload": json.dumps({"run": e.run, "cause": e.cause, "final": e.final, "reason": e.reason})}
     raise TypeError(f"event {type(e).__name__} is not logged by the daemon")
 
 
@@ -231,19 +317,22 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
         return UsageSample(t, job_id, float(data["gpu_util_pct"]), int(data["mem_used_mib"]))
     if kind == "unmanaged":
         return GpuUnmanaged(t, data["node"], int(data["gpu"]), bool(data["unmanaged"]))
-    raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue, tick, usage "
-                     f"or unmanaged")
+    if kind == "lost":
+        return RunLost(t, job_id, int(data["run"]), str(data.get("cause", "")), bool(data.get("final")),
+                       str(data.get("reason", "")))
+    raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue, tick, usage, "
+                     f"unmanaged or lost")
 
 
-def _sqlite_pragmas(synchronous: str):
-    """A connect hook: a 30 s busy timeout, WAL, ``synchronous`` (FULL: an acknowledged event survives a
+def _sqlite_pragmas(synchronous: str, busy_timeout_s: float = 30.0):
+    """A connect hook: a busy timeout (seconds), WAL, ``synchronous`` (FULL: an acknowledged event survives a
     power cut; NORMAL: a commit survives a crash of the process, and the next FULL
     commit makes it durable too)."""
     def hook(dbapi_conn, _record):  # noqa: ANN001
         cur = dbapi_conn.cursor()
         # the busy timeout first: switching a fresh database to WAL needs its lock, and
         # without the timeout a second process opening it at once fails at that pragma
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA synchronous={synchronous}")
         cur.close()
@@ -275,9 +364,11 @@ class Store:
     Args:
         url: a SQLAlchemy URL (``sqlite:////path/shepherd.db``,
             ``postgresql+psycopg://user@host/db``). SQLite gets WAL journaling,
-            ``synchronous=FULL`` and a 30 s busy timeout; PostgreSQL runs at its default
+            ``synchronous=FULL`` and a busy timeout; PostgreSQL runs at its default
             isolation (READ COMMITTED) with its default durability (``synchronous_commit``
             on), its connections checked before use.
+        busy_timeout_s: SQLite: how long a statement waits for another writer's lock
+            before failing with "database is locked" (seconds, default 30).
 
     Raises:
         SchemaError: the database cannot be brought to this code's schema revision
@@ -285,7 +376,7 @@ class Store:
             or an upgrade due under a running server.
     """
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, busy_timeout_s: float = 30.0):
         self.url = url
         sqlite = url.startswith("sqlite")
         self.engine: Engine = create_engine(url, future=True, **({} if sqlite else {"pool_pre_ping": True}))
@@ -296,7 +387,7 @@ class Store:
         if self.engine.dialect.name == "sqlite":
             self._lazy = create_engine(url, future=True)
             for engine, sync in ((self.engine, "FULL"), (self._lazy, "NORMAL")):
-                event.listen(engine, "connect", _sqlite_pragmas(sync))
+                event.listen(engine, "connect", _sqlite_pragmas(sync, busy_timeout_s))
         from gpushepherd.daemon.migrate import upgrade
 
         try:
@@ -390,14 +481,23 @@ class Store:
         with self.engine.connect() as c:
             return c.execute(select(func.max(events.c.batch))).scalar() or 0
 
-    def append(self, t: float, batch: list[Event], jobs_rows: list[dict] = (), array_rows: list[dict] = ()) -> int:
-        """Commit one batch (the events of one ``Scheduler.handle`` call at ``t``) and,
-        in the same transaction, new rows of the jobs and arrays tables. Returns the
-        batch number."""
+    def append(self, t: float, batch: list[Event], jobs_rows: list[dict] = (), array_rows: list[dict] = (),
+               job_updates: dict[str, dict[str, Any]] | None = None, idempotency: list[dict] = ()) -> int:
+        """Commit one batch (the events of one ``Scheduler.handle`` call at ``t``, and
+        daemon events such as ``RunLost``) and, in the same transaction, new rows of the
+        jobs and arrays tables, updates of jobs rows (``job_updates``: job id -> column
+        values, e.g. the exit codes the batch's exit events report) and the
+        ``idempotency_keys`` rows of its submissions. Returns the batch number.
+
+        Raises:
+            SQLAlchemyError: the commit failed; nothing of it is in the database.
+        """
         self._batch += 1
         with self.engine.begin() as c:
             if array_rows:
                 c.execute(insert(arrays), list(array_rows))
+            if idempotency:
+                c.execute(insert(idempotency_keys), list(idempotency))
             cur = c.connection.cursor()  # the hot inserts: statements compiled once (note 008)
             try:
                 if jobs_rows:
@@ -406,6 +506,8 @@ class Store:
                     b = self._batch
                     self._executemany(cur, "events+", lambda: insert(events),
                                       [dict(batch=b, t=t, **event_row(e)) for e in batch])
+                if job_updates:
+                    self._update_jobs_on(cur, job_updates)
             finally:
                 cur.close()
         return self._batch
@@ -455,12 +557,18 @@ class Store:
                         "source": applied.get("source", ""), "policy": raw})
         return out
 
-    def batches(self):
+    def batches(self, daemon: bool = False, after: int = 0, until: int | None = None):
         """Yield the log as ``(t, "policy", raw dict)`` or ``(t, "events", [Event, ...])``,
-        one item per batch, in order."""
+        one item per batch, in order: the batches numbered above ``after`` (and at most
+        ``until``). ``daemon``: also the daemon's own events (``RunLost``), which the
+        core never sees; without it they are skipped (``report``, the dashboard)."""
+        q = select(events.c.batch, events.c.t, events.c.kind, events.c.job_id, events.c.payload)
+        if after:
+            q = q.where(events.c.batch > after)
+        if until is not None:
+            q = q.where(events.c.batch <= until)
         with self.engine.connect() as c:
-            rows = c.execute(select(events.c.batch, events.c.t, events.c.kind, events.c.job_id, events.c.payload)
-                             .order_by(events.c.seq)).all()
+            rows = c.execute(q.order_by(events.c.seq)).all()
         cur, t, out = None, 0.0, []
         for b, bt, kind, job_id, payload in rows:
             if b != cur and out:
@@ -469,10 +577,15 @@ class Store:
             cur, t = b, bt
             if kind == "policy":
                 yield bt, "policy", _policy_payload(payload)[0]
-            else:
+            elif daemon or kind not in DAEMON_KINDS:
                 out.append(event_from_row(bt, kind, job_id, payload))
         if out:
             yield t, "events", out
+
+    @property
+    def last_batch(self) -> int:
+        """The number of the last batch this store committed (or found at open)."""
+        return self._batch
 
     # -- jobs -------------------------------------------------------------------
     def next_job_number(self) -> int:
@@ -629,18 +742,23 @@ class Store:
         ``synchronous=NORMAL``, PostgreSQL ``synchronous_commit`` off): it survives a
         crash of the server; after a power cut it may be lost, unless a later event-log
         commit (``append``, fully durable) followed it."""
-        groups: dict[tuple[str, ...], list[dict]] = {}  # one executemany per set of columns
-        for job_id, vals in values.items():
-            groups.setdefault(tuple(sorted(vals)), []).append({"_id": job_id, **vals})
-        if not groups:
+        if not values:
             return
         with self._lazy.begin() as c:
             cur = c.connection.cursor()
             try:
                 if c.dialect.name == "postgresql":
                     cur.execute("SET LOCAL synchronous_commit TO OFF")
-                for cols, params in groups.items():
-                    self._executemany(cur, "jobs=", lambda cols=cols: update(jobs).where(
-                        jobs.c.id == bindparam("_id")).values({k: bindparam(k) for k in cols}), params)
+                self._update_jobs_on(cur, values)
             finally:
                 cur.close()
+
+    def _update_jobs_on(self, cur, values: dict[str, dict[str, Any]]) -> None:
+        """The ``UPDATE``s of ``update_jobs`` on the DBAPI cursor ``cur`` of an open
+        transaction: one ``executemany`` per set of columns."""
+        groups: dict[tuple[str, ...], list[dict]] = {}
+        for job_id, vals in values.items():
+            groups.setdefault(tuple(sorted(vals)), []).append({"_id": job_id, **vals})
+        for cols, params in groups.items():
+            self._executemany(cur, "jobs=", lambda cols=cols: update(jobs).where(
+                jobs.c.id == bindparam("_id")).values({k: bindparam(k) for k in cols}), params)
