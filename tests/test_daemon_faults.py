@@ -238,3 +238,203 @@ def test_exits_during_a_full_disk_are_kept_until_committed(tmp_path, small_tmpfs
         assert "Traceback" not in s.log.read_text()
     finally:
         s.stop()
+
+
+# -- 3 and 12: policies - quadratic validation on the loop, check and apply disagreeing -----
+def _policy_cli(*args: str):
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    return CliRunner().invoke(app, ["policy", *args])
+
+
+def _teams_policy(n: int, **extra) -> dict:
+    import yaml
+
+    from test_daemon import POLICY
+
+    raw = yaml.safe_load(POLICY)
+    raw["teams"] = {"ml": {}, **{f"t{i:05d}": {"parent": f"t{i - 1:05d}" if i % 20 else None} for i in range(n)}}
+    raw.update(extra)
+    return raw
+
+
+def test_policy_size_limits_are_the_same_for_check_and_apply_and_refused_fast(srv, tmp_path):
+    """Before: 16,000 teams held the loop 54 s (a dry run any token may send); a file
+    passing `policy check` got 413 from `apply`."""
+    import yaml
+
+    s = srv()
+    cases = {
+        "teams": (_teams_policy(15_999), "teams: '16,000 entries' is not allowed: at most 5,000"),
+        "json": ({**_teams_policy(10), "classes": {"batch": {"grace_period_s": 2, "description": "x" * 900_000}}},
+                 "bytes as JSON is not allowed: at most 786,432 bytes as JSON"),
+        "depth": (yaml.safe_load(yaml.safe_dump(_teams_policy(0) | {"teams": {
+            "ml": {}, **{f"d{i}": {"parent": f"d{i - 1}" if i else None} for i in range(40)}}})),
+            "a parent chain of at most 32 teams"),
+        "window": (_teams_policy(0) | {"teams": {"ml": {"windows": [{"from": "08:00", "to": "08:00",
+                                                                    "max_gpus": 1}]}}},
+                   "teams.ml.windows[0]: '08:00-08:00' is not allowed: a window that can apply"),
+    }
+    for name, (raw, needle) in cases.items():
+        f = tmp_path / f"{name}.yaml"
+        f.write_text(yaml.safe_dump(raw))
+        res = _policy_cli("check", str(f))
+        assert res.exit_code == 2 and needle in res.output, (name, res.output)
+        for dry in ("true", "false"):
+            r = httpx.post(s.url + "/policy", params={"dry_run": dry}, json={"policy": raw, "source": str(f)},
+                           timeout=120)
+            assert r.status_code == 422 and needle in r.json()["detail"][0]["msg"], (name, dry, r.status_code, r.text)
+    big = tmp_path / "big.yaml"  # at the team limit: checked, and dry-run by the server, both linear
+    big.write_text(yaml.safe_dump(_teams_policy(4_999)))
+    res = _policy_cli("check", str(big), "--server", s.url)
+    assert res.exit_code == 0 and ": OK - " in res.output and "could be applied now" in res.output, res.output
+    assert httpx.get(s.url + "/policy", timeout=60).json()["version"] == 1  # nothing applied
+    too_big = tmp_path / "huge.yaml"
+    too_big.write_text("# " + "x" * (1024 * 1024) + "\n" + yaml.safe_dump(_teams_policy(0)))
+    res = _policy_cli("check", str(too_big))
+    assert res.exit_code == 2 and "a policy file of at most 1,048,576 bytes" in res.output, res.output
+
+
+# -- 4: one 100,000-task array froze the server; a retried submission made a second one ----
+def test_a_100000_task_array_is_expanded_lazily_and_the_server_keeps_answering(srv, tmp_path):
+    from gpushepherd.daemon.arrays import MAX_LIVE_TASKS
+
+    s = srv()
+    body = {"class": "batch", "team": "ml", "command": [sys.executable, "-c", wait_for_file(tmp_path / "never")],
+            "cwd": str(tmp_path), "array": "0-99999"}
+    r = httpx.post(s.url + "/jobs", json=body, timeout=60)
+    assert r.status_code == 201, r.text
+    array_id = r.json()["id"]
+    assert r.json()["tasks"] == 100_000
+    wait_for("the first tasks to run", lambda: s.job(array_id)["running"] == 4)
+    nodes = httpx.get(s.url + "/nodes", timeout=60)  # before: blocked 107 s behind the expansion
+    assert nodes.status_code == 200 and nodes.json()[0]["free"] == 0
+    submitted = [j for j in httpx.get(s.url + "/jobs", params={"children": "true"}, timeout=60).json()
+                 if j["id"].startswith(f"{array_id}_")]
+    assert 4 <= len(submitted) <= MAX_LIVE_TASKS  # never 100,000 jobs in the core at once
+    view = s.job(array_id)
+    assert view["tasks"] == 100_000 and view["pending"] == 100_000 - 4 and view["done"] == 0
+    other = s.submit("print('still served')", cls="production-inference")
+    assert s.wait_state(other, "COMPLETED", "FAILED")["state"] == "COMPLETED"  # preempting a chunk
+    assert httpx.post(f"{s.url}/jobs/{array_id}/cancel", timeout=60).status_code == 200
+    assert s.wait_state(array_id, "CANCELLED")["state"] == "CANCELLED"
+    assert wait_for("all GPUs free", lambda: s.free_gpus() == 4)
+
+
+def test_a_retried_submission_with_an_idempotency_key_makes_one_job_even_across_a_restart(srv, tmp_path):
+    s = srv()
+    body = {"class": "batch", "team": "ml", "user": "ana", "command": ["true"], "cwd": str(tmp_path)}
+    key = {"Idempotency-Key": "retry-7f3a"}
+    first = httpx.post(s.url + "/jobs", json=body, headers=key, timeout=60)
+    assert first.status_code == 201
+    again = httpx.post(s.url + "/jobs", json=body, headers=key, timeout=60)
+    assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    other = httpx.post(s.url + "/jobs", json={**body, "command": ["false"]}, headers=key, timeout=60)
+    assert other.status_code == 422 and other.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
+    assert first.json()["id"] in other.json()["detail"][0]["msg"]
+    bad = httpx.post(s.url + "/jobs", json=body, headers={"Idempotency-Key": "a b"}, timeout=60)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
+    array = {**body, "array": "0-2"}
+    a1 = httpx.post(s.url + "/jobs", json=array, headers={"Idempotency-Key": "array-1"}, timeout=60).json()["id"]
+    s.kill9()
+    s.start(policy=False)
+    assert httpx.post(s.url + "/jobs", json=body, headers=key, timeout=60).json()["id"] == first.json()["id"]
+    r = httpx.post(s.url + "/jobs", json=array, headers={"Idempotency-Key": "array-1"}, timeout=60)
+    assert r.status_code == 200 and r.json()["id"] == a1
+    mine = httpx.post(s.url + "/jobs", json={**body, "user": "bob"}, headers=key, timeout=60)
+    assert mine.status_code == 201 and mine.json()["id"] != first.json()["id"]  # keys are per caller
+    ids = [j["id"] for j in httpx.get(s.url + "/jobs", timeout=60).json()]
+    assert ids.count(first.json()["id"]) == 1 and ids.count(a1) == 1 and len(ids) == 3
+
+
+# -- 6 and 7: services - any user, any URL -------------------------------------------------
+def _service(s: Server, tmp_path: Path, **over) -> dict:
+    return {"name": "web", "class": "batch", "team": "ml", "gpus": 1, "command": ["sleep", "60"],
+            "cwd": str(tmp_path), "min_replicas": 0, "max_replicas": 1, "metric": "queue_length",
+            "metrics_url": None, "scale_up_above": 10, "scale_down_below": 2, "scrape_every_s": 0.2, **over}
+
+
+def test_a_service_cannot_be_created_as_another_user(srv, tmp_path):
+    """Before: a token of user bob created a service as user ana (POST /jobs refused it)."""
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    s = srv()
+    out = CliRunner().invoke(app, ["token", "create", "--data-dir", str(s.data), "-u", "bob", "-A", "ml"]).output
+    bob = {"Authorization": "Bearer " + next(w for w in out.split() if w.startswith("shp_"))}
+    r = httpx.post(s.url + "/services", json=_service(s, tmp_path, user="ana"), headers=bob, timeout=60)
+    assert r.status_code == 403 and "user: 'ana' is not allowed: this token is user 'bob'" in r.json()["detail"]
+    job = {"class": "batch", "team": "ml", "user": "ana", "command": ["true"], "cwd": str(tmp_path)}
+    assert httpx.post(s.url + "/jobs", json=job, headers=bob, timeout=60).status_code == 403  # the same rule
+    r = httpx.post(s.url + "/services", json=_service(s, tmp_path), headers=bob, timeout=60)
+    assert r.status_code == 201, r.text
+    r = httpx.get(s.url + "/services/web", headers=bob, timeout=60)
+    assert r.status_code == 200
+
+
+class _Endpoint:
+    """A loopback HTTP server answering every GET with ``status``, ``headers`` and
+    ``body``; ``hits`` counts the requests it got."""
+
+    def __init__(self, status: int, body: bytes = b"", headers: dict | None = None):
+        import http.server
+        import threading
+
+        outer = self
+        self.hits = 0
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                outer.hits += 1
+                self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+def test_a_metrics_url_is_allow_listed_never_redirected_and_its_answer_never_shown(srv, tmp_path):
+    """Before: any team token made the server fetch any URL and show parts of the answer."""
+    s = srv()
+    r = httpx.post(s.url + "/services", json=_service(s, tmp_path, metrics_url="http://10.255.255.1:9100/metrics"),
+                   timeout=60)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "metrics_url"]
+    assert "host 10.255.255.1 is not loopback" in r.json()["detail"][0]["msg"]
+    r = httpx.post(s.url + "/services", json=_service(s, tmp_path, metrics_url="http://example.invalid/m"),
+                   timeout=60)
+    assert r.status_code == 422 and "'example.invalid' is not loopback" in r.json()["detail"][0]["msg"]
+    target = _Endpoint(200, b"queue_length 99\n")
+    secret = b"TOPSECRET-4711 root:x:0:0 \x00\x01 <html>"
+    endpoints = {"redirect": _Endpoint(302, b"", {"Location": target.url}),
+                 "garbage": _Endpoint(200, secret), "error": _Endpoint(500, secret),
+                 "names": _Endpoint(200, b"secret_metric_name_4711 1\n")}
+    try:
+        for name, ep in endpoints.items():
+            r = httpx.post(s.url + "/services", json=_service(s, tmp_path, name=name, metrics_url=ep.url), timeout=60)
+            assert r.status_code == 201, r.text
+            v = wait_for(f"the scrape error of {name}",
+                         lambda: (v := httpx.get(f"{s.url}/services/{name}", timeout=60).json())["error"] and v)
+            assert "TOPSECRET" not in v["error"] and "secret_metric" not in v["error"], v["error"]
+        assert "HTTP 302 (redirects are not followed)" in httpx.get(f"{s.url}/services/redirect").json()["error"]
+        assert target.hits == 0  # the redirect was never followed
+        assert "not the Prometheus text format" in httpx.get(f"{s.url}/services/garbage").json()["error"]
+        assert "HTTP 500" in httpx.get(f"{s.url}/services/error").json()["error"]
+        assert "not among the 1 sample names" in httpx.get(f"{s.url}/services/names").json()["error"]
+    finally:
+        for ep in [target, *endpoints.values()]:
+            ep.close()

@@ -369,7 +369,11 @@ def register(app: typer.Typer) -> None:
                                                               "further one.")] = 2.0,
                db_busy_timeout: Annotated[float, typer.Option("--db-busy-timeout", min=0.1, max=3600, help="SQLite: "
                                                               "seconds a write waits for another writer's lock.")]
-               = 30.0) -> None:
+               = 30.0,
+               scrape_allow: Annotated[Optional[list[str]], typer.Option("--scrape-allow", help="A network (CIDR) "
+                                                                         "or host a service's --metrics-url may "
+                                                                         "name besides loopback and its replicas' "
+                                                                         "nodes (repeatable).")] = None) -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -410,7 +414,7 @@ def register(app: typer.Typer) -> None:
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s,
                             backend=backend, slurm_partition=slurm_partition, ray_address=ray_address,
                             max_requeues=max_requeues, requeue_backoff_s=requeue_backoff,
-                            busy_timeout_s=db_busy_timeout)
+                            busy_timeout_s=db_busy_timeout, scrape_allow=scrape_allow)
         except SchemaError as exc:
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None

@@ -16,6 +16,7 @@ token check run on the event loop instead (no thread hops on the submission path
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -23,7 +24,7 @@ import re
 import threading
 from typing import Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, Header, HTTPException, Query
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -36,7 +37,7 @@ from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import Principal
 from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
-from gpushepherd.daemon.server import Daemon
+from gpushepherd.daemon.server import Daemon, IdempotencyConflict
 from gpushepherd.daemon.store import StorageUnavailable, storage_reason
 from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.model.job import GpuShare, JobSpec, JobState, first_control_char
@@ -56,6 +57,9 @@ MAX_MEM_MIB = 16 * 1024 * 1024
 MAX_SECONDS = 10 * 365 * 86400.0
 #: the longest user, team, class or project name, characters
 MAX_NAME = 255
+#: the longest Idempotency-Key, characters
+MAX_IDEMPOTENCY_KEY = 255
+_IDEM_KEY = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_IDEMPOTENCY_KEY)
 
 
 def _no_control(field: str, v: str) -> str:
@@ -261,6 +265,23 @@ def unavailable(exc: BaseException, applied: bool = False) -> JSONResponse:
                         headers={"Retry-After": str(StorageUnavailable.RETRY_AFTER_S)})
 
 
+def check_submitter(p: Principal | None, body) -> None:
+    """With auth, a submission's ``user`` must be the token's (unless admin) and its
+    ``team`` one of the token's; ``user`` defaults to the token's. The same rule for
+    jobs and services (note 017: ``POST /services`` skipped the user check).
+
+    Raises:
+        HTTPException: 403 naming the field, the value and what the token allows.
+    """
+    if p is None:
+        return
+    if body.user and body.user != p.user and not p.admin:
+        raise HTTPException(403, f"user: {body.user!r} is not allowed: this token is user {p.user!r}")
+    if not p.may_act_for(body.team):
+        raise HTTPException(403, f"team: {body.team!r} is not allowed: this token's teams are {p.teams_text()}")
+    body.user = body.user or p.user
+
+
 def _spec_field(msg: str) -> str:
     # SpecError text: "job 'ID': FIELD: VALUE is not allowed: ..."
     parts = msg.split(": ")
@@ -351,29 +372,47 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             raise HTTPException(404, f"job {job_id!r}: no such job")
         return v
 
-    @app.post("/jobs", status_code=201)
-    async def submit(body: SubmitBody, p: Principal | None = Depends(principal)) -> dict:
+    @app.post("/jobs", status_code=201, responses={200: {"description": "An Idempotency-Key seen before with this "
+                                                         "body: the job it made (header Idempotent-Replayed)"}})
+    async def submit(body: SubmitBody, p: Principal | None = Depends(principal),
+                     idempotency_key: str | None = Header(None, alias="Idempotency-Key", description=(
+                         "Makes a retried submission safe (IETF draft-ietf-httpapi-idempotency-key-header): the "
+                         "same key and body again within 24 h answer the job the first made (200, "
+                         "Idempotent-Replayed: true); another body is 422. Per token (per user without tokens); "
+                         f"1-{MAX_IDEMPOTENCY_KEY} printable ASCII characters."))) -> dict:
         """Submit a job; returns its id and state once it is in the event log. With
         auth, ``user`` is the token's (another needs an admin token) and ``team`` one
         of the token's teams. On the event loop: the loop thread completes the
         submission's future (note 008, "Submission throughput")."""
-        if p is not None:
-            if body.user and body.user != p.user and not p.admin:
-                raise HTTPException(403, f"user: {body.user!r} is not allowed: this token is user {p.user!r}")
-            if not p.may_act_for(body.team):
-                raise HTTPException(403, f"team: {body.team!r} is not allowed: this token's teams are "
-                                         f"{p.teams_text()}")
-            body.user = body.user or p.user
+        check_submitter(p, body)
+        idem = None
+        if idempotency_key is not None:
+            if not _IDEM_KEY.fullmatch(idempotency_key):
+                return JSONResponse(status_code=422, content={"detail": [
+                    {"loc": ["header", "Idempotency-Key"], "type": "value_error",
+                     "msg": f"{idempotency_key[:80]!r} is not allowed: 1-{MAX_IDEMPOTENCY_KEY} printable ASCII "
+                            "characters"}]})
+            scope = f"token:{p.token_id}" if p is not None else f"user:{body.user}"
+            digest = hashlib.sha256(json.dumps(body.model_dump(by_alias=True), sort_keys=True,
+                                               default=str).encode()).hexdigest()
+            idem = (scope, idempotency_key, digest)
         try:
             array = (body.array, *parse_array(body.array), body.max_retries) if body.array is not None else None
             fut = daemon.submit_future(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
-                                       array=array)
+                                       array=array, idempotency=idem)
             # shielded: a timeout must not cancel the future the loop will complete
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), SUBMIT_TIMEOUT_S)
+            out = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), SUBMIT_TIMEOUT_S)
         except SpecError as exc:
             field = {"class": "class", "workload_class": "class"}.get(_spec_field(str(exc)), _spec_field(str(exc)))
             return JSONResponse(status_code=422, content={"detail": [
                 {"loc": ["body", field], "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})
+        except IdempotencyConflict as exc:
+            return JSONResponse(status_code=422, content={"detail": [
+                {"loc": ["header", "Idempotency-Key"], "msg": str(exc), "type": "idempotency", "job": exc.job_id}]})
+        if isinstance(out, tuple):  # ("replayed", view)
+            return JSONResponse(status_code=200, content=jsonable_encoder(out[1]),
+                                headers={"Idempotent-Replayed": "true"})
+        return out
 
     @app.get("/jobs")
     def jobs(state: str | None = Query(None, description="only jobs in this state (PENDING, RUNNING, ...)"),

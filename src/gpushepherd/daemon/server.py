@@ -28,7 +28,14 @@ from typing import Any
 from gpushepherd.backends import Backend, BackendError, make_backend, node_mismatches as engine_mismatches
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.core.filters import inventory_misfit, job_filter
-from gpushepherd.daemon.arrays import ArrayRec, check_array, child_id, parse_child_id, progress
+from gpushepherd.daemon.arrays import (
+    MAX_LIVE_TASKS,
+    MAX_TASKS_PER_STEP,
+    ArrayRec,
+    check_array,
+    child_id,
+    parse_child_id,
+)
 from gpushepherd.daemon.local import exit_status, mig_uuid
 from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
@@ -67,10 +74,24 @@ HEARTBEAT_S = 5.0
 MAX_REQUEUE_BACKOFF_S = 300.0
 #: the longest wait between two attempts of a step that failed (seconds)
 MAX_FAILED_STEP_WAIT_S = 5.0
+#: idempotency keys kept in memory (the database keeps them all for IDEMPOTENCY_TTL_S)
+IDEMPOTENCY_CACHE = 10_000
+#: seconds an idempotency key is kept (Stripe's 24 h)
+IDEMPOTENCY_TTL_S = 86400.0
 
 
 class DaemonError(RuntimeError):
     """The server cannot start; ``str()`` says why and what to do."""
+
+
+class IdempotencyConflict(ValueError):
+    """An ``Idempotency-Key`` already used by this caller for another request body (the
+    IETF draft's 422); ``job_id`` is the job the first request made."""
+
+    def __init__(self, key: str, job_id: str):
+        self.key, self.job_id = key, job_id
+        super().__init__(f"Idempotency-Key: {key!r} is not allowed: it was used for another request (job {job_id}); "
+                         "use a new key for a new submission")
 
 
 class Daemon:
@@ -102,6 +123,8 @@ class Daemon:
         requeue_backoff_s: seconds before the first lost run is requeued; doubled for
             each further one, at most ``MAX_REQUEUE_BACKOFF_S``.
         busy_timeout_s: SQLite's busy timeout (``Store``), seconds.
+        scrape_allow: networks (CIDR) and host names a service's ``metrics_url`` may
+            point to besides loopback and its replicas' nodes (note 017).
 
     Raises:
         ValueError: an idle threshold outside 0-100 or a non-positive idle time; an
@@ -112,7 +135,8 @@ class Daemon:
                  poll_s: float = 0.2, inventory: str = "static", sample_every: float = 10.0, node: str | None = None,
                  clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
                  backend: str = "local", slurm_partition: str = "shepherd", ray_address: str = "auto",
-                 max_requeues: int = 3, requeue_backoff_s: float = 2.0, busy_timeout_s: float = 30.0):
+                 max_requeues: int = 3, requeue_backoff_s: float = 2.0, busy_timeout_s: float = 30.0,
+                 scrape_allow: list[str] | None = None):
         if max_requeues < 0:
             raise ValueError(f"max_requeues: {max_requeues!r} is not allowed: 0 or more")
         if not 0 <= requeue_backoff_s <= MAX_REQUEUE_BACKOFF_S:
@@ -149,6 +173,7 @@ class Daemon:
         self._launches: list[tuple[str, int, Placement, dict]] = []
         self._pending_rows: dict[str, dict[str, Any]] = {}
         self._fail_wait = 0.0  # seconds to wait before the next step after a failed one
+        self._idem: dict[tuple[str, str], tuple[str, str]] = {}  # (scope, key) -> (body hash, job id)
         self.ratelog = RateLog(log)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -158,6 +183,9 @@ class Daemon:
         #: job -> why its last launch failed (E2BIG, ...): this server's life only, not logged
         self.launch_errors: dict[str, str] = {}
         self.arrays: dict[str, ArrayRec] = {}  # job arrays by id (gpushepherd.daemon.arrays)
+        #: job -> final state of the jobs that ended before this server's snapshot (note 017)
+        self.ended_states: dict[str, str] = {}
+        self.scrape_allow = list(scrape_allow or [])
         self.services = Services(self)  # inference services (gpushepherd.daemon.services, note 014)
         # GPU inventory and samples (note 008): live state, not stored (the flags and
         # peaks the core was told are rebuilt from the log)
@@ -201,6 +229,7 @@ class Daemon:
             self._load_policy(now)
             self._open_inventory()
             self.next_num = self.store.next_job_number()
+            self.store.idempotency_prune(now - IDEMPOTENCY_TTL_S)
             self._load_arrays()
             self.services.load()
             self._reconcile()
@@ -432,6 +461,16 @@ class Daemon:
         for rec in self.arrays.values():
             for ids in rec.attempts.values():
                 ids.sort(key=lambda j: parse_child_id(j)[2])
+            rec.rebuild(self.job_state)
+            rec.ended = rec.counts(self.job_state)["state"] in ("COMPLETED", "FAILED", "CANCELLED")
+
+    def job_state(self, job_id: str) -> str | None:
+        """The state of a job (``PENDING``, ``COMPLETED``, ...) as the core has it, or as
+        archived when it ended before this server started (note 017); ``None``: unknown."""
+        job = self.sched.jobs.get(job_id)
+        if job is not None:
+            return job.state.value
+        return self.ended_states.get(job_id)
 
     def _track(self, d: Decision) -> None:
         if isinstance(d, Start):
@@ -538,13 +577,19 @@ class Daemon:
 
     def submit_future(self, spec: JobSpec, argv: list[str], *, shell: bool = False,
                       env: dict[str, str] | None = None, cwd: str,
-                      array: tuple[str, list[int], int, int] | None = None) -> Future:
+                      array: tuple[str, list[int], int, int] | None = None,
+                      idempotency: tuple[str, str, str] | None = None) -> Future:
         """Queue a submission for the loop and return at once: the future gets
         ``submit_view``'s result or its ``SpecError`` when the loop step that took it
         ends (the API awaits it through ``asyncio.wrap_future``, without a thread).
-        Never cancel it: the loop sets its result."""
+        Never cancel it: the loop sets its result.
+
+        ``idempotency``: ``(scope, key, body hash)`` of an ``Idempotency-Key`` (note
+        017): a key already committed for ``scope`` with the same hash makes the result
+        ``("replayed", view)`` of the job it made, with another hash an
+        ``IdempotencyConflict``; a new key is committed with the submission."""
         fut: Future = Future()
-        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array), fut))
+        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array, idempotency), fut))
         self.wake.set()
         return fut
 
@@ -735,7 +780,10 @@ class Daemon:
         wake = sched.next_wakeup()
         if not any(not isinstance(e, RunLost) for e in batch) and wake is not None and wake <= now:
             batch.append(Tick(now))
-        if not batch and not new_arrays and not exit_rows:
+        if not batch and not new_arrays and not exit_rows and not keys:
+            for fut, value in replies:  # nothing to commit (an idempotent replay): answered now
+                if not fut.done():
+                    fut.set_result(value() if callable(value) else value)
             return []
         try:  # committed before it is applied or acknowledged
             self.store.append(now, batch, rows, [self._array_row(a) for a in new_arrays], job_updates=exit_rows,
@@ -759,7 +807,7 @@ class Daemon:
         for a in new_arrays:
             self.arrays[a.id] = a
         for array_id, index, job_id in children:
-            self.arrays[array_id].attempts.setdefault(index, []).append(job_id)
+            self.arrays[array_id].submitted(index, job_id)
         self.services.committed(replicas)
         self._idempotent_committed(keys)
         core_batch = [e for e in batch if not isinstance(e, RunLost)]
@@ -877,7 +925,9 @@ class Daemon:
                  keys: list) -> None:
         kind, arg, fut = cmd
         if kind == "submit":
-            spec, argv, shell, env, cwd, array = arg
+            spec, argv, shell, env, cwd, array, idem = arg
+            if idem is not None and self._idempotent_replay(idem, fut, replies, keys):
+                return
             job_id = str(self.next_num)
             spec = replace(spec, id=job_id, submit_time=now)
             try:
@@ -895,11 +945,15 @@ class Daemon:
                 fut.set_exception(exc)
                 return
             self.next_num += 1
+            if idem is not None:
+                keys.append(dict(scope=idem[0], key=idem[1], body_hash=idem[2], job_id=job_id, created=now))
             if array is not None:
                 text, indices, throttle, max_retries = array
-                new_arrays.append(ArrayRec(id=job_id, num=int(job_id), text=text, indices=indices,
-                                           throttle=throttle, max_retries=max_retries, submit_time=now,
-                                           spec=spec_to_dict(spec), argv=argv, shell=shell, env=env, cwd=cwd))
+                rec = ArrayRec(id=job_id, num=int(job_id), text=text, indices=indices, throttle=throttle,
+                               max_retries=max_retries, submit_time=now, spec=spec_to_dict(spec), argv=argv,
+                               shell=shell, env=env, cwd=cwd)
+                rec.rebuild(self.job_state)
+                new_arrays.append(rec)
                 replies.append((fut, lambda j=job_id: self.job_view(j)))
                 return
             batch.append(JobSubmitted(now, spec))
@@ -927,8 +981,37 @@ class Daemon:
                 batch.append(JobCancelled(now, arg))
                 replies.append((fut, lambda j=job: j.state.value))
 
+    def _idempotent_replay(self, idem: tuple[str, str, str], fut: Future, replies: list, keys: list) -> bool:
+        """Answer a submission whose ``Idempotency-Key`` is known - committed (memory,
+        then the database) or taken earlier in this step - and return ``True``; ``False``:
+        a new key, submit as usual. The same body: ``("replayed", view)``; another body:
+        ``IdempotencyConflict`` (note 017)."""
+        scope, key, digest = idem
+        found = next(((k["body_hash"], k["job_id"]) for k in keys if (k["scope"], k["key"]) == (scope, key)), None)
+        if found is None:
+            found = self._idem.get((scope, key))
+        if found is None:
+            try:
+                found = self.store.idempotency_get(scope, key)
+            except Exception as exc:
+                fut.set_exception(StorageUnavailable(storage_reason(exc) or type(exc).__name__))
+                return True
+        if found is None:
+            return False
+        known_hash, job_id = found
+        if known_hash != digest:
+            fut.set_exception(IdempotencyConflict(key, job_id))
+        else:
+            replies.append((fut, lambda j=job_id: ("replayed", self.job_view(j))))
+        return True
+
     def _idempotent_committed(self, keys: list[dict]) -> None:
-        """Hook for the submissions' idempotency keys once committed (point 4)."""
+        """Remember the idempotency keys of committed submissions (at most
+        ``IDEMPOTENCY_CACHE`` in memory; older ones are read from the database)."""
+        for k in keys:
+            self._idem[(k["scope"], k["key"])] = (k["body_hash"], k["job_id"])
+        while len(self._idem) > IDEMPOTENCY_CACHE:
+            self._idem.pop(next(iter(self._idem)))
 
     def _misfit(self, spec: JobSpec) -> str | None:
         """Why no node could ever hold ``spec`` (the reason the core would reject it
@@ -945,23 +1028,27 @@ class Daemon:
                     argv=json.dumps(a.argv), shell=a.shell, env=json.dumps(a.env), cwd=a.cwd, cancelled=a.cancelled)
 
     def _array_progress(self, rec: ArrayRec) -> dict:
-        jobs = self.sched.jobs
-        return progress(rec, {j: jobs[j].state.value for ids in rec.attempts.values() for j in ids if j in jobs})
+        rec.update(self.job_state)
+        return rec.counts(self.job_state)
 
     def _array_children(self, now: float, batch: list, rows: list, new_arrays: list) -> list[tuple[str, int, str]]:
-        """Submit the chunks each array may run now (index order, at most its throttle
-        not yet ended; a FAILED chunk again while it has retries left) and cancel the
-        live children of a cancelled array. Returns ``(array, index, child id)`` of the
-        children added to ``batch``, to be recorded once it is committed."""
+        """Submit the chunks each array may run now (index order; at most its throttle,
+        and never more than ``MAX_LIVE_TASKS``, not yet ended; at most
+        ``MAX_TASKS_PER_STEP`` new ones per step over all arrays: lazy expansion, note
+        017; a FAILED chunk again while it has retries left) and cancel the live children
+        of a cancelled array. O(live children) per array. Returns ``(array, index,
+        child id)`` of the children added to ``batch``, to be recorded once it is
+        committed."""
         out = []
+        budget = MAX_TASKS_PER_STEP
         cancelling = {e.job_id for e in batch if isinstance(e, JobCancelled)}
         for rec in [*self.arrays.values(), *new_arrays]:
             if rec.ended:
                 continue
             p = self._array_progress(rec)
             if rec.cancelled is not None:
-                for ids in rec.attempts.values():
-                    job = self.sched.jobs.get(ids[-1])
+                for job_id in sorted(rec.live, key=natural_key):
+                    job = self.sched.jobs.get(job_id)
                     if job is not None and not job.state.terminal and job.id not in cancelling:
                         batch.append(JobCancelled(now, job.id))
                 rec.ended = p["state"] == "CANCELLED"
@@ -969,10 +1056,9 @@ class Daemon:
             if p["state"] in ("COMPLETED", "FAILED"):
                 rec.ended = True
                 continue
-            room = rec.throttle - p["running"] - p["submitted_pending"]
-            todo = sorted(p["retry"] + p["not_submitted"])
-            for index in todo[:max(0, room)]:
-                attempt = len(rec.attempts.get(index, [])) + 1
+            room = min(rec.throttle, MAX_LIVE_TASKS) - p["live"]
+            for index, attempt in rec.take(max(0, min(room, budget))):
+                budget -= 1
                 job_id = child_id(rec.id, index, attempt)
                 spec = replace(spec_from_dict(rec.spec), id=job_id, submit_time=now)
                 env = {**rec.env, "SHEPHERD_ARRAY_ID": rec.id, "SHEPHERD_ARRAY_TASK_ID": str(index),
@@ -1131,7 +1217,7 @@ class Daemon:
             "reason": f"{p['done']}/{p['total']} done, {p['running']} running"
                       + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else ""),
             "placement": None, "estimated_start": None, "priority": None, "command": rec.argv, "exit_code": None,
-            "runs": sum(len(ids) for ids in rec.attempts.values()),
+            "runs": len(rec.indices) - len(rec.todo) + rec.retries,
         }
         if history:
             view["children"] = {str(i): ids for i, ids in sorted(rec.attempts.items())}

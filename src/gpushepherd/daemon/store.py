@@ -587,6 +587,20 @@ class Store:
         """The number of the last batch this store committed (or found at open)."""
         return self._batch
 
+    # -- idempotency keys (note 017) ---------------------------------------------
+    def idempotency_get(self, scope: str, key: str) -> tuple[str, str] | None:
+        """``(body hash, job id)`` of an ``Idempotency-Key`` committed for ``scope``, or ``None``."""
+        with self.engine.connect() as c:
+            row = c.execute(select(idempotency_keys.c.body_hash, idempotency_keys.c.job_id).where(
+                idempotency_keys.c.scope == scope, idempotency_keys.c.key == key)).first()
+        return (row[0], row[1]) if row else None
+
+    def idempotency_prune(self, before: float) -> int:
+        """Forget the idempotency keys committed before ``before`` (epoch seconds);
+        returns how many."""
+        with self.engine.begin() as c:
+            return c.execute(idempotency_keys.delete().where(idempotency_keys.c.created < before)).rowcount
+
     # -- jobs -------------------------------------------------------------------
     def next_job_number(self) -> int:
         """The next free numeric job id (one more than any job, array or service so far)."""

@@ -60,6 +60,6 @@ def size_problem(raw: Any) -> tuple[str, Any, str] | None:
                         f"at most {MAX_WINDOWS} per {top[:-1]} (gpushepherd.policy.limits)")
     size = json_size(raw)
     if size > MAX_JSON_BYTES:
-        return ("", f"{size:,} bytes as JSON",
-                f"at most {MAX_JSON_BYTES:,} bytes as JSON (what policy apply sends; gpushepherd.policy.limits)")
+        return ("", None, f"{size:,} bytes as JSON is not allowed: at most {MAX_JSON_BYTES:,} bytes as JSON (what "
+                "policy apply sends; gpushepherd.policy.limits)")
     return None
