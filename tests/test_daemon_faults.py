@@ -438,3 +438,68 @@ def test_a_metrics_url_is_allow_listed_never_redirected_and_its_answer_never_sho
     finally:
         for ep in [target, *endpoints.values()]:
             ep.close()
+
+
+# -- 5 and 12: logs read whole into memory; offset 2^44 was a 500 --------------------------
+def _hwm_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
+def test_a_1_gib_log_is_served_in_chunks_without_reading_it_whole(srv, tmp_path):
+    s = srv()
+    job_id = s.submit("print('hello')")
+    s.wait_state(job_id, "COMPLETED")
+    log = s.data / "runs" / job_id / "1" / "stdout"
+    with open(log, "r+b") as f:  # a sparse 1 GiB log: reading it whole allocates 1 GiB (3.2 GiB before)
+        f.truncate(1024 ** 3)
+        f.seek(1024 ** 3 - 4)
+        f.write(b"end\n")
+    before = _hwm_mib(s.proc.pid)
+    r = httpx.get(f"{s.url}/jobs/{job_id}/logs", timeout=120)
+    assert r.status_code == 200 and len(r.content) == 1024 * 1024
+    assert r.headers["X-Next-Offset"] == str(1024 * 1024) and r.headers["X-Log-Size"] == str(1024 ** 3)
+    assert r.content.startswith(b"hello\n")
+    r = httpx.get(f"{s.url}/jobs/{job_id}/logs", params={"offset": 1024 ** 3 - 4}, timeout=60)
+    assert r.text == "end\n" and r.headers["X-Next-Offset"] == str(1024 ** 3)
+    r = httpx.get(f"{s.url}/jobs/{job_id}/logs", params={"limit": 8 * 1024 * 1024 + 1}, timeout=60)
+    assert r.status_code == 422 and "limit" in r.text
+    for offset in (2 ** 44, 2 ** 62):  # past any file's end: empty, never a 500
+        r = httpx.get(f"{s.url}/jobs/{job_id}/logs", params={"offset": offset}, timeout=60)
+        assert r.status_code == 200 and r.text == "" and r.headers["X-Next-Offset"] == str(offset)
+    assert _hwm_mib(s.proc.pid) - before < 256  # peak memory: chunks, not the file
+
+
+def test_shepherd_logs_reads_a_log_larger_than_one_chunk_to_its_end(srv, tmp_path):
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    s = srv()
+    job_id = s.submit("import sys; sys.stdout.write('x' * (3 * 1024 * 1024 + 5) + 'tail')")
+    s.wait_state(job_id, "COMPLETED")
+    res = CliRunner().invoke(app, ["logs", job_id, "--server", s.url])
+    assert res.exit_code == 0 and len(res.output) == 3 * 1024 * 1024 + 9 and res.output.endswith("tail")
+
+
+def test_the_openapi_schema_declares_every_error_answer(srv):
+    s = srv()
+    paths = httpx.get(s.url + "/openapi.json", timeout=60).json()["paths"]
+    for path in ("/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/logs", "/policy", "/services"):
+        for method, op in paths[path].items():
+            assert {"401", "403", "404", "413", "422", "503"} <= set(op["responses"]), (path, method)
+    r = httpx.get(s.url + "/jobs/999", timeout=60)  # and the answers have the declared shape
+    assert r.status_code == 404 and isinstance(r.json()["detail"], str)
+
+
+def test_shepherd_simulate_escapes_control_characters_of_a_trace(tmp_path):
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit,gpus,duration,team\n0,1,10,\x1b[2Jevil\n5,1,10,ok\n")
+    res = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--format", "csv",
+                                   "--map", "submit=submit,gpus=gpus,duration=duration,team=team"])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.output and "team \\x1b[2Jevil" in res.output

@@ -596,11 +596,14 @@ def register(app: typer.Typer) -> None:
             j = _request(server, "GET", _job_path(job_id), token=token).json()
             if run != j["runs"]:
                 run, offset = j["runs"], 0
-            r = _request(server, "GET", _job_path(job_id, "/logs"), token=token,
-                         params={"stream": stream, "offset": offset, **({"run": run} if run else {})})
-            sys.stdout.write(r.text)
-            sys.stdout.flush()
-            offset = int(r.headers.get("X-Next-Offset", offset))
+            while True:  # the server answers a chunk at a time (at most 1 MiB): read to the end
+                r = _request(server, "GET", _job_path(job_id, "/logs"), token=token,
+                             params={"stream": stream, "offset": offset, **({"run": run} if run else {})})
+                sys.stdout.write(r.text)
+                sys.stdout.flush()
+                before, offset = offset, int(r.headers.get("X-Next-Offset", offset))
+                if offset == before or offset >= int(r.headers.get("X-Log-Size", offset)):
+                    break
             if not follow or j["state"] in TERMINAL:
                 return
             time.sleep(1.0)

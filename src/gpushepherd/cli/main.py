@@ -132,6 +132,13 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
+def _safe(v) -> str:
+    """``str(v)`` with control characters escaped (``gpushepherd.cli.daemon._safe``)."""
+    from gpushepherd.cli.daemon import _safe as safe
+
+    return safe(v)
+
+
 def _summary_table(summary: dict, title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for col in ("group", "jobs", "ended", "JCT avg", "JCT p50", "JCT p95", "JCT p99", "wait avg", "wait p50",
@@ -140,7 +147,8 @@ def _summary_table(summary: dict, title: str) -> Table:
 
     def row(name: str, g: dict) -> None:
         j, q = g["jct_s"], g["queueing_delay_s"]
-        table.add_row(name, f"{g['jobs']:,}", f"{g['finished']:,}", _hours(j["mean"]), _hours(j["p50"]),
+        # names come from the trace: escaped, never read as markup or a terminal escape (issue 19)
+        table.add_row(Text(_safe(name)), f"{g['jobs']:,}", f"{g['finished']:,}", _hours(j["mean"]), _hours(j["p50"]),
                       _hours(j["p95"]), _hours(j["p99"]), _hours(q["mean"]), _hours(q["p50"]), _hours(q["p95"]),
                       _hours(q["p99"]), f"{g['preemptions']:,}")
 
@@ -308,8 +316,9 @@ def _explain(result, job_id: str) -> None:
     job = result.scheduler.jobs[job_id]
     rec = result.records[job_id]
     spec = job.spec
-    out.print(Text(f"{job_id}  team {spec.team}  user {spec.user}  class {spec.workload_class}  gpus {spec.gpus}  "
-                   f"time limit {_hours(job.time_limit_s)}  true duration {_hours(rec.duration)}", style="bold"))
+    out.print(Text(_safe(f"{job_id}  team {spec.team}  user {spec.user}  class {spec.workload_class}  gpus "
+                         f"{spec.gpus}  time limit {_hours(job.time_limit_s)}  true duration {_hours(rec.duration)}"),
+                   style="bold"))
     table = Table(show_header=True)
     for col in ("t (s)", "from", "to", "why"):
         table.add_column(col)
@@ -317,7 +326,7 @@ def _explain(result, job_id: str) -> None:
     lines += [(a, 1, "PENDING", "PENDING", f"waiting: {r} (until {'-' if b is None else _num(b)})")
               for a, b, r in rec.reasons if b is None or b > a]
     for t, _k, a, b, why in sorted(lines, key=lambda x: (x[0], x[1])):
-        table.add_row(_num(t), a, b, why)
+        table.add_row(_num(t), a, b, Text(_safe(why)))
     out.print(table)
 
 

@@ -57,6 +57,9 @@ MAX_MEM_MIB = 16 * 1024 * 1024
 MAX_SECONDS = 10 * 365 * 86400.0
 #: the longest user, team, class or project name, characters
 MAX_NAME = 255
+#: bytes of a run's log one ``GET /jobs/{id}/logs`` returns by default, and at most
+LOG_CHUNK_BYTES = 1024 * 1024
+MAX_LOG_CHUNK_BYTES = 8 * 1024 * 1024
 #: the longest Idempotency-Key, characters
 MAX_IDEMPOTENCY_KEY = 255
 _IDEM_KEY = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_IDEMPOTENCY_KEY)
@@ -181,6 +184,26 @@ class SubmitBody(BaseModel):
                        gpu_types=tuple(self.gpu_type), gpu_mem_mib=self.gpu_mem_mib, time_limit_s=self.time_limit_s,
                        runtime_estimate_s=self.runtime_estimate_s, preemptible=self.preemptible,
                        checkpointable=self.checkpointable, share=share, project=self.project)
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: ``detail`` is one message, or (422) a list of entries whose
+    ``loc`` names the field and ``msg`` the value and what is allowed."""
+
+    detail: str | list[dict]
+
+
+#: the error answers every route may give, declared in the OpenAPI schema (issue 19)
+ERROR_RESPONSES = {code: {"model": ErrorBody, "description": what} for code, what in (
+    (400, "A malformed request (HTTP syntax)."),
+    (401, "No token, or an unknown or revoked one (once the server has tokens)."),
+    (403, "The token may not do this (another team's job, another user, not an admin)."),
+    (404, "No such job, service or route."),
+    (408, "Headers or body not received in time (--header-timeout)."),
+    (413, "A request body over 1 MiB."),
+    (422, "A field, header or value that is not allowed; each entry names it."),
+    (503, "Storage unavailable or not confirmed in time; Retry-After says when to retry."),
+)}
 
 
 class PolicyBody(BaseModel):
@@ -331,7 +354,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     policy_gate = threading.Semaphore(1)  # one policy validation at a time (note 017)
     app = FastAPI(title="gpushepherd", version=__version__, dependencies=[Depends(principal)],
-                  description="GPU workload scheduler: submit jobs, see the queue and why a job waits.")
+                  description="GPU workload scheduler: submit jobs, see the queue and why a job waits.",
+                  responses=ERROR_RESPONSES)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     from sqlalchemy.exc import SQLAlchemyError
@@ -445,24 +469,32 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         return {"id": job_id, "state": state}
 
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
-    def logs(job_id: str, stream: Literal["stdout", "stderr"] = "stdout", run: int | None = Query(None, ge=1),
-             offset: int = Query(0, ge=0, le=2**62), p: Principal | None = Depends(principal)) -> PlainTextResponse:
-        """A run's output (default: the last run) from byte ``offset``; the header
-        ``X-Next-Offset`` is where to continue (``logs -f``). With auth: a job of the
-        token's teams only."""
+    def logs(job_id: str, stream: Literal["stdout", "stderr"] = "stdout", run: int | None = Query(None, ge=1, le=2**31),
+             offset: int = Query(0, ge=0, le=2**62, description="byte to start at"),
+             limit: int = Query(LOG_CHUNK_BYTES, ge=1, le=MAX_LOG_CHUNK_BYTES, description="most bytes to return"),
+             p: Principal | None = Depends(principal)) -> PlainTextResponse:
+        """A run's output (default: the last run): at most ``limit`` bytes from byte
+        ``offset`` (note 017: never the whole file at once). The headers
+        ``X-Next-Offset`` (where to continue: ``logs -f``, or the next chunk) and
+        ``X-Log-Size`` (the file's size now). An offset past the end is an empty
+        answer. With auth: a job of the token's teams only."""
         may_act_on(p, job_id, "read the logs of")
         v = view(job_id)
         run = run or v["runs"]
         if not run:
-            return PlainTextResponse("", headers={"X-Next-Offset": "0"})
+            return PlainTextResponse("", headers={"X-Next-Offset": "0", "X-Log-Size": "0"})
         path = daemon.backend.run_dir(job_id, run) / stream
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            data = b""
-        return PlainTextResponse(data.decode(errors="replace"), headers={"X-Next-Offset": str(offset + len(data))})
+            return PlainTextResponse("", headers={"X-Next-Offset": str(offset), "X-Log-Size": "0"})
+        try:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, min(limit, size - offset), offset) if offset < size else b""
+        finally:
+            os.close(fd)
+        return PlainTextResponse(data.decode(errors="replace"),
+                                 headers={"X-Next-Offset": str(offset + len(data)), "X-Log-Size": str(size)})
 
     @app.post("/policy")
     def apply_policy(body: PolicyBody, dry_run: bool = Query(False, description="only check: could it be "
