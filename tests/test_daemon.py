@@ -81,6 +81,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.token = ""  # sent as a bearer token by the helpers below when set
+        self.preexec = None  # run in the server's process before it starts (resource limits)
 
     @property
     def headers(self) -> dict:
@@ -95,7 +96,8 @@ class Server:
                 "--port", str(port), "--inventory", "static", *extra] + \
             (["--policy", str(self.policy)] if policy else []) + \
             (["--db", self.db] if self.db else [])
-        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
+                                     preexec_fn=self.preexec)
 
         def up():
             if self.proc.poll() is not None:

@@ -503,3 +503,59 @@ def test_shepherd_simulate_escapes_control_characters_of_a_trace(tmp_path):
                                    "--map", "submit=submit,gpus=gpus,duration=duration,team=team"])
     assert res.exit_code == 0, res.output
     assert "\x1b" not in res.output and "team \\x1b[2Jevil" in res.output
+
+
+# -- 11: no connection limit, no header timeout --------------------------------------------
+def test_idle_and_slowloris_sockets_are_closed_and_never_starve_new_requests(tmp_path):
+    """Before: with a 256-descriptor limit, 300 half-open sockets blocked every request."""
+    import resource
+    import select
+    import socket
+    import threading
+
+    s = Server(tmp_path)
+    s.preexec = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    s.start(extra=("--header-timeout", "1"))
+    host, port = "127.0.0.1", int(s.url.rsplit(":", 1)[1])
+    socks, stop = [], threading.Event()
+    try:
+        for i in range(300):
+            c = socket.create_connection((host, port), timeout=30)
+            if i % 3 == 1:
+                c.sendall(b"GET /nodes HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+            socks.append(c)
+        trickled = socks[2::3]
+
+        def trickle():  # slowloris: a header byte every 0.1 s on a third of them
+            while not stop.wait(0.1):
+                for c in trickled:
+                    try:
+                        c.send(b"X")
+                    except OSError:
+                        pass
+        threading.Thread(target=trickle, daemon=True).start()
+
+        def served():
+            try:
+                return httpx.get(s.url + "/nodes", timeout=10).status_code == 200
+            except httpx.HTTPError:
+                return False
+        assert wait_for("a new request to be served", served, every=0.5)
+        open_ = set(socks)
+        end = time.monotonic() + 45
+        while open_ and time.monotonic() < end:  # every one of them is closed by the server
+            ready, _, _ = select.select(list(open_), [], [], 1.0)
+            for c in ready:
+                try:
+                    data = c.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    open_.discard(c)
+        assert not open_, f"{len(open_)} of 300 idle or trickling sockets still open"
+        assert served() and s.proc.poll() is None
+    finally:
+        stop.set()
+        for c in socks:
+            c.close()
+        s.stop()

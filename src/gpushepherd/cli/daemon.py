@@ -373,7 +373,13 @@ def register(app: typer.Typer) -> None:
                scrape_allow: Annotated[Optional[list[str]], typer.Option("--scrape-allow", help="A network (CIDR) "
                                                                          "or host a service's --metrics-url may "
                                                                          "name besides loopback and its replicas' "
-                                                                         "nodes (repeatable).")] = None) -> None:
+                                                                         "nodes (repeatable).")] = None,
+               header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, max=3600, help="Seconds a "
+                                                             "client has to send a request's headers (then "
+                                                             "closed); 30 s at most for its body.")] = 10.0,
+               max_connections: Annotated[int, typer.Option("--max-connections", min=1, max=1_000_000, help="Open "
+                                                            "HTTP connections at most (never more than the "
+                                                            "descriptor limit less 128).")] = 1000) -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -437,9 +443,12 @@ def register(app: typer.Typer) -> None:
             except SQLAlchemyError as exc:
                 err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
                 raise typer.Exit(2) from None
+        from gpushepherd.daemon.connlimit import guarded_protocol
+
         try:
             uvicorn.run(make_app(daemon, auth_required=auth == "required"), host=host, port=port,
-                        log_level="warning")
+                        log_level="warning", timeout_keep_alive=5,
+                        http=guarded_protocol(header_timeout, max(30.0, header_timeout), max_connections))
         finally:
             daemon.stop()
 
