@@ -559,3 +559,67 @@ def test_idle_and_slowloris_sockets_are_closed_and_never_starve_new_requests(tmp
         for c in socks:
             c.close()
         s.stop()
+
+
+# -- 9: restarts slowed down with the log ---------------------------------------------------
+def _metric(s: Server, name: str) -> float:
+    text = httpx.get(s.url + "/metrics", timeout=60).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_a_restart_from_a_snapshot_shows_the_same_jobs_and_replays_only_what_follows(srv, tmp_path):
+    flag = tmp_path / "flag"
+    s = srv(*FAST_REQUEUE)
+    done = [s.submit("print('ok')") for _ in range(3)]
+    failed = s.submit("import sys; sys.exit(3)")
+    lost = s.submit("print('never')", env={"PYTHONHOME": "/nonexistent"})  # lost runs, then FAILED at the limit
+    for j in (*done, failed, lost):
+        s.wait_state(j, "COMPLETED", "FAILED")
+    array = httpx.post(s.url + "/jobs", json={"class": "batch", "team": "ml", "command": ["true"],
+                                              "cwd": str(tmp_path), "array": "0-2"}, timeout=60).json()["id"]
+    s.wait_state(array, "COMPLETED")
+    running = s.submit(wait_for_file(flag), gpus=2)
+    s.wait_state(running, "RUNNING")
+    pending = s.submit("print('later')", gpus=4)
+    ids = [*done, failed, lost, array, running, pending]
+    before = {j: s.job(j) for j in ids}
+    starts = _metric(s, "gpushepherd_job_starts_total")
+    s.stop()  # a clean stop writes a snapshot
+    assert "snapshot of batch" in s.log.read_text()
+
+    s.start(policy=False)
+    assert "starting from the snapshot of batch" in s.log.read_text()
+    after = {j: s.job(j) for j in ids}
+    for j in (*done, failed, lost):  # ended jobs come from their archived records, unchanged
+        assert {k: v for k, v in after[j].items() if k not in ("sampled_at",)} == \
+            {k: v for k, v in before[j].items() if k not in ("sampled_at",)}, j
+    assert after[lost]["failure"] and after[lost]["lost_runs"] == before[lost]["lost_runs"]
+    assert after[array]["done"] == 3 and after[array]["state"] == "COMPLETED"
+    assert after[running]["state"] == "RUNNING" and after[running]["runs"] == 1  # re-attached
+    assert [h["to"] for h in after[running]["history"]] == [h["to"] for h in before[running]["history"]]
+    assert after[pending]["state"] == "PENDING"
+    assert _metric(s, "gpushepherd_job_starts_total") == starts
+    assert sorted(j["id"] for j in httpx.get(s.url + "/jobs", timeout=60).json()) == sorted(ids)
+    assert httpx.post(f"{s.url}/jobs/{done[0]}/cancel", timeout=60).json()["state"] == "COMPLETED"
+    extra = s.submit("print('after the snapshot')")  # in the log after the snapshot: the tail
+    s.wait_state(extra, "COMPLETED")
+    s.kill9()  # no snapshot this time
+    s.start(policy=False)
+    assert s.job(extra)["state"] == "COMPLETED" and s.job(done[0])["state"] == "COMPLETED"
+    flag.touch()
+    assert s.wait_state(running, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert s.wait_state(pending, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+
+
+def test_shepherd_show_and_why_name_the_requeue_limit(srv, tmp_path):
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    s = srv(*FAST_REQUEUE, "--max-requeues", "0")
+    job_id = s.submit("print('never')", env={"PYTHONHOME": "/nonexistent"})
+    assert s.wait_state(job_id, "FAILED", "COMPLETED")["state"] == "FAILED"
+    why = CliRunner().invoke(app, ["why", job_id, "--server", s.url]).output
+    assert f"job {job_id} is FAILED: lost 1 time (" in why and "the requeue limit 0 is reached" in why
+    show = CliRunner().invoke(app, ["show", job_id, "--server", s.url]).output
+    assert "lost_runs: 1" in show and "failure: lost 1 time (" in show

@@ -552,8 +552,8 @@ def register(app: typer.Typer) -> None:
                 out.print(f"  {index}: {' '.join(ids)}")
             return
         for key in ("id", "state", "reason", "class", "team", "user", "project", "gpus", "share", "placement",
-                    "priority", "runs", "preemptions", "exit_code", "launch_error", "command", "cwd", "stdout", "stderr",
-                    "checkpoint_dir"):
+                    "priority", "runs", "preemptions", "lost_runs", "failure", "exit_code", "launch_error", "command",
+                    "cwd", "stdout", "stderr", "checkpoint_dir"):
             value = (j.get(key) or "-") if key == "project" else j.get(key)
             out.print(_safe(f"{key}: {value}"), markup=False)
         if j.get("sampled_at") is not None or j.get("peak_gpu_mem_mib"):
@@ -580,7 +580,7 @@ def register(app: typer.Typer) -> None:
         elif j["placement"]:
             out.print(f"job {j['id']} is {j['state']} on {j['placement']}")
         else:
-            last = j.get("reason") or (j["history"][-1]["reason"] if j["history"] else "")
+            last = j.get("failure") or j.get("reason") or (j["history"][-1]["reason"] if j["history"] else "")
             if j.get("launch_error"):
                 last = f"{last}; {j['launch_error']}" if last else j["launch_error"]
             out.print(_safe(f"job {j['id']} is {j['state']}: {last}"), markup=False)

@@ -31,7 +31,6 @@ from gpushepherd.core.scheduler import SpecError
 from gpushepherd.policy.load import PolicyError, override_cluster, policy_from_dict, read_policy_dict
 from gpushepherd.sim.engine import Simulator
 from gpushepherd.sim.mapping import to_sim_jobs
-from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs
 from gpushepherd.sim.scenario import ScenarioError, expand_ids, load_scenario, run_scenario
 from gpushepherd.sim.traces import TraceError, parse_days, read_trace, select
 
@@ -250,6 +249,8 @@ def simulate(
         pol = policy_from_dict(raw, str(policy_path))
         if cluster:
             pol = policy_from_dict(override_cluster(raw, cluster), f"--cluster {cluster}")
+        from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs  # pandas: only here
+
         rows = read_trace(trace_path, fmt, mapping)
         rows = select(rows, parse_days(days) if days else None, load)
         if not rows:

@@ -338,13 +338,10 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     def job_team(job_id: str) -> str:
         with daemon.lock:
-            job = daemon.sched.jobs.get(job_id)
-            arr = daemon.arrays.get(job_id)
-        if arr is not None:
-            return arr.spec["team"]
-        if job is None:
+            team = daemon.job_team(job_id)
+        if team is None:
             raise HTTPException(404, f"job {job_id!r}: no such job")
-        return job.spec.team
+        return team
 
     def may_act_on(p: Principal | None, job_id: str, what: str) -> None:
         team = job_team(job_id)

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpushepherd.backends import Backend, BackendError, make_backend, node_mismatches as engine_mismatches
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
+from gpushepherd.core.state import Transition
 from gpushepherd.core.filters import inventory_misfit, job_filter
 from gpushepherd.daemon.arrays import (
     MAX_LIVE_TASKS,
@@ -74,6 +75,17 @@ HEARTBEAT_S = 5.0
 MAX_REQUEUE_BACKOFF_S = 300.0
 #: the longest wait between two attempts of a step that failed (seconds)
 MAX_FAILED_STEP_WAIT_S = 5.0
+#: a snapshot after this many batches, or this many seconds with at least one batch (note 017)
+SNAPSHOT_EVERY_BATCHES = 2000
+SNAPSHOT_EVERY_S = 300.0
+#: the format of a snapshot's payload
+SNAPSHOT_FORMAT = 1
+#: archived job records kept in memory for views
+ARCHIVE_CACHE = 4096
+#: ended jobs archived per loop iteration at most (the rest at the next ones)
+ARCHIVE_CHUNK = 2000
+#: the final states of a job (the jobs table's state column)
+TERMINAL_STATES = tuple(s.value for s in JobState if s.terminal)
 #: idempotency keys kept in memory (the database keeps them all for IDEMPOTENCY_TTL_S)
 IDEMPOTENCY_CACHE = 10_000
 #: seconds an idempotency key is kept (Stripe's 24 h)
@@ -174,6 +186,10 @@ class Daemon:
         self._pending_rows: dict[str, dict[str, Any]] = {}
         self._fail_wait = 0.0  # seconds to wait before the next step after a failed one
         self._idem: dict[tuple[str, str], tuple[str, str]] = {}  # (scope, key) -> (body hash, job id)
+        # snapshots (note 017): the last batch the newest one covers, when it was taken,
+        # whether one is due now; archived records read for views (job -> record)
+        self._snap_batch, self._snap_t, self._snapshot_due = 0, 0.0, False
+        self._archive: dict[str, dict] = {}
         self.ratelog = RateLog(log)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -249,6 +265,11 @@ class Daemon:
         self.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+            with self.lock:  # the next start reads this instead of the log since the last one
+                if self.store.last_batch != self._snap_batch or self._snapshot_due:
+                    for _ in range(len(self.sched.jobs) // ARCHIVE_CHUNK + 2):
+                        if self.take_snapshot(max(self.clock(), self.sched.now)):
+                            break
         self.store.release_lock()
         self.store.close()
         self._unlock_data_dir()
@@ -321,14 +342,30 @@ class Daemon:
         self.policies = self.store.policy_history()
 
     def _replay(self) -> None:
-        """Rebuild the core from the log. A logged policy the live jobs cannot be
-        restored under (logged by a server before ``--policy`` was checked) is skipped,
-        with a warning and ``skipped`` (why) in its history entry: the policy before it
-        stays in force, so such a data dir starts again."""
+        """Rebuild the core: from the newest snapshot, if any, and the batches after it
+        (note 017), else from the whole log (then a snapshot is taken once the server
+        runs). A logged policy the live jobs cannot be restored under (logged by a
+        server before ``--policy`` was checked) is skipped, with a warning and
+        ``skipped`` (why) in its history entry: the policy before it stays in force, so
+        such a data dir starts again."""
         sched = None
         skipped: dict[int, str] = {}  # policy version -> why
-        version = 0
-        for _t, kind, item in self.store.batches(daemon=True):
+        version, after = 0, 0
+        snap = self.store.last_snapshot()
+        if snap is not None and snap[2].get("format") != SNAPSHOT_FORMAT:
+            log.warning("the newest snapshot has format %r, not %d: replaying the whole log", snap[2].get("format"),
+                        SNAPSHOT_FORMAT)
+            snap = None
+        if snap is not None:
+            after, _t, payload = snap
+            sched, version = self._from_snapshot(payload)
+            skipped = {int(k): v for k, v in payload.get("skipped", {}).items()}
+            self._snap_batch, self._snap_t = after, time.time()
+            log.info("starting from the snapshot of batch %d (%d jobs not ended, %d archived); replaying the batches "
+                     "after it", after, len(sched.jobs), len(self.ended_states))
+        else:
+            self._snapshot_due = True  # the next start reads a snapshot instead of this whole log
+        for _t, kind, item in self.store.batches(daemon=True, after=after):
             if kind == "policy":
                 version += 1
                 rules = policy_from_dict(item, source="policy in the event log", intake=False).rules
@@ -357,10 +394,134 @@ class Daemon:
                 self._track(d)
             self.metrics.observe(sched.now, item, decisions)  # counters rebuilt from the log (note 011)
         self.sched = sched
+        self._skipped = skipped
         self.policies = self.store.policy_history()
         for p in self.policies:
             if p["version"] in skipped:
                 p["skipped"] = skipped[p["version"]]
+
+    # ------------------------------------------------------------ snapshots (note 017)
+    def _from_snapshot(self, payload: dict) -> tuple[Scheduler, int]:
+        """The core and the daemon's state from a snapshot's ``payload``; returns the
+        core and the policy version in force (the ended jobs' records stay in the
+        database, their states are read)."""
+        version = int(payload["policy_version"])
+        history = self.store.policy_history()
+        rules = policy_from_dict(history[version - 1]["policy"], source="policy in the event log", intake=False).rules
+        self.rules = rules
+        sched = Scheduler.restore(rules, payload["core"])
+        for job_id, lines in payload["histories"].items():
+            job = sched.jobs.get(job_id)
+            if job is not None:
+                job.history[:] = [Transition(float(t), a, b, r, int(ev)) for t, a, b, r, ev in lines]
+        self.runs = Counter({j: int(n) for j, n in payload["runs"].items()})
+        self.placements = {j: Placement(tuple((n, tuple(g)) for n, g in v["parts"]), v["share"])
+                           for j, v in payload["placements"].items()}
+        self.lost = {j: [RunLost(*r) for r in recs] for j, recs in payload["lost"].items()}
+        for j, peak in payload["peaks"].items():
+            self.sampled.setdefault(j, {"peak_gpu_mem_mib": 0})["peak_gpu_mem_mib"] = int(peak)
+        self.unmanaged_flag = {(n, int(g)): bool(f) for n, g, f in payload["unmanaged"]}
+        self.metrics.load(payload["metrics"])
+        self.ended_states = self.store.ended_states()
+        return sched, version
+
+    def _policy_version(self) -> int:
+        """The version (1, 2, ...) of the policy in force."""
+        return self._in_force()["version"]
+
+    def take_snapshot(self, now: float) -> bool:
+        """Write a snapshot of the core and the daemon's state covering every batch
+        committed so far, with an ``ended_jobs`` row for each job that ended since the
+        last one (called with ``self.lock`` held, between steps). When more than
+        ``ARCHIVE_CHUNK`` ended jobs wait (the first snapshot of a long log), only that
+        many are archived (committed) per call and the snapshot itself is written by a
+        later call: the loop is never held for long. Never raises: a failed write is
+        logged (once a minute) and retried later; returns whether the snapshot was
+        written."""
+        sched = self.sched
+        try:
+            live = {j for j, x in sched.jobs.items() if not x.state.terminal}
+            ended = [j for j, x in sched.jobs.items() if x.state.terminal and j not in self.ended_states]
+            if len(ended) > ARCHIVE_CHUNK:  # archive a chunk now, the rest (and the snapshot) next time
+                chunk = ended[:ARCHIVE_CHUNK]
+                self.store.archive_jobs([{"id": j, "state": sched.jobs[j].state.value,
+                                          "record": json.dumps(self._record(sched.jobs[j]))} for j in chunk])
+                for j in chunk:
+                    self.ended_states[j] = sched.jobs[j].state.value
+                self._snapshot_due = True
+                return False
+            payload = {
+                "format": SNAPSHOT_FORMAT, "policy_version": self._policy_version(),
+                "skipped": {str(k): v for k, v in getattr(self, "_skipped", {}).items()},
+                "core": self.live_snapshot(sched),
+                "histories": {j: self._history_rows(sched.jobs[j]) for j in live},
+                "runs": {j: n for j, n in self.runs.items() if j in live},
+                "placements": {j: {"parts": [[n, list(g)] for n, g in pl.parts], "share": pl.share}
+                               for j, pl in self.placements.items() if j in live and sched.jobs[j].state.holds_gpus},
+                "lost": {j: [[r.t, r.job_id, r.run, r.cause, r.final, r.reason] for r in recs]
+                         for j, recs in self.lost.items() if j in live},
+                "peaks": {j: rec.get("peak_gpu_mem_mib", 0) for j, rec in self.sampled.items() if j in live},
+                "unmanaged": [[n, g, f] for (n, g), f in sorted(self.unmanaged_flag.items())],
+                "metrics": self.metrics.state(),
+            }
+            rows = [{"id": j, "state": sched.jobs[j].state.value, "record": json.dumps(self._record(sched.jobs[j]))}
+                    for j in ended]
+            batch = self.store.last_batch
+            self.store.write_snapshot(batch, now, payload, rows)
+            self.store.idempotency_prune(now - IDEMPOTENCY_TTL_S)
+        except Exception as exc:
+            self.ratelog.error(f"snapshot:{storage_reason(exc) or type(exc).__name__}", "snapshot not written: %s; "
+                               "retried later", storage_reason(exc) or f"{type(exc).__name__}: {exc}")
+            return False
+        for j in ended:
+            self.ended_states[j] = sched.jobs[j].state.value
+        self._snap_batch, self._snap_t, self._snapshot_due = batch, now, False
+        log.info("snapshot of batch %d: %d jobs not ended, %d archived", batch, len(live), len(rows))
+        return True
+
+    def _maybe_snapshot(self, now: float) -> None:
+        batches = self.store.last_batch - self._snap_batch
+        if self._snapshot_due or batches >= SNAPSHOT_EVERY_BATCHES or (
+                batches and now - self._snap_t >= SNAPSHOT_EVERY_S):
+            self.take_snapshot(now)
+
+    @staticmethod
+    def _history_rows(job) -> list[list]:
+        return [[h.t, str(getattr(h.from_state, "value", h.from_state)), str(getattr(h.to_state, "value", h.to_state)),
+                 h.reason, h.event] for h in job.history]
+
+    def _record(self, job) -> dict:
+        """What stays of an ended job for its views once it is archived."""
+        return {"spec": spec_to_dict(job.spec), "state": job.state.value, "history": self._history_rows(job),
+                "first_start": job.first_start, "runs": self.runs[job.id], "preemptions": job.preemptions,
+                "reason": str(job.reason) if job.state is JobState.REJECTED else None,
+                "priority": self.sched.priority_factors(job.id)["priority"] if job.id in self.sched.jobs else None,
+                "usage": self._usage_view(job),
+                "lost": [[r.t, r.job_id, r.run, r.cause, r.final, r.reason] for r in self.lost.get(job.id, ())]}
+
+    def archived(self, job_id: str) -> dict | None:
+        """The record of a job archived before this server started (``None``: not one)."""
+        if job_id not in self.ended_states or job_id in self.sched.jobs:
+            return None
+        rec = self._archive.get(job_id)
+        if rec is None:
+            rec = self.store.ended_records([job_id]).get(job_id)
+            if rec is None:
+                return None
+            if len(self._archive) >= ARCHIVE_CACHE:
+                self._archive.pop(next(iter(self._archive)))
+            self._archive[job_id] = rec
+        return rec
+
+    def job_team(self, job_id: str) -> str | None:
+        """The team of a job or array, archived ones included; ``None``: no such job."""
+        if job_id in self.arrays:
+            return self.arrays[job_id].spec["team"]
+        job = self.sched.jobs.get(job_id)
+        if job is not None:
+            return job.spec.team
+        rec = self.archived(job_id)
+        return rec["spec"]["team"] if rec is not None else None
 
     @staticmethod
     def live_snapshot(sched: Scheduler) -> dict:
@@ -454,7 +615,7 @@ class Daemon:
                 max_retries=r["max_retries"], submit_time=r["submit_time"], spec=json.loads(r["spec"]),
                 argv=json.loads(r["argv"]), shell=r["shell"], env=json.loads(r["env"]), cwd=r["cwd"],
                 cancelled=r["cancelled"])
-        for job_id in self.store.job_rows():
+        for job_id in self.store.job_ids(containing="_"):  # array children only
             parsed = parse_child_id(job_id)
             if parsed and parsed[0] in self.arrays:
                 self.arrays[parsed[0]].attempts.setdefault(parsed[1], []).append(job_id)
@@ -480,9 +641,21 @@ class Daemon:
     def _reconcile(self) -> None:
         """Make processes match the replayed core (the core is the truth)."""
         sched, backend = self.sched, self.backend
-        for job_id, row in self.store.job_rows().items():
+        # the rows that matter: jobs the core has not ended, and rows that do not say
+        # ended (a process may live on) - never every row of a long history (note 017)
+        rows = self.store.job_rows(not_in_states=TERMINAL_STATES)
+        live = [j for j, x in sched.jobs.items() if not x.state.terminal and j not in rows]
+        rows.update(self.store.job_rows(ids=live))
+        for job_id, row in sorted(rows.items(), key=lambda kv: kv[1]["num"]):
             job = sched.jobs.get(job_id)
-            if job is None:
+            if job is None:  # archived (ended before the snapshot): only its processes matter
+                if job_id in self.ended_states and row["run"]:
+                    proc = backend.attach(job_id, row["run"], row["pid"], row["proc_start"])
+                    if proc is not None and backend.running(job_id):
+                        log.warning("job %s is %s but its processes live: killing them", job_id,
+                                    self.ended_states[job_id])
+                        backend.kill(job_id)
+                    self.store.update_job(job_id, state=self.ended_states[job_id])
                 continue
             if job.state.holds_gpus:
                 run = self.runs[job_id]
@@ -542,7 +715,7 @@ class Daemon:
             return [], None
         k = len(records) + 1
         if k > self.max_requeues:
-            reason = (f"lost {k} times (each run ended without an exit code): the requeue limit "
+            reason = (f"lost {k} time{'s' * (k != 1)} (each run ended without an exit code): the requeue limit "
                       f"{self.max_requeues} is reached (--max-requeues); last: {cause}")
             rec = RunLost(now, job.id, run, cause, final=True, reason=reason)
             log.error("job %s failed: %s", job.id, reason)
@@ -667,6 +840,7 @@ class Daemon:
             self.sched, self.rules = new, pol.rules
             self.policies.append({"version": version + 1, "t": now, "by": by, "source": source, "policy": raw})
             self.deferred.append(Tick(0.0))  # a cycle under the new rules in this step (logged, so replayed)
+            self._snapshot_due = True  # a restart then never restores under the old rules first
             log.info("policy version %d applied by %r from %s", version + 1, by, source)
             fut.set_result({**self.policy_view(), "applied": True,
                             "message": f"version {version + 1} applied (was {was})"})
@@ -701,6 +875,8 @@ class Daemon:
                 self._stop.wait(self._fail_wait)
             else:
                 self._fail_wait = 0.0
+                with self.lock:
+                    self._maybe_snapshot(max(self.clock(), self.sched.now))
                 self.wake.wait(self.poll_s)
             self.wake.clear()
 
@@ -973,7 +1149,9 @@ class Daemon:
             replies.append((fut, lambda r=rec: self._array_progress(r)["state"]))
         elif kind == "cancel":
             job = self.sched.jobs.get(arg)
-            if job is None:
+            if job is None and arg in self.ended_states:  # ended before this server started
+                fut.set_result(self.ended_states[arg])
+            elif job is None:
                 fut.set_exception(KeyError(arg))
             elif job.state.terminal or any(isinstance(e, JobCancelled) and e.job_id == arg for e in batch):
                 fut.set_result(job.state.value)
@@ -1154,9 +1332,14 @@ class Daemon:
         if job_id in self.arrays:
             return self.array_view(self.arrays[job_id], history=history)
         job = self.sched.jobs.get(job_id)
-        row = row if row is not None else self.store.job_row(job_id)
-        if job is None or row is None:
+        if job is None and job_id not in self.ended_states:
             return None
+        row = row if row is not None else self.store.job_row(job_id)
+        if row is None:
+            return None
+        if job is None:
+            rec = self.archived(job_id)
+            return None if rec is None else self._archived_view(job_id, rec, row, history)
         spec = job.spec
         pending = job.state is JobState.PENDING
         reason = self.sched.pending_reason(job_id) if pending else None
@@ -1182,6 +1365,29 @@ class Daemon:
             view["history"] = [{"t": h.t, "from": str(getattr(h.from_state, "value", h.from_state)),
                                 "to": str(getattr(h.to_state, "value", h.to_state)), "reason": h.reason}
                                for h in job.history]
+            view["cwd"] = row["cwd"]
+            view["stdout"], view["stderr"] = row["stdout"], row["stderr"]
+            view["checkpoint_dir"] = str(self.backend.checkpoint_dir(job_id))
+        return view
+
+    def _archived_view(self, job_id: str, rec: dict, row: dict, history: bool) -> dict[str, Any]:
+        """``job_view`` of a job archived before this server started (note 017): its
+        record, as it was when it ended, and its jobs row."""
+        spec = rec["spec"]
+        share = spec_from_dict(spec).share
+        lost = [RunLost(*r) for r in rec.get("lost", [])]
+        view = {
+            "id": job_id, "state": rec["state"], "class": spec["workload_class"], "team": spec["team"],
+            "user": spec["user"], "project": spec.get("project", ""), "gpus": spec["gpus"],
+            "share": str(share) if share else None, "submit_time": spec["submit_time"],
+            "first_start": rec["first_start"], "runs": rec["runs"], "preemptions": rec["preemptions"],
+            "placement": None, "reason": rec["reason"], "estimated_start": None, "priority": rec["priority"],
+            "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
+            "launch_error": self.launch_errors.get(job_id), "lost_runs": len(lost),
+            "failure": next((r.reason for r in lost if r.final), None), **rec["usage"],
+        }
+        if history:
+            view["history"] = [{"t": t, "from": a, "to": b, "reason": r} for t, a, b, r, _ev in rec["history"]]
             view["cwd"] = row["cwd"]
             view["stdout"], view["stderr"] = row["stdout"], row["stderr"]
             view["checkpoint_dir"] = str(self.backend.checkpoint_dir(job_id))
@@ -1230,7 +1436,21 @@ class Daemon:
         out = [(r["num"], j, r) for j, r in rows.items()
                if children or not ((c := parse_child_id(j)) and c[0] in self.arrays)]
         out += [(a.num, a.id, None) for a in self.arrays.values()]
-        return [v for v in (self.job_view(j, r) for _n, j, r in sorted(out, key=lambda x: x[0])) if v is not None]
+        wanted = [j for _n, j, _r in out if j not in self.sched.jobs and j in self.ended_states
+                  and j not in self._archive]
+        if wanted:  # the archived records in one read, not one per job
+            extra = self.store.ended_records(wanted)
+        else:
+            extra = {}
+        views = []
+        for _n, j, r in sorted(out, key=lambda x: x[0]):
+            if j in extra:
+                views.append(self._archived_view(j, extra[j], r, False))
+            else:
+                v = self.job_view(j, r)
+                if v is not None:
+                    views.append(v)
+        return views
 
     def nodes_view(self) -> list[dict]:
         """Each policy node: GPUs, which jobs hold them, this server's inventory; under an
@@ -1287,7 +1507,8 @@ class Daemon:
         usage in GPU-seconds at the core's time, fair-share factor in [0, 1]."""
         sched = self.sched
         t = sched.now
-        teams = sorted(set(self.rules.teams) | {j.spec.team for j in sched.jobs.values()})
+        used = {row[1] for row in sched.usage.snapshot(t) if row and row[0] == "team"} if t != float("-inf") else set()
+        teams = sorted(set(self.rules.teams) | {j.spec.team for j in sched.jobs.values()} | used)
         in_use: Counter = Counter()
         for job in sched.holding():
             in_use[job.spec.team] += job.fraction

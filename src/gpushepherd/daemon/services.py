@@ -283,7 +283,7 @@ class Services:
         owners = {}
         for svc in self.by_num.values():  # a reused name: the newest service older than the replica owns it
             owners.setdefault(svc.name, []).append(svc)
-        for job_id, row in self.daemon.store.job_rows().items():
+        for job_id in self.daemon.store.job_ids(containing="."):  # replicas only
             name, dot, n = job_id.rpartition(".")
             if dot and n.isdigit() and name in owners:
                 mine = [s for s in owners[name] if s.num < int(n)]

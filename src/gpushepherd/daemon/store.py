@@ -70,7 +70,8 @@ events = Table(
     Column("seq", Integer, primary_key=True, autoincrement=True),
     Column("batch", Integer, nullable=False, index=True),
     Column("t", Float, nullable=False),
-    Column("kind", String(32), nullable=False),  # policy | submit | exit | cancel | requeue | tick | usage | unmanaged
+    # policy | submit | exit | cancel | requeue | tick | usage | unmanaged | lost (the daemon's)
+    Column("kind", String(32), nullable=False, index=True),
     Column("job_id", String(64), nullable=True),
     Column("payload", Text, nullable=False, default="{}"),
 )
@@ -587,6 +588,69 @@ class Store:
         """The number of the last batch this store committed (or found at open)."""
         return self._batch
 
+    # -- snapshots and ended jobs (note 017) ------------------------------------------
+    def last_snapshot(self) -> tuple[int, float, dict] | None:
+        """The newest snapshot: ``(last batch it covers, t, payload)``, or ``None``."""
+        with self.engine.connect() as c:
+            row = c.execute(select(snapshots.c.batch, snapshots.c.t, snapshots.c.payload)
+                            .order_by(snapshots.c.seq.desc()).limit(1)).first()
+        return (row[0], row[1], json.loads(row[2])) if row else None
+
+    def write_snapshot(self, batch: int, t: float, payload: dict, ended: list[dict], keep: int = 2) -> None:
+        """Commit a snapshot covering the log up to ``batch`` and, in the same
+        transaction, the ``ended_jobs`` rows (``id``, ``state``, ``record`` JSON) of the
+        jobs that ended since the previous one; older snapshots beyond the newest
+        ``keep`` are deleted.
+
+        Raises:
+            SQLAlchemyError: nothing of it was written.
+        """
+        with self.engine.begin() as c:
+            if ended:
+                c.execute(insert(ended_jobs), ended)
+            c.execute(insert(snapshots).values(batch=batch, t=t, payload=json.dumps(payload, separators=(",", ":"))))
+            seqs = [r[0] for r in c.execute(select(snapshots.c.seq).order_by(snapshots.c.seq.desc()))]
+            if len(seqs) > keep:
+                c.execute(snapshots.delete().where(snapshots.c.seq <= seqs[keep]))
+        if self.engine.dialect.name == "sqlite":  # a small WAL: a restart after kill -9 recovers it fast
+            try:
+                with self.engine.connect() as c:
+                    c.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            except OperationalError:
+                pass  # readers in the way: the next automatic checkpoint does it
+
+    def archive_jobs(self, rows: list[dict]) -> None:
+        """Commit ``ended_jobs`` rows (``id``, ``state``, ``record`` JSON) ahead of the
+        snapshot that will cover them (a long first archive, in chunks).
+
+        Raises:
+            SQLAlchemyError: none of them was written.
+        """
+        with self.engine.begin() as c:
+            c.execute(insert(ended_jobs), rows)
+
+    def ended_states(self) -> dict[str, str]:
+        """Job id -> final state of every job in ``ended_jobs``."""
+        with self.engine.connect() as c:
+            return dict(c.execute(select(ended_jobs.c.id, ended_jobs.c.state)).all())
+
+    def ended_records(self, ids: list[str] | None = None) -> dict[str, dict]:
+        """Job id -> the archived record (spec, history, view fields) of the jobs
+        ``ids`` (``None``: all)."""
+        q = select(ended_jobs.c.id, ended_jobs.c.record)
+        out = {}
+        with self.engine.connect() as c:
+            if ids is None:
+                rows = c.execute(q).all()
+            else:
+                rows = []
+                ids = list(ids)
+                for i in range(0, len(ids), 500):  # bounded IN lists
+                    rows += c.execute(q.where(ended_jobs.c.id.in_(ids[i:i + 500]))).all()
+        for job_id, record in rows:
+            out[job_id] = json.loads(record)
+        return out
+
     # -- idempotency keys (note 017) ---------------------------------------------
     def idempotency_get(self, scope: str, key: str) -> tuple[str, str] | None:
         """``(body hash, job id)`` of an ``Idempotency-Key`` committed for ``scope``, or ``None``."""
@@ -626,10 +690,30 @@ class Store:
             row = c.execute(select(jobs).where(jobs.c.id == job_id)).mappings().first()
         return dict(row) if row else None
 
-    def job_rows(self) -> dict[str, dict]:
-        """Every ``jobs`` row, as ``{job id: row dict}``."""
+    def job_rows(self, ids: list[str] | None = None, not_in_states: tuple[str, ...] = ()) -> dict[str, dict]:
+        """``jobs`` rows, as ``{job id: row dict}`` in job number order: every row, or
+        those of ``ids``, or (``not_in_states``) those whose state column is none of
+        these."""
+        q = select(jobs).order_by(jobs.c.num)
+        if not_in_states:
+            q = q.where(jobs.c.state.not_in(list(not_in_states)))
         with self.engine.connect() as c:
-            return {r["id"]: dict(r) for r in c.execute(select(jobs).order_by(jobs.c.num)).mappings()}
+            if ids is None:
+                return {r["id"]: dict(r) for r in c.execute(q).mappings()}
+            out, ids = {}, list(ids)
+            for i in range(0, len(ids), 500):
+                out.update({r["id"]: dict(r) for r in c.execute(q.where(jobs.c.id.in_(ids[i:i + 500]))).mappings()})
+            return out
+
+    def job_ids(self, containing: str = "") -> list[str]:
+        """Job ids in job number order (no other column: cheap at a start); only those
+        containing ``containing`` when given (``_``: array children, ``.``: service
+        replicas), filtered by the database."""
+        q = select(jobs.c.id).order_by(jobs.c.num)
+        if containing:
+            q = q.where(jobs.c.id.contains(containing, autoescape=True))
+        with self.engine.connect() as c:
+            return list(c.execute(q).scalars())
 
     def update_job(self, job_id: str, **values: Any) -> None:
         """Set columns of one ``jobs`` row (no fsync of its own: note 008, "Submission

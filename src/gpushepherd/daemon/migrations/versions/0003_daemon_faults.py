@@ -1,5 +1,6 @@
 """The daemon under faults (note 017): tables ``snapshots``, ``ended_jobs`` and
-``idempotency_keys``.
+``idempotency_keys``; an index on ``events.kind`` (the policy history is read by kind at
+every start).
 
 Revision ID: 0003_daemon_faults
 Revises: 0002_services
@@ -37,9 +38,11 @@ def upgrade() -> None:
         sa.Column("created", sa.Float, nullable=False),
     )
     op.create_index("ix_idempotency_keys_created", "idempotency_keys", ["created"])
+    op.create_index("ix_events_kind", "events", ["kind"], if_not_exists=True)
 
 
 def downgrade() -> None:
+    op.drop_index("ix_events_kind", "events")
     op.drop_table("idempotency_keys")
     op.drop_table("ended_jobs")
     op.drop_table("snapshots")
