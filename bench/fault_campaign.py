@@ -111,6 +111,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.first = True
         self.token = ""
+        self.cpu: list[float] = []
 
     def spawn(self) -> float:
         args = [sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(self.data), "--port",
@@ -123,12 +124,17 @@ class Server:
         return time.monotonic()
 
     def wait_up(self, t0: float, deadline_s: float = 180.0) -> float:
+        """Seconds from ``t0`` (the spawn) to the first answer; the CPU seconds the server
+        used until then are appended to ``self.cpu`` (what a start costs, whatever else
+        the machine runs)."""
         end = t0 + deadline_s
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise SystemExit(f"the server exited ({self.proc.returncode}); log: {self.log.read_text()[-3000:]}")
             try:
                 if httpx.get(self.url + "/nodes", timeout=5, headers=self.headers).status_code == 200:
+                    fields = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+                    self.cpu.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
                     return time.monotonic() - t0
             except httpx.HTTPError:
                 pass
@@ -344,7 +350,9 @@ def campaign(base: Path, kills: int, startup_kills: int, seed: int) -> dict:
         "failed_at_requeue_limit": sum(1 for v in jobs if v.get("failure")),
         "ran_again_after_completing": len(again), "relaunch_loops": len(loops), "stuck_not_ended": len(stuck),
         "time_to_serve_s": {"starts": len(serve_times), "median": round(statistics.median(serve_times), 2),
-                            "max": round(max(serve_times), 2)},
+                            "max": round(max(serve_times), 2),
+                            "cpu_s_median": round(statistics.median(s.cpu), 2), "cpu_s_max": round(max(s.cpu), 2),
+                            "load_average_at_end": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()},
         "examples": {"lost": lost[:5], "doubled": dict(list(doubled.items())[:5]), "again": again[:5],
                      "loops": loops[:5], "stuck": stuck[:5]},
     }

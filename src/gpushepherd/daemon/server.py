@@ -1024,15 +1024,15 @@ class Daemon:
             run = self.live_run.get(d.job_id)
             if run is None:
                 return  # no process (lost, never launched, ended): nothing to signal or kill
-            if isinstance(d, Stop) and d.grace_s <= 0 and (d.requeue or d.reason == "cancelled"):
-                self.backend.kill(d.job_id)  # the core released its GPUs already: nothing may outlive that
-                self.kills.pop(d.job_id, None)
-                return
             job = self.sched.jobs.get(d.job_id)
             try:
+                if isinstance(d, Stop) and d.grace_s <= 0 and (d.requeue or d.reason == "cancelled"):
+                    self.backend.kill(d.job_id)  # the core released its GPUs already: nothing may outlive that
+                    self.kills.pop(d.job_id, None)
+                    return
                 self.backend.signal(d.job_id, getattr(signal, job.cls.stop_signal if job else "SIGTERM"))
             except Exception:  # an engine command that failed: the kill at the end of the grace is the backstop
-                self.ratelog.exception(f"signal:{d.job_id}", "job %s: cannot signal its run", d.job_id)
+                self.ratelog.exception(f"signal:{d.job_id}", "job %s: cannot signal or kill its run", d.job_id)
             due = now + d.grace_s
             self.kills[d.job_id] = (run, due)
             self._pending_rows.setdefault(d.job_id, {})["kill_at"] = due
@@ -1092,10 +1092,6 @@ class Daemon:
             self.ratelog.error(f"pids:{storage_reason(exc) or type(exc).__name__}", "pids of started runs not "
                                "written yet: %s; retried", storage_reason(exc) or exc)
             self._pending_rows.update(started)
-
-    def _launch(self, job_id: str, run: int, placement: Placement, row: dict) -> None:
-        self._launches.append((job_id, run, placement, row))
-        self._do_launches()
 
     def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list, new_arrays: list,
                  keys: list) -> None:

@@ -26,6 +26,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -165,6 +166,8 @@ ended_jobs = Table(
     Column("id", String(64), primary_key=True),
     Column("state", String(16), nullable=False),
     Column("record", Text, nullable=False),  # JSON: spec, history, runs and the view's fields at the end
+    # covering (id, state): a start reads every ended job's state without the records' pages
+    Index("ix_ended_jobs_id_state", "id", "state"),
 )
 
 idempotency_keys = Table(
@@ -706,12 +709,15 @@ class Store:
             return out
 
     def job_ids(self, containing: str = "") -> list[str]:
-        """Job ids in job number order (no other column: cheap at a start); only those
+        """Job ids (no other column: cheap at a start), in job number order; only those
         containing ``containing`` when given (``_``: array children, ``.``: service
-        replicas), filtered by the database."""
-        q = select(jobs.c.id).order_by(jobs.c.num)
+        replicas), filtered by the database and then in no particular order (the id
+        index alone answers it)."""
+        q = select(jobs.c.id)
         if containing:
             q = q.where(jobs.c.id.contains(containing, autoescape=True))
+        else:
+            q = q.order_by(jobs.c.num)
         with self.engine.connect() as c:
             return list(c.execute(q).scalars())
 

@@ -29,6 +29,7 @@ def upgrade() -> None:
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("record", sa.Text, nullable=False),
     )
+    op.create_index("ix_ended_jobs_id_state", "ended_jobs", ["id", "state"])
     op.create_table(
         "idempotency_keys",
         sa.Column("scope", sa.String(300), primary_key=True),
