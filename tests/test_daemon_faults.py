@@ -623,3 +623,27 @@ def test_shepherd_show_and_why_name_the_requeue_limit(srv, tmp_path):
     assert f"job {job_id} is FAILED: lost 1 time (" in why and "the requeue limit 0 is reached" in why
     show = CliRunner().invoke(app, ["show", job_id, "--server", s.url]).output
     assert "lost_runs: 1" in show and "failure: lost 1 time (" in show
+
+
+def test_a_data_dir_that_cannot_take_the_exit_file_fails_the_job_at_the_limit_not_in_a_loop(tmp_path, small_tmpfs):
+    """Point 1's full disk: the keeper cannot write the exit file, the run is lost; the
+    requeue limit (or the launch failing on the full disk) ends it - it never loops."""
+    s = Server(tmp_path, db=f"sqlite:///{tmp_path / 'shepherd.db'}")
+    s.data = small_tmpfs / "data"
+    s.start(extra=(*FAST_REQUEUE, "--max-requeues", "2"))
+    try:
+        flag = tmp_path / "flag"
+        job_id = s.submit(wait_for_file(flag))
+        s.wait_state(job_id, "RUNNING")
+        _fill(small_tmpfs)
+        flag.touch()
+        job = s.wait_state(job_id, "FAILED", "COMPLETED")
+        assert job["state"] == "FAILED" and 1 <= job["runs"] <= 3, job
+        assert job["failure"] or job["launch_error"], job
+        assert wait_for("all GPUs free", lambda: s.free_gpus() == 4)
+        runs = job["runs"]
+        other = s.submit("print('barrier')", cwd="/")  # a barrier: the loop went on; the job stays ended
+        s.wait_state(other, "COMPLETED", "FAILED")
+        assert s.job(job_id)["runs"] == runs and s.job(job_id)["state"] == "FAILED"
+    finally:
+        s.stop()
