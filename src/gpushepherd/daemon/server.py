@@ -527,14 +527,16 @@ class Daemon:
     def live_snapshot(sched: Scheduler) -> dict:
         """``sched.snapshot()`` of the jobs not ended only (ended jobs never change:
         they are carried over, or archived, as they are), as fresh JSON data. The core
-        is given, for that call, a ``jobs`` dict without the ended ones (the core has no
-        ``snapshot(live_only=True)`` yet; note 017)."""
-        full = sched.jobs
-        sched.jobs = {j: x for j, x in full.items() if not x.state.terminal}
+        is given, for that call, a ``jobs`` dict without the ended ones - on the object
+        that holds it (the scheduler, or core v2's ``book``): the core has no
+        ``snapshot(live_only=True)`` yet (note 017)."""
+        holder = getattr(sched, "book", sched)
+        full = holder.jobs
+        holder.jobs = {j: x for j, x in full.items() if not x.state.terminal}
         try:
             return json.loads(json.dumps(sched.snapshot()))
         finally:
-            sched.jobs = full
+            holder.jobs = full
 
     @classmethod
     def _restored(cls, sched: Scheduler, rules) -> Scheduler:
