@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_daemon import Server, wait_for
 
 from gpushepherd.daemon.arrays import MAX_TASKS, child_id, parse_array, parse_child_id
@@ -188,3 +190,39 @@ def test_array_client_commands_and_cancel(started, tmp_path):
     assert a["state"] == "CANCELLED" and a["runs"] == 2 and a["done"] == 0
     assert all(k["state"] == "CANCELLED" for k in children(s, array_id))
     assert wait_for("all GPUs free", lambda: s.free_gpus() == 4)
+
+
+@given(n=st.integers(1, 40), throttle=st.integers(1, 8), retries=st.integers(0, 2), seed=st.integers(0, 10**6))
+@settings(max_examples=60, deadline=None)
+def test_incremental_array_progress_equals_the_full_count(n, throttle, retries, seed):
+    """Lazy expansion (issue 19, note 017) keeps an array's progress incrementally; at
+    every step it must say what counting every chunk's last attempt says (``progress``)."""
+    import random
+
+    from gpushepherd.daemon.arrays import ArrayRec, progress
+
+    rng = random.Random(seed)
+    rec = ArrayRec(id="7", num=7, text="x", indices=sorted(rng.sample(range(1000), n)), throttle=throttle,
+                   max_retries=retries, submit_time=0.0, spec={}, argv=[], shell=False, env={}, cwd="/")
+    states: dict[str, str] = {}
+    rec.rebuild(states.get)
+    for _step in range(200):
+        rec.update(states.get)
+        live = rec.counts(states.get)["live"]
+        for index, attempt in rec.take(max(0, rec.throttle - live)):
+            job_id = child_id(rec.id, index, attempt)
+            states[job_id] = "PENDING"
+            rec.submitted(index, job_id)
+        for job_id in list(rec.live):
+            states[job_id] = rng.choice(["PENDING", "RUNNING", "COMPLETED", "FAILED", "FAILED", "TIMEOUT"])
+        rec.update(states.get)
+        inc, full = rec.counts(states.get), progress(rec, states)
+        for key in ("state", "total", "done", "failed", "running", "pending", "submitted_pending", "retries_used"):
+            assert inc[key] == full[key], (key, inc, full)
+        again = ArrayRec(**{**rec.__dict__, "todo": None, "retry": [], "live": {}, "done": 0, "failed": [],
+                            "retries": 0})
+        again.rebuild(states.get)  # a restart rebuilds the same progress from attempts and states
+        assert again.counts(states.get) == inc
+        if inc["state"] in ("COMPLETED", "FAILED"):
+            break
+    assert rec.counts(states.get)["state"] in ("COMPLETED", "FAILED")

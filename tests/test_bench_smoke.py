@@ -18,3 +18,22 @@ def test_api_submit_bench_runs_and_every_job_starts():
     assert p.returncode == 0, out
     assert "cannot start" not in out and "Traceback" not in out, out
     assert "not started by the end:         0" in out, out
+
+
+def test_restart_bench_runs_and_the_snapshot_start_reads_the_log_it_wrote():
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "restart.py"), "600", "--policies", "3"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "Traceback" not in out, out
+    assert "2. from the snapshot, after a clean stop" in out and "3. after kill -9" in out, out
+
+
+def test_fault_campaign_runs_a_few_kill_points_and_everything_holds():
+    """A short campaign (8 kill points, 2 during the server's start, no fuzzing): the
+    acceptance's bench must keep running, and what it checks must keep holding."""
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "fault_campaign.py"), "--kills", "8",
+                        "--startup-kills", "2", "--skip-fuzz"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    out = p.stdout + p.stderr
+    assert "Traceback" not in out, out
+    assert '"lost": 0' in out and '"doubled": 0' in out and '"relaunch_loops": 0' in out, out
+    assert p.returncode == 0 and "verdict: all held" in out, out

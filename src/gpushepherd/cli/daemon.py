@@ -309,7 +309,7 @@ def register(app: typer.Typer) -> None:
         logged = store.last_policy()
         if logged is not None and team:
             from gpushepherd.policy.load import policy_from_dict
-            teams = policy_from_dict(logged, source="policy in the event log").rules.teams
+            teams = policy_from_dict(logged, source="policy in the event log", intake=False).rules.teams
             unknown = [t for t in team if teams and t not in teams]
             if unknown:
                 err.print(f"error: --team: {unknown[0]!r} is not allowed: a team of the policy in force "
@@ -387,7 +387,26 @@ def register(app: typer.Typer) -> None:
                    "to this server.")] = "default",
                k8s_image: Annotated[str, typer.Option(
                    "--k8s-image", help="--backend kubernetes: the container image of those pods.")]
-               = "busybox:stable") -> None:
+               = "busybox:stable",
+               max_requeues: Annotated[int, typer.Option("--max-requeues", min=0, max=100, help="Lost runs (ended "
+                                                         "without an exit code) requeued per job; the next one "
+                                                         "fails it (Slurm's requeue limit).")] = 3,
+               requeue_backoff: Annotated[float, typer.Option("--requeue-backoff", min=0, max=300, help="Seconds "
+                                                              "before a lost run is requeued, doubled for each "
+                                                              "further one.")] = 2.0,
+               db_busy_timeout: Annotated[float, typer.Option("--db-busy-timeout", min=0.1, max=3600, help="SQLite: "
+                                                              "seconds a write waits for another writer's lock.")]
+               = 30.0,
+               scrape_allow: Annotated[Optional[list[str]], typer.Option("--scrape-allow", help="A network (CIDR) "
+                                                                         "or host a service's --metrics-url may "
+                                                                         "name besides loopback and its replicas' "
+                                                                         "nodes (repeatable).")] = None,
+               header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, max=3600, help="Seconds a "
+                                                             "client has to send a request's headers (then "
+                                                             "closed); 30 s at most for its body.")] = 10.0,
+               max_connections: Annotated[int, typer.Option("--max-connections", min=1, max=1_000_000, help="Open "
+                                                            "HTTP connections at most (never more than the "
+                                                            "descriptor limit less 128).")] = 1000) -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -430,7 +449,9 @@ def register(app: typer.Typer) -> None:
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s,
-                            backend=backend, slurm_partition=slurm_partition, ray_address=ray_address, k8s=k8s)
+                            backend=backend, slurm_partition=slurm_partition, ray_address=ray_address, k8s=k8s,
+                            max_requeues=max_requeues, requeue_backoff_s=requeue_backoff,
+                            busy_timeout_s=db_busy_timeout, scrape_allow=scrape_allow)
         except SchemaError as exc:
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
@@ -453,9 +474,12 @@ def register(app: typer.Typer) -> None:
             except SQLAlchemyError as exc:
                 err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
                 raise typer.Exit(2) from None
+        from gpushepherd.daemon.connlimit import guarded_protocol
+
         try:
             uvicorn.run(make_app(daemon, auth_required=auth == "required"), host=host, port=port,
-                        log_level="warning")
+                        log_level="warning", timeout_keep_alive=5,
+                        http=guarded_protocol(header_timeout, max(30.0, header_timeout), max_connections))
         finally:
             daemon.stop()
 
@@ -559,8 +583,8 @@ def register(app: typer.Typer) -> None:
                 out.print(f"  {index}: {' '.join(ids)}")
             return
         for key in ("id", "state", "reason", "class", "team", "user", "project", "gpus", "share", "placement",
-                    "priority", "runs", "preemptions", "exit_code", "launch_error", "command", "cwd", "stdout", "stderr",
-                    "checkpoint_dir"):
+                    "priority", "runs", "preemptions", "lost_runs", "failure", "exit_code", "launch_error", "command",
+                    "cwd", "stdout", "stderr", "checkpoint_dir"):
             value = (j.get(key) or "-") if key == "project" else j.get(key)
             out.print(_safe(f"{key}: {value}"), markup=False)
         if j.get("sampled_at") is not None or j.get("peak_gpu_mem_mib"):
@@ -587,7 +611,7 @@ def register(app: typer.Typer) -> None:
         elif j["placement"]:
             out.print(f"job {j['id']} is {j['state']} on {j['placement']}")
         else:
-            last = j.get("reason") or (j["history"][-1]["reason"] if j["history"] else "")
+            last = j.get("failure") or j.get("reason") or (j["history"][-1]["reason"] if j["history"] else "")
             if j.get("launch_error"):
                 last = f"{last}; {j['launch_error']}" if last else j["launch_error"]
             out.print(_safe(f"job {j['id']} is {j['state']}: {last}"), markup=False)
@@ -612,11 +636,14 @@ def register(app: typer.Typer) -> None:
             j = _request(server, "GET", _job_path(job_id), token=token).json()
             if run != j["runs"]:
                 run, offset = j["runs"], 0
-            r = _request(server, "GET", _job_path(job_id, "/logs"), token=token,
-                         params={"stream": stream, "offset": offset, **({"run": run} if run else {})})
-            sys.stdout.write(r.text)
-            sys.stdout.flush()
-            offset = int(r.headers.get("X-Next-Offset", offset))
+            while True:  # the server answers a chunk at a time (at most 1 MiB): read to the end
+                r = _request(server, "GET", _job_path(job_id, "/logs"), token=token,
+                             params={"stream": stream, "offset": offset, **({"run": run} if run else {})})
+                sys.stdout.write(r.text)
+                sys.stdout.flush()
+                before, offset = offset, int(r.headers.get("X-Next-Offset", offset))
+                if offset == before or offset >= int(r.headers.get("X-Log-Size", offset)):
+                    break
             if not follow or j["state"] in TERMINAL:
                 return
             time.sleep(1.0)

@@ -31,7 +31,6 @@ from gpushepherd.core.scheduler import SpecError
 from gpushepherd.policy.load import PolicyError, override_cluster, policy_from_dict, read_policy_dict
 from gpushepherd.sim.engine import Simulator
 from gpushepherd.sim.mapping import to_sim_jobs
-from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs
 from gpushepherd.sim.scenario import ScenarioError, expand_ids, load_scenario, run_scenario
 from gpushepherd.sim.traces import TraceError, parse_days, read_trace, select
 
@@ -132,6 +131,13 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
+def _safe(v) -> str:
+    """``str(v)`` with control characters escaped (``gpushepherd.cli.daemon._safe``)."""
+    from gpushepherd.cli.daemon import _safe as safe
+
+    return safe(v)
+
+
 def _summary_table(summary: dict, title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for col in ("group", "jobs", "ended", "JCT avg", "JCT p50", "JCT p95", "JCT p99", "wait avg", "wait p50",
@@ -140,7 +146,8 @@ def _summary_table(summary: dict, title: str) -> Table:
 
     def row(name: str, g: dict) -> None:
         j, q = g["jct_s"], g["queueing_delay_s"]
-        table.add_row(name, f"{g['jobs']:,}", f"{g['finished']:,}", _hours(j["mean"]), _hours(j["p50"]),
+        # names come from the trace: escaped, never read as markup or a terminal escape (issue 19)
+        table.add_row(Text(_safe(name)), f"{g['jobs']:,}", f"{g['finished']:,}", _hours(j["mean"]), _hours(j["p50"]),
                       _hours(j["p95"]), _hours(j["p99"]), _hours(q["mean"]), _hours(q["p50"]), _hours(q["p95"]),
                       _hours(q["p99"]), f"{g['preemptions']:,}")
 
@@ -242,6 +249,8 @@ def simulate(
         pol = policy_from_dict(raw, str(policy_path))
         if cluster:
             pol = policy_from_dict(override_cluster(raw, cluster), f"--cluster {cluster}")
+        from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs  # pandas: only here
+
         rows = read_trace(trace_path, fmt, mapping)
         rows = select(rows, parse_days(days) if days else None, load)
         if not rows:
@@ -308,8 +317,9 @@ def _explain(result, job_id: str) -> None:
     job = result.scheduler.jobs[job_id]
     rec = result.records[job_id]
     spec = job.spec
-    out.print(Text(f"{job_id}  team {spec.team}  user {spec.user}  class {spec.workload_class}  gpus {spec.gpus}  "
-                   f"time limit {_hours(job.time_limit_s)}  true duration {_hours(rec.duration)}", style="bold"))
+    out.print(Text(_safe(f"{job_id}  team {spec.team}  user {spec.user}  class {spec.workload_class}  gpus "
+                         f"{spec.gpus}  time limit {_hours(job.time_limit_s)}  true duration {_hours(rec.duration)}"),
+                   style="bold"))
     table = Table(show_header=True)
     for col in ("t (s)", "from", "to", "why"):
         table.add_column(col)
@@ -317,7 +327,7 @@ def _explain(result, job_id: str) -> None:
     lines += [(a, 1, "PENDING", "PENDING", f"waiting: {r} (until {'-' if b is None else _num(b)})")
               for a, b, r in rec.reasons if b is None or b > a]
     for t, _k, a, b, why in sorted(lines, key=lambda x: (x[0], x[1])):
-        table.add_row(_num(t), a, b, why)
+        table.add_row(_num(t), a, b, Text(_safe(why)))
     out.print(table)
 
 

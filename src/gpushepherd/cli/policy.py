@@ -123,7 +123,7 @@ def register(policy_app: typer.Typer) -> None:
             return
         out.print(f"version {res['version']}, applied {_fmt_t(res['t'])} by {res['by'] or '-'} from "
                   f"{res['source'] or '-'}", soft_wrap=True)
-        for line in summary(policy_from_dict(res["policy"], "server").rules):
+        for line in summary(policy_from_dict(res["policy"], "server", intake=False).rules):
             out.print(f"  {line}", soft_wrap=True)
 
     @policy_app.command("export")

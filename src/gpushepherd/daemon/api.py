@@ -16,12 +16,15 @@ token check run on the event loop instead (no thread hops on the submission path
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import math
 import os
 import re
+import threading
 from typing import Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, Header, HTTPException, Query
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -34,13 +37,14 @@ from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import Principal
 from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
-from gpushepherd.daemon.server import Daemon
+from gpushepherd.daemon.server import Daemon, IdempotencyConflict
+from gpushepherd.daemon.store import StorageUnavailable, storage_reason
 from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.model.job import GpuShare, JobSpec, JobState, first_control_char
-from gpushepherd.policy.load import PolicyError
+from gpushepherd.policy.load import PolicyError, policy_from_dict
 
 
-#: seconds ``POST /jobs`` waits for the loop to take a submission (then 500)
+#: seconds ``POST /jobs`` waits for the loop to take a submission (then 503: not confirmed)
 SUBMIT_TIMEOUT_S = 60.0
 #: the largest request body, bytes (413 above it; note 008, "Input limits")
 MAX_BODY_BYTES = 1024 * 1024
@@ -53,6 +57,12 @@ MAX_MEM_MIB = 16 * 1024 * 1024
 MAX_SECONDS = 10 * 365 * 86400.0
 #: the longest user, team, class or project name, characters
 MAX_NAME = 255
+#: bytes of a run's log one ``GET /jobs/{id}/logs`` returns by default, and at most
+LOG_CHUNK_BYTES = 1024 * 1024
+MAX_LOG_CHUNK_BYTES = 8 * 1024 * 1024
+#: the longest Idempotency-Key, characters
+MAX_IDEMPOTENCY_KEY = 255
+_IDEM_KEY = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_IDEMPOTENCY_KEY)
 
 
 def _no_control(field: str, v: str) -> str:
@@ -176,6 +186,26 @@ class SubmitBody(BaseModel):
                        checkpointable=self.checkpointable, share=share, project=self.project)
 
 
+class ErrorBody(BaseModel):
+    """Every error answer: ``detail`` is one message, or (422) a list of entries whose
+    ``loc`` names the field and ``msg`` the value and what is allowed."""
+
+    detail: str | list[dict]
+
+
+#: the error answers every route may give, declared in the OpenAPI schema (issue 19)
+ERROR_RESPONSES = {code: {"model": ErrorBody, "description": what} for code, what in (
+    (400, "A malformed request (HTTP syntax)."),
+    (401, "No token, or an unknown or revoked one (once the server has tokens)."),
+    (403, "The token may not do this (another team's job, another user, not an admin)."),
+    (404, "No such job, service or route."),
+    (408, "Headers or body not received in time (--header-timeout)."),
+    (413, "A request body over 1 MiB."),
+    (422, "A field, header or value that is not allowed; each entry names it."),
+    (503, "Storage unavailable or not confirmed in time; Retry-After says when to retry."),
+)}
+
+
 class PolicyBody(BaseModel):
     """A policy to check or apply: the policy file's parsed YAML as JSON."""
 
@@ -243,6 +273,38 @@ def _policy_refused(exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": detail})
 
 
+def unavailable(exc: BaseException, applied: bool = False) -> JSONResponse:
+    """503 for a storage failure or an answer the loop did not give in time: ``detail``
+    names the cause and whether anything was applied, ``Retry-After`` when to retry
+    (note 017: never "500 and applied")."""
+    if isinstance(exc, TimeoutError):
+        msg = ("not confirmed within the server's time limit: the server is busy or its storage is slow; it may "
+               "still be applied - retry with the same Idempotency-Key (a submission) or simply again (a cancel: "
+               "it is idempotent)")
+    else:
+        reason = storage_reason(exc) or f"database error ({type(exc).__name__})"
+        msg = str(StorageUnavailable(reason, applied=applied))
+    return JSONResponse(status_code=503, content={"detail": msg},
+                        headers={"Retry-After": str(StorageUnavailable.RETRY_AFTER_S)})
+
+
+def check_submitter(p: Principal | None, body) -> None:
+    """With auth, a submission's ``user`` must be the token's (unless admin) and its
+    ``team`` one of the token's; ``user`` defaults to the token's. The same rule for
+    jobs and services (note 017: ``POST /services`` skipped the user check).
+
+    Raises:
+        HTTPException: 403 naming the field, the value and what the token allows.
+    """
+    if p is None:
+        return
+    if body.user and body.user != p.user and not p.admin:
+        raise HTTPException(403, f"user: {body.user!r} is not allowed: this token is user {p.user!r}")
+    if not p.may_act_for(body.team):
+        raise HTTPException(403, f"team: {body.team!r} is not allowed: this token's teams are {p.teams_text()}")
+    body.user = body.user or p.user
+
+
 def _spec_field(msg: str) -> str:
     # SpecError text: "job 'ID': FIELD: VALUE is not allowed: ..."
     parts = msg.split(": ")
@@ -276,13 +338,10 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     def job_team(job_id: str) -> str:
         with daemon.lock:
-            job = daemon.sched.jobs.get(job_id)
-            arr = daemon.arrays.get(job_id)
-        if arr is not None:
-            return arr.spec["team"]
-        if job is None:
+            team = daemon.job_team(job_id)
+        if team is None:
             raise HTTPException(404, f"job {job_id!r}: no such job")
-        return job.spec.team
+        return team
 
     def may_act_on(p: Principal | None, job_id: str, what: str) -> None:
         team = job_team(job_id)
@@ -290,9 +349,22 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             raise HTTPException(403, f"job {job_id!r} is team {team!r}'s: user {p.user!r} may {what} jobs of "
                                      f"teams {p.teams_text()} only")
 
+    policy_gate = threading.Semaphore(1)  # one policy validation at a time (note 017)
     app = FastAPI(title="gpushepherd", version=__version__, dependencies=[Depends(principal)],
-                  description="GPU workload scheduler: submit jobs, see the queue and why a job waits.")
+                  description="GPU workload scheduler: submit jobs, see the queue and why a job waits.",
+                  responses=ERROR_RESPONSES)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    @app.exception_handler(StorageUnavailable)
+    @app.exception_handler(SQLAlchemyError)
+    @app.exception_handler(TimeoutError)
+    async def _unavailable(_request, exc: Exception) -> JSONResponse:
+        """503 with the cause and ``Retry-After``; one log line per kind a minute."""
+        kind = "timeout" if isinstance(exc, TimeoutError) else storage_reason(exc) or type(exc).__name__
+        daemon.ratelog.warning(f"api:{kind}", "API answered 503: %s", kind)
+        return unavailable(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request, exc: RequestValidationError) -> JSONResponse:
@@ -321,29 +393,47 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             raise HTTPException(404, f"job {job_id!r}: no such job")
         return v
 
-    @app.post("/jobs", status_code=201)
-    async def submit(body: SubmitBody, p: Principal | None = Depends(principal)) -> dict:
+    @app.post("/jobs", status_code=201, responses={200: {"description": "An Idempotency-Key seen before with this "
+                                                         "body: the job it made (header Idempotent-Replayed)"}})
+    async def submit(body: SubmitBody, p: Principal | None = Depends(principal),
+                     idempotency_key: str | None = Header(None, alias="Idempotency-Key", description=(
+                         "Makes a retried submission safe (IETF draft-ietf-httpapi-idempotency-key-header): the "
+                         "same key and body again within 24 h answer the job the first made (200, "
+                         "Idempotent-Replayed: true); another body is 422. Per token (per user without tokens); "
+                         f"1-{MAX_IDEMPOTENCY_KEY} printable ASCII characters."))) -> dict:
         """Submit a job; returns its id and state once it is in the event log. With
         auth, ``user`` is the token's (another needs an admin token) and ``team`` one
         of the token's teams. On the event loop: the loop thread completes the
         submission's future (note 008, "Submission throughput")."""
-        if p is not None:
-            if body.user and body.user != p.user and not p.admin:
-                raise HTTPException(403, f"user: {body.user!r} is not allowed: this token is user {p.user!r}")
-            if not p.may_act_for(body.team):
-                raise HTTPException(403, f"team: {body.team!r} is not allowed: this token's teams are "
-                                         f"{p.teams_text()}")
-            body.user = body.user or p.user
+        check_submitter(p, body)
+        idem = None
+        if idempotency_key is not None:
+            if not _IDEM_KEY.fullmatch(idempotency_key):
+                return JSONResponse(status_code=422, content={"detail": [
+                    {"loc": ["header", "Idempotency-Key"], "type": "value_error",
+                     "msg": f"{idempotency_key[:80]!r} is not allowed: 1-{MAX_IDEMPOTENCY_KEY} printable ASCII "
+                            "characters"}]})
+            scope = f"token:{p.token_id}" if p is not None else f"user:{body.user}"
+            digest = hashlib.sha256(json.dumps(body.model_dump(by_alias=True), sort_keys=True,
+                                               default=str).encode()).hexdigest()
+            idem = (scope, idempotency_key, digest)
         try:
             array = (body.array, *parse_array(body.array), body.max_retries) if body.array is not None else None
             fut = daemon.submit_future(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
-                                       array=array)
+                                       array=array, idempotency=idem)
             # shielded: a timeout must not cancel the future the loop will complete
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), SUBMIT_TIMEOUT_S)
+            out = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), SUBMIT_TIMEOUT_S)
         except SpecError as exc:
             field = {"class": "class", "workload_class": "class"}.get(_spec_field(str(exc)), _spec_field(str(exc)))
             return JSONResponse(status_code=422, content={"detail": [
                 {"loc": ["body", field], "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})
+        except IdempotencyConflict as exc:
+            return JSONResponse(status_code=422, content={"detail": [
+                {"loc": ["header", "Idempotency-Key"], "msg": str(exc), "type": "idempotency", "job": exc.job_id}]})
+        if isinstance(out, tuple):  # ("replayed", view)
+            return JSONResponse(status_code=200, content=jsonable_encoder(out[1]),
+                                headers={"Idempotent-Replayed": "true"})
+        return out
 
     @app.get("/jobs")
     def jobs(state: str | None = Query(None, description="only jobs in this state (PENDING, RUNNING, ...)"),
@@ -376,24 +466,32 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         return {"id": job_id, "state": state}
 
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
-    def logs(job_id: str, stream: Literal["stdout", "stderr"] = "stdout", run: int | None = Query(None, ge=1),
-             offset: int = Query(0, ge=0, le=2**62), p: Principal | None = Depends(principal)) -> PlainTextResponse:
-        """A run's output (default: the last run) from byte ``offset``; the header
-        ``X-Next-Offset`` is where to continue (``logs -f``). With auth: a job of the
-        token's teams only."""
+    def logs(job_id: str, stream: Literal["stdout", "stderr"] = "stdout", run: int | None = Query(None, ge=1, le=2**31),
+             offset: int = Query(0, ge=0, le=2**62, description="byte to start at"),
+             limit: int = Query(LOG_CHUNK_BYTES, ge=1, le=MAX_LOG_CHUNK_BYTES, description="most bytes to return"),
+             p: Principal | None = Depends(principal)) -> PlainTextResponse:
+        """A run's output (default: the last run): at most ``limit`` bytes from byte
+        ``offset`` (note 017: never the whole file at once). The headers
+        ``X-Next-Offset`` (where to continue: ``logs -f``, or the next chunk) and
+        ``X-Log-Size`` (the file's size now). An offset past the end is an empty
+        answer. With auth: a job of the token's teams only."""
         may_act_on(p, job_id, "read the logs of")
         v = view(job_id)
         run = run or v["runs"]
         if not run:
-            return PlainTextResponse("", headers={"X-Next-Offset": "0"})
+            return PlainTextResponse("", headers={"X-Next-Offset": "0", "X-Log-Size": "0"})
         path = daemon.backend.run_dir(job_id, run) / stream
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            data = b""
-        return PlainTextResponse(data.decode(errors="replace"), headers={"X-Next-Offset": str(offset + len(data))})
+            return PlainTextResponse("", headers={"X-Next-Offset": str(offset), "X-Log-Size": "0"})
+        try:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, min(limit, size - offset), offset) if offset < size else b""
+        finally:
+            os.close(fd)
+        return PlainTextResponse(data.decode(errors="replace"),
+                                 headers={"X-Next-Offset": str(offset + len(data)), "X-Log-Size": str(size)})
 
     @app.post("/policy")
     def apply_policy(body: PolicyBody, dry_run: bool = Query(False, description="only check: could it be "
@@ -409,15 +507,19 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             raise HTTPException(403, f"applying a policy needs an admin token: user {p.user!r} is not an admin")
         by = p.user if p is not None else body.user
         try:
+            # validated here, in this request's thread, outside the daemon's lock and one at
+            # a time (note 017): the loop only checks it against the live jobs
+            with policy_gate:
+                pol = policy_from_dict(json.loads(json.dumps(body.policy, default=str)), body.source or "<policy>")
             if dry_run:
                 with daemon.lock:
-                    _pol, _raw, new = daemon.check_policy(body.policy, body.source)
+                    _pol, _raw, new = daemon.check_policy(body.policy, body.source, pol)
                     cur = daemon.policy_view(with_policy=False)
                 return {**cur, "dry_run": True, "would_apply": new is not None,
                         "message": f"version {cur['version']} is in force; " + (
                             f"this policy could be applied now as version {cur['version'] + 1}" if new is not None
                             else "this policy is identical to it: nothing to apply")}
-            return daemon.apply_policy(body.policy, body.source, by)
+            return daemon.apply_policy(body.policy, body.source, by, pol=pol)
         except (PolicyError, PolicyConflict) as exc:
             return _policy_refused(exc)
 

@@ -9,7 +9,11 @@ nothing about an array's progress is stored twice.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import re
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: at most this many tasks in one array (and the largest throttle ``%N``)
@@ -18,6 +22,13 @@ MAX_TASKS = 100_000
 MAX_INDEX = 2**31 - 1
 #: the most times a FAILED chunk may be run again
 MAX_RETRIES = 100
+#: lazy expansion (note 017): at most this many tasks of one array not ended at a time,
+#: whatever its ``%N`` (Slurm keeps an array one record until its tasks start) ...
+MAX_LIVE_TASKS = 1000
+#: ... and at most this many new tasks submitted per loop step, over all arrays
+MAX_TASKS_PER_STEP = 500
+
+_RUNNING = ("RUNNING", "PREEMPTING", "STOPPING")
 
 _PART = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 _CHILD = re.compile(r"(\d+)_(\d+)(?:\.(\d+))?")
@@ -109,6 +120,91 @@ class ArrayRec:
     cancelled: float | None = None
     attempts: dict[int, list[str]] = field(default_factory=dict)
     ended: bool = False  # every chunk ended (set once seen; an array never restarts)
+    # incremental progress (note 017: a step costs O(live children), not O(tasks))
+    todo: deque = field(default_factory=deque)  # indices never submitted, ascending
+    retry: list = field(default_factory=list)  # heap of indices to submit again (FAILED, retries left)
+    live: dict[str, int] = field(default_factory=dict)  # child id -> index, submitted and not ended
+    done: int = 0
+    failed: list[int] = field(default_factory=list)  # failed for good (after retries; TIMEOUT, CANCELLED, ...)
+    retries: int = 0  # attempts after the first, over all chunks
+
+    def rebuild(self, state_of: Callable[[str], str | None]) -> None:
+        """Recompute the incremental progress from ``attempts`` and each last attempt's
+        state (``state_of(child id)``; ``None``: unknown, counted as pending). Once, at
+        a start: O(tasks)."""
+        self.todo, self.retry, self.live, self.done, self.failed = deque(), [], {}, 0, []
+        self.retries = sum(len(ids) - 1 for ids in self.attempts.values())
+        for i in self.indices:
+            ids = self.attempts.get(i)
+            if not ids:
+                self.todo.append(i)
+            else:
+                self.live[ids[-1]] = i
+        self.update(state_of)
+
+    def update(self, state_of: Callable[[str], str | None]) -> None:
+        """Move the live children that ended to done / retry / failed. O(live)."""
+        for job_id, i in list(self.live.items()):
+            st = state_of(job_id) or "PENDING"
+            if st == "PENDING" or st in _RUNNING:
+                continue
+            del self.live[job_id]
+            if st == "COMPLETED":
+                self.done += 1
+            elif st == "FAILED" and len(self.attempts.get(i, ())) <= self.max_retries and self.cancelled is None:
+                heapq.heappush(self.retry, i)
+            else:
+                self.failed.append(i)
+        if self.cancelled is not None:  # nothing more is submitted or retried
+            self.failed.extend(self.retry)
+            self.retry = []
+
+    def take(self, room: int) -> list[tuple[int, int]]:
+        """Up to ``room`` chunks to submit now, in index order (retries and never
+        submitted ones merged): ``(index, attempt)``. The caller records each child in
+        ``attempts`` and ``live`` once its batch is committed (``submitted``)."""
+        out: list[tuple[int, int]] = []
+        retry, todo = list(self.retry), list(itertools.islice(self.todo, room))
+        heapq.heapify(retry)
+        ti = 0
+        while len(out) < room and (retry or ti < len(todo)):
+            if retry and (ti >= len(todo) or retry[0] < todo[ti]):
+                i = heapq.heappop(retry)
+            else:
+                i = todo[ti]
+                ti += 1
+            out.append((i, len(self.attempts.get(i, ())) + 1))
+        return out
+
+    def submitted(self, index: int, job_id: str) -> None:
+        """Record a child whose submission was committed."""
+        self.attempts.setdefault(index, []).append(job_id)
+        self.retries += len(self.attempts[index]) > 1
+        self.live[job_id] = index
+        if self.todo and self.todo[0] == index:
+            self.todo.popleft()
+        elif index in self.retry:
+            self.retry.remove(index)
+            heapq.heapify(self.retry)
+
+    def counts(self, state_of: Callable[[str], str | None]) -> dict:
+        """What ``progress`` says, from the incremental state: O(live)."""
+        running = sum(1 for j in self.live if (state_of(j) or "PENDING") in _RUNNING)
+        submitted_pending = len(self.live) - running
+        total = len(self.indices)
+        failed = sorted(self.failed)
+        if self.cancelled is not None and not self.live:
+            state = "CANCELLED"
+        elif self.done + len(failed) == total:
+            state = "COMPLETED" if not failed else "FAILED"
+        elif running:
+            state = "RUNNING"
+        else:
+            state = "PENDING"
+        return {"state": state, "total": total, "done": self.done, "failed": failed, "running": running,
+                "pending": submitted_pending + len(self.todo) + len(self.retry),
+                "submitted_pending": submitted_pending, "live": len(self.live),
+                "retries_used": self.retries}
 
 
 def progress(rec: ArrayRec, states: dict[str, str]) -> dict:

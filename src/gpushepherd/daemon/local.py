@@ -62,17 +62,19 @@ def group_running(pgid: int) -> bool:
 
 
 def find_runner(job_id: str, run: int, exit_file: Path) -> tuple[int, str | None] | None:
-    """The runner of run ``run`` of a job, found in ``/proc``: the group leader whose
+    """The process group of run ``run`` of a job, found in ``/proc``: a process whose
     environment has ``SHEPHERD_JOB_ID``/``SHEPHERD_RUN`` and whose command line names
     ``exit_file`` (a path inside this server's data directory: another server on the
     same machine - whose job ids and run numbers are the same small numbers - is never
-    mistaken for this one). ``(pid, start time)``, or ``None``. For a restart that
-    finds a run launched but its pid never recorded (the server died between the fork
-    and the commit)."""
+    mistaken for this one) - the runner, or its keeper when the runner is gone (note 017).
+    ``(process group id, the runner's start time or None)``, or ``None``. For a restart
+    that finds a run launched but its pid never recorded (the server died between the
+    fork and the commit)."""
     want = (f"SHEPHERD_JOB_ID={job_id}".encode(), f"SHEPHERD_RUN={run}".encode())
     path = os.fsencode(str(exit_file))
     if not os.path.isdir("/proc"):
         return None
+    found = None
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -85,10 +87,13 @@ def find_runner(job_id: str, run: int, exit_file: Path) -> tuple[int, str | None
         except OSError:
             continue
         fields = _stat(pid)
-        # the runner leads its group; the job's own processes carry the same variables
-        if all(w in env for w in want) and path in argv and fields and fields[2] == entry and fields[0] not in "ZX":
+        # runner and keeper share that command line; the job's own processes do not
+        if not (all(w in env for w in want) and path in argv and fields and fields[0] not in "ZX"):
+            continue
+        if fields[2] == entry:  # the runner, leading its group
             return pid, fields[19]
-    return None
+        found = (int(fields[2]), None)  # the keeper: its group is the runner's
+    return found
 
 
 def exit_status(code: int) -> ExitStatus:
@@ -175,6 +180,8 @@ class LocalBackend(RunFiles):
     def __init__(self, data_dir: Path):
         self.data_dir = Path(data_dir)
         self.procs: dict[str, Proc] = {}
+        #: job -> why its last run ended without an exit code (``exits`` returned ``None``)
+        self.lost_causes: dict[str, str] = {}
         #: this server's node and what its inventory found (GPU and MIG UUIDs for
         #: ``CUDA_VISIBLE_DEVICES``); set by the daemon, ``None``: indices
         self.node = ""
@@ -232,11 +239,15 @@ class LocalBackend(RunFiles):
         if exit_file.exists() or self._alive(proc):
             self.procs[job_id] = proc
             return proc
+        self.lost_causes[job_id] = (f"no process of its group and no exit file when this server started; stderr: "
+                                    f"{self.run_dir(job_id, run) / 'stderr'}")
         return None
 
     def _alive(self, proc: Proc) -> bool:
+        """Whether the run still runs: its runner, or else any process of its group (the
+        keeper and the job outlive a killed runner and record the exit, note 017)."""
         if proc.popen is not None:
-            return proc.popen.poll() is None
+            return proc.popen.poll() is None or group_running(proc.pid)
         if proc.pid <= 0:
             return False
         fields = _stat(proc.pid)
@@ -249,7 +260,7 @@ class LocalBackend(RunFiles):
         a run that ended without an exit code (lost)."""
         out = []
         for job_id, proc in list(self.procs.items()):
-            if self._alive(proc) and not proc.exit_file.exists():
+            if not proc.exit_file.exists() and self._alive(proc):
                 continue
             if proc.popen is not None:
                 proc.popen.wait()  # reap the runner
@@ -259,10 +270,14 @@ class LocalBackend(RunFiles):
             try:
                 code = int(json.loads(proc.exit_file.read_text())["code"])
             except (OSError, ValueError, KeyError):
-                status = proc.popen.returncode if proc.popen is not None else "unknown (not our child)"
-                log.warning("job %s: run %d ended without an exit code (its runner's status: %s; a negative "
-                            "status is the signal that killed it); stderr: %s", job_id, proc.run, status,
-                            self.run_dir(job_id, proc.run) / "stderr")
+                status = proc.popen.returncode if proc.popen is not None else None
+                cause = (f"its runner exited with status {status} without an exit code" if status is not None
+                         else "its process group ended without an exit code (not this server's child)")
+                if status is not None and status < 0:
+                    cause += f" (killed by signal {-status})"
+                self.lost_causes[job_id] = f"{cause}; stderr: {self.run_dir(job_id, proc.run) / 'stderr'}"
+                log.warning("job %s: run %d ended without an exit code: %s", job_id, proc.run,
+                            self.lost_causes[job_id])
             del self.procs[job_id]
             out.append((job_id, code))
         return out

@@ -164,6 +164,41 @@ class Metrics:
     def observe_cycle(self, seconds: float) -> None:
         self.cycle.observe(seconds)
 
+    # ------------------------------------------------------------ snapshots (note 017)
+    _COUNTERS = ("starts", "ends", "failures", "preemptions", "stops")
+    _HISTOGRAMS = ("queueing_delay", "run_duration")
+
+    def state(self) -> dict:
+        """The counters' and histograms' values and the runs being timed, as JSON data
+        for a snapshot (``load``): a restart from a snapshot keeps them without
+        replaying the log before it. Reads prometheus_client's per-label children."""
+        def hist(child) -> list:
+            return [[b.get() for b in child._buckets], child._sum.get()]
+        out: dict[str, Any] = {}
+        for name in self._COUNTERS:
+            out[name] = [[list(labels), child._value.get()] for labels, child in getattr(self, name)._metrics.items()]
+        for name in self._HISTOGRAMS:
+            out[name] = [[list(labels), *hist(child)] for labels, child in getattr(self, name)._metrics.items()]
+        out["cycle"] = hist(self.cycle)
+        out["runs"] = {j: list(v) for j, v in self._runs.items()}
+        return out
+
+    def load(self, state: dict) -> None:
+        """Set the counters, histograms and timed runs from ``state()`` data."""
+        def hist(child, buckets: list, total: float) -> None:
+            for b, v in zip(child._buckets, buckets):
+                b.set(v)
+            child._sum.set(total)
+        for name in self._COUNTERS:
+            for labels, value in state.get(name, []):
+                getattr(self, name).labels(*labels)._value.set(value)
+        for name in self._HISTOGRAMS:
+            for labels, buckets, total in state.get(name, []):
+                hist(getattr(self, name).labels(*labels), buckets, total)
+        if state.get("cycle"):
+            hist(self.cycle, *state["cycle"])
+        self._runs = {j: (float(v[0]), int(v[1])) for j, v in state.get("runs", {}).items()}
+
     # ------------------------------------------------------------ allocated-but-idle (the loop)
     def idle_rule(self, job) -> tuple[float, float]:
         """``(threshold %, after s)`` for a job: its class's ``idle_stop`` where the

@@ -27,15 +27,32 @@ from typing import Any
 
 from gpushepherd.backends import Backend, BackendError, make_backend, node_mismatches as engine_mismatches
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
+from gpushepherd.core.state import Transition
 from gpushepherd.core.filters import inventory_misfit, job_filter
-from gpushepherd.daemon.arrays import ArrayRec, check_array, child_id, parse_child_id, progress
+from gpushepherd.daemon.arrays import (
+    MAX_LIVE_TASKS,
+    MAX_TASKS_PER_STEP,
+    ArrayRec,
+    check_array,
+    child_id,
+    parse_child_id,
+)
 from gpushepherd.daemon.local import exit_status, mig_uuid
 from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
 from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
 from gpushepherd.daemon.policy_change import Conflict, PolicyConflict, conflicts
 from gpushepherd.daemon.services import Services
-from gpushepherd.daemon.store import LockHeld, Store, spec_from_dict, spec_to_dict
+from gpushepherd.daemon.ratelog import RateLog
+from gpushepherd.daemon.store import (
+    LockHeld,
+    RunLost,
+    StorageUnavailable,
+    Store,
+    spec_from_dict,
+    spec_to_dict,
+    storage_reason,
+)
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import (
     Event,
@@ -54,10 +71,39 @@ from gpushepherd.policy.load import Policy, policy_from_dict, read_policy_dict
 log = logging.getLogger("gpushepherd.daemon")
 
 HEARTBEAT_S = 5.0
+#: the longest back-off before a lost run is handed to the core (seconds)
+MAX_REQUEUE_BACKOFF_S = 300.0
+#: the longest wait between two attempts of a step that failed (seconds)
+MAX_FAILED_STEP_WAIT_S = 5.0
+#: a snapshot after this many batches, or this many seconds with at least one batch (note 017)
+SNAPSHOT_EVERY_BATCHES = 2000
+SNAPSHOT_EVERY_S = 300.0
+#: the format of a snapshot's payload
+SNAPSHOT_FORMAT = 1
+#: archived job records kept in memory for views
+ARCHIVE_CACHE = 4096
+#: ended jobs archived per loop iteration at most (the rest at the next ones)
+ARCHIVE_CHUNK = 2000
+#: the final states of a job (the jobs table's state column)
+TERMINAL_STATES = tuple(s.value for s in JobState if s.terminal)
+#: idempotency keys kept in memory (the database keeps them all for IDEMPOTENCY_TTL_S)
+IDEMPOTENCY_CACHE = 10_000
+#: seconds an idempotency key is kept (Stripe's 24 h)
+IDEMPOTENCY_TTL_S = 86400.0
 
 
 class DaemonError(RuntimeError):
     """The server cannot start; ``str()`` says why and what to do."""
+
+
+class IdempotencyConflict(ValueError):
+    """An ``Idempotency-Key`` already used by this caller for another request body (the
+    IETF draft's 422); ``job_id`` is the job the first request made."""
+
+    def __init__(self, key: str, job_id: str):
+        self.key, self.job_id = key, job_id
+        super().__init__(f"Idempotency-Key: {key!r} is not allowed: it was used for another request (job {job_id}); "
+                         "use a new key for a new submission")
 
 
 class Daemon:
@@ -84,21 +130,35 @@ class Daemon:
         slurm_partition: the Slurm partition gpushepherd owns.
         ray_address: the Ray cluster's address (``auto``, ``HOST:PORT``).
         k8s: ``KubernetesBackend``'s options (``--backend kubernetes``, note 016).
+        max_requeues: how many lost runs of one job (ended without an exit code: the
+            runner or the machine gone) are requeued; the next one fails the job
+            (Slurm's requeue limit; note 017).
+        requeue_backoff_s: seconds before the first lost run is requeued; doubled for
+            each further one, at most ``MAX_REQUEUE_BACKOFF_S``.
+        busy_timeout_s: SQLite's busy timeout (``Store``), seconds.
+        scrape_allow: networks (CIDR) and host names a service's ``metrics_url`` may
+            point to besides loopback and its replicas' nodes (note 017).
 
     Raises:
         ValueError: an idle threshold outside 0-100 or a non-positive idle time; an
-            unknown ``backend``.
+            unknown ``backend``; a negative ``max_requeues`` or ``requeue_backoff_s``.
     """
 
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
                  poll_s: float = 0.2, inventory: str = "static", sample_every: float = 10.0, node: str | None = None,
                  clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
                  backend: str = "local", slurm_partition: str = "shepherd", ray_address: str = "auto",
-                 k8s: dict | None = None):
+                 k8s: dict | None = None, max_requeues: int = 3, requeue_backoff_s: float = 2.0, busy_timeout_s: float = 30.0,
+                 scrape_allow: list[str] | None = None):
+        if max_requeues < 0:
+            raise ValueError(f"max_requeues: {max_requeues!r} is not allowed: 0 or more")
+        if not 0 <= requeue_backoff_s <= MAX_REQUEUE_BACKOFF_S:
+            raise ValueError(f"requeue_backoff_s: {requeue_backoff_s!r} is not allowed: 0..{MAX_REQUEUE_BACKOFF_S:g} s")
         self.data_dir = Path(data_dir).resolve()
         if db_url is None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = Store(db_url or Store.sqlite_url(self.data_dir))  # a --db that fails leaves no folder
+        # a --db that fails leaves no folder
+        self.store = Store(db_url or Store.sqlite_url(self.data_dir), busy_timeout_s=busy_timeout_s)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.backend: Backend = make_backend(backend, self.data_dir, partition=slurm_partition,
                                              ray_address=ray_address, k8s=k8s)
@@ -112,8 +172,26 @@ class Daemon:
         self.rules = None
         self.placements: dict[str, Placement] = {}  # last Start of each job
         self.runs: Counter = Counter()  # Start decisions per job (run numbers)
-        self.kills: dict[str, float] = {}  # job -> SIGKILL due
+        self.kills: dict[str, tuple[int, float]] = {}  # job -> (run, SIGKILL due): a kill belongs to one run
+        self.live_run: dict[str, int] = {}  # job -> the run whose process the backend tracks
         self.deferred: list[Event] = []  # events found while reconciling, fed in the next step
+        # lost runs (note 017): the logged RunLost events of each job, and the runs to hand to
+        # the core once their back-off is over: job -> (run, due)
+        self.max_requeues, self.requeue_backoff_s = max_requeues, requeue_backoff_s
+        self.lost: dict[str, list[RunLost]] = {}
+        self._lost_due: dict[str, tuple[int, float]] = {}
+        # kept until committed (note 017): exits reported by the backend (job -> code, None:
+        # lost), runs waiting for their attempt to be committed before the fork, pids to write
+        self._exits: dict[str, int | None] = {}
+        self._launches: list[tuple[str, int, Placement, dict]] = []
+        self._pending_rows: dict[str, dict[str, Any]] = {}
+        self._fail_wait = 0.0  # seconds to wait before the next step after a failed one
+        self._idem: dict[tuple[str, str], tuple[str, str]] = {}  # (scope, key) -> (body hash, job id)
+        # snapshots (note 017): the last batch the newest one covers, when it was taken,
+        # whether one is due now; archived records read for views (job -> record)
+        self._snap_batch, self._snap_t, self._snapshot_due = 0, 0.0, False
+        self._archive: dict[str, dict] = {}
+        self.ratelog = RateLog(log)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dir_lock: int | None = None  # descriptor holding the data dir's flock
@@ -122,6 +200,9 @@ class Daemon:
         #: job -> why its last launch failed (E2BIG, ...): this server's life only, not logged
         self.launch_errors: dict[str, str] = {}
         self.arrays: dict[str, ArrayRec] = {}  # job arrays by id (gpushepherd.daemon.arrays)
+        #: job -> final state of the jobs that ended before this server's snapshot (note 017)
+        self.ended_states: dict[str, str] = {}
+        self.scrape_allow = list(scrape_allow or [])
         self.services = Services(self)  # inference services (gpushepherd.daemon.services, note 014)
         # GPU inventory and samples (note 008): live state, not stored (the flags and
         # peaks the core was told are rebuilt from the log)
@@ -165,6 +246,7 @@ class Daemon:
             self._load_policy(now)
             self._open_inventory()
             self.next_num = self.store.next_job_number()
+            self.store.idempotency_prune(now - IDEMPOTENCY_TTL_S)
             self._load_arrays()
             self.services.load()
             self._reconcile()
@@ -193,6 +275,11 @@ class Daemon:
         self.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+            with self.lock:  # the next start reads this instead of the log since the last one
+                if self.store.last_batch != self._snap_batch or self._snapshot_due:
+                    for _ in range(len(self.sched.jobs) // ARCHIVE_CHUNK + 2):
+                        if self.take_snapshot(max(self.clock(), self.sched.now)):
+                            break
         self.store.release_lock()
         self.store.close()
         self._unlock_data_dir()
@@ -265,17 +352,33 @@ class Daemon:
         self.policies = self.store.policy_history()
 
     def _replay(self) -> None:
-        """Rebuild the core from the log. A logged policy the live jobs cannot be
-        restored under (logged by a server before ``--policy`` was checked) is skipped,
-        with a warning and ``skipped`` (why) in its history entry: the policy before it
-        stays in force, so such a data dir starts again."""
+        """Rebuild the core: from the newest snapshot, if any, and the batches after it
+        (note 017), else from the whole log (then a snapshot is taken once the server
+        runs). A logged policy the live jobs cannot be restored under (logged by a
+        server before ``--policy`` was checked) is skipped, with a warning and
+        ``skipped`` (why) in its history entry: the policy before it stays in force, so
+        such a data dir starts again."""
         sched = None
         skipped: dict[int, str] = {}  # policy version -> why
-        version = 0
-        for _t, kind, item in self.store.batches():
+        version, after = 0, 0
+        snap = self.store.last_snapshot()
+        if snap is not None and snap[2].get("format") != SNAPSHOT_FORMAT:
+            log.warning("the newest snapshot has format %r, not %d: replaying the whole log", snap[2].get("format"),
+                        SNAPSHOT_FORMAT)
+            snap = None
+        if snap is not None:
+            after, _t, payload = snap
+            sched, version = self._from_snapshot(payload)
+            skipped = {int(k): v for k, v in payload.get("skipped", {}).items()}
+            self._snap_batch, self._snap_t = after, time.time()
+            log.info("starting from the snapshot of batch %d (%d jobs not ended, %d archived); replaying the batches "
+                     "after it", after, len(sched.jobs), len(self.ended_states))
+        else:
+            self._snapshot_due = True  # the next start reads a snapshot instead of this whole log
+        for _t, kind, item in self.store.batches(daemon=True, after=after):
             if kind == "policy":
                 version += 1
-                rules = policy_from_dict(item, source="policy in the event log").rules
+                rules = policy_from_dict(item, source="policy in the event log", intake=False).rules
                 if sched is None:
                     sched, self.rules = Scheduler(rules), rules
                     continue
@@ -292,36 +395,175 @@ class Daemon:
                 continue
             for e in item:
                 self._note_sample(e)
+                if isinstance(e, RunLost):
+                    self.lost.setdefault(e.job_id, []).append(e)
+            item = [e for e in item if not isinstance(e, RunLost)]
             self.sched = sched
             decisions = sched.handle(item)
             for d in decisions:
                 self._track(d)
             self.metrics.observe(sched.now, item, decisions)  # counters rebuilt from the log (note 011)
         self.sched = sched
+        self._skipped = skipped
         self.policies = self.store.policy_history()
         for p in self.policies:
             if p["version"] in skipped:
                 p["skipped"] = skipped[p["version"]]
 
+    # ------------------------------------------------------------ snapshots (note 017)
+    def _from_snapshot(self, payload: dict) -> tuple[Scheduler, int]:
+        """The core and the daemon's state from a snapshot's ``payload``; returns the
+        core and the policy version in force (the ended jobs' records stay in the
+        database, their states are read)."""
+        version = int(payload["policy_version"])
+        history = self.store.policy_history()
+        rules = policy_from_dict(history[version - 1]["policy"], source="policy in the event log", intake=False).rules
+        self.rules = rules
+        sched = Scheduler.restore(rules, payload["core"])
+        for job_id, lines in payload["histories"].items():
+            job = sched.jobs.get(job_id)
+            if job is not None:
+                job.history[:] = [Transition(float(t), a, b, r, int(ev)) for t, a, b, r, ev in lines]
+        self.runs = Counter({j: int(n) for j, n in payload["runs"].items()})
+        self.placements = {j: Placement(tuple((n, tuple(g)) for n, g in v["parts"]), v["share"])
+                           for j, v in payload["placements"].items()}
+        self.lost = {j: [RunLost(*r) for r in recs] for j, recs in payload["lost"].items()}
+        for j, peak in payload["peaks"].items():
+            self.sampled.setdefault(j, {"peak_gpu_mem_mib": 0})["peak_gpu_mem_mib"] = int(peak)
+        self.unmanaged_flag = {(n, int(g)): bool(f) for n, g, f in payload["unmanaged"]}
+        self.metrics.load(payload["metrics"])
+        self.ended_states = self.store.ended_states()
+        return sched, version
+
+    def _policy_version(self) -> int:
+        """The version (1, 2, ...) of the policy in force."""
+        return self._in_force()["version"]
+
+    def take_snapshot(self, now: float) -> bool:
+        """Write a snapshot of the core and the daemon's state covering every batch
+        committed so far, with an ``ended_jobs`` row for each job that ended since the
+        last one (called with ``self.lock`` held, between steps). When more than
+        ``ARCHIVE_CHUNK`` ended jobs wait (the first snapshot of a long log), only that
+        many are archived (committed) per call and the snapshot itself is written by a
+        later call: the loop is never held for long. Never raises: a failed write is
+        logged (once a minute) and retried later; returns whether the snapshot was
+        written."""
+        sched = self.sched
+        try:
+            live = {j for j, x in sched.jobs.items() if not x.state.terminal}
+            ended = [j for j, x in sched.jobs.items() if x.state.terminal and j not in self.ended_states]
+            if len(ended) > ARCHIVE_CHUNK:  # archive a chunk now, the rest (and the snapshot) next time
+                chunk = ended[:ARCHIVE_CHUNK]
+                self.store.archive_jobs([{"id": j, "state": sched.jobs[j].state.value,
+                                          "record": json.dumps(self._record(sched.jobs[j]))} for j in chunk])
+                for j in chunk:
+                    self.ended_states[j] = sched.jobs[j].state.value
+                self._snapshot_due = True
+                return False
+            payload = {
+                "format": SNAPSHOT_FORMAT, "policy_version": self._policy_version(),
+                "skipped": {str(k): v for k, v in getattr(self, "_skipped", {}).items()},
+                "core": self.live_snapshot(sched),
+                "histories": {j: self._history_rows(sched.jobs[j]) for j in live},
+                "runs": {j: n for j, n in self.runs.items() if j in live},
+                "placements": {j: {"parts": [[n, list(g)] for n, g in pl.parts], "share": pl.share}
+                               for j, pl in self.placements.items() if j in live and sched.jobs[j].state.holds_gpus},
+                "lost": {j: [[r.t, r.job_id, r.run, r.cause, r.final, r.reason] for r in recs]
+                         for j, recs in self.lost.items() if j in live},
+                "peaks": {j: rec.get("peak_gpu_mem_mib", 0) for j, rec in self.sampled.items() if j in live},
+                "unmanaged": [[n, g, f] for (n, g), f in sorted(self.unmanaged_flag.items())],
+                "metrics": self.metrics.state(),
+            }
+            rows = [{"id": j, "state": sched.jobs[j].state.value, "record": json.dumps(self._record(sched.jobs[j]))}
+                    for j in ended]
+            batch = self.store.last_batch
+            self.store.write_snapshot(batch, now, payload, rows)
+            self.store.idempotency_prune(now - IDEMPOTENCY_TTL_S)
+        except Exception as exc:
+            self.ratelog.error(f"snapshot:{storage_reason(exc) or type(exc).__name__}", "snapshot not written: %s; "
+                               "retried later", storage_reason(exc) or f"{type(exc).__name__}: {exc}")
+            return False
+        for j in ended:
+            self.ended_states[j] = sched.jobs[j].state.value
+        self._snap_batch, self._snap_t, self._snapshot_due = batch, now, False
+        log.info("snapshot of batch %d: %d jobs not ended, %d archived", batch, len(live), len(rows))
+        return True
+
+    def _maybe_snapshot(self, now: float) -> None:
+        batches = self.store.last_batch - self._snap_batch
+        if self._snapshot_due or batches >= SNAPSHOT_EVERY_BATCHES or (
+                batches and now - self._snap_t >= SNAPSHOT_EVERY_S):
+            self.take_snapshot(now)
+
     @staticmethod
-    def _restored(sched: Scheduler, rules) -> Scheduler:
-        """``sched``'s state under ``rules`` (``Scheduler.restore`` of its snapshot),
-        each job keeping its history. An ended job of a class or team the rules no
-        longer have (the core cannot rebuild it) is carried over as it was: it holds
-        nothing and stays visible.
+    def _history_rows(job) -> list[list]:
+        return [[h.t, str(getattr(h.from_state, "value", h.from_state)), str(getattr(h.to_state, "value", h.to_state)),
+                 h.reason, h.event] for h in job.history]
+
+    def _record(self, job) -> dict:
+        """What stays of an ended job for its views once it is archived."""
+        return {"spec": spec_to_dict(job.spec), "state": job.state.value, "history": self._history_rows(job),
+                "first_start": job.first_start, "runs": self.runs[job.id], "preemptions": job.preemptions,
+                "reason": str(job.reason) if job.state is JobState.REJECTED else None,
+                "priority": self.sched.priority_factors(job.id)["priority"] if job.id in self.sched.jobs else None,
+                "usage": self._usage_view(job),
+                "lost": [[r.t, r.job_id, r.run, r.cause, r.final, r.reason] for r in self.lost.get(job.id, ())]}
+
+    def archived(self, job_id: str) -> dict | None:
+        """The record of a job archived before this server started (``None``: not one)."""
+        if job_id not in self.ended_states or job_id in self.sched.jobs:
+            return None
+        rec = self._archive.get(job_id)
+        if rec is None:
+            rec = self.store.ended_records([job_id]).get(job_id)
+            if rec is None:
+                return None
+            if len(self._archive) >= ARCHIVE_CACHE:
+                self._archive.pop(next(iter(self._archive)))
+            self._archive[job_id] = rec
+        return rec
+
+    def job_team(self, job_id: str) -> str | None:
+        """The team of a job or array, archived ones included; ``None``: no such job."""
+        if job_id in self.arrays:
+            return self.arrays[job_id].spec["team"]
+        job = self.sched.jobs.get(job_id)
+        if job is not None:
+            return job.spec.team
+        rec = self.archived(job_id)
+        return rec["spec"]["team"] if rec is not None else None
+
+    @staticmethod
+    def live_snapshot(sched: Scheduler) -> dict:
+        """``sched.snapshot()`` of the jobs not ended only (ended jobs never change:
+        they are carried over, or archived, as they are), as fresh JSON data. The core
+        is given, for that call, a ``jobs`` dict without the ended ones - on the object
+        that holds it (the scheduler, or core v2's ``book``): the core has no
+        ``snapshot(live_only=True)`` yet (note 017)."""
+        holder = getattr(sched, "book", sched)
+        full = holder.jobs
+        holder.jobs = {j: x for j, x in full.items() if not x.state.terminal}
+        try:
+            return json.loads(json.dumps(sched.snapshot()))
+        finally:
+            holder.jobs = full
+
+    @classmethod
+    def _restored(cls, sched: Scheduler, rules) -> Scheduler:
+        """``sched``'s state under ``rules`` (``Scheduler.restore`` of its snapshot of the
+        jobs not ended), each job keeping its history; ended jobs are carried over as
+        they are (they hold nothing and stay visible), so the cost is linear in the jobs
+        not ended (note 017).
 
         Raises:
             ValueError, KeyError: the allocations do not fit the new rules' nodes.
         """
-        snap = json.loads(json.dumps(sched.snapshot()))
-        gone = {j.id for j in sched.jobs.values() if j.state.terminal and (
-            j.spec.workload_class not in rules.classes or (rules.teams and j.spec.team not in rules.teams))}
-        snap["jobs"] = [raw for raw in snap["jobs"] if raw["spec"]["id"] not in gone]
-        new = Scheduler.restore(rules, snap)
+        new = Scheduler.restore(rules, cls.live_snapshot(sched))
         for job_id, job in new.jobs.items():
             job.history[:] = sched.jobs[job_id].history
-        for job_id in sorted(gone, key=natural_key):
-            new.jobs[job_id] = sched.jobs[job_id]
+        for job_id, job in sched.jobs.items():
+            if job.state.terminal:
+                new.jobs[job_id] = job
         return new
 
     def _note_sample(self, e: Event) -> None:
@@ -385,13 +627,23 @@ class Daemon:
                 max_retries=r["max_retries"], submit_time=r["submit_time"], spec=json.loads(r["spec"]),
                 argv=json.loads(r["argv"]), shell=r["shell"], env=json.loads(r["env"]), cwd=r["cwd"],
                 cancelled=r["cancelled"])
-        for job_id in self.store.job_rows():
+        for job_id in self.store.job_ids(containing="_"):  # array children only
             parsed = parse_child_id(job_id)
             if parsed and parsed[0] in self.arrays:
                 self.arrays[parsed[0]].attempts.setdefault(parsed[1], []).append(job_id)
         for rec in self.arrays.values():
             for ids in rec.attempts.values():
                 ids.sort(key=lambda j: parse_child_id(j)[2])
+            rec.rebuild(self.job_state)
+            rec.ended = rec.counts(self.job_state)["state"] in ("COMPLETED", "FAILED", "CANCELLED")
+
+    def job_state(self, job_id: str) -> str | None:
+        """The state of a job (``PENDING``, ``COMPLETED``, ...) as the core has it, or as
+        archived when it ended before this server started (note 017); ``None``: unknown."""
+        job = self.sched.jobs.get(job_id)
+        if job is not None:
+            return job.state.value
+        return self.ended_states.get(job_id)
 
     def _track(self, d: Decision) -> None:
         if isinstance(d, Start):
@@ -401,22 +653,36 @@ class Daemon:
     def _reconcile(self) -> None:
         """Make processes match the replayed core (the core is the truth)."""
         sched, backend = self.sched, self.backend
-        for job_id, row in self.store.job_rows().items():
+        # the rows that matter: jobs the core has not ended, and rows that do not say
+        # ended (a process may live on) - never every row of a long history (note 017)
+        rows = self.store.job_rows(not_in_states=TERMINAL_STATES)
+        live = [j for j, x in sched.jobs.items() if not x.state.terminal and j not in rows]
+        rows.update(self.store.job_rows(ids=live))
+        for job_id, row in sorted(rows.items(), key=lambda kv: kv[1]["num"]):
             job = sched.jobs.get(job_id)
-            if job is None:
+            if job is None:  # archived (ended before the snapshot): only its processes matter
+                if job_id in self.ended_states and row["run"]:
+                    proc = backend.attach(job_id, row["run"], row["pid"], row["proc_start"])
+                    if proc is not None and backend.running(job_id):
+                        log.warning("job %s is %s but its processes live: killing them", job_id,
+                                    self.ended_states[job_id])
+                        backend.kill(job_id)
+                    self.store.update_job(job_id, state=self.ended_states[job_id])
                 continue
             if job.state.holds_gpus:
                 run = self.runs[job_id]
                 if row["run"] < run:  # decided, logged, but the server died before the fork
                     log.warning("job %s: run %d was never launched; launching it now", job_id, run)
-                    self._launch(job_id, run, self.placements[job_id], row)
+                    self._launches.append((job_id, run, self.placements[job_id], row))
                     continue
                 proc = backend.attach(job_id, run, row["pid"], row["proc_start"])
                 if proc is None:
                     log.warning("job %s: run %d is gone without an exit code: lost", job_id, run)
-                    self.deferred.append(self._lost(job))
-                elif row["kill_at"] is not None:
-                    self.kills[job_id] = row["kill_at"]
+                    self._exits[job_id] = None  # fed as a lost run in the first step
+                else:
+                    self.live_run[job_id] = run
+                    if row["kill_at"] is not None:
+                        self.kills[job_id] = (run, row["kill_at"])
             elif row["run"]:
                 proc = backend.attach(job_id, row["run"], row["pid"], row["proc_start"])
                 if proc is not None and backend.running(job_id):
@@ -424,15 +690,52 @@ class Daemon:
                     backend.kill(job_id)
             if row["state"] != job.state.value:
                 self.store.update_job(job_id, state=job.state.value)
+        for job_id, records in self.lost.items():  # lost runs logged, not yet handed to the core
+            job = sched.jobs.get(job_id)
+            last = records[-1]
+            if job is not None and job.state.holds_gpus and self.runs[job_id] == last.run and not last.final:
+                self._lost_due[job_id] = (last.run, last.t + self._backoff(len(records)))
+
+    def _backoff(self, k: int) -> float:
+        """Seconds between the ``k``-th lost run of a job (1, 2, ...) and its requeue."""
+        return min(self.requeue_backoff_s * 2 ** (k - 1), MAX_REQUEUE_BACKOFF_S)
 
     @staticmethod
     def _lost(job) -> Event:
-        """The event for a run that ended without an exit code (``t`` is set when fed)."""
+        """The event that hands a lost run to the core (``t`` is set when fed): a requeue,
+        or - the core was preempting or stopping it - the exit it waited for."""
         if job.state is JobState.PREEMPTING:
             return JobFinished(0.0, job.id, ExitStatus.PREEMPTED)
         if job.state is JobState.STOPPING:
             return JobFinished(0.0, job.id, ExitStatus.TIMEOUT)
         return JobRequeueRequested(0.0, job.id)
+
+    def _lost_run(self, now: float, job, cause: str) -> tuple[list, RunLost | None]:
+        """The events for a run of ``job`` that ended without an exit code, found at
+        ``now``: ``(events for this batch, the RunLost to record once committed)``.
+
+        A run the core was preempting or stopping was killed by its grace period's
+        SIGKILL, as planned: its exit is fed at once and nothing is counted. Otherwise the
+        run is lost (note 017): the k-th is logged and handed to the core after
+        ``_backoff(k)``; the one past ``max_requeues`` fails the job at once, the reason
+        in its ``RunLost``."""
+        run = self.runs[job.id]
+        if job.state is not JobState.RUNNING:
+            return [replace(self._lost(job), t=now)], None
+        records = self.lost.get(job.id, [])
+        if records and records[-1].run == run:  # already logged (a restart during its back-off)
+            return [], None
+        k = len(records) + 1
+        if k > self.max_requeues:
+            reason = (f"lost {k} time{'s' * (k != 1)} (each run ended without an exit code): the requeue limit "
+                      f"{self.max_requeues} is reached (--max-requeues); last: {cause}")
+            rec = RunLost(now, job.id, run, cause, final=True, reason=reason)
+            log.error("job %s failed: %s", job.id, reason)
+            return [rec, JobFinished(now, job.id, ExitStatus.FAILED)], rec
+        rec = RunLost(now, job.id, run, cause)
+        log.warning("job %s: run %d lost (%s); requeued in %g s (%d of at most %d requeues)", job.id, run, cause,
+                    self._backoff(k), k, self.max_requeues)
+        return [rec], rec
 
     # ------------------------------------------------------------ the API's side
     def submit(self, spec: JobSpec, argv: list[str], *, shell: bool = False, env: dict[str, str] | None = None,
@@ -459,13 +762,19 @@ class Daemon:
 
     def submit_future(self, spec: JobSpec, argv: list[str], *, shell: bool = False,
                       env: dict[str, str] | None = None, cwd: str,
-                      array: tuple[str, list[int], int, int] | None = None) -> Future:
+                      array: tuple[str, list[int], int, int] | None = None,
+                      idempotency: tuple[str, str, str] | None = None) -> Future:
         """Queue a submission for the loop and return at once: the future gets
         ``submit_view``'s result or its ``SpecError`` when the loop step that took it
         ends (the API awaits it through ``asyncio.wrap_future``, without a thread).
-        Never cancel it: the loop sets its result."""
+        Never cancel it: the loop sets its result.
+
+        ``idempotency``: ``(scope, key, body hash)`` of an ``Idempotency-Key`` (note
+        017): a key already committed for ``scope`` with the same hash makes the result
+        ``("replayed", view)`` of the job it made, with another hash an
+        ``IdempotencyConflict``; a new key is committed with the submission."""
         fut: Future = Future()
-        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array), fut))
+        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array, idempotency), fut))
         self.wake.set()
         return fut
 
@@ -480,10 +789,11 @@ class Daemon:
         self.wake.set()
         return fut.result(timeout=timeout)
 
-    def check_policy(self, raw: Any, source: str) -> tuple[Policy, Any, Scheduler | None]:
+    def check_policy(self, raw: Any, source: str, pol: Policy | None = None) -> tuple[Policy, Any, Scheduler | None]:
         """Whether the parsed YAML ``raw`` could replace the policy in force now (called
         with ``self.lock`` held; changes nothing). Returns the policy, ``raw`` as JSON
-        and the core under it (``None``: identical to the policy in force).
+        and the core under it (``None``: identical to the policy in force). ``pol``:
+        ``raw`` already validated (the API does it outside the lock, note 017).
 
         Raises:
             PolicyError: the policy is invalid (field, value, what is allowed).
@@ -491,7 +801,8 @@ class Daemon:
                 allocations do not fit it.
         """
         raw = json.loads(json.dumps(raw, default=str))
-        pol = policy_from_dict(raw, source=source or "<policy>")
+        if pol is None:
+            pol = policy_from_dict(raw, source=source or "<policy>")
         if self.policies and raw == self._in_force()["policy"]:
             return pol, raw, None
         found = conflicts(self.sched, self.rules, pol.rules, self.placements)
@@ -504,7 +815,8 @@ class Daemon:
                 from None
         return pol, raw, new
 
-    def apply_policy(self, raw: Any, source: str = "", by: str = "", timeout: float = 60.0) -> dict:
+    def apply_policy(self, raw: Any, source: str = "", by: str = "", timeout: float = 60.0,
+                     pol: Policy | None = None) -> dict:
         """Apply a policy in the loop, atomically (see ``check_policy``): logged as the
         next version, then the core restored under it; jobs it now admits start in
         the same step. Returns ``policy_view``'s fields plus ``applied`` (``False``:
@@ -515,18 +827,18 @@ class Daemon:
             TimeoutError: the loop did not answer within ``timeout`` seconds.
         """
         fut: Future = Future()
-        self.policy_queue.put((raw, source, by, fut))
+        self.policy_queue.put((raw, source, by, pol, fut))
         self.wake.set()
         return fut.result(timeout=timeout)
 
     def _apply_policies(self) -> None:
         while True:
             try:
-                raw, source, by, fut = self.policy_queue.get_nowait()
+                raw, source, by, pol, fut = self.policy_queue.get_nowait()
             except queue.Empty:
                 return
             try:
-                pol, raw, new = self.check_policy(raw, source)
+                pol, raw, new = self.check_policy(raw, source, pol)
                 version, was = len(self.policies), self._in_force()["version"]
                 if new is None:
                     fut.set_result({**self.policy_view(), "applied": False,
@@ -540,6 +852,7 @@ class Daemon:
             self.sched, self.rules = new, pol.rules
             self.policies.append({"version": version + 1, "t": now, "by": by, "source": source, "policy": raw})
             self.deferred.append(Tick(0.0))  # a cycle under the new rules in this step (logged, so replayed)
+            self._snapshot_due = True  # a restart then never restores under the old rules first
             log.info("policy version %d applied by %r from %s", version + 1, by, source)
             fut.set_result({**self.policy_view(), "applied": True,
                             "message": f"version {version + 1} applied (was {was})"})
@@ -557,52 +870,93 @@ class Daemon:
     # ------------------------------------------------------------ the loop
     def _loop(self) -> None:
         while not self._stop.is_set():
+            failed = False
             try:
                 with self.lock:
                     self.step()
-            except Exception:  # a step must never kill the server; it is retried
-                log.exception("reconcile step failed")
-            self.wake.wait(self.poll_s)
+            except Exception as exc:  # a step must never kill the server; it is retried
+                failed = True
+                reason = storage_reason(exc)
+                if reason is not None:  # one line per kind of failure a minute, no traceback (note 017)
+                    self.ratelog.error(f"storage:{reason}", "reconcile step failed: storage unavailable: %s; "
+                                       "retried (exits and lost runs are kept until committed)", reason)
+                else:
+                    self.ratelog.exception(f"step:{type(exc).__name__}", "reconcile step failed")
+            if failed:  # back off: the lock is free for readers meanwhile
+                self._fail_wait = min(max(self.poll_s, self._fail_wait * 2), MAX_FAILED_STEP_WAIT_S)
+                self._stop.wait(self._fail_wait)
+            else:
+                self._fail_wait = 0.0
+                with self.lock:
+                    self._maybe_snapshot(max(self.clock(), self.sched.now))
+                self.wake.wait(self.poll_s)
             self.wake.clear()
 
     def step(self) -> list[Decision]:
-        """One pass of the loop (called with ``self.lock`` held); returns the decisions."""
+        """One pass of the loop (called with ``self.lock`` held); returns the decisions.
+
+        Nothing the backend reported is forgotten when the step fails (note 017): exits
+        stay in ``_exits`` until the batch reporting them is committed, lost runs in
+        ``_lost_due`` until handed over, runs in ``_launches`` until their attempt is
+        committed. After the core has decided, nothing raises.
+
+        Raises:
+            SQLAlchemyError: the batch could not be committed; the step's submissions and
+                cancels were answered ``StorageUnavailable`` and are not retried.
+        """
         self._apply_policies()  # first: this step's events are handled under the new rules
         sched, backend = self.sched, self.backend
         now = max(self.clock(), sched.now)
+        self._retry_writes()
         if now - self._beat >= HEARTBEAT_S:
             self._beat = now
             if not self.store.heartbeat(now):
                 log.error("another server took over the database lock; stopping")
                 self._stop.set()
                 return []
-        batch: list[Event] = [replace(e, t=now) for e in self.deferred]
-        self.deferred = []
-        ended = backend.exits()
-        self.store.update_jobs({job_id: dict(exit_code=code, kill_at=None) for job_id, code in ended})  # one commit
-        for job_id, code in ended:
+        carry, self.deferred = self.deferred, []
+        batch: list[Event] = [replace(e, t=now) for e in carry]
+        for job_id, code in backend.exits():
+            self._exits[job_id] = code
+            self.live_run.pop(job_id, None)
             self.kills.pop(job_id, None)
+        lost: list[RunLost] = []
+        exit_rows = {}
+        for job_id, code in self._exits.items():
+            exit_rows[job_id] = dict(exit_code=code, kill_at=None)
             job = sched.jobs.get(job_id)
             if job is None or not job.state.holds_gpus:
                 continue  # a cancelled or requeued run ending: the core released it already
             if code is None:
-                batch.append(replace(self._lost(job), t=now))
+                events, rec = self._lost_run(now, job, getattr(backend, "lost_causes", {}).get(job_id, "unknown"))
+                batch.extend(events)
+                if rec is not None:
+                    lost.append(rec)
             else:
                 batch.append(JobFinished(now, job_id, exit_status(code)))
         engine_events = getattr(backend, "events", None)  # nodes lost / back, GPU health (note 016)
         if engine_events is not None:
             batch.extend(replace(e, t=now) for e in engine_events())
-        for job_id, due in list(self.kills.items()):
+        handed = []
+        for job_id, (run, due) in sorted(self._lost_due.items()):
+            if due > now:
+                continue
+            handed.append(job_id)
+            job = sched.jobs.get(job_id)
+            if job is not None and job.state.holds_gpus and self.runs[job_id] == run and job_id not in self._exits:
+                batch.append(replace(self._lost(job), t=now))
+        for job_id, (run, due) in list(self.kills.items()):
             if due <= now:
-                backend.kill(job_id)
+                if self.live_run.get(job_id) == run:
+                    backend.kill(job_id)
                 del self.kills[job_id]
-        rows, replies, new_arrays = [], [], []
+        rows, replies, new_arrays, keys = [], [], [], []
         while True:
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 break
-            self._command(now, cmd, batch, rows, replies, new_arrays)
+            self._command(now, cmd, batch, rows, replies, new_arrays, keys)
         children = self._array_children(now, batch, rows, new_arrays)
         replicas = self.services.reconcile(now, batch, rows)
         if self.inventory is not None and now >= self._next_sample:
@@ -615,47 +969,152 @@ class Daemon:
             except Exception:  # a failed sample (a bad scripted file, NVML trouble) is skipped whole
                 log.exception("GPU sample failed; skipped")
         wake = sched.next_wakeup()
-        if not batch and wake is not None and wake <= now:
+        if not any(not isinstance(e, RunLost) for e in batch) and wake is not None and wake <= now:
             batch.append(Tick(now))
-        if not batch and not new_arrays:
+        if not batch and not new_arrays and not exit_rows and not keys:
+            for fut, value in replies:  # nothing to commit (an idempotent replay): answered now
+                if not fut.done():
+                    fut.set_result(value() if callable(value) else value)
             return []
         try:  # committed before it is applied or acknowledged
-            self.store.append(now, batch, rows, [self._array_row(a) for a in new_arrays])
+            self.store.append(now, batch, rows, [self._array_row(a) for a in new_arrays], job_updates=exit_rows,
+                              idempotency=keys)
         except Exception as exc:
+            reason = storage_reason(exc) or f"{type(exc).__name__}: {exc}"
             for fut, _ in replies:
-                fut.set_exception(exc)
-            self.deferred = [e for e in batch if not isinstance(e, JobSubmitted)]  # retried next step
+                if not fut.done():
+                    fut.set_exception(StorageUnavailable(reason))
+            # retried next step: what the loop found itself (exits, lost runs and ticks are
+            # derived again); never the API's submissions and cancels, answered 503 above
+            self.deferred = carry + [e for e in batch if isinstance(e, (UsageSample, GpuUnmanaged))]
             raise
+        self._exits.clear()
+        for rec in lost:
+            self.lost.setdefault(rec.job_id, []).append(rec)
+            if not rec.final:
+                self._lost_due[rec.job_id] = (rec.run, now + self._backoff(len(self.lost[rec.job_id])))
+        for job_id in handed:
+            self._lost_due.pop(job_id, None)
         for a in new_arrays:
             self.arrays[a.id] = a
         for array_id, index, job_id in children:
-            self.arrays[array_id].attempts.setdefault(index, []).append(job_id)
+            self.arrays[array_id].submitted(index, job_id)
         self.services.committed(replicas)
+        self._idempotent_committed(keys)
+        core_batch = [e for e in batch if not isinstance(e, RunLost)]
         t0 = time.perf_counter()
-        decisions = sched.handle(batch)
+        decisions = sched.handle(core_batch)
         self.metrics.observe_cycle(time.perf_counter() - t0)
         for d in decisions:
             self._track(d)  # placements and run numbers, before the replies' views
-        self.metrics.observe(now, batch, decisions)
+        self.metrics.observe(now, core_batch, decisions)
         for fut, value in replies:
-            fut.set_result(value() if callable(value) else value)
-        touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None) for e in batch}
+            if not fut.done():
+                fut.set_result(value() if callable(value) else value)
+        touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None)
+                   for e in core_batch}
         touched |= {d.job_id for d in decisions}
-        states = {j: {"state": sched.jobs[j].state.value} for j in touched if j in sched.jobs}
-        launches, fresh = [], {r["id"]: r for r in rows}  # a job submitted in this step: its row is at hand
+        for j in touched:
+            if j in sched.jobs:
+                self._pending_rows.setdefault(j, {})["state"] = sched.jobs[j].state.value
+        fresh = {r["id"]: r for r in rows}  # a job submitted in this step: its row is at hand
         for d in decisions:
             if isinstance(d, Start):
-                row = fresh.get(d.job_id) or self.store.job_row(d.job_id)
-                launches.append((d.job_id, self.runs[d.job_id], d.placement, row))
+                self._launches.append((d.job_id, self.runs[d.job_id], d.placement, fresh.get(d.job_id)))
             else:
                 self._apply(now, d)
-        self._launch_all(launches, states)
+        self._do_launches()
         return decisions
 
-    def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list, new_arrays: list) -> None:
+    def _retry_writes(self) -> None:
+        """Runs and jobs-row writes a failed step left (never raises)."""
+        if self._launches or self._pending_rows:
+            self._do_launches()
+
+    def _apply(self, now: float, d: Decision) -> None:
+        """Act on a decision other than ``Start`` (``_do_launches`` starts runs). Never
+        raises: a ``kill_at`` that cannot be written is re-armed from the core at a
+        restart."""
+        if isinstance(d, (Preempt, Stop)):
+            run = self.live_run.get(d.job_id)
+            if run is None:
+                return  # no process (lost, never launched, ended): nothing to signal or kill
+            job = self.sched.jobs.get(d.job_id)
+            try:
+                if isinstance(d, Stop) and d.grace_s <= 0 and (d.requeue or d.reason == "cancelled"):
+                    self.backend.kill(d.job_id)  # the core released its GPUs already: nothing may outlive that
+                    self.kills.pop(d.job_id, None)
+                    return
+                self.backend.signal(d.job_id, getattr(signal, job.cls.stop_signal if job else "SIGTERM"))
+            except Exception:  # an engine command that failed: the kill at the end of the grace is the backstop
+                self.ratelog.exception(f"signal:{d.job_id}", "job %s: cannot signal or kill its run", d.job_id)
+            due = now + d.grace_s
+            self.kills[d.job_id] = (run, due)
+            self._pending_rows.setdefault(d.job_id, {})["kill_at"] = due
+        elif isinstance(d, Reject):
+            log.info("job %s rejected: %s", d.job_id, d.reason)
+        elif isinstance(d, ReconfigureMig):
+            log.warning("MIG reconfiguration of %s GPU %d is not supported by the local backend yet", d.node, d.gpu)
+
+    def _do_launches(self) -> None:
+        """Start the runs in ``_launches`` and write ``_pending_rows``, never raising:
+        the attempts (and the rows' states) are committed first, then the forks, then
+        the pids (note 008, "Submission throughput"); a commit that fails leaves the
+        runs queued for the next step - a fork never comes before its attempt is in the
+        database, so a restart never launches a run twice. A run whose job no longer
+        holds GPUs for it (cancelled meanwhile) is dropped."""
+        launches = []
+        for job_id, run, placement, row in self._launches:
+            job = self.sched.jobs.get(job_id)
+            if job is not None and job.state.holds_gpus and self.runs[job_id] == run:
+                launches.append((job_id, run, placement, row))
+        values = {j: dict(v) for j, v in self._pending_rows.items()}
+        for job_id, run, _placement, _row in launches:
+            values.setdefault(job_id, {}).update(run=run, pid=None, pgid=None, proc_start=None, exit_code=None,
+                                                 kill_at=None)
+        try:
+            self.store.update_jobs(values)
+            launches = [(j, r, p, row if row is not None else self.store.job_row(j)) for j, r, p, row in launches]
+        except Exception as exc:
+            self.ratelog.error(f"launch:{storage_reason(exc) or type(exc).__name__}", "runs not launched yet (their "
+                               "attempts cannot be committed: %s); retried", storage_reason(exc) or exc)
+            self._launches = launches
+            return
+        self._launches, self._pending_rows = [], {}
+        started = {}
+        for job_id, run, placement, row in launches:
+            if self.live_run.get(job_id) is not None and self.backend.running(job_id):
+                self.backend.kill(job_id)  # an earlier run still tracked: its GPUs were released already
+            self.kills.pop(job_id, None)  # a kill armed for an earlier run never reaches this one
+            try:
+                proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
+                                          env=json.loads(row["env"]), cwd=row["cwd"], placement=placement,
+                                          time_limit_s=self._limit_s(job_id))
+            except (OSError, ValueError, TypeError, BackendError) as exc:  # e.g. an environment the OS refuses
+                log.error("job %s: cannot start its runner: %s", job_id, exc)
+                self.launch_errors[job_id] = f"run {run}: cannot start: {exc}"
+                self.live_run.pop(job_id, None)
+                started[job_id] = dict(placement=str(placement))
+                self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
+                continue
+            self.live_run[job_id] = run
+            rdir = self.backend.run_dir(job_id, run)
+            started[job_id] = dict(pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
+                                   stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
+        try:
+            self.store.update_jobs(started)
+        except Exception as exc:  # the pids: a restart finds the runs by their environment (find_runner)
+            self.ratelog.error(f"pids:{storage_reason(exc) or type(exc).__name__}", "pids of started runs not "
+                               "written yet: %s; retried", storage_reason(exc) or exc)
+            self._pending_rows.update(started)
+
+    def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list, new_arrays: list,
+                 keys: list) -> None:
         kind, arg, fut = cmd
         if kind == "submit":
-            spec, argv, shell, env, cwd, array = arg
+            spec, argv, shell, env, cwd, array, idem = arg
+            if idem is not None and self._idempotent_replay(idem, fut, replies, keys):
+                return
             job_id = str(self.next_num)
             spec = replace(spec, id=job_id, submit_time=now)
             try:
@@ -673,11 +1132,15 @@ class Daemon:
                 fut.set_exception(exc)
                 return
             self.next_num += 1
+            if idem is not None:
+                keys.append(dict(scope=idem[0], key=idem[1], body_hash=idem[2], job_id=job_id, created=now))
             if array is not None:
                 text, indices, throttle, max_retries = array
-                new_arrays.append(ArrayRec(id=job_id, num=int(job_id), text=text, indices=indices,
-                                           throttle=throttle, max_retries=max_retries, submit_time=now,
-                                           spec=spec_to_dict(spec), argv=argv, shell=shell, env=env, cwd=cwd))
+                rec = ArrayRec(id=job_id, num=int(job_id), text=text, indices=indices, throttle=throttle,
+                               max_retries=max_retries, submit_time=now, spec=spec_to_dict(spec), argv=argv,
+                               shell=shell, env=env, cwd=cwd)
+                rec.rebuild(self.job_state)
+                new_arrays.append(rec)
                 replies.append((fut, lambda j=job_id: self.job_view(j)))
                 return
             batch.append(JobSubmitted(now, spec))
@@ -688,18 +1151,56 @@ class Daemon:
         elif kind == "cancel" and arg in self.arrays:
             rec = self.arrays[arg]
             if rec.cancelled is None:
-                self.store.cancel_array(arg, now)  # committed first; its children are cancelled below
+                try:
+                    self.store.cancel_array(arg, now)  # committed first; its children are cancelled below
+                except Exception as exc:
+                    fut.set_exception(StorageUnavailable(storage_reason(exc) or f"{type(exc).__name__}: {exc}"))
+                    return
                 rec.cancelled = now
             replies.append((fut, lambda r=rec: self._array_progress(r)["state"]))
         elif kind == "cancel":
             job = self.sched.jobs.get(arg)
-            if job is None:
+            if job is None and arg in self.ended_states:  # ended before this server started
+                fut.set_result(self.ended_states[arg])
+            elif job is None:
                 fut.set_exception(KeyError(arg))
             elif job.state.terminal or any(isinstance(e, JobCancelled) and e.job_id == arg for e in batch):
                 fut.set_result(job.state.value)
             else:
                 batch.append(JobCancelled(now, arg))
                 replies.append((fut, lambda j=job: j.state.value))
+
+    def _idempotent_replay(self, idem: tuple[str, str, str], fut: Future, replies: list, keys: list) -> bool:
+        """Answer a submission whose ``Idempotency-Key`` is known - committed (memory,
+        then the database) or taken earlier in this step - and return ``True``; ``False``:
+        a new key, submit as usual. The same body: ``("replayed", view)``; another body:
+        ``IdempotencyConflict`` (note 017)."""
+        scope, key, digest = idem
+        found = next(((k["body_hash"], k["job_id"]) for k in keys if (k["scope"], k["key"]) == (scope, key)), None)
+        if found is None:
+            found = self._idem.get((scope, key))
+        if found is None:
+            try:
+                found = self.store.idempotency_get(scope, key)
+            except Exception as exc:
+                fut.set_exception(StorageUnavailable(storage_reason(exc) or type(exc).__name__))
+                return True
+        if found is None:
+            return False
+        known_hash, job_id = found
+        if known_hash != digest:
+            fut.set_exception(IdempotencyConflict(key, job_id))
+        else:
+            replies.append((fut, lambda j=job_id: ("replayed", self.job_view(j))))
+        return True
+
+    def _idempotent_committed(self, keys: list[dict]) -> None:
+        """Remember the idempotency keys of committed submissions (at most
+        ``IDEMPOTENCY_CACHE`` in memory; older ones are read from the database)."""
+        for k in keys:
+            self._idem[(k["scope"], k["key"])] = (k["body_hash"], k["job_id"])
+        while len(self._idem) > IDEMPOTENCY_CACHE:
+            self._idem.pop(next(iter(self._idem)))
 
     def _misfit(self, spec: JobSpec) -> str | None:
         """Why no node could ever hold ``spec`` (the reason the core would reject it
@@ -716,23 +1217,27 @@ class Daemon:
                     argv=json.dumps(a.argv), shell=a.shell, env=json.dumps(a.env), cwd=a.cwd, cancelled=a.cancelled)
 
     def _array_progress(self, rec: ArrayRec) -> dict:
-        jobs = self.sched.jobs
-        return progress(rec, {j: jobs[j].state.value for ids in rec.attempts.values() for j in ids if j in jobs})
+        rec.update(self.job_state)
+        return rec.counts(self.job_state)
 
     def _array_children(self, now: float, batch: list, rows: list, new_arrays: list) -> list[tuple[str, int, str]]:
-        """Submit the chunks each array may run now (index order, at most its throttle
-        not yet ended; a FAILED chunk again while it has retries left) and cancel the
-        live children of a cancelled array. Returns ``(array, index, child id)`` of the
-        children added to ``batch``, to be recorded once it is committed."""
+        """Submit the chunks each array may run now (index order; at most its throttle,
+        and never more than ``MAX_LIVE_TASKS``, not yet ended; at most
+        ``MAX_TASKS_PER_STEP`` new ones per step over all arrays: lazy expansion, note
+        017; a FAILED chunk again while it has retries left) and cancel the live children
+        of a cancelled array. O(live children) per array. Returns ``(array, index,
+        child id)`` of the children added to ``batch``, to be recorded once it is
+        committed."""
         out = []
+        budget = MAX_TASKS_PER_STEP
         cancelling = {e.job_id for e in batch if isinstance(e, JobCancelled)}
         for rec in [*self.arrays.values(), *new_arrays]:
             if rec.ended:
                 continue
             p = self._array_progress(rec)
             if rec.cancelled is not None:
-                for ids in rec.attempts.values():
-                    job = self.sched.jobs.get(ids[-1])
+                for job_id in sorted(rec.live, key=natural_key):
+                    job = self.sched.jobs.get(job_id)
                     if job is not None and not job.state.terminal and job.id not in cancelling:
                         batch.append(JobCancelled(now, job.id))
                 rec.ended = p["state"] == "CANCELLED"
@@ -740,10 +1245,9 @@ class Daemon:
             if p["state"] in ("COMPLETED", "FAILED"):
                 rec.ended = True
                 continue
-            room = rec.throttle - p["running"] - p["submitted_pending"]
-            todo = sorted(p["retry"] + p["not_submitted"])
-            for index in todo[:max(0, room)]:
-                attempt = len(rec.attempts.get(index, [])) + 1
+            room = min(rec.throttle, MAX_LIVE_TASKS) - p["live"]
+            for index, attempt in rec.take(max(0, min(room, budget))):
+                budget -= 1
                 job_id = child_id(rec.id, index, attempt)
                 spec = replace(spec_from_dict(rec.spec), id=job_id, submit_time=now)
                 env = {**rec.env, "SHEPHERD_ARRAY_ID": rec.id, "SHEPHERD_ARRAY_TASK_ID": str(index),
@@ -824,50 +1328,6 @@ class Daemon:
         active = util >= threshold
         return first or rose or active != self._logged_active.get(job.id), active
 
-    def _apply(self, now: float, d: Decision) -> None:
-        """Act on a decision other than ``Start`` (``_launch_all`` starts runs)."""
-        if isinstance(d, (Preempt, Stop)):
-            job = self.sched.jobs.get(d.job_id)
-            self.backend.signal(d.job_id, getattr(signal, job.cls.stop_signal if job else "SIGTERM"))
-            due = now + d.grace_s
-            self.kills[d.job_id] = due
-            self.store.update_job(d.job_id, kill_at=due)
-        elif isinstance(d, Reject):
-            log.info("job %s rejected: %s", d.job_id, d.reason)
-        elif isinstance(d, ReconfigureMig):
-            log.warning("MIG reconfiguration of %s GPU %d is not supported by the local backend yet", d.node, d.gpu)
-
-    def _launch(self, job_id: str, run: int, placement: Placement, row: dict) -> None:
-        self._launch_all([(job_id, run, placement, row)])
-
-    def _launch_all(self, launches: list[tuple[str, int, Placement, dict]], states: dict | None = None) -> None:
-        """Start runs ``(job, run, placement, jobs row)``, writing ``states`` (job ->
-        column values) with their attempts: two commits for all of them (note 008,
-        "Submission throughput")."""
-        # the attempts are committed before the forks: a restart then looks for each run
-        # (find_runner) instead of launching it a second time
-        values = {j: dict(v) for j, v in (states or {}).items()}
-        for job_id, run, _placement, _row in launches:
-            values.setdefault(job_id, {}).update(run=run, pid=None, pgid=None, proc_start=None, exit_code=None,
-                                                 kill_at=None)
-        self.store.update_jobs(values)
-        started = {}
-        for job_id, run, placement, row in launches:
-            try:
-                proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
-                                          env=json.loads(row["env"]), cwd=row["cwd"], placement=placement,
-                                          time_limit_s=self._limit_s(job_id))
-            except (OSError, ValueError, TypeError, BackendError) as exc:  # e.g. an environment the OS refuses
-                log.error("job %s: cannot start its runner: %s", job_id, exc)
-                self.launch_errors[job_id] = f"run {run}: cannot start: {exc}"
-                started[job_id] = dict(placement=str(placement))
-                self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
-                continue
-            rdir = self.backend.run_dir(job_id, run)
-            started[job_id] = dict(pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
-                                   stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
-        self.store.update_jobs(started)
-
     def _limit_s(self, job_id: str) -> float | None:
         """The engine's backstop time limit of a run, seconds: the job's time limit (or
         its class's max runtime) plus its grace period; ``None``: none."""
@@ -883,9 +1343,14 @@ class Daemon:
         if job_id in self.arrays:
             return self.array_view(self.arrays[job_id], history=history)
         job = self.sched.jobs.get(job_id)
-        row = row if row is not None else self.store.job_row(job_id)
-        if job is None or row is None:
+        if job is None and job_id not in self.ended_states:
             return None
+        row = row if row is not None else self.store.job_row(job_id)
+        if row is None:
+            return None
+        if job is None:
+            rec = self.archived(job_id)
+            return None if rec is None else self._archived_view(job_id, rec, row, history)
         spec = job.spec
         pending = job.state is JobState.PENDING
         reason = self.sched.pending_reason(job_id) if pending else None
@@ -903,6 +1368,8 @@ class Daemon:
             "priority": self.sched.priority_factors(job_id)["priority"],
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
             "launch_error": self.launch_errors.get(job_id),
+            "lost_runs": len(self.lost.get(job_id, ())),
+            "failure": next((r.reason for r in self.lost.get(job_id, ()) if r.final), None),
             **self._usage_view(job),
         }
         if history:
@@ -921,6 +1388,30 @@ class Daemon:
         est = self.sched.estimated_starts().get(job_id) if pending else None
         return {"estimated_start": est.t if est is not None else None,
                 "estimated_start_basis": est.basis if est is not None else None}
+
+    def _archived_view(self, job_id: str, rec: dict, row: dict, history: bool) -> dict[str, Any]:
+        """``job_view`` of a job archived before this server started (note 017): its
+        record, as it was when it ended, and its jobs row."""
+        spec = rec["spec"]
+        share = spec_from_dict(spec).share
+        lost = [RunLost(*r) for r in rec.get("lost", [])]
+        view = {
+            "id": job_id, "state": rec["state"], "class": spec["workload_class"], "team": spec["team"],
+            "user": spec["user"], "project": spec.get("project", ""), "gpus": spec["gpus"],
+            "share": str(share) if share else None, "submit_time": spec["submit_time"],
+            "first_start": rec["first_start"], "runs": rec["runs"], "preemptions": rec["preemptions"],
+            "placement": None, "reason": rec["reason"], "estimated_start": None, "estimated_start_basis": None,
+            "priority": rec["priority"],
+            "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
+            "launch_error": self.launch_errors.get(job_id), "lost_runs": len(lost),
+            "failure": next((r.reason for r in lost if r.final), None), **rec["usage"],
+        }
+        if history:
+            view["history"] = [{"t": t, "from": a, "to": b, "reason": r} for t, a, b, r, _ev in rec["history"]]
+            view["cwd"] = row["cwd"]
+            view["stdout"], view["stderr"] = row["stdout"], row["stderr"]
+            view["checkpoint_dir"] = str(self.backend.checkpoint_dir(job_id))
+        return view
 
     def _usage_view(self, job) -> dict[str, Any]:
         """A job's GPU usage: its last sample as this server took it (utilisation %,
@@ -953,7 +1444,7 @@ class Daemon:
                       + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else ""),
             "placement": None, "estimated_start": None, "estimated_start_basis": None, "priority": None,
             "command": rec.argv, "exit_code": None,
-            "runs": sum(len(ids) for ids in rec.attempts.values()),
+            "runs": len(rec.indices) - len(rec.todo) + rec.retries,
         }
         if history:
             view["children"] = {str(i): ids for i, ids in sorted(rec.attempts.items())}
@@ -966,7 +1457,21 @@ class Daemon:
         out = [(r["num"], j, r) for j, r in rows.items()
                if children or not ((c := parse_child_id(j)) and c[0] in self.arrays)]
         out += [(a.num, a.id, None) for a in self.arrays.values()]
-        return [v for v in (self.job_view(j, r) for _n, j, r in sorted(out, key=lambda x: x[0])) if v is not None]
+        wanted = [j for _n, j, _r in out if j not in self.sched.jobs and j in self.ended_states
+                  and j not in self._archive]
+        if wanted:  # the archived records in one read, not one per job
+            extra = self.store.ended_records(wanted)
+        else:
+            extra = {}
+        views = []
+        for _n, j, r in sorted(out, key=lambda x: x[0]):
+            if j in extra:
+                views.append(self._archived_view(j, extra[j], r, False))
+            else:
+                v = self.job_view(j, r)
+                if v is not None:
+                    views.append(v)
+        return views
 
     def nodes_view(self) -> list[dict]:
         """Each policy node: GPUs, which jobs hold them, this server's inventory; under an
@@ -1023,7 +1528,8 @@ class Daemon:
         usage in GPU-seconds at the core's time, fair-share factor in [0, 1]."""
         sched = self.sched
         t = sched.now
-        teams = sorted(set(self.rules.teams) | {j.spec.team for j in sched.jobs.values()})
+        used = {row[1] for row in sched.usage.snapshot(t) if row and row[0] == "team"} if t != float("-inf") else set()
+        teams = sorted(set(self.rules.teams) | {j.spec.team for j in sched.jobs.values()} | used)
         in_use: Counter = Counter()
         for job in sched.holding():
             in_use[job.spec.team] += job.fraction

@@ -11,11 +11,14 @@ with ``observe``, which has no I/O.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
 import re
+import socket
 import threading
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +34,8 @@ log = logging.getLogger("gpushepherd.daemon")
 NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
 #: a metric name that is GPU utilisation: never a scaling signal (R12)
 GPU_UTILISATION = re.compile(r"util|duty_cycle", re.IGNORECASE)
+#: the most bytes read from a service's metrics endpoint
+MAX_SCRAPE_BYTES = 1024 * 1024
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
@@ -95,10 +100,58 @@ def read_signal(text: str, selector: str, url: str = "the endpoint") -> tuple[fl
                 total += s.value
                 found = True
                 counter = counter or fam.type == "counter"
-    if not found:
-        shown = ", ".join(sorted(names)[:20]) + (", ..." if len(names) > 20 else "")
-        raise MetricMissing(f"metric {selector!r} is not exposed by {url} (it exposes: {shown or 'nothing'})")
+    if not found:  # the answer's own names are never echoed (note 017: no part of the answer shown)
+        raise MetricMissing(f"metric {selector!r} is not exposed by {url} (not among the {len(names)} sample names "
+                            "of its answer)")
     return total, counter
+
+
+class ScrapeRefused(ValueError):
+    """A metrics URL outside the scrape allow-list; ``str()`` names the host and what is allowed."""
+
+
+def _allowed_address(addr: str, networks: list) -> bool:
+    ip = ipaddress.ip_address(addr.split("%")[0])
+    return ip.is_loopback or any(ip in net for net in networks)
+
+
+def check_scrape_url(url: str, allow: list[str], hosts: set[str] = frozenset(), resolve: bool = False) -> None:
+    """Whether the server may fetch ``url`` (design note 017: a service's ``metrics_url``
+    must not turn the server into a proxy). Allowed: loopback (``127.0.0.0/8``, ``::1``,
+    ``localhost``), ``hosts`` (the nodes the service's replicas run on), and the
+    ``--scrape-allow`` entries ``allow`` (networks in CIDR notation, or host names).
+    ``resolve``: also check every address the host resolves to (at scrape time).
+
+    Raises:
+        ScrapeRefused: naming the host and what is allowed.
+    """
+    networks, names = [], set()
+    for a in allow:
+        try:
+            networks.append(ipaddress.ip_network(a, strict=False))
+        except ValueError:
+            names.add(a.lower())
+    host = (urlsplit(url).hostname or "").lower()
+    allowed = ("loopback (127.0.0.0/8, ::1, localhost), the nodes its replicas run on"
+               + (f", or {', '.join(sorted(allow))}" if allow else "") + " (shepherd server --scrape-allow)")
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None:
+        if not _allowed_address(host, networks):
+            raise ScrapeRefused(f"{url!r} is not allowed: host {host} is not {allowed}")
+        return
+    if host != "localhost" and host not in names and host not in {h.lower() for h in hosts}:
+        raise ScrapeRefused(f"{url!r} is not allowed: host {host!r} is not {allowed}")
+    if resolve and host not in names and host not in {h.lower() for h in hosts}:
+        try:
+            addrs = {i[4][0] for i in socket.getaddrinfo(host, None)}
+        except OSError as exc:
+            raise ScrapeRefused(f"{url!r}: host {host!r} cannot be resolved ({exc.strerror or exc})") from None
+        bad = sorted(a for a in addrs if not _allowed_address(a, networks))
+        if bad:
+            raise ScrapeRefused(f"{url!r} is not allowed: host {host!r} resolves to {', '.join(bad)}, not {allowed}")
 
 
 @dataclass
@@ -197,6 +250,8 @@ def validate_config(c: dict) -> None:
     if url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
         raise ServiceError("metrics_url", f"{url!r} is not allowed: an http:// or https:// URL (or none: signals "
                                           "pushed to POST /services/NAME/signals)")
+    if url is not None and len(url) > 2048:
+        raise ServiceError("metrics_url", f"{url[:60]!r}...: {len(url)} characters is not allowed: at most 2,048")
 
 
 class Services:
@@ -228,7 +283,7 @@ class Services:
         owners = {}
         for svc in self.by_num.values():  # a reused name: the newest service older than the replica owns it
             owners.setdefault(svc.name, []).append(svc)
-        for job_id, row in self.daemon.store.job_rows().items():
+        for job_id in self.daemon.store.job_ids(containing="."):  # replicas only
             name, dot, n = job_id.rpartition(".")
             if dot and n.isdigit() and name in owners:
                 mine = [s for s in owners[name] if s.num < int(n)]
@@ -259,6 +314,11 @@ class Services:
 
         validate_config(config)
         d = self.daemon
+        if config.get("metrics_url"):
+            try:
+                check_scrape_url(config["metrics_url"], d.scrape_allow, {n.name for n in d.rules.nodes})
+            except ScrapeRefused as exc:
+                raise ServiceError("metrics_url", str(exc)) from None
         with d.lock:
             if self.live(config["name"]) is not None:
                 raise ServiceError("name", f"{config['name']!r} is not allowed: a service of that name exists "
@@ -326,30 +386,68 @@ class Services:
     def _scrape_loop(self) -> None:
         import httpx
 
-        while not self._stop.wait(0.1):
-            d = self.daemon
-            with d.lock:
-                now = max(d.clock(), d.sched.now)
-                due = [(s, s.config["metrics_url"]) for s in self.by_num.values()
-                       if s.deleted is None and s.config.get("metrics_url") and now >= s.next_scrape]
-                for s, _ in due:
-                    s.next_scrape = now + s.config["scrape_every_s"]
-            for svc, url in due:  # outside the lock: a slow endpoint never holds the core
-                value, counter, error = None, False, None
+        # no proxies from the environment, no redirects: the URL checked is the one fetched
+        client = httpx.Client(follow_redirects=False, trust_env=False)
+        try:
+            while not self._stop.wait(0.1):
+                self._scrape_due(client)
+        finally:
+            client.close()
+
+    def _replica_hosts(self, svc: Service) -> set[str]:
+        """The nodes the service's live replicas are placed on (``daemon.lock`` held)."""
+        d = self.daemon
+        out = set()
+        for j in svc.replicas:
+            job = d.sched.jobs.get(j)
+            if job is not None and job.state.holds_gpus and j in d.placements:
+                out.update(name for name, _gpus in d.placements[j].parts)
+        return out
+
+    def _scrape_due(self, client) -> None:
+        import httpx
+
+        d = self.daemon
+        with d.lock:
+            now = max(d.clock(), d.sched.now)
+            due = [(s, s.config["metrics_url"], self._replica_hosts(s)) for s in self.by_num.values()
+                   if s.deleted is None and s.config.get("metrics_url") and now >= s.next_scrape]
+            for s, _, _ in due:
+                s.next_scrape = now + s.config["scrape_every_s"]
+        for svc, url, hosts in due:  # outside the lock: a slow endpoint never holds the core
+            value, counter, error = None, False, None
+            try:
+                check_scrape_url(url, d.scrape_allow, hosts, resolve=True)
+                timeout = min(5.0, svc.config["scrape_every_s"] * 2 + 1)
+                with client.stream("GET", url, timeout=timeout) as r:
+                    if r.status_code != 200:  # the answer itself is never shown (note 017)
+                        raise ValueError(f"scrape of {url} failed: HTTP {r.status_code}"
+                                         + (" (redirects are not followed)" if 300 <= r.status_code < 400 else ""))
+                    body = b""
+                    for chunk in r.iter_bytes():
+                        body += chunk
+                        if len(body) > MAX_SCRAPE_BYTES:
+                            raise ValueError(f"scrape of {url} failed: the answer is larger than "
+                                             f"{MAX_SCRAPE_BYTES:,} bytes")
                 try:
-                    r = httpx.get(url, timeout=min(5.0, svc.config["scrape_every_s"] * 2 + 1))
-                    r.raise_for_status()
-                    value, counter = read_signal(r.text, svc.config["metric"], url)
-                except MetricMissing as exc:
-                    error = str(exc)
-                except (httpx.HTTPError, ValueError) as exc:
-                    error = f"scrape of {url} failed: {exc}"
-                try:
-                    with d.lock:
-                        now = max(d.clock(), d.sched.now)
-                        self._sample(svc, now, value, counter, "scraped", error)
-                except Exception:  # a failed commit is retried at the next sample
-                    log.exception("service %s: autoscaling step failed", svc.name)
+                    value, counter = read_signal(body.decode("utf-8", "replace"), svc.config["metric"], url)
+                except MetricMissing:
+                    raise
+                except Exception:  # the parser's message quotes the answer: never shown
+                    raise ValueError(f"scrape of {url} failed: the answer is not the Prometheus text format") \
+                        from None
+            except (MetricMissing, ScrapeRefused) as exc:
+                error = str(exc)
+            except httpx.HTTPError as exc:
+                error = f"scrape of {url} failed: {type(exc).__name__}"
+            except ValueError as exc:
+                error = str(exc)
+            try:
+                with d.lock:
+                    now = max(d.clock(), d.sched.now)
+                    self._sample(svc, now, value, counter, "scraped", error)
+            except Exception:  # a failed commit is retried at the next sample
+                d.ratelog.exception(f"autoscale:{svc.name}", "service %s: autoscaling step failed", svc.name)
 
     def _sample(self, svc: Service, now: float, value: float | None, counter: bool, source: str,
                 error: str | None = None) -> None:

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
 from gpushepherd.core.scheduler import SpecError
-from gpushepherd.daemon.api import SubmitBody, _spec_field
+from gpushepherd.daemon.api import SubmitBody, _spec_field, check_submitter
 from gpushepherd.daemon.auth import Principal
 from gpushepherd.daemon.server import Daemon
 from gpushepherd.daemon.services import ServiceError
@@ -75,9 +75,7 @@ def mount_services(app: FastAPI, daemon: Daemon, principal) -> None:
     def create(body: ServiceBody, p: Principal | None = Depends(principal)):
         """Create a service; its ``min_replicas`` replicas are submitted as jobs of its
         class. Returns the service's view once its record is committed."""
-        may_act(p, body.team)
-        if p is not None:
-            body.user = body.user or p.user
+        check_submitter(p, body)  # the user and the team, as POST /jobs (note 017)
         try:
             return daemon.services.create(body.config(), body.spec(), body.command, body.shell, body.env, body.cwd)
         except ServiceError as exc:

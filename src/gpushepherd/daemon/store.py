@@ -10,13 +10,15 @@ an admin flag (the tokens themselves are never stored).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import sqlite3
 import threading
 import time
 import uuid
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -38,7 +41,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from gpushepherd.daemon.auth import Principal, digest_matches, new_token, token_hash
 from gpushepherd.model.events import (
@@ -73,7 +76,8 @@ events = Table(
     Column("seq", Integer, primary_key=True, autoincrement=True),
     Column("batch", Integer, nullable=False, index=True),
     Column("t", Float, nullable=False),
-    Column("kind", String(32), nullable=False),  # policy | submit | exit | cancel | requeue | tick | usage | unmanaged
+    # policy | submit | exit | cancel | requeue | tick | usage | unmanaged | lost (the daemon's)
+    Column("kind", String(32), nullable=False, index=True),
     Column("job_id", String(64), nullable=True),
     Column("payload", Text, nullable=False, default="{}"),
 )
@@ -154,6 +158,33 @@ service_decisions = Table(
 )
 
 
+snapshots = Table(
+    "snapshots", metadata,  # the daemon's state after a batch (note 017): a restart replays only what follows
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("batch", Integer, nullable=False),  # the last batch it covers
+    Column("t", Float, nullable=False),
+    Column("payload", Text, nullable=False),  # JSON: the core's snapshot of the jobs not ended, the daemon's state
+)
+
+ended_jobs = Table(
+    "ended_jobs", metadata,  # jobs in a final state, written once by the snapshot after they ended (note 017)
+    Column("id", String(64), primary_key=True),
+    Column("state", String(16), nullable=False),
+    Column("record", Text, nullable=False),  # JSON: spec, history, runs and the view's fields at the end
+    # covering (id, state): a start reads every ended job's state without the records' pages
+    Index("ix_ended_jobs_id_state", "id", "state"),
+)
+
+idempotency_keys = Table(
+    "idempotency_keys", metadata,  # POST /jobs with an Idempotency-Key header (note 017)
+    Column("scope", String(300), primary_key=True),  # who: token id, or the user without auth
+    Column("key", String(255), primary_key=True),
+    Column("body_hash", String(64), nullable=False),  # SHA-256 of the request body
+    Column("job_id", String(64), nullable=False),
+    Column("created", Float, nullable=False, index=True),
+)
+
+
 api_tokens = Table(
     "api_tokens", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -168,6 +199,62 @@ api_tokens = Table(
 
 class LockHeld(RuntimeError):
     """Another server holds the database; ``str()`` names it and what to do."""
+
+
+class StorageUnavailable(RuntimeError):
+    """The database refused a write or a read (locked past the busy timeout, disk full,
+    read-only, unreachable). ``reason`` is one short phrase (``database is locked``);
+    ``str()`` adds that nothing was applied and when to retry. The API answers 503
+    with ``Retry-After: RETRY_AFTER_S`` (note 017)."""
+
+    RETRY_AFTER_S = 5
+
+    def __init__(self, reason: str, applied: bool = False):
+        self.reason = reason
+        super().__init__(f"storage unavailable: {reason}; "
+                         + ("it may still be applied" if applied else "nothing was applied")
+                         + f"; retry in {self.RETRY_AFTER_S} s")
+
+
+def storage_reason(exc: BaseException) -> str | None:
+    """A short phrase for a storage failure (``database is locked``, ``disk full``,
+    ``read-only``, ``disk I/O error``, ``database unreachable``), or ``None`` when ``exc``
+    is not one (a bug, not the storage)."""
+    if isinstance(exc, StorageUnavailable):
+        return exc.reason
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    text = str(orig).lower()
+    if isinstance(orig, OSError) and not isinstance(orig, sqlite3.Error):
+        return {errno.ENOSPC: "disk full", errno.EROFS: "read-only file system", errno.EDQUOT: "disk quota "
+                "exceeded", errno.EIO: "disk I/O error"}.get(orig.errno)
+    for needle, phrase in (("locked", "database is locked"), ("disk is full", "disk full"),
+                           ("readonly", "read-only database"), ("read-only", "read-only database"),
+                           ("disk i/o", "disk I/O error"), ("unable to open", "database cannot be opened"),
+                           ("no space", "disk full")):
+        if needle in text:
+            return phrase
+    if isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated):
+        return "database unreachable" if "connect" in text or "server" in text else \
+            f"database error ({type(orig).__name__})"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RunLost:
+    """A daemon event, logged but never fed to the core (kind ``lost``): run ``run`` of a
+    job ended without an exit code (``cause``). ``final``: it was the one past the
+    requeue limit and the job is failed with ``reason`` (note 017)."""
+
+    t: float
+    job_id: str
+    run: int
+    cause: str = ""
+    final: bool = False
+    reason: str = ""
+
+
+#: event kinds only the daemon reads (``Store.batches(daemon=True)``)
+DAEMON_KINDS = ("lost",)
 
 
 # -- events <-> rows -------------------------------------------------------------
@@ -219,6 +306,9 @@ def event_row(e: Event) -> dict:
     if isinstance(e, GpuHealthChanged):
         return {"kind": "gpu-health", "job_id": None,
                 "payload": json.dumps({"node": e.node, "gpu": e.gpu, "healthy": e.healthy})}
+    if isinstance(e, RunLost):  # a daemon event (note 017)
+        return {"kind": "lost", "job_id": e.job_id,
+                "payload": json.dumps({"run": e.run, "cause": e.cause, "final": e.final, "reason": e.reason})}
     raise TypeError(f"event {type(e).__name__} is not logged by the daemon")
 
 
@@ -267,19 +357,22 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
         return NodeAdded(t, node_from_dict(data["node"]))
     if kind == "gpu-health":
         return GpuHealthChanged(t, data["node"], int(data["gpu"]), bool(data["healthy"]))
+    if kind == "lost":
+        return RunLost(t, job_id, int(data["run"]), str(data.get("cause", "")), bool(data.get("final")),
+                       str(data.get("reason", "")))
     raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue, tick, usage, "
-                     f"unmanaged, node-lost, node-added or gpu-health")
+                     f"unmanaged, node-lost, node-added, gpu-health or lost")
 
 
-def _sqlite_pragmas(synchronous: str):
-    """A connect hook: a 30 s busy timeout, WAL, ``synchronous`` (FULL: an acknowledged event survives a
+def _sqlite_pragmas(synchronous: str, busy_timeout_s: float = 30.0):
+    """A connect hook: a busy timeout (seconds), WAL, ``synchronous`` (FULL: an acknowledged event survives a
     power cut; NORMAL: a commit survives a crash of the process, and the next FULL
     commit makes it durable too)."""
     def hook(dbapi_conn, _record):  # noqa: ANN001
         cur = dbapi_conn.cursor()
         # the busy timeout first: switching a fresh database to WAL needs its lock, and
         # without the timeout a second process opening it at once fails at that pragma
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA synchronous={synchronous}")
         cur.close()
@@ -311,9 +404,11 @@ class Store:
     Args:
         url: a SQLAlchemy URL (``sqlite:////path/shepherd.db``,
             ``postgresql+psycopg://user@host/db``). SQLite gets WAL journaling,
-            ``synchronous=FULL`` and a 30 s busy timeout; PostgreSQL runs at its default
+            ``synchronous=FULL`` and a busy timeout; PostgreSQL runs at its default
             isolation (READ COMMITTED) with its default durability (``synchronous_commit``
             on), its connections checked before use.
+        busy_timeout_s: SQLite: how long a statement waits for another writer's lock
+            before failing with "database is locked" (seconds, default 30).
 
     Raises:
         SchemaError: the database cannot be brought to this code's schema revision
@@ -321,7 +416,7 @@ class Store:
             or an upgrade due under a running server.
     """
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, busy_timeout_s: float = 30.0):
         self.url = url
         sqlite = url.startswith("sqlite")
         self.engine: Engine = create_engine(url, future=True, **({} if sqlite else {"pool_pre_ping": True}))
@@ -332,7 +427,7 @@ class Store:
         if self.engine.dialect.name == "sqlite":
             self._lazy = create_engine(url, future=True)
             for engine, sync in ((self.engine, "FULL"), (self._lazy, "NORMAL")):
-                event.listen(engine, "connect", _sqlite_pragmas(sync))
+                event.listen(engine, "connect", _sqlite_pragmas(sync, busy_timeout_s))
         from gpushepherd.daemon.migrate import upgrade
 
         try:
@@ -426,14 +521,23 @@ class Store:
         with self.engine.connect() as c:
             return c.execute(select(func.max(events.c.batch))).scalar() or 0
 
-    def append(self, t: float, batch: list[Event], jobs_rows: list[dict] = (), array_rows: list[dict] = ()) -> int:
-        """Commit one batch (the events of one ``Scheduler.handle`` call at ``t``) and,
-        in the same transaction, new rows of the jobs and arrays tables. Returns the
-        batch number."""
+    def append(self, t: float, batch: list[Event], jobs_rows: list[dict] = (), array_rows: list[dict] = (),
+               job_updates: dict[str, dict[str, Any]] | None = None, idempotency: list[dict] = ()) -> int:
+        """Commit one batch (the events of one ``Scheduler.handle`` call at ``t``, and
+        daemon events such as ``RunLost``) and, in the same transaction, new rows of the
+        jobs and arrays tables, updates of jobs rows (``job_updates``: job id -> column
+        values, e.g. the exit codes the batch's exit events report) and the
+        ``idempotency_keys`` rows of its submissions. Returns the batch number.
+
+        Raises:
+            SQLAlchemyError: the commit failed; nothing of it is in the database.
+        """
         self._batch += 1
         with self.engine.begin() as c:
             if array_rows:
                 c.execute(insert(arrays), list(array_rows))
+            if idempotency:
+                c.execute(insert(idempotency_keys), list(idempotency))
             cur = c.connection.cursor()  # the hot inserts: statements compiled once (note 008)
             try:
                 if jobs_rows:
@@ -442,6 +546,8 @@ class Store:
                     b = self._batch
                     self._executemany(cur, "events+", lambda: insert(events),
                                       [dict(batch=b, t=t, **event_row(e)) for e in batch])
+                if job_updates:
+                    self._update_jobs_on(cur, job_updates)
             finally:
                 cur.close()
         return self._batch
@@ -491,12 +597,18 @@ class Store:
                         "source": applied.get("source", ""), "policy": raw})
         return out
 
-    def batches(self):
+    def batches(self, daemon: bool = False, after: int = 0, until: int | None = None):
         """Yield the log as ``(t, "policy", raw dict)`` or ``(t, "events", [Event, ...])``,
-        one item per batch, in order."""
+        one item per batch, in order: the batches numbered above ``after`` (and at most
+        ``until``). ``daemon``: also the daemon's own events (``RunLost``), which the
+        core never sees; without it they are skipped (``report``, the dashboard)."""
+        q = select(events.c.batch, events.c.t, events.c.kind, events.c.job_id, events.c.payload)
+        if after:
+            q = q.where(events.c.batch > after)
+        if until is not None:
+            q = q.where(events.c.batch <= until)
         with self.engine.connect() as c:
-            rows = c.execute(select(events.c.batch, events.c.t, events.c.kind, events.c.job_id, events.c.payload)
-                             .order_by(events.c.seq)).all()
+            rows = c.execute(q.order_by(events.c.seq)).all()
         cur, t, out = None, 0.0, []
         for b, bt, kind, job_id, payload in rows:
             if b != cur and out:
@@ -505,10 +617,92 @@ class Store:
             cur, t = b, bt
             if kind == "policy":
                 yield bt, "policy", _policy_payload(payload)[0]
-            else:
+            elif daemon or kind not in DAEMON_KINDS:
                 out.append(event_from_row(bt, kind, job_id, payload))
         if out:
             yield t, "events", out
+
+    @property
+    def last_batch(self) -> int:
+        """The number of the last batch this store committed (or found at open)."""
+        return self._batch
+
+    # -- snapshots and ended jobs (note 017) ------------------------------------------
+    def last_snapshot(self) -> tuple[int, float, dict] | None:
+        """The newest snapshot: ``(last batch it covers, t, payload)``, or ``None``."""
+        with self.engine.connect() as c:
+            row = c.execute(select(snapshots.c.batch, snapshots.c.t, snapshots.c.payload)
+                            .order_by(snapshots.c.seq.desc()).limit(1)).first()
+        return (row[0], row[1], json.loads(row[2])) if row else None
+
+    def write_snapshot(self, batch: int, t: float, payload: dict, ended: list[dict], keep: int = 2) -> None:
+        """Commit a snapshot covering the log up to ``batch`` and, in the same
+        transaction, the ``ended_jobs`` rows (``id``, ``state``, ``record`` JSON) of the
+        jobs that ended since the previous one; older snapshots beyond the newest
+        ``keep`` are deleted.
+
+        Raises:
+            SQLAlchemyError: nothing of it was written.
+        """
+        with self.engine.begin() as c:
+            if ended:
+                c.execute(insert(ended_jobs), ended)
+            c.execute(insert(snapshots).values(batch=batch, t=t, payload=json.dumps(payload, separators=(",", ":"))))
+            seqs = [r[0] for r in c.execute(select(snapshots.c.seq).order_by(snapshots.c.seq.desc()))]
+            if len(seqs) > keep:
+                c.execute(snapshots.delete().where(snapshots.c.seq <= seqs[keep]))
+        if self.engine.dialect.name == "sqlite":  # a small WAL: a restart after kill -9 recovers it fast
+            try:
+                with self.engine.connect() as c:
+                    c.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            except OperationalError:
+                pass  # readers in the way: the next automatic checkpoint does it
+
+    def archive_jobs(self, rows: list[dict]) -> None:
+        """Commit ``ended_jobs`` rows (``id``, ``state``, ``record`` JSON) ahead of the
+        snapshot that will cover them (a long first archive, in chunks).
+
+        Raises:
+            SQLAlchemyError: none of them was written.
+        """
+        with self.engine.begin() as c:
+            c.execute(insert(ended_jobs), rows)
+
+    def ended_states(self) -> dict[str, str]:
+        """Job id -> final state of every job in ``ended_jobs``."""
+        with self.engine.connect() as c:
+            return dict(c.execute(select(ended_jobs.c.id, ended_jobs.c.state)).all())
+
+    def ended_records(self, ids: list[str] | None = None) -> dict[str, dict]:
+        """Job id -> the archived record (spec, history, view fields) of the jobs
+        ``ids`` (``None``: all)."""
+        q = select(ended_jobs.c.id, ended_jobs.c.record)
+        out = {}
+        with self.engine.connect() as c:
+            if ids is None:
+                rows = c.execute(q).all()
+            else:
+                rows = []
+                ids = list(ids)
+                for i in range(0, len(ids), 500):  # bounded IN lists
+                    rows += c.execute(q.where(ended_jobs.c.id.in_(ids[i:i + 500]))).all()
+        for job_id, record in rows:
+            out[job_id] = json.loads(record)
+        return out
+
+    # -- idempotency keys (note 017) ---------------------------------------------
+    def idempotency_get(self, scope: str, key: str) -> tuple[str, str] | None:
+        """``(body hash, job id)`` of an ``Idempotency-Key`` committed for ``scope``, or ``None``."""
+        with self.engine.connect() as c:
+            row = c.execute(select(idempotency_keys.c.body_hash, idempotency_keys.c.job_id).where(
+                idempotency_keys.c.scope == scope, idempotency_keys.c.key == key)).first()
+        return (row[0], row[1]) if row else None
+
+    def idempotency_prune(self, before: float) -> int:
+        """Forget the idempotency keys committed before ``before`` (epoch seconds);
+        returns how many."""
+        with self.engine.begin() as c:
+            return c.execute(idempotency_keys.delete().where(idempotency_keys.c.created < before)).rowcount
 
     # -- jobs -------------------------------------------------------------------
     def next_job_number(self) -> int:
@@ -535,10 +729,33 @@ class Store:
             row = c.execute(select(jobs).where(jobs.c.id == job_id)).mappings().first()
         return dict(row) if row else None
 
-    def job_rows(self) -> dict[str, dict]:
-        """Every ``jobs`` row, as ``{job id: row dict}``."""
+    def job_rows(self, ids: list[str] | None = None, not_in_states: tuple[str, ...] = ()) -> dict[str, dict]:
+        """``jobs`` rows, as ``{job id: row dict}`` in job number order: every row, or
+        those of ``ids``, or (``not_in_states``) those whose state column is none of
+        these."""
+        q = select(jobs).order_by(jobs.c.num)
+        if not_in_states:
+            q = q.where(jobs.c.state.not_in(list(not_in_states)))
         with self.engine.connect() as c:
-            return {r["id"]: dict(r) for r in c.execute(select(jobs).order_by(jobs.c.num)).mappings()}
+            if ids is None:
+                return {r["id"]: dict(r) for r in c.execute(q).mappings()}
+            out, ids = {}, list(ids)
+            for i in range(0, len(ids), 500):
+                out.update({r["id"]: dict(r) for r in c.execute(q.where(jobs.c.id.in_(ids[i:i + 500]))).mappings()})
+            return out
+
+    def job_ids(self, containing: str = "") -> list[str]:
+        """Job ids (no other column: cheap at a start), in job number order; only those
+        containing ``containing`` when given (``_``: array children, ``.``: service
+        replicas), filtered by the database and then in no particular order (the id
+        index alone answers it)."""
+        q = select(jobs.c.id)
+        if containing:
+            q = q.where(jobs.c.id.contains(containing, autoescape=True))
+        else:
+            q = q.order_by(jobs.c.num)
+        with self.engine.connect() as c:
+            return list(c.execute(q).scalars())
 
     def update_job(self, job_id: str, **values: Any) -> None:
         """Set columns of one ``jobs`` row (no fsync of its own: note 008, "Submission
@@ -665,18 +882,23 @@ class Store:
         ``synchronous=NORMAL``, PostgreSQL ``synchronous_commit`` off): it survives a
         crash of the server; after a power cut it may be lost, unless a later event-log
         commit (``append``, fully durable) followed it."""
-        groups: dict[tuple[str, ...], list[dict]] = {}  # one executemany per set of columns
-        for job_id, vals in values.items():
-            groups.setdefault(tuple(sorted(vals)), []).append({"_id": job_id, **vals})
-        if not groups:
+        if not values:
             return
         with self._lazy.begin() as c:
             cur = c.connection.cursor()
             try:
                 if c.dialect.name == "postgresql":
                     cur.execute("SET LOCAL synchronous_commit TO OFF")
-                for cols, params in groups.items():
-                    self._executemany(cur, "jobs=", lambda cols=cols: update(jobs).where(
-                        jobs.c.id == bindparam("_id")).values({k: bindparam(k) for k in cols}), params)
+                self._update_jobs_on(cur, values)
             finally:
                 cur.close()
+
+    def _update_jobs_on(self, cur, values: dict[str, dict[str, Any]]) -> None:
+        """The ``UPDATE``s of ``update_jobs`` on the DBAPI cursor ``cur`` of an open
+        transaction: one ``executemany`` per set of columns."""
+        groups: dict[tuple[str, ...], list[dict]] = {}
+        for job_id, vals in values.items():
+            groups.setdefault(tuple(sorted(vals)), []).append({"_id": job_id, **vals})
+        for cols, params in groups.items():
+            self._executemany(cur, "jobs=", lambda cols=cols: update(jobs).where(
+                jobs.c.id == bindparam("_id")).values({k: bindparam(k) for k in cols}), params)

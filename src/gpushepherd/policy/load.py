@@ -32,6 +32,7 @@ from gpushepherd.model.rules import (
     Rules,
 )
 from gpushepherd.model.mig import MigError, layout_from_names
+from gpushepherd.policy import limits
 from gpushepherd.policy.schema import WINDOW_FIELDS, ClassSpec, PolicySpec, WindowSpec
 from gpushepherd.yamlio import YamlError, load_yaml, read_text
 
@@ -142,10 +143,17 @@ def read_policy_dict(path: str | Path) -> Any:
     """The parsed YAML of a policy file, not yet validated.
 
     Raises:
-        PolicyError: unreadable file, not UTF-8, YAML syntax error, a repeated key, a
-            recursive or exploding alias.
+        PolicyError: unreadable file, larger than ``limits.MAX_FILE_BYTES``, not UTF-8,
+            YAML syntax error, a repeated key, a recursive or exploding alias.
     """
     source = str(path)
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        size = 0  # read_text names why it cannot be read
+    if size > limits.MAX_FILE_BYTES:
+        raise PolicyError(source, "", None, f"{size:,} bytes is not allowed: a policy file of at most "
+                          f"{limits.MAX_FILE_BYTES:,} bytes (gpushepherd.policy.limits)")
     try:
         return load_yaml(read_text(path))
     except YamlError as exc:
@@ -159,15 +167,48 @@ def _yaml(text: str, source: str) -> Any:
         raise PolicyError(source, "", None, str(exc)) from None
 
 
-def policy_from_dict(raw: Any, source: str = "<policy>") -> Policy:
-    """Validate an already-parsed policy mapping; see ``load_policy``."""
+def policy_from_dict(raw: Any, source: str = "<policy>", intake: bool = True) -> Policy:
+    """Validate an already-parsed policy mapping; see ``load_policy``. Linear in the
+    policy's size.
+
+    Args:
+        intake: the policy comes in (a file, ``policy apply``): also refuse what
+            ``gpushepherd.policy.limits`` does not allow and windows that can never apply
+            (``08:00-08:00``). ``False`` for a policy already in the event log, which
+            replays as it was accepted.
+
+    Raises:
+        PolicyError: naming the field, the value and what is allowed.
+    """
     if not isinstance(raw, dict):
         raise PolicyError(source, "", raw, "a YAML mapping with at least a 'cluster' section")
+    if intake:
+        problem = limits.size_problem(raw)
+        if problem is not None:
+            raise PolicyError(source, *problem)
     try:
         spec = PolicySpec.model_validate(raw)
     except ValidationError as exc:
         raise _translate(exc, source) from None
-    return Policy(spec=spec, rules=compile_rules(spec, source), source=source)
+    if intake:
+        _refuse_empty_windows(spec, source)
+    return Policy(spec=spec, rules=compile_rules(spec, source, max_depth=limits.MAX_TEAM_DEPTH if intake else None),
+                  source=source)
+
+
+def _refuse_empty_windows(spec: PolicySpec, source: str) -> None:
+    """A window whose ``from`` equals its ``to`` covers no time at all: it never applies.
+
+    Raises:
+        PolicyError: naming the window, its value and what to write instead.
+    """
+    for top, section in (("classes", spec.classes), ("teams", spec.teams)):
+        for name, entry in section.items():
+            for i, w in enumerate(entry.windows if entry is not None else ()):
+                if w.from_ == w.to or (w.from_, w.to) == ("24:00", "00:00"):
+                    raise PolicyError(source, f"{top}.{name}.windows[{i}]", f"{w.from_}-{w.to}",
+                                      "a window that can apply: from and to differ (00:00-24:00 is a whole day; "
+                                      "from later than to wraps past midnight)")
 
 
 def _loc_to_path(loc: tuple) -> str:
@@ -307,9 +348,10 @@ def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
     )
 
 
-def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
+def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | None = None) -> Rules:
     """Check what the schema alone cannot (names that must exist, sums that must fit)
-    and build the core's ``Rules``.
+    and build the core's ``Rules``. ``max_depth``: the longest parent chain allowed
+    (``None``: any without a cycle).
 
     Raises:
         PolicyError: duplicate node, unknown pool/class/parent team, a parent cycle,
@@ -392,14 +434,7 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
                 raise PolicyError(source, f"teams.{name}.classes.{cname}", cname,
                                   "a workload class: " + ", ".join(sorted(classes)))
         teams[name] = team.parent
-    for name in teams:
-        cur, hops = name, 0
-        while cur is not None:
-            cur = teams[cur]
-            hops += 1
-            if hops > len(teams):
-                raise PolicyError(source, f"teams.{name}.parent", spec.teams[name].parent,
-                                  "a parent chain without cycles")
+    _check_chains(teams, spec, source, max_depth)
 
     # Guaranteed (nominal) GPUs must exist: top-level teams share the cluster, children
     # share their parent's nominal quota.
@@ -409,12 +444,15 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>") -> Rules:
         raise PolicyError(source, "teams.*.nominal_gpus", top_sum,
                           f"guaranteed GPUs (nominal_gpus of top-level teams plus reserved_gpus of classes) "
                           f"that add up to at most the cluster's {total_gpus} GPUs")
-    for parent in spec.teams:
-        kids = [n for n in spec.teams if teams[n] == parent and n in nominal]
+    kids_nominal: dict[str, int] = {}  # parent -> the sum of its children's nominal_gpus (one pass)
+    for n, parent in teams.items():
+        if parent is not None and n in nominal:
+            kids_nominal[parent] = kids_nominal.get(parent, 0) + nominal[n]
+    for parent, total in kids_nominal.items():
         cap = spec.teams[parent].nominal_gpus
-        if kids and cap is not None and sum(nominal[k] for k in kids) > cap:
+        if cap is not None and total > cap:
             raise PolicyError(source, f"teams.{parent}.nominal_gpus", cap,
-                              f"at least the sum of its child teams' nominal_gpus ({sum(nominal[k] for k in kids)})")
+                              f"at least the sum of its child teams' nominal_gpus ({total})")
 
     try:
         clock = Clock.starting(spec.clock.timezone, spec.clock.start)
@@ -586,12 +624,12 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
                 raise PolicyError(source, lfield, ll, f"at most the team's nominal_gpus in the cohort ({nom})")
             rows.append((team, nom, bl, ll))
         members = [r[0] for r in rows]
-        for team in members:
-            chain = _chain(teams, team)
-            for other in members:
-                if other != team and other in chain:
-                    raise PolicyError(source, f"cohorts.{cname}.members", team,
-                                      f"teams that are not each other's parents ({other} is an ancestor of {team})")
+        member_set = set(members)
+        for team in members:  # chains are at most MAX_TEAM_DEPTH long: linear in the members
+            other = next((a for a in _chain(teams, team) if a in member_set), None)
+            if other is not None:
+                raise PolicyError(source, f"cohorts.{cname}.members", team,
+                                  f"teams that are not each other's parents ({other} is an ancestor of {team})")
         have = pool_gpus[co.pool] if co.pool is not None else sum(pool_gpus.values())
         where_ = f"pool {co.pool}'s" if co.pool is not None else "the cluster's"
         if sum(r[1] for r in rows) > have:
@@ -646,6 +684,32 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
             limits.append(Limit(path, cap, members=outside, cohort=cname, pools=pools, covers_reserved=True))
         out[cname] = Cohort(cname, tuple(members), co.reclaim, pools)
     return out
+
+
+def _check_chains(teams: dict[str, str | None], spec: PolicySpec, source: str, max_depth: int | None) -> None:
+    """Every parent chain ends (no cycle), within ``max_depth`` teams when given; each
+    team is walked once (depths memoised): linear in the teams.
+
+    Raises:
+        PolicyError: on ``teams.T.parent``: a cycle, or a chain too deep.
+    """
+    depth: dict[str, int] = {}
+    for name in teams:
+        path, cur = [], name
+        on_path: set[str] = set()
+        while cur is not None and cur not in depth:
+            if cur in on_path:
+                raise PolicyError(source, f"teams.{cur}.parent", spec.teams[cur].parent, "a parent chain without cycles")
+            on_path.add(cur)
+            path.append(cur)
+            cur = teams[cur]
+        d = depth[cur] if cur is not None else 0
+        for t in reversed(path):
+            d += 1
+            depth[t] = d
+            if max_depth is not None and d > max_depth:
+                raise PolicyError(source, f"teams.{t}.parent", spec.teams[t].parent,
+                                  f"a parent chain of at most {max_depth} teams (gpushepherd.policy.limits)")
 
 
 def _chain(teams: dict[str, str | None], team: str) -> list[str]:

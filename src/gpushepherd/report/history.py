@@ -256,7 +256,7 @@ def replay(batches: Iterable[tuple[float, str, object]]) -> Replay:
     for t, kind, item in batches:
         if kind == "policy":
             policies.append(item)
-            rules = policy_from_dict(item, source="policy in the event log").rules
+            rules = policy_from_dict(item, source="policy in the event log", intake=False).rules
             if sched is None:
                 sched = Scheduler(rules)
             else:  # the server restarted under another policy: same state, new rules
