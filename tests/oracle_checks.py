@@ -244,8 +244,8 @@ class Checker:
             rep.counts["c_reason"] += 1
             self.lift(sched, job, profile, v, text)
             self.named(sched, job, reason, v, wake)
-            if reason.code is ReasonCode.WINDOW_LIMIT or (reason.code is ReasonCode.NO_PREEMPTIBLE_VICTIMS
-                                                          and reason.detail.startswith("min_runtime")):
+            if ((reason.code is ReasonCode.WINDOW_LIMIT and not adm.never_fits(job))  # a window to wait for
+                    or (reason.code is ReasonCode.NO_PREEMPTIBLE_VICTIMS and reason.detail.startswith("min_runtime"))):
                 rep.counts["g_live"] += 1
                 if wake is None:
                     rep.fail("g_live", f"t={t:g}: {job.id} waits on time ({text}) and next_wakeup() is None")
@@ -339,7 +339,7 @@ class Checker:
                 rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; without {v.holder}'s reserved_gpus it is "
                          f"refused by rule {RULE_NAMES[w.rule]}")
         elif rule == A.CLAIMS:
-            c = v.blocker
+            c = v.blocker or adm.blocker_of(job, profile, v.charges)
             if c is None or not any(x is c for x in profile.claims):
                 rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}: the claim is not in its profile")
                 return

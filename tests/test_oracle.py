@@ -108,10 +108,10 @@ def test_the_checks_catch_a_core_that_leaves_a_job_waiting(monkeypatch):
 
     real = cycle.Turn.turn
 
-    def skipping(self, job):
+    def skipping(self, job, *args, **kwargs):
         if int(job.id[1:]) % 2 == 0 and job.state.value == "PENDING" and not self.dequeue_now:
             return cycle.BLOCKED, 2
-        return real(self, job)
+        return real(self, job, *args, **kwargs)
 
     monkeypatch.setattr(cycle.Turn, "turn", skipping)
     found = {f.prop for seed in range(12) for f in check(workload_from_seed(seed)).failures}

@@ -225,7 +225,7 @@ def run(sc: Scenario, *, track_usage=None):
         top = next((r for r in sched.reservations if not r.hold), None)
         top_res = None
         if top is not None and sched.jobs[top.job_id].state is JobState.PENDING:
-            top_res = (top.job_id, sched.estimated_start(top.job_id))
+            top_res = (top.job_id, top.start)  # the reservation the pass made (not the estimate)
         steps.append(Step(batch[0].t, batch, list(out), holders, dict(sched.quota.usage), top_res))
         return out
 

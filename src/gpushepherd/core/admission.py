@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpushepherd.core.filters import inventory_misfit, share_fits_card
+from gpushepherd.core.filters import share_fits_card
 from gpushepherd.core.intake import units_of
 from gpushepherd.core.placement import Counts, members_of, pick_gpus, place_counts, place_live
 from gpushepherd.core.profile import Claim, Profile
@@ -34,6 +34,8 @@ from gpushepherd.model.job import GPU_UNITS
 ADMITTED, HARD_NEVER, HARD_NOW, NEVER_FITS, FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS = range(9)
 #: rules whose refusal is about capacity: preemption, reclaim and reservations may help
 CAPACITY_RULES = frozenset({FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS})
+#: rules after whose refusal a job may hold a reservation (a hard limit now may free)
+RESERVABLE = CAPACITY_RULES | {HARD_NOW}
 
 
 @dataclass(slots=True)
@@ -59,6 +61,7 @@ class Verdict:
     limit: tuple[int, int] | None = None
     blocker: Claim | None = None
     holder: str = ""
+    covered: int = 0
 
     @property
     def admitted(self) -> bool:
@@ -123,10 +126,13 @@ class Admission:
 
     def __init__(self, book):
         self.book = book
+        #: the reservations that do not bind the job being decided (``Profile.reclaimers_of``)
+        self._exempt: tuple = ()
 
     # ----------------------------------------------------------- the rule
     def decide(self, job: Job, profile: Profile | None, scratch: Scratch | None = None,
-               before_claims=None, no_room: bool = False, memo: dict | None = None) -> Verdict:
+               before_claims=None, no_room: bool = False, memo: dict | None = None,
+               within: dict[int, int] | None = None) -> Verdict:
         """Apply rules 1-8 to ``job`` now (on ``scratch`` when given). ``before_claims``
         is called once rules 1-7 admit it, before rule 8 reads ``profile`` (the pass
         computes its deferred reservations then). ``no_room``: the caller knows rule 4
@@ -134,12 +140,13 @@ class Admission:
         of placements the claims refused (``(filter, binding points, class) -> least
         GPUs refused``; claims only grow during a pass, so more GPUs are refused too).
         The blocker of a ``CLAIMS`` verdict is named by ``blocker_of`` when a reason is
-        asked for."""
+        asked for. ``within``: place only on these GPUs per node (a preemptor on its plan)."""
         if job.shape.mode == "share":
             return self._decide_share(job, profile, scratch, before_claims)
         book = self.book
+        self._exempt = profile.reclaimers_of(job) if profile and book.rules.cohorts else ()
         units = job.units
-        covered = self._coverage(job, units, scratch)
+        covered = self._coverage(job, units, scratch, profile)
         charges = book.charges_with(job, units, covered) if covered else job.charges
         if charges:
             v = self._hard(charges, scratch)
@@ -147,7 +154,7 @@ class Admission:
                 return v
         if self.never_fits(job):
             return Verdict(NEVER_FITS)
-        counts = None if no_room else self._place(job, scratch)
+        counts = None if no_room else self._place(job, scratch, within=within)
         if counts is None:
             return Verdict(FREE, units=units, charges=charges)
         if job.cohort is not None:
@@ -158,7 +165,7 @@ class Admission:
         if book.anti and job.cls.avoid:
             avoided = book.avoided_nodes(job, scratch.node_classes if scratch is not None else None)
             if avoided and any(n in avoided for n, _c in counts):
-                counts = self._place(job, scratch, avoided)
+                counts = self._place(job, scratch, avoided, within=within)
                 if counts is None:
                     return Verdict(ANTI, units=units, charges=charges)
         if book.reserved:
@@ -173,25 +180,31 @@ class Admission:
             if profile.held_now or points:
                 mkey = None
                 if memo is not None and scratch is None:
-                    mkey = (job.fkey, tuple(points), job.cls.name if avoided else "")
+                    mkey = (job.fkey, tuple(points), job.cls.name if avoided else "",
+                            tuple(c.job_id for c in self._exempt))
                     if memo.get(mkey, INF) <= job.shape.k:
                         return Verdict(CLAIMS, units=units, charges=charges)
                 caps = self._caps(job, profile, counts, end, scratch)
                 if caps is not None:
-                    counts = self._place(job, scratch, avoided, caps)
+                    counts = self._place(job, scratch, avoided, caps, within)
                     if counts is None:
                         if mkey is not None:
                             memo[mkey] = min(memo.get(mkey, INF), job.shape.k)
                         return Verdict(CLAIMS, units=units, charges=charges)
             if self._quota_claimed(job, profile, charges, end, scratch):
                 return Verdict(CLAIMS, units=units, charges=charges)
-        return Verdict(ADMITTED, counts=counts, units=units, charges=charges)
+            if book.reserved:
+                blocker = profile.class_blocker(job, job.shape.k, end, self._exempt)
+                if blocker is not None:
+                    return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
+        return Verdict(ADMITTED, counts=counts, units=units, charges=charges, covered=covered)
 
     def blocker_of(self, job: Job, profile: Profile, charges: tuple | None = None) -> Claim | None:
         """The claim a user is told a job refused by rule 8 (now, live) waits for: the
         first (holds first, then reservations in order) that its best placement without
         claims would delay, else the first claiming a node it may use."""
         end = self.book.now + job.planned_run()
+        self._exempt = profile.reclaimers_of(job)
         return self._blocker(job, profile, None, job.charges if charges is None else charges, end, None)
 
     # ----------------------------------------------------------- rules 1-3
@@ -231,21 +244,50 @@ class Admission:
         if never is None:
             ledger = book.ledger
             if job.shape.mode == "share":
-                live = [s.node for s in ledger.slots if s.alive]
-                never = inventory_misfit(live, job.cls, job.spec, job.shape.ckey,
-                                         book.rules.mig_reconfigure) is not None
+                never = self._share_never_fits(job)
             else:
                 cand = members_of(ledger, book.groups_for(job))
                 totals = {i: ledger.slots[i].healthy for i in cand}
                 never = place_counts(dict(totals), cand, totals, job.shape) is None
             book.cap_cache[key] = never
-        if not never and book.reserved and job.shape.mode != "share":
+        if not never and book.reserved:
             other = sum(r for c, r in book.reserved.items() if c != job.cls.name)
-            never = job.units > book.ledger.healthy_total * GPU_UNITS - other
+            if job.shape.mode != "share":
+                never = job.units > book.ledger.healthy_total * GPU_UNITS - other
+            elif job.share.kind != "mig" and book.ledger.healthy_total * GPU_UNITS - other < GPU_UNITS:
+                # it could only join a card; one may be opened only by a class the
+                # reservations do not keep from a fresh GPU (a reserved class that may
+                # take this kind of share)
+                kind = job.share.kind
+                never = not any(c != job.cls.name and (book.rules.classes[c].sharing is None
+                                                       or kind in book.rules.classes[c].sharing)
+                                for c in book.reserved)
         return never
 
+    def _share_never_fits(self, job: Job) -> bool:
+        """Whether no GPU in service (healthy, no foreign processes) of the live nodes a
+        share may use could ever hold it, all empty (MIG: a card with its profile, or a
+        re-partitionable model, that is healthy)."""
+        ledger = self.book.ledger
+        share = job.share
+        reconf = self.book.rules.mig_reconfigure
+        for g in self.book.groups_for(job):
+            node = ledger.groups[g].node
+            if not share_fits_card(node, share, reconf):
+                continue
+            for idx in ledger.groups[g].members:
+                slot = ledger.slots[idx]
+                if share.kind == "mig":
+                    if any(card.healthy and not card.unmanaged for card in slot.migs.values()):
+                        return False
+                elif slot.healthy or slot.cards:
+                    return False
+        return True
+
     # ----------------------------------------------------------- rules 5-7
-    def _coverage(self, job: Job, units: int, scratch: Scratch | None) -> int:
+    def _coverage(self, job: Job, units: int, scratch: Scratch | None, profile: Profile | None = None) -> int:
+        """Units of a run of ``units`` starting now its class's ``reserved_gpus`` would
+        cover: what running jobs and preemptors' holds (other than the job's own) leave."""
         book = self.book
         res = book.reserved.get(job.cls.name)
         if not res:
@@ -253,6 +295,8 @@ class Admission:
         used = book.covered_units.get(job.cls.name, 0)
         if scratch is not None:
             used -= scratch.covered.get(job.cls.name, 0)
+        if profile:
+            used += sum(c.covered for c in profile.claims if c.hold and c.job_id != job.id and c.cls == job.cls.name)
         return max(0, min(units, res - used))
 
     def _class_hold(self, job: Job, units: int, scratch: Scratch | None) -> str:
@@ -290,8 +334,9 @@ class Admission:
         return {n: self._cap(job, profile, n, end, scratch) for n in sorted(touched) if n in nodes}
 
     def _cap(self, job: Job, profile: Profile, n: int, end: float, scratch: Scratch | None) -> int:
+        exempt = self._exempt
         if scratch is None:
-            return profile.node_cap(job.id, n, self.book.ledger.slots[n].free, end)
+            return profile.node_cap(job.id, n, self.book.ledger.slots[n].free, end, exempt)
         cap = scratch.free(n)
         held = profile.held_now.get(n)
         if held:
@@ -300,6 +345,8 @@ class Admission:
             s = profile.spare[p].get(n)
             if s is not None:
                 s += scratch.extra_at(n, p)
+                if exempt:
+                    s += sum(c.gpus.get(n, 0) for c in exempt if c.start <= p < c.end)
                 cap = min(cap, s)
         return max(0, cap)
 
@@ -312,7 +359,7 @@ class Admission:
         for i, user, amount in charges:
             k = (i, user)
             used = quota.usage.get(k, 0) - (scratch.quota.get(k, 0) if scratch is not None else 0)
-            if amount > profile.quota_cap(job.id, k, quota.current[i] - used, end):
+            if amount > profile.quota_cap(job.id, k, quota.current[i] - used, end, self._exempt):
                 return True
         return False
 
@@ -331,16 +378,17 @@ class Admission:
             used = quota.usage.get(k, 0) - (scratch.quota.get(k, 0) if scratch is not None else 0)
             return quota.current[k[0]] - used
 
-        found = profile.blocker(job.id, counts, charges, end, free_of, headroom_of)
+        exempt = self._exempt
+        found = profile.blocker(job.id, counts, charges, end, free_of, headroom_of, exempt)
         if found is None:
-            found = next((c for c in profile.claims if c.job_id != job.id
+            found = next((c for c in profile.claims if c.job_id != job.id and c not in exempt
                           and (c.hold or end > c.start)
                           and (not book.nodes_for(job).isdisjoint(c.gpus) or c.quota)), None)
         return found
 
     # ---------------------------------------------------------- placement
     def _place(self, job: Job, scratch: Scratch | None, avoided: frozenset = frozenset(),
-               caps: dict[int, int] | None = None) -> Counts | None:
+               caps: dict[int, int] | None = None, within: dict[int, int] | None = None) -> Counts | None:
         """Best fit for a whole-GPU job on free GPUs (``scratch``'s when given), away from
         ``avoided`` nodes and within ``caps``; nodes holding its (preferred) cache key
         first; single-node multi-GPU jobs on nodes where they fit one NVLink island first."""
@@ -351,6 +399,11 @@ class Admission:
         islands = shape.k > 1 and shape.mode == "single" and book.on_islands(job)
         key = job.spec.cache_key
         tiered = key and not job.spec.cache_required
+        if within is not None:  # only the GPUs of a plan, no more than it counted per node
+            cand = [i for i in members_of(ledger, groups) if i in within and i not in avoided]
+            avail = {i: min(scratch.free(i) if scratch is not None else ledger.slots[i].free, within[i],
+                            caps.get(i, within[i]) if caps is not None else within[i]) for i in cand}
+            return place_counts(avail, cand, {i: ledger.slots[i].healthy for i in cand}, shape)
         if scratch is None and not avoided and not islands and not tiered and caps is not None and shape.mode == "single":
             return _best_fit_capped(ledger, groups, shape.k, caps)
         if scratch is None and not avoided and caps is None and not islands:
@@ -408,7 +461,8 @@ class Admission:
         else a fresh GPU), the cohort, anti-affinity, class holds for a fresh GPU,
         claims. A memory-only share is charged by the card it lands on."""
         book = self.book
-        charges = job.charges
+        self._exempt = profile.reclaimers_of(job) if profile and book.rules.cohorts else ()
+        covered, charges = self._charged(job, job.units, scratch, profile)
         if charges:
             v = self._hard(charges, scratch)
             if v is not None:
@@ -419,7 +473,7 @@ class Admission:
         spot = self.share_spot(job, groups, frozenset(), None, None)
         if spot is None:
             return Verdict(FREE, units=job.units, charges=charges)
-        units, charges = self._share_charges(job, spot)
+        units, covered, charges = self._share_charges(job, spot, scratch, profile)
         if charges:
             v = self._hard(charges, scratch)
             if v is not None:
@@ -433,7 +487,7 @@ class Admission:
             spot = self.share_spot(job, groups, avoided, None, None)
             if spot is None:
                 return Verdict(ANTI, units=units, charges=charges)
-            units, charges = self._share_charges(job, spot)
+            units, covered, charges = self._share_charges(job, spot, scratch, profile)
         if before_claims is not None:
             before_claims()
         if spot[3] and book.reserved:
@@ -444,26 +498,75 @@ class Admission:
                 if card is None:
                     return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
                 spot = card
-                units, charges = self._share_charges(job, spot)
+                units, covered, charges = self._share_charges(job, spot, scratch, profile)
         if profile:
             end = book.now + job.planned_run()
-            if spot[3] and self._cap(job, profile, spot[0], end, scratch) < 1:
-                spot = self.share_spot(job, groups, avoided, profile, end)
-                if spot is None:
-                    return Verdict(CLAIMS, units=units, charges=charges)
-                units, charges = self._share_charges(job, spot)
+            skip = set(avoided)
+            while spot is not None and self._share_delays(job, profile, spot, end, scratch):
+                # a card it would keep from coming free when a claim counts on it, or a
+                # fresh GPU a claim needs: the next spot (the rest of that node aside)
+                skip.add(spot[0])
+                spot = self.share_spot(job, groups, frozenset(skip), profile, end)
+            if spot is None:
+                return Verdict(CLAIMS, units=units, charges=charges)
+            units, covered, charges = self._share_charges(job, spot, scratch, profile)
             if self._quota_claimed(job, profile, charges, end, scratch):
                 return Verdict(CLAIMS, units=units, charges=charges)
-        return Verdict(ADMITTED, spot=spot, units=units, charges=charges)
+            if spot[3] and book.reserved:
+                blocker = profile.class_blocker(job, 1, end, self._exempt)
+                if blocker is not None:
+                    return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
+        return Verdict(ADMITTED, spot=spot, units=units, charges=charges, covered=covered)
 
-    def _share_charges(self, job: Job, spot: tuple) -> tuple[int, tuple]:
-        share = job.share
-        if share.kind != "fraction" or share.milli:
-            return job.units, job.charges
+    def _share_delays(self, job: Job, profile: Profile, spot: tuple, end: float, scratch: Scratch | None) -> bool:
+        """Whether a share on ``spot`` until ``end`` would delay a claim: a fresh GPU the
+        claims need, or - joining a card - keeping its GPU from coming free from the
+        card's planned end on, where a claim point counts on it."""
+        if spot[3]:
+            return self._cap(job, profile, spot[0], end, scratch) < 1
+        if spot[2] is not None:
+            return False  # a MIG instance: its GPU is never handed out whole
+        free_from = self.card_end(spot[0], spot[1])
+        if end <= free_from:
+            return False
+        n = spot[0]
+        for p in profile.binding_points(end):
+            if p < free_from:
+                continue
+            s = profile.spare[p].get(n)
+            if s is not None:
+                s += sum(c.gpus.get(n, 0) for c in self._exempt if c.start <= p < c.end)
+                if s < 1:
+                    return True
+        return False
+
+    def card_end(self, n: int, g: int) -> float:
+        """When the shared card ``g`` of node ``n`` is planned to come free (its last
+        holder's planned end, now at the earliest)."""
         book = self.book
-        mem = book.ledger.slots[spot[0]].node.gpu_mem_mib
-        units = units_of(book, job.spec, job.shape.ckey, mem)
-        return units, book.charges_with(job, units, 0)
+        card = book.ledger.slots[n].cards.get(g)
+        if card is None:
+            return book.now
+        return max([book.now] + [book.jobs[h].end_est for h in card.holders])
+
+    def _charged(self, job: Job, units: int, scratch: Scratch | None, profile: Profile | None) -> tuple[int, tuple]:
+        """``(covered, charges)`` of a run of ``units``: the part its class's
+        ``reserved_gpus`` would cover, and its quota charges then."""
+        covered = self._coverage(job, units, scratch, profile)
+        if not covered and units == job.units:
+            return 0, job.charges
+        return covered, self.book.charges_with(job, units, covered)
+
+    def _share_charges(self, job: Job, spot: tuple, scratch: Scratch | None = None,
+                       profile: Profile | None = None) -> tuple[int, int, tuple]:
+        """``(units, covered, charges)`` of a share on ``spot``: a memory-only share is
+        charged its memory over the card's."""
+        share = job.share
+        units = job.units
+        if share.kind == "fraction" and not share.milli:
+            units = units_of(self.book, job.spec, job.shape.ckey, self.book.ledger.slots[spot[0]].node.gpu_mem_mib)
+        covered, charges = self._charged(job, units, scratch, profile)
+        return units, covered, charges
 
     def share_spot(self, job: Job, groups: list[int], avoided: frozenset, profile: Profile | None,
                    end: float | None, fresh: bool = True) -> tuple | None:

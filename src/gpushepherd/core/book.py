@@ -84,6 +84,7 @@ class Book:
         self.class_units: dict[str, int] = {}
         self.covered_units: dict[str, int] = {}
         self.class_jobs: dict[str, dict[str, Job]] = {}  # reserved classes: their jobs holding GPUs
+        self.start_seq = 0  # runs started, in order (a run's start_no)
         self.reserved = {c.name: c.reserved_gpus * GPU_UNITS for c in rules.classes.values() if c.reserved_gpus}
         # class anti-affinity: per node index, class -> jobs of it holding GPUs there
         self.anti = any(c.avoid for c in rules.classes.values())
@@ -270,17 +271,24 @@ class Book:
             self.pending_shares -= 1
 
     def occupy(self, job: Job, alloc: list[tuple[int, int]], started: float, state: JobState,
-               units: int | None = None) -> None:
+               units: int | None = None, covered: int | None = None, start_no: int | None = None) -> None:
         """Give ``job`` the GPUs of ``alloc`` since ``started`` and book what follows from
-        holding them: its charges (``units`` for a memory share: by its card), usage,
-        its planned end, its time-limit timer and the running indexes. Shared by start,
-        adopt and restore."""
+        holding them: its charges (``units`` for a memory share: by its card; ``covered``
+        of them in its class's ``reserved_gpus``, else what is left of it), usage, its
+        planned end, its time-limit timer and the running indexes. Shared by start, adopt
+        and restore (which gives the run's own ``start_no``)."""
         for idx, mask in alloc:
             self.ledger.allocate(job.id, idx, mask)
         job.run_units = job.units if units is None else units
-        job.covered = 0
-        job.run_charges = self.charges_with(job, job.run_units, 0)
+        job.covered = self.coverage_for(job, job.run_units) if covered is None else covered
+        job.run_charges = self.charges_with(job, job.run_units, job.covered)
         self.quota.charge(job.run_charges, +1)
+        if start_no is None:
+            self.start_seq += 1
+            start_no = self.start_seq
+        else:
+            self.start_seq = max(self.start_seq, start_no)
+        job.start_no = start_no
         if self.anti:
             for idx, _mask in alloc:
                 while idx >= len(self.node_classes):
@@ -297,7 +305,8 @@ class Book:
         self.class_units[name] = self.class_units.get(name, 0) + job.run_units
         if name in self.reserved:
             self.class_jobs.setdefault(name, {})[job.id] = job
-            self.recover(name)
+            if job.covered:
+                self.covered_units[name] = self.covered_units.get(name, 0) + job.covered
         if state is JobState.RUNNING:
             self.ends_add(job, started + job.planned_run())
             limit = job.run_limit()
@@ -308,7 +317,7 @@ class Book:
             self.ends_add(job, (job.signal_t if job.signal_t is not None else self.now) + job.stop_grace)
 
     def launch(self, job: Job, alloc: list[tuple[int, int]], placement: Placement, out: list[Decision],
-               units: int | None = None, dequeue: bool = True) -> None:
+               units: int | None = None, dequeue: bool = True, covered: int | None = None) -> None:
         """PENDING -> RUNNING on ``placement`` now (a ``Start`` decision). A pass that
         walks the queue's lists passes ``dequeue=False`` and dequeues when it is done."""
         job.runs += 1
@@ -318,7 +327,7 @@ class Book:
         self.clear_victims(job)
         if dequeue:
             self.dequeue(job)
-        self.occupy(job, alloc, self.now, JobState.RUNNING, units)
+        self.occupy(job, alloc, self.now, JobState.RUNNING, units, covered)
         self.log(job, JobState.PENDING, JobState.RUNNING, f"placed on {placement}")
         out.append(Start(self.now, job.id, placement))
         self.check_deadline(job, "start")
@@ -355,21 +364,24 @@ class Book:
         if name in self.reserved:
             self._set_covered(job, 0, charge=False)
             del self.class_jobs[name][job.id]
-            self.recover(name)
+            self.pass_on_coverage(name)
         job.run_charges = ()
         self.dirty = True
 
-    def recover(self, name: str) -> None:
-        """Give class ``name``'s ``reserved_gpus`` to its running jobs, earliest started
-        first (then submission order): a function of who runs, so a restored core
-        counts them as the running one did; a new run comes last and never takes
-        coverage from another, so no charge ever grows (note 015, section 6)."""
-        left = self.reserved[name]
-        for job in sorted(self.class_jobs.get(name, {}).values(), key=lambda j: (j.run_start, j.seq)):
-            want = min(job.run_units, left)
-            left -= want
-            if want != job.covered:
-                self._set_covered(job, want)
+    def pass_on_coverage(self, name: str) -> None:
+        """What class ``name``'s ``reserved_gpus`` cover no more (a covered run ended)
+        goes to its running jobs not fully covered, earliest started first: charges only
+        ever shrink (note 015, section 6)."""
+        left = self.reserved[name] - self.covered_units.get(name, 0)
+        if left <= 0:
+            return
+        for job in sorted(self.class_jobs.get(name, {}).values(), key=lambda j: (j.run_start, j.start_no)):
+            more = min(job.run_units - job.covered, left)
+            if more > 0:
+                self._set_covered(job, job.covered + more)
+                left -= more
+                if not left:
+                    break
 
     def _set_covered(self, job: Job, covered: int, charge: bool = True) -> None:
         name = job.cls.name
@@ -448,10 +460,17 @@ class Book:
         self.log(job, old, state, reason)
 
     def requeue(self, job: Job, reason: str) -> None:
+        """Back to the queue - unless it has used all of its time limit (its banked
+        work reached it): then it ends TIMEOUT (a run of zero seconds is no run)."""
         old = job.state
         self.release(job)
         job.signal_t = None
         job.preemptor = None
+        if job.run_limit() is not None and job.run_limit() <= 0:
+            self.clear_victims(job)
+            job.state = JobState.TIMEOUT
+            self.log(job, old, JobState.TIMEOUT, f"{reason}; no time left of its time limit")
+            return
         self.log(job, old, JobState.PENDING, reason)
         self.enqueue(job)
 

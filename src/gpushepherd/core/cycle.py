@@ -57,51 +57,84 @@ class Turn:
         #: a job started or preempted after the first reservation of the pass
         self.acted_after_reserve = False
         self.walk: "Walk | None" = None
+        self.visited: set[str] = set()  # preemptors whose turn came in this pass
         #: the fast pass's memo of placements the claims refused (``Admission.decide``)
         self.memo: dict | None = None
 
     # ------------------------------------------------------------- steps
     def holds(self) -> None:
-        """Step 3: every preemptor's hold, then each preemptor's turn in queue order: it
-        starts if admitted; it keeps its hold while victims are still exiting; else its
-        hold is dropped and it takes its turn like any job."""
-        book = self.book
-        order = sorted(book.preemptors.values(), key=lambda j: j.key)
+        """Step 3: every preemptor's hold is in force before anyone's turn (holds bind
+        every job); each preemptor then takes its turn in queue order (``turn``) -
+        without backfill first of all, since the strict order stops at the first job its
+        hold blocks (there are no reservations a preemptor could delay then)."""
+        order = sorted(self.book.preemptors.values(), key=lambda j: j.key)
         for p in order:
             self.profile.add_hold(p)
+        if not self.book.rules.backfill_enabled:
+            for p in order:
+                self.turn(p)
+            return
         for p in order:
-            v = self.adm.decide(p, self.profile)
-            if v.admitted:
+            # a preemptor whose victims are all gone: its hold has served - it starts
+            # on the GPUs it held, before anyone its hold kept back, or lets them go
+            if not p.victims and p.id not in self.visited:
+                self.visited.add(p.id)
+                v = self.adm.decide(p, self.profile, within=dict(p.plan))
                 self.profile.drop_hold(p.id)
-                self.start(p, v)
-            elif p.victims:
-                p.hold_pass = self.sched.pass_no
-            else:
-                self.profile.drop_hold(p.id)
-                book.clear_victims(p)
+                if v.admitted:
+                    self.start(p, v)
+                else:
+                    self.book.clear_victims(p)
+                    self.visited.discard(p.id)  # an ordinary job now: its turn in order
 
     def turn(self, job: Job, no_room: bool = False) -> tuple[int, int]:
         """Steps 4-6 for one pending job: ``(outcome, rule)``; ``rule`` is the first
         admission rule that refused it (``ADMITTED`` when it started). ``no_room``: the
-        walk knows no free GPUs take it (rule 4)."""
+        walk knows no free GPUs take it (rule 4).
+
+        A preemptor starts if admitted (its own hold is free for it); it keeps its hold
+        while its victims are still exiting (``HELD``); else its hold is dropped and it
+        goes on like any job (it may preempt again). Its turn comes once a pass."""
         book = self.book
-        if job.state is not JobState.PENDING:  # started in step 3 (the walk dequeues at its end)
+        if job.state is not JobState.PENDING:  # started already (the walk dequeues at its end)
             return HELD, A.ADMITTED
-        if job.id in book.preemptors:  # still waiting for its victims (step 3 kept its hold)
-            return HELD, A.CLAIMS
+        preemptor = job.id in book.preemptors
+        if preemptor or job.id in self.visited:
+            if job.id in self.visited:
+                return HELD, A.CLAIMS  # its turn came already in this pass
+            self.visited.add(job.id)
         v = self.adm.decide(job, self.profile, before_claims=self.materialize if self.deferred else None,
-                            no_room=no_room, memo=self.memo)
+                            no_room=no_room, memo=None if preemptor else self.memo)
         if v.admitted:
+            if preemptor:
+                self.profile.drop_hold(job.id)
             self.start(job, v)
             return STARTED, A.ADMITTED
+        if preemptor:
+            if job.victims:
+                job.hold_pass = self.sched.pass_no
+                return HELD, A.CLAIMS
+            self.profile.drop_hold(job.id)  # its own hold never counted against it: v stands
+            book.clear_victims(job)
         return self.blocked(job, v.rule)
 
     def blocked(self, job: Job, rule: int) -> tuple[int, int]:
-        """A refused job: it may preempt (step 5), else take a reservation (step 6)."""
-        if rule not in A.CAPACITY_RULES:
+        """A refused job: it may preempt (step 5), else take a reservation (step 6) -
+        also when a hard limit refuses it now (it may fit at a later instant)."""
+        if rule not in A.RESERVABLE:
             return BLOCKED, rule
         if job.shape.mode == "share":
+            if rule in A.CAPACITY_RULES and self.first_blocked is None:
+                self.first_blocked = job
             return BLOCKED, rule  # shares neither preempt nor take reservations
+        if rule == A.HARD_NOW:
+            if self.n_reserved < self.depth:
+                job.lend = True  # its reservation lends its cohort's borrowers its GPUs
+                self.deferred.append(job)
+                self.n_reserved += 1
+                self.last_reserved = job
+                return RESERVED, rule
+            return BLOCKED, rule
         if self.can_preempt(job):
             self.materialize()
             found, until = preemption.plan(self.book, self.adm, self.profile, job)
@@ -112,6 +145,7 @@ class Turn:
         if self.first_blocked is None:
             self.first_blocked = job
         if self.n_reserved < self.depth:
+            job.lend = False
             self.deferred.append(job)
             self.n_reserved += 1  # a job whose start cannot be planned still takes its slot
             self.last_reserved = job
@@ -144,7 +178,7 @@ class Turn:
         if found is None:
             return False
         start, counts = found
-        self.profile.add_reservation(job, start, counts, "", free_at if free_at else None)
+        self.profile.add_reservation(job, start, counts, "", free_at if free_at else None, job.lend)
         return True
 
     # ----------------------------------------------------------- actions
@@ -153,10 +187,13 @@ class Turn:
         if self.n_reserved:
             self.acted_after_reserve = True
         ledger = book.ledger
+        held_from = None
         if v.spot is not None:
             idx, gpu, pos, fresh = v.spot
             slot = ledger.slots[idx]
             share = job.share
+            if not fresh and pos is None:
+                held_from = self.adm.card_end(idx, gpu)  # the card stays held from then
             if pos is None:
                 ledger.allocate_share(job.id, idx, gpu, share.kind, share.need())
                 job.share_at = (gpu,)
@@ -167,7 +204,7 @@ class Turn:
                 what = f"mig:{share.profile}@{slot.migs[gpu].layout[pos].start}"
             alloc = [(idx, 0)]
             placement = Placement(((slot.node.name, (gpu,)),), share=what)
-            counts = [(idx, 1)] if fresh else []
+            counts = [(idx, 1)] if fresh or held_from is not None else []
         else:
             alloc, parts = [], []
             planned = job.hold_gpus
@@ -182,9 +219,9 @@ class Turn:
                 parts.append((slot.node.name, bits(mask)))
             placement = Placement(tuple(parts))
             counts = v.counts
-        book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now)
+        book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now, covered=v.covered)
         if self.profile:
-            self.profile.consume(counts, job.end_est, job.run_charges)
+            self.profile.consume(counts, job.end_est, job.run_charges, held_from)
         self.started.append(job)
 
     def begin_preemption(self, job: Job, victims: list[Job], v: A.Verdict) -> None:
@@ -315,6 +352,10 @@ class Walk:
         self.budget = book.rules.backfill_max_job_test
         self.hi = 0
         self.cut = False
+        #: every preemptor takes its turn at its place in the queue, whatever its
+        #: sub-queue's earlier jobs proved (its own hold is free for it)
+        self.pre = sorted(book.preemptors.values(), key=lambda j: j.key)
+        self.pi = 0
 
     def run(self) -> None:
         turn, book = self.turn, self.book
@@ -325,19 +366,34 @@ class Walk:
         cohorts = bool(book.rules.cohorts)
         n_heads = len(heads)
         self.cut = False
+        pre = self.pre
         while True:
-            if cont and (self.hi >= n_heads or cont[0][0] < heads[self.hi][0]):
+            nxt_key = None
+            if cont:
+                nxt_key = cont[0][0]
+            if self.hi < n_heads and (nxt_key is None or heads[self.hi][0] < nxt_key):
+                nxt_key = heads[self.hi][0]
+            while self.pi < len(pre) and pre[self.pi].state is not JobState.PENDING:
+                self.pi += 1
+            if self.pi < len(pre) and (nxt_key is None or pre[self.pi].key < nxt_key):
+                job = pre[self.pi]
+                self.pi += 1
+                if job.id not in turn.visited and job.id in book.preemptors:
+                    turn.turn(job)
+                continue
+            if nxt_key is None:
+                break
+            if cont and cont[0][0] == nxt_key:
                 _key, sig, idx = heapq.heappop(cont)
-            elif self.hi < n_heads:
+            else:
                 sig = heads[self.hi][1]
                 self.hi += 1
                 idx = 0
-            else:
-                break
             sub = subs[sig]
             job = sub[idx]
             full = turn.n_reserved >= turn.depth
-            if full and book.ledger.free_total == 0 and not book.pending_shares and not cohorts:
+            if (full and book.ledger.free_total == 0 and not book.pending_shares and not cohorts
+                    and self.pi >= len(pre)):
                 if not (book.rules.preemption_enabled and book.evictable):
                     break  # nothing can start, preempt or reserve any more
                 if self.prio_top is None:
@@ -346,7 +402,7 @@ class Walk:
                     break
             shape = job.shape
             no_room = fail_fit.get(job.fkey, INF) <= shape.k
-            if full and no_room and not turn.can_preempt(job):
+            if full and no_room and not strict and not turn.can_preempt(job) and job.id not in book.preemptors:
                 continue  # rule 4 (or an earlier one) refuses it and its sub-queue: nothing to do
             if full and self.budget <= 0:
                 heapq.heappush(cont, (job.key, sig, idx))
@@ -360,12 +416,14 @@ class Walk:
             else:
                 if full:
                     self.budget -= 1
-                if rule not in A.CAPACITY_RULES:
-                    continue  # a hard limit: the same for its whole sub-queue
-                if strict:
+                if strict and rule in A.CAPACITY_RULES:
                     break  # no backfill: nobody passes a blocked job
+                if rule not in A.RESERVABLE:
+                    continue  # can never fit: the same for its whole sub-queue
                 if turn.n_reserved < turn.depth:
                     nxt = idx + 1  # the next one may take a reservation too
+                elif rule == A.HARD_NOW:
+                    continue  # a hard limit now: the same for its whole sub-queue
                 elif rule == A.CLAIMS or (turn.profile and turn.can_preempt(job)):
                     nxt = queue.next_shorter(sig, idx, job.pend_est)  # only a shorter run may do better
                     if nxt is None:

@@ -100,13 +100,28 @@ def next_timer(book) -> float | None:
     return t_limit
 
 
-def window_matters(book) -> bool:
+def window_matters(book, adm) -> bool:
     """Whether a window boundary can change anything: a pending job counts against a
-    windowed limit (and could ever fit it), or a running job could be stopped."""
+    windowed limit (and could ever fit it and the healthy nodes: ``adm.never_fits``), or
+    a running job could be stopped."""
     windowed = set(book.quota.windowed)
     for sig_jobs in book.queue.subs.values():
         job = sig_jobs[0]
-        if any(i in windowed for i, _u, _a in job.charges) and book.quota.never_fits(job.charges) is None:
+        if not any(i in windowed for i, _u, _a in job.charges):
+            continue
+        charges = book.charges_with(job, job.units, book.coverage_for(job, job.units))
+        if book.quota.never_fits(charges) is None and not adm.never_fits(job):
             return True
-    return any(j.cls.on_window_close == "checkpoint-and-stop" and any(i in windowed for i, _u, _a in j.run_charges)
-               for j in book.running.values())
+    # a running job a closing window could stop: a windowed limit it counts in may
+    # tighten below what is in use of it
+    quota = book.quota
+    for j in book.running.values():
+        if j.cls.on_window_close != "checkpoint-and-stop" or j.state is not JobState.RUNNING:
+            continue
+        for i, user, _a in j.run_charges:
+            if i in windowed:
+                lim = quota.limits[i]
+                tightest = min([lim.max] + [m for _w, m in lim.windows]) * quota.scale[i]
+                if quota.usage.get((i, user), 0) > tightest:
+                    return True
+    return False

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from gpushepherd.core.placement import Counts, place_counts
-from gpushepherd.core.profile import Claim, Key, Profile, gpus_free_at, release_time
+from gpushepherd.core.profile import Claim, Key, Profile, class_slack, gpus_free_at, release_time
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS
 
@@ -302,18 +302,7 @@ def quota_start(book, job: Job, claims: list[Claim], t0: float, run: float) -> f
 def _class_hold_ok(book, job: Job, q: float, claims: list[Claim]) -> bool:
     """Whether at ``q`` (by planned ends) the free GPUs, less the claims active then and
     the job's own, still cover what other classes' ``reserved_gpus`` keep free."""
-    free = book.ledger.free_total
-    used = dict(book.class_units)
-    for e, _seq, jid in book.ends:
-        if e > q:
-            break
-        holder = book.jobs[jid]
-        for idx, mask in holder.alloc:
-            free += (mask & book.ledger.slots[idx].healthy_mask).bit_count()
-        used[holder.cls.name] = used.get(holder.cls.name, 0) - holder.run_units
-    free -= sum(sum(c.gpus.values()) for c in claims if c.start <= q < c.end)
-    held = sum(max(0, r - used.get(c, 0)) for c, r in book.reserved.items() if c != job.cls.name)
-    return free * GPU_UNITS - job.units >= held
+    return class_slack(book, job.cls.name, q, claims) * GPU_UNITS >= job.units
 
 
 def _released_by(book, k: Key, q: float) -> int:

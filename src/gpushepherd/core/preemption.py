@@ -5,7 +5,8 @@ Candidates:
 
 * *class preemption* - RUNNING jobs of a strictly lower class that may be evicted
   (preemptible, checkpointable where the class asks; production inference never), that
-  have run ``preemption.min_runtime_s`` and were not placed at this very instant; in a
+  have run ``preemption.min_runtime_s`` and were not placed at this very instant (they
+  may be from the next second on: a wake-up is asked for then); in a
   cohort, a job of another member only while that member borrows (a member within its
   nominal quota keeps its guarantee, as Kueue's ``borrowWithinCohort: Never``);
 * *reclaim* - in the job's cohort, while its team stays within its nominal quota once
@@ -51,19 +52,30 @@ def may_reclaim(book, job: Job) -> bool:
     return any(m is not member and usage.get((m.limit, ""), 0) > m.nominal * GPU_UNITS for m in cohort.members)
 
 
-def candidates(book, job: Job, reclaim: bool) -> tuple[list[Job], float]:
-    """The jobs that may be evicted for ``job`` (in victim order), and the earliest time
-    a job now too young (minimum runtime) becomes one (``INF``: none)."""
+def comes_of_age(book, v: Job) -> float:
+    """When running job ``v`` may first be a victim: ``preemption.min_runtime_s`` after
+    its start, and never in the instant it started (no churn: the next second)."""
+    t = v.run_start + book.rules.preemption_min_runtime_s
+    if v.run_start >= book.now:
+        t = max(t, book.now + 1.0)
+    return t
+
+
+def candidates(book, job: Job, reclaim: bool, young: bool = False) -> list[Job]:
+    """The jobs that may be evicted for ``job``, in victim order; with ``young`` only
+    those that may not be yet (``comes_of_age``)."""
     now = book.now
-    minrt = book.rules.preemption_min_runtime_s
     prio = job.cls.priority
-    until = INF
     out: dict[str, Job] = {}
     borrowing = set()
     if job.cohort is not None:
         cohort, member = job.cohort
         borrowing = {m.team for m in cohort.members
                      if m is not member and book.quota.usage.get((m.limit, ""), 0) > m.nominal * GPU_UNITS}
+
+    def eligible(v: Job) -> bool:
+        return (comes_of_age(book, v) > now) == young
+
     if book.rules.preemption_enabled:
         for q, jobs in book.evictable.items():
             if q < prio:
@@ -71,9 +83,7 @@ def candidates(book, job: Job, reclaim: bool) -> tuple[list[Job], float]:
                     if (job.cohort is not None and v.cohort is not None and v.cohort[0] is job.cohort[0]
                             and v.cohort[1] is not job.cohort[1] and v.cohort[1].team not in borrowing):
                         continue  # another member within its nominal quota: its guarantee holds
-                    if now - v.run_start < minrt:
-                        until = min(until, v.run_start + minrt)
-                    elif v.run_start < now:
+                    if eligible(v):
                         out[v.id] = v
     if reclaim:
         cohort, member = job.cohort
@@ -85,22 +95,33 @@ def candidates(book, job: Job, reclaim: bool) -> tuple[list[Job], float]:
                 continue
             if lower_only and v.cls.priority >= prio:
                 continue
-            if now - v.run_start < minrt:
-                until = min(until, v.run_start + minrt)
-            elif v.run_start < now:
+            if eligible(v):
                 out[v.id] = v
-    return sorted(out.values(), key=lambda v: v.vkey), until
+    return sorted(out.values(), key=lambda v: v.vkey)
 
 
 def plan(book, admission: Admission, profile: Profile | None, job: Job) -> tuple[tuple[list[Job], Verdict] | None,
                                                                                    float]:
     """A victim set for ``job`` and the admission verdict it then gets (``None``: no set
-    works), and the time until which a failure stays valid (a too-young victim coming
-    of age; ``INF``)."""
+    works), and, on a failure, the instant a too-young job comes of age that would make
+    a set work (``INF``: none would)."""
     reclaim = may_reclaim(book, job)
-    cands, until = candidates(book, job, reclaim)
-    if not cands:
-        return None, until
+    cands = candidates(book, job, reclaim)
+    found = _plan_with(book, admission, profile, job, cands) if cands else None
+    if found is not None:
+        return found, INF
+    young = candidates(book, job, reclaim, young=True)
+    if not young:
+        return None, INF
+    # would it work once the young ones come of age? then that is when to look again
+    if _plan_with(book, admission, profile, job, sorted(cands + young, key=lambda v: v.vkey)) is None:
+        return None, INF
+    return None, min(comes_of_age(book, v) for v in young)
+
+
+def _plan_with(book, admission: Admission, profile: Profile | None, job: Job,
+               cands: list[Job]) -> tuple[list[Job], Verdict] | None:
+    """Steps 1-4 of the module docstring with ``cands`` as the possible victims."""
     ledger = book.ledger
     nodes = [i for i in members_of(ledger, book.groups_for(job))]
     end = book.now + job.planned_run()
@@ -112,10 +133,10 @@ def plan(book, admission: Admission, profile: Profile | None, job: Job) -> tuple
     totals = {i: ledger.slots[i].healthy for i in nodes}
     upper = {i: ledger.slots[i].free + gain.get(i, 0) for i in nodes}
     if place_counts(upper, nodes, totals, job.shape) is None:
-        return None, until
+        return None
     chosen = _node_plan(book, admission, profile, job, nodes, cands, end)
     if chosen is None:
-        return None, until
+        return None
     order = {v.id: k for k, v in enumerate(cands)}
     verdict = admission.decide(job, profile, Scratch(book, chosen))
     pool = [v for v in cands if v not in chosen]
@@ -123,7 +144,7 @@ def plan(book, admission: Admission, profile: Profile | None, job: Job) -> tuple
         chosen.append(pool.pop(0))
         verdict = admission.decide(job, profile, Scratch(book, chosen))
     if not verdict.admitted:
-        return None, until
+        return None
     for v in sorted(chosen, key=lambda v: order[v.id], reverse=True):
         if len(chosen) == 1:
             break
@@ -131,7 +152,7 @@ def plan(book, admission: Admission, profile: Profile | None, job: Job) -> tuple
         trial = admission.decide(job, profile, Scratch(book, rest))
         if trial.admitted:
             chosen, verdict = rest, trial
-    return (sorted(chosen, key=lambda v: v.vkey), verdict), until
+    return sorted(chosen, key=lambda v: v.vkey), verdict
 
 
 def _cost(victims: list[Job], now: float) -> tuple:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from gpushepherd.core.placement import Counts
 from gpushepherd.core.state import INF, Job
-from gpushepherd.model.job import JobState
+from gpushepherd.model.job import GPU_UNITS, JobState
 
 Key = tuple[int, str]  # (limit index, user or "")
 
@@ -53,6 +53,12 @@ class Claim:
     quota_now: dict[Key, int] = field(default_factory=dict)
     key: tuple = ()
     basis: str = "estimates"
+    cls: str = ""  # the job's class
+    covered: int = 0  # a hold: what of its class's reserved_gpus its plan counted on
+    lend: bool = False  # a reservation of a job its own team's hard limit keeps waiting now
+    #: with classes' ``reserved_gpus``: the whole GPUs others may still take from the free
+    #: ones at its start without breaking its class-hold condition (``class_slack``)
+    gslack: int | None = None
 
 
 class Profile:
@@ -88,30 +94,39 @@ class Profile:
             for i, user, amount in v.run_charges:
                 qcoming[(i, user)] = qcoming.get((i, user), 0) + amount
         gpus = dict(job.plan)
-        charges = book.charges_with(job, job.units, book.coverage_for(job, job.units))
+        covered = 0
+        res = book.reserved.get(job.cls.name)
+        if res:  # what its class's reservation still covers after the holds before it
+            taken = sum(c.covered for c in self.claims if c.hold and c.cls == job.cls.name)
+            covered = max(0, min(job.units, res - book.covered_units.get(job.cls.name, 0) - taken))
+        charges = book.charges_with(job, job.units, covered)
         quota = {(i, user): amount for i, user, amount in charges}
         claim = Claim(job.id, True, book.now, exit_t + job.planned_run(), gpus,
                       {n: max(0, c - coming.get(n, 0)) for n, c in gpus.items()}, quota,
-                      {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key)
+                      {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key,
+                      cls=job.cls.name, covered=covered)
         self.claims.append(claim)
         self._touched.clear()
         for n, c in claim.need_now.items():
             if c:
                 self.held_now.setdefault(n, []).append((claim, c))
+        if book.reserved:
+            self._hold_slacks()
         for k, a in claim.quota_now.items():
             if a:
                 self.quota_held.setdefault(k, []).append((claim, a))
         return claim
 
     def add_reservation(self, job: Job, start: float, counts: Counts, basis: str,
-                        free_at: dict[int, int] | None = None) -> Claim:
+                        free_at: dict[int, int] | None = None, lend: bool = False) -> Claim:
         """Claim ``counts`` and the job's quota over ``[start, start + planned run)``.
         ``free_at``: the GPUs free at ``start`` on the claimed nodes when the walk that
         found the start knows them (saves looking them up again)."""
         book = self.book
         end = start + job.planned_run()
         quota = {(i, user): amount for i, user, amount in job.charges}
-        claim = Claim(job.id, False, start, end, dict(counts), quota=quota, key=job.key, basis=basis)
+        claim = Claim(job.id, False, start, end, dict(counts), quota=quota, key=job.key, basis=basis,
+                      cls=job.cls.name, lend=lend)
         # the claim takes its GPUs and quota from every point it covers
         for p in self.points:
             if start <= p < end:
@@ -126,7 +141,40 @@ class Profile:
         self._touched.clear()
         if start not in self.spare:
             self._add_point(start, free_at)
+        if book.reserved:
+            taken = sum(counts_c for _n, counts_c in counts)
+            for c in self.claims:
+                if not c.hold and c is not claim and c.gslack is not None and start <= c.start < end:
+                    c.gslack -= taken
+            claim.gslack = class_slack(book, job.cls.name, start, self.claims)
         return claim
+
+    def _hold_slacks(self) -> None:
+        """Each hold's slack: free GPUs now, plus what every hold's victims free, less what
+        every hold takes, less what other classes' reservations keep free for its class."""
+        book = self.book
+        holds = [c for c in self.claims if c.hold]
+        coming = 0
+        for c in holds:
+            for vid in book.jobs[c.job_id].victims:
+                v = book.jobs[vid]
+                coming += sum((m & book.ledger.slots[i].healthy_mask).bit_count() for i, m in v.alloc)
+        taken = sum(sum(c.gpus.values()) for c in holds)
+        for c in holds:
+            held = _held_for(book, c.cls, book.now, ())
+            c.gslack = book.ledger.free_total + coming - taken - -(-held // GPU_UNITS)
+
+    def class_blocker(self, job: Job, x: int, end: float, exempt: tuple = ()) -> Claim | None:
+        """The first claim whose class-hold condition a job taking ``x`` whole GPUs now for
+        a run ending at ``end`` would break (a reserved class's own job aside)."""
+        if not self.book.reserved or job.cls.name in self.book.reserved:
+            return None
+        for c in self.claims:
+            if c.gslack is None or c.job_id == job.id or c in exempt:
+                continue
+            if (c.hold or c.start < end) and x > c.gslack:
+                return c
+        return None
 
     def _add_point(self, p: float, free_at: dict[int, int] | None = None) -> None:
         """A new claim point: the spare of every node and quota key that a claim active
@@ -183,37 +231,84 @@ class Profile:
             self._touched[len(points)] = found
         return found
 
-    def node_cap(self, job_id: str, n: int, free: int, end: float) -> int:
+    def node_cap(self, job_id: str, n: int, free: int, end: float, exempt: tuple = ()) -> int:
         """The most GPUs of node ``n`` (``free`` of them free now) a job may take now for
-        a run ending at ``end`` without delaying a claim."""
+        a run ending at ``end`` without delaying a claim (the reservations in ``exempt``
+        do not bind it: their jobs would reclaim its GPUs)."""
         cap = free
         held = self.held_now.get(n)
         if held:
             cap -= sum(c for claim, c in held if claim.job_id != job_id)
         for p in self.binding_points(end):
             s = self.spare[p].get(n)
-            if s is not None and s < cap:
-                cap = s
+            if s is not None:
+                if exempt:
+                    s += sum(c.gpus.get(n, 0) for c in exempt if c.start <= p < c.end)
+                if s < cap:
+                    cap = s
         return max(0, cap)
 
-    def quota_cap(self, job_id: str, k: Key, headroom: int, end: float) -> int:
+    def reclaimers_of(self, job: Job) -> tuple:
+        """The reservations in ``job``'s cohort that do not bind it while it borrows
+        (its member over its nominal quota once it runs), of another member's job that
+        either waits for its own team's hard limit now (its idle quota is lent: a
+        lender's waiting job does not stop others from borrowing, scenario S07) or could
+        reclaim ``job``'s GPUs at its start (within its nominal quota then; Kueue's
+        ``reclaimWithinCohort``): ``job`` may take their GPUs."""
+        book = self.book
+        if job.cohort is None or not self.claims:
+            return ()
+        cohort, member = job.cohort
+        usage = book.quota.usage
+        if usage.get((member.limit, ""), 0) + job.units <= member.nominal * GPU_UNITS:
+            return ()  # within its own nominal quota: not a borrower
+        reclaim = book.rules.preemption_enabled and job.evictable and cohort.reclaim != "never"
+        out = []
+        for c in self.claims:
+            if c.hold:
+                continue
+            r = book.jobs[c.job_id]
+            if r.cohort is None or r.cohort[0] is not cohort or r.cohort[1] is member:
+                continue
+            if c.lend:
+                out.append(c)
+                continue
+            if not reclaim or (cohort.reclaim == "lower_priority" and job.cls.priority >= r.cls.priority):
+                continue
+            their = r.cohort[1]
+            used = usage.get((their.limit, ""), 0)
+            for end, _seq, jid in book.ends:  # what they hold still at the claim's start
+                if end > c.start:
+                    break
+                holder = book.jobs[jid]
+                if holder.cohort is not None and holder.cohort[1] is their:
+                    used -= holder.run_units
+            if used + r.units <= their.nominal * GPU_UNITS:
+                out.append(c)
+        return tuple(out)
+
+    def quota_cap(self, job_id: str, k: Key, headroom: int, end: float, exempt: tuple = ()) -> int:
         """The most of limit key ``k`` (``headroom`` left of it now) a job may take now
-        for a run ending at ``end`` without delaying a claim."""
+        for a run ending at ``end`` without delaying a claim (``exempt``: as ``node_cap``)."""
         cap = headroom
         held = self.quota_held.get(k)
         if held:
             cap -= sum(a for claim, a in held if claim.job_id != job_id)
         for p in self.binding_points(end):
             s = self.qspare[p].get(k)
+            if s is not None and exempt:
+                s += sum(c.quota.get(k, 0) for c in exempt if c.start <= p < c.end)
             if s is not None and s < cap:
                 cap = s
         return cap
 
-    def blocker(self, job_id: str, counts: Counts, charges, end: float, free_of, headroom_of) -> Claim | None:
-        """The first claim (holds first, then reservations in order) that a job placed
-        on ``counts`` with ``charges``, ending at ``end``, would delay; ``None``."""
+    def blocker(self, job_id: str, counts: Counts, charges, end: float, free_of, headroom_of,
+                exempt: tuple = ()) -> Claim | None:
+        """The first claim (holds first, then reservations in order; not those in
+        ``exempt``) that a job placed on ``counts`` with ``charges``, ending at ``end``,
+        would delay; ``None``."""
         for claim in self.claims:
-            if claim.job_id == job_id:
+            if claim.job_id == job_id or claim in exempt:
                 continue
             if claim.hold:
                 for n, x in counts:
@@ -241,14 +336,28 @@ class Profile:
             for n, x in counts:
                 s = self.spare[p].get(n)
                 if s is not None and x > s:
-                    return next(c for c in self.owners[p] if n in c.gpus)
+                    found = next((c for c in self.owners[p] if n in c.gpus and c not in exempt), None)
+                    if found is not None:
+                        return found
         return None
 
     # ------------------------------------------------------------- changes
-    def consume(self, counts: Counts, end: float, charges) -> None:
+    def consume(self, counts: Counts, end: float, charges, start: float | None = None) -> None:
         """A job started now on ``counts`` with ``charges``, planned to end at ``end``:
-        it takes from the spare of every claim point it outlives."""
+        it takes from the spare of every claim point it outlives (and from the class-hold
+        slack of the claims it outlives). ``start``: it holds ``counts`` only from then on
+        (a share joining a card keeps the card's GPU from then)."""
+        if self.book.reserved:
+            x = sum(c for _n, c in counts)
+            for c in self.claims:
+                if c.gslack is not None and (c.hold or c.start < end):
+                    c.gslack -= x
         for p in self.binding_points(end):
+            if start is not None and p < start:
+                for i, user, a in charges:
+                    if (i, user) in self.qspare[p]:
+                        self.qspare[p][(i, user)] -= a
+                continue
             sp = self.spare[p]
             for n, x in counts:
                 if n in sp:
@@ -315,3 +424,42 @@ def basis_of(book, jobs) -> str:
             if lim is not None and (est is None or est >= lim):
                 return "time limits"
     return "estimates"
+
+
+def free_total_at(book, p: float) -> int:
+    """Whole GPUs free at ``p`` on every live node, by planned ends (cards included)."""
+    if p <= book.now:
+        return book.ledger.free_total
+    from gpushepherd.core.planning import node_releases
+
+    total = 0
+    for slot in book.ledger.slots:
+        if slot.alive:
+            rel = node_releases(book, slot.idx)
+            total += sum(1 for t in rel if t <= p)
+    return total
+
+
+def _held_for(book, cls: str, p: float, claims) -> int:
+    """Units other classes' ``reserved_gpus`` keep free at ``p`` for a job of ``cls``:
+    each reserved class's reservation less what it holds then (its running jobs still
+    running, by planned ends, and its claims active then)."""
+    held = 0
+    for name, res in book.reserved.items():
+        if name == cls:
+            continue
+        used = sum(j.run_units for j in book.class_jobs.get(name, {}).values() if j.end_est > p)
+        used += sum(sum(c.gpus.values()) * GPU_UNITS for c in claims
+                    if c.cls == name and (c.start <= p < c.end))
+        held += max(0, res - used)
+    return held
+
+
+def class_slack(book, cls: str, p: float, claims) -> int:
+    """Whole GPUs free at ``p`` (planned ends) less those the claims active then take,
+    less what other classes' ``reserved_gpus`` keep free for a job of ``cls``."""
+    free = free_total_at(book, p)
+    free -= sum(sum(c.gpus.values()) for c in claims if not c.hold and c.start <= p < c.end)
+    free -= sum(sum(c.gpus.values()) for c in claims if c.hold)
+    held = _held_for(book, cls, p, claims)
+    return free - -(-held // GPU_UNITS)

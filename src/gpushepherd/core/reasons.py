@@ -38,7 +38,7 @@ def reason_of(book, adm, profile, job: Job, v: A.Verdict) -> PendingReason:
             return PendingReason(R.WINDOW_LIMIT, f"{lim.path}{where}={quota.fmt(i, now_max)}, in use {quota.fmt(i, used)}")
         return PendingReason(R.QUOTA_EXCEEDED, f"{lim.path}={quota.fmt(i, now_max)}, in use {quota.fmt(i, used)}")
     if rule == A.NEVER_FITS:
-        return never_fits_reason(book, job)
+        return never_fits_reason(book, adm, job)
     if rule == A.FREE:
         return unmanaged_reason(book, job) or capacity_reason(book, adm, profile, job)
     if rule == A.COHORT:
@@ -57,15 +57,16 @@ def reason_of(book, adm, profile, job: Job, v: A.Verdict) -> PendingReason:
     raise ValueError(f"no reason for an admitted job {job.id}")  # pragma: no cover
 
 
-def never_fits_reason(book, job: Job) -> PendingReason:
+def never_fits_reason(book, adm, job: Job) -> PendingReason:
     unmanaged = unmanaged_reason(book, job, capacity=True)
     if unmanaged is not None:
         return unmanaged
     ledger = book.ledger
-    if job.shape.mode != "share" and book.reserved:
+    if book.reserved:
         cand = members_of(ledger, book.groups_for(job))
         totals = {i: ledger.slots[i].healthy for i in cand}
-        if place_counts(dict(totals), cand, totals, job.shape) is not None:  # only the reservations bind
+        if (place_counts(dict(totals), cand, totals, job.shape) is not None if job.shape.mode != "share"
+                else not adm._share_never_fits(job)):  # only the reservations bind
             names = [c for c in book.reserved if c != job.cls.name]
             detail = ",".join(f"classes.{c}.reserved_gpus={book.reserved[c] // GPU_UNITS}" for c in names)
             return PendingReason(R.EXCEEDS_CAPACITY, detail)

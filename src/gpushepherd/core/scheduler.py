@@ -212,7 +212,7 @@ class Scheduler:
                 and priority.recalc_matters(book)):
             t_wake = book.next_recalc if t_wake is None else min(t_wake, book.next_recalc)
         t_window = None
-        if book.quota.windowed and expire.window_matters(book):
+        if book.quota.windowed and expire.window_matters(book, self.admission):
             t_window = self.rules.clock.next_boundary(self.rules.window_boundaries(), book.now)
         if self.resume_at is not None and self.resume_at > book.now and book.queue:
             t_wake = self.resume_at if t_wake is None else min(t_wake, self.resume_at)
@@ -253,7 +253,8 @@ class Scheduler:
                     found.add_hold(self.book.jobs[c.job_id])
             for c in claims:
                 if not c.hold and c.key < job.key:
-                    found.add_reservation(self.book.jobs[c.job_id], c.start, list(c.gpus.items()), c.basis)
+                    found.add_reservation(self.book.jobs[c.job_id], c.start, list(c.gpus.items()), c.basis,
+                                          lend=c.lend)
             self._prefix_profiles[n] = found
         return found
 

@@ -49,7 +49,11 @@ def snapshot(book) -> dict:
             "preemptor": job.preemptor,
             "victims": sorted(job.victims),
             "plan": [[book.ledger.slots[i].node.name, c] for i, c in job.plan],
+            "hold_gpus": [[book.ledger.slots[i].node.name, list(bits(m))] for i, m in sorted(job.hold_gpus.items())],
             "score": -job.key[0],
+            "run_units": job.run_units if job.state.holds_gpus else None,
+            "covered": job.covered if job.state.holds_gpus else None,
+            "start_no": job.start_no if job.state.holds_gpus else None,
             "reclaim": job.reclaim,
             "estimate_s": job.estimate_s,
             "deadline_flags": [list(f) for f in job.deadline_flags],
@@ -183,11 +187,12 @@ def restore_into(sched, snap: dict) -> None:
                 else:
                     book.ledger.allocate_mig(spec.id, alloc[0][0], at[0], at[1])
                 job.share_at = at
-            book.occupy(job, alloc, raw["run_start"], state, raw.get("run_units"))
+            book.occupy(job, alloc, raw["run_start"], state, raw.get("run_units"), raw.get("covered"),
+                        raw.get("start_no"))
         else:
             job.state = state
     for job in book.queue:
-        if job.victims:
+        if job.victims or job.plan:  # a hold stays in force until the preemptor's turn
             book.preemptors[job.id] = job
     for name, g in snap.get("unmanaged", []):  # after the jobs: those holding them keep them
         book.ledger.set_gpu_unmanaged(book.ledger.by_name[name], g, True)

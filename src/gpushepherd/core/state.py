@@ -81,10 +81,14 @@ class Job:
     run_charges: tuple[Charge, ...] = ()
     #: units of the current run covered by its class's ``reserved_gpus`` (note 015)
     covered: int = 0
+    #: the current run's place in the order runs started (``Book.start_seq``)
+    start_no: int = 0
     #: while it holds a preemptor's hold: the pass number that last kept it
     hold_pass: int = -1
     #: a preemptor's planned GPUs per node (masks): it starts on them when they are free
     hold_gpus: dict[int, int] = field(default_factory=dict)
+    #: its reservation in the pass is for a hard limit now (``Claim.lend``)
+    lend: bool = False
 
     @property
     def id(self) -> str:
