@@ -22,8 +22,9 @@ many times each property was checked and every failure. The properties:
 * ``e_preemptor`` - every preemption's preemptor starts at the instant its last victim
   is gone, unless it was cancelled, hardware was lost or a window changed its limits in
   between (counted apart as ``e_excused:<why>``);
-* ``f_restart`` - a ``Restart`` changes no decision: the run with the workload's
-  restarts decides as the run without them; and after every instant of the run
+* ``f_restart`` - a ``Restart`` or a question changes no decision: the run with the
+  workload's restarts that asks every pending reason decides as the run with neither;
+  and after every instant of the run
   without them a restored core decides nothing at the same instant (a full pass) and
   then the same as the uninterrupted one;
 * ``g_live`` - at the end no pending job could start later (each is refused for good:
@@ -47,6 +48,7 @@ from gpushepherd.model.decisions import Preempt, Start
 from gpushepherd.model.events import GpuHealthChanged, JobCancelled, NodeLost, Tick
 from gpushepherd.model.job import GPU_UNITS, JobState
 from gpushepherd.model.reasons import ReasonCode
+from gpushepherd.model.rules import week_values
 from gpushepherd.sim.engine import SimJob, Simulator
 
 PROPERTIES = ("a_equal", "b_work", "c_reason", "d_reserved", "e_preemptor", "f_restart", "g_live")
@@ -306,7 +308,12 @@ class Checker:
             if not later(w, lambda w: w.limit is not None and w.limit[0] != i):
                 rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; with {lim.path} raised it is refused by "
                          f"rule {RULE_NAMES[w.rule]} {w.limit and quota.limits[w.limit[0]].path}")
-            if rule == A.HARD_NEVER:
+            if rule == A.HARD_NEVER and v.limit[1]:  # windowed limits never open together for it
+                wins = [(k, a) for k, _u, a in v.charges if quota.limits[k].windows]
+                combos = week_values(tuple(quota.limits[k] for k, _a in wins))
+                if any(all(a <= x * quota.scale[k] for (k, a), x in zip(wins, c)) for c in combos):
+                    rep.fail("c_reason", f"t={t:g}: {job.id} reads {text} but some time of the week allows it")
+            elif rule == A.HARD_NEVER:
                 amount = next(a for li, _u, a in v.charges if li == i)
                 if not amount > lim.loosest * quota.scale[i]:
                     rep.fail("c_reason", f"t={t:g}: {job.id} reads {text} but {lim.path} reaches "
@@ -343,11 +350,17 @@ class Checker:
             if c is None or not any(x is c for x in profile.claims):
                 rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}: the claim is not in its profile")
                 return
-            w = adm.decide(job, profile_without(book, profile, c))
-            if not later(w, lambda w: w.blocker is not None and w.blocker.job_id != c.job_id):
+            lifted = profile_without(book, profile, c)
+            w = adm.decide(job, lifted)
+
+            def other_claim(w):
+                b = w.blocker or adm.blocker_of(job, lifted, w.charges)
+                return b is not None and b.job_id != c.job_id
+
+            if not later(w, other_claim):
                 rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; without {c.job_id}'s "
                          f"{'hold' if c.hold else 'reservation'} it is refused by rule {RULE_NAMES[w.rule]}"
-                         + (f" ({w.blocker.job_id})" if w.blocker is not None else ""))
+                         + (f" ({w.blocker.job_id})" if w.blocker is not None else ""))  # noqa: E501
 
     def never_fits(self, sched, job, text) -> None:
         book = sched.book
@@ -610,14 +623,17 @@ def _check(wl, rep: Report, horizon: int | None) -> None:
     t0 = time.perf_counter()
     _plain, plain_calls = drive(wl, restarts=False, record_reasons=False)
     rep.plain_s = time.perf_counter() - t0
-    if wl.restarts:
-        rep.counts["f_restart"] += 1
-        a, b = _flat(plain_calls), _flat(fast_calls)
-        if a != b:
-            i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            rep.fail("f_restart", f"with restarts at {wl.restarts}: decision {i} is "
-                     f"{_short(b[i]) + ' at t=' + format(b[i].t, 'g') if i < len(b) else 'missing'}, without them "
-                     f"{_short(a[i]) + ' at t=' + format(a[i].t, 'g') if i < len(a) else 'missing'}")
+    # the fast run asked every pending reason (and restarted, when the workload says so):
+    # neither may change a decision
+    kind = "f_restart"
+    rep.counts[kind] += 1
+    a, b = _flat(plain_calls), _flat(fast_calls)
+    if a != b:
+        i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        what = f"with restarts at {wl.restarts} and reasons asked" if wl.restarts else "with reasons asked"
+        rep.fail(kind, f"{what}: decision {i} is "
+                 f"{_short(b[i]) + ' at t=' + format(b[i].t, 'g') if i < len(b) else 'missing'}, without "
+                 f"{_short(a[i]) + ' at t=' + format(a[i].t, 'g') if i < len(a) else 'missing'}")
     rep.counts["f_restart"] += len(plain_calls)
     for line in restart_divergences(wl.rules, plain_calls, horizon):
         rep.fail("f_restart", line)

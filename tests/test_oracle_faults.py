@@ -345,3 +345,103 @@ def test_a_share_joining_a_card_does_not_delay_a_reservation():
                               (job("S2", 1, "batch", "t", 2, share=half, runtime_estimate_s=10.0), 10.0),
                               (job("S1", 1, "batch", "t", 5, share=half, runtime_estimate_s=1000.0), 1000.0)])
     assert [t for t, _ in result.records["R"].starts] == [100.0]
+
+
+def test_asking_why_a_job_waits_changes_no_decision():
+    # seed 2914 (the run that asked every pending reason started j3 at 4, the plain run
+    # did not): the pass defers the reservation of R (2 GPUs at 40, when B ends) until a
+    # job needs the claims. Admission read which reservations exempt a job (a reclaimer
+    # of the quota it would borrow) before computing the deferred ones; a pending_reason
+    # query computes them, so the next submission saw R's exemption only if someone had
+    # asked. J (team a, borrowing its second GPU) must start at 4 either way: R would
+    # reclaim J's borrowed GPU, so J's run does not delay R.
+    rules = policy(nodes=[("n1", 4)], backfill=2,
+                   teams={"a": {"nominal_gpus": 1}, "b": {"nominal_gpus": 2, "borrowing_limit": 3},
+                          "c": {"max_gpus": 1}},
+                   cohorts={"co": {"members": ["a", "b"], "reclaim": "lower_priority"}})
+
+    def run(ask: bool):
+        sched = Scheduler(rules)
+        starts = []
+        for t, specs in [(0.0, [job("A", 1, "research-training", "a", 0, runtime_estimate_s=100.0),
+                                job("B", 1, "research-training", "b", 0, runtime_estimate_s=40.0),
+                                job("C", 1, "batch", "c", 0, runtime_estimate_s=100.0)]),
+                         (1.0, [job("R", 2, "research-training", "b", 1, runtime_estimate_s=50.0)]),
+                         (4.0, [job("J", 1, "batch", "a", 4, runtime_estimate_s=50.0)])]:
+            out = sched.handle([JobSubmitted(t, s) for s in specs])
+            starts += [(d.t, d.job_id) for d in out if isinstance(d, Start)]
+            if ask:
+                for j in sched.pending_jobs():
+                    sched.pending_reason(j.id)
+        return starts
+
+    assert run(True) == run(False)
+    assert (4.0, "J") in run(False)
+
+
+def test_windowed_limits_that_never_allow_a_job_together_read_exceeds_capacity():
+    # seeds 820, 334 (wake-ups at every window edge for a week that decided nothing):
+    # research-training's max_gpus is 0 from 03:30 to 03:00, its max_gpus_per_user 0
+    # from 00:00 to 03:30 - each alone leaves a gap, together none. The job can never
+    # start: ExceedsCapacity naming both, and nothing to wake for.
+    rules = policy(nodes=[("n1", 2)], classes={"research-training": {"windows": [
+        {"from": "03:30", "to": "03:00", "max_gpus": 0}, {"from": "00:00", "to": "03:30", "max_gpus_per_user": 0}]}})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("J", 1, "research-training", "t", 0))])
+    assert str(sched.pending_reason("J")) == (
+        "ExceedsCapacity(classes.research-training.max_gpus with classes.research-training.max_gpus_per_user: "
+        "their windows never allow it at the same time)")
+    assert sched.next_wakeup() is None
+
+
+def test_a_window_open_all_week_leaves_the_limit_outside_it_unused():
+    # seeds 535, 1733: a window from 00:00 to 24:00 every day is always open, so the
+    # limit outside it never applies: a job over the window's value can never start
+    # (the core woke at every midnight to find it still WindowLimit).
+    rules = policy(nodes=[("n1", 2)], classes={"batch": {"windows": [
+        {"from": "00:00", "to": "24:00", "max_running_jobs_per_user": 0}]}})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("J", 1, "batch", "t", 0))])
+    assert str(sched.pending_reason("J")) == "ExceedsCapacity(classes.batch.max_running_jobs_per_user=0)"
+    assert sched.next_wakeup() is None
+
+
+def test_a_mig_share_whose_only_card_with_its_profile_is_unhealthy_never_fits():
+    # seeds 446, 496, 1353, 2028: the card with 1g.10gb is out of service; the healthy
+    # card has only 3g.40gb (no reconfiguration): ExceedsCapacity, not NoFit forever.
+    rules = policy(nodes=[{"name": "n1", "gpus": 2, "gpu_type": "A100-80GB", "gpu_mem_mib": 81920,
+                           "mig": {"g0": {"layout": ["3g.40gb", "3g.40gb"]},
+                                   "g1": {"layout": ["4g.40gb", "2g.20gb", "1g.10gb"]}}}])
+    sched = Scheduler(rules)
+    sched.handle([GpuHealthChanged(0.0, node="n1", gpu=1, healthy=False)])
+    sched.handle([JobSubmitted(1.0, job("M", 1, "batch", "t", 1, share=GpuShare("mig", profile="1g.10gb")))])
+    assert str(sched.pending_reason("M")) == "ExceedsCapacity(share=mig:1g.10gb)"
+
+
+def test_a_share_joining_a_card_does_not_leave_a_reservation_only_reserved_gpus():
+    # seed 2919: GPU 1 is production inference's (reserved_gpus 1); R (batch) is
+    # reserved at 100 on GPU 0, X's card, when X ends. S (estimate 1000) joining the card
+    # at 5 keeps it until 1005: the node still has a GPU at 100 (rule 8's node check
+    # passes) but it is the reserved one. S must wait and R start at 100.
+    rules = policy(nodes=[("n1", 2)], classes={"production-inference": {"reserved_gpus": 1}}, preemption=False)
+    half = GpuShare("fraction", milli=500)
+    result = simulate(rules, [(job("X", 1, "batch", "t", 0, share=half, runtime_estimate_s=100.0), 100.0),
+                              (job("R", 1, "batch", "t", 1, runtime_estimate_s=50.0), 50.0),
+                              (job("S", 1, "batch", "t", 5, share=half, runtime_estimate_s=1000.0), 1000.0)])
+    assert [t for t, _ in result.records["R"].starts] == [100.0]
+    assert [t for t, _ in result.records["S"].starts] == [150.0]
+
+
+def test_a_preemptors_hold_counts_its_victims_class_reservation_coverage_as_gone():
+    # seed 2024: V (batch) is covered by batch's reserved_gpus 1; P (4 GPUs, n1) preempts
+    # it at 10 (grace 20). Q (2 GPUs) at 15 would take n2's two GPUs: when V leaves,
+    # batch's reservation wants a free GPU again and P could not start. The hold's
+    # class-hold slack counted V's coverage as staying; P must start at 30, Q after.
+    rules = policy(nodes=[("n1", 4), ("n2", 2, "L40S", 46068)],
+                   classes={"batch": {"reserved_gpus": 1, "grace_period_s": 20.0}})
+    result = simulate(rules, [
+        (job("V", 1, "batch", "t", 0, runtime_estimate_s=1000.0, checkpointable=True, gpu_types=("A100-80GB",)), 1000.0),
+        (job("P", 4, "training", "t", 10, runtime_estimate_s=100.0), 100.0),
+        (job("Q", 2, "training", "t", 15, runtime_estimate_s=100.0), 100.0)])
+    assert [t for t, _ in result.records["P"].starts] == [30.0]
+    assert [t for t, _ in result.records["Q"].starts] == [130.0]

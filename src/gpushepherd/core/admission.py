@@ -22,50 +22,14 @@ A job that passes all eight starts on the best placement satisfying all of them 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-from gpushepherd.core.filters import share_fits_card
-from gpushepherd.core.intake import units_of
-from gpushepherd.core.placement import Counts, members_of, pick_gpus, place_counts, place_live
+from gpushepherd.core.placement import Counts, members_of, place_counts, place_live
 from gpushepherd.core.profile import Claim, Profile
 from gpushepherd.core.state import INF, Job
+from gpushepherd.core.shares import ShareRules
+from gpushepherd.core.verdict import (ADMITTED, ANTI, CAPACITY_RULES, CLAIMS, CLASS_HOLD, COHORT, FREE,  # noqa: F401
+                                      HARD_NEVER, HARD_NOW, NEVER_FITS, RESERVABLE, Verdict)
 from gpushepherd.model.job import GPU_UNITS
-
-ADMITTED, HARD_NEVER, HARD_NOW, NEVER_FITS, FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS = range(9)
-#: rules whose refusal is about capacity: preemption, reclaim and reservations may help
-CAPACITY_RULES = frozenset({FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS})
-#: rules after whose refusal a job may hold a reservation (a hard limit now may free)
-RESERVABLE = CAPACITY_RULES | {HARD_NOW}
-
-
-@dataclass(slots=True)
-class Verdict:
-    """The answer of the admission rule.
-
-    Attributes:
-        rule: ``ADMITTED`` (0) or the first rule that refused.
-        counts: whole-GPU placement ``[(node index, GPUs)]`` when admitted.
-        spot: a share's ``(node index, GPU, MIG instance position or None, opens a
-            fresh GPU)`` when admitted.
-        units / charges: what the run would be charged.
-        limit: for quota rules, ``(limit index, usage)`` of the limit that refused.
-        blocker: for ``CLAIMS``, the claim it would delay.
-        holder: for ``CLASS_HOLD``, the class whose reservation binds.
-    """
-
-    rule: int
-    counts: Counts | None = None
-    spot: tuple | None = None
-    units: int = 0
-    charges: tuple = ()
-    limit: tuple[int, int] | None = None
-    blocker: Claim | None = None
-    holder: str = ""
-    covered: int = 0
-
-    @property
-    def admitted(self) -> bool:
-        return self.rule == ADMITTED
 
 
 class Scratch:
@@ -120,7 +84,7 @@ class Scratch:
         return sum(g for idx, g, end in self.ends if idx == n and end > p)
 
 
-class Admission:
+class Admission(ShareRules):
     """The admission rule over one book. Subclasses may change where shares go
     (``share_spot``), as the node best-fit baseline does."""
 
@@ -144,16 +108,13 @@ class Admission:
         if job.shape.mode == "share":
             return self._decide_share(job, profile, scratch, before_claims)
         book = self.book
-        self._exempt = profile.reclaimers_of(job) if profile and book.rules.cohorts else ()
+        self._exempt = ()
         units = job.units
         covered = self._coverage(job, units, scratch, profile)
         charges = book.charges_with(job, units, covered) if covered else job.charges
-        if charges:
-            v = self._hard(charges, scratch)
-            if v is not None:
-                return v
-        if self.never_fits(job):
-            return Verdict(NEVER_FITS)
+        v = self._rules_1_to_3(job, charges, scratch)
+        if v is not None:
+            return v
         counts = None if no_room else self._place(job, scratch, within=within)
         if counts is None:
             return Verdict(FREE, units=units, charges=charges)
@@ -174,6 +135,8 @@ class Admission:
                 return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
         if before_claims is not None:
             before_claims()
+        # read once the claims are all there: a deferred reservation may exempt this job
+        self._exempt = profile.reclaimers_of(job) if profile and book.rules.cohorts else ()
         if profile:
             end = book.now + job.planned_run()
             points = profile.binding_points(end)
@@ -208,6 +171,15 @@ class Admission:
         return self._blocker(job, profile, None, job.charges if charges is None else charges, end, None)
 
     # ----------------------------------------------------------- rules 1-3
+    def _rules_1_to_3(self, job: Job, charges: tuple, scratch: Scratch | None) -> Verdict | None:
+        """The refusal of rules 1-3 (hard limits, never fits), else ``None``. A hard limit
+        that binds now is no reason for a job that can never fit: that is."""
+        if charges:
+            v = self._hard(charges, scratch)
+            if v is not None:
+                return Verdict(NEVER_FITS) if v.rule == HARD_NOW and self.never_fits(job) else v
+        return Verdict(NEVER_FITS) if self.never_fits(job) else None
+
     def _hard(self, charges: tuple, scratch: Scratch | None) -> Verdict | None:
         quota = self.book.quota
         for i, _user, amount in charges:
@@ -215,6 +187,10 @@ class Admission:
                 return Verdict(HARD_NEVER, limit=(i, 0), charges=charges)
         hit = self._blocking(charges, False, scratch)
         if hit is not None:
+            if quota.windowed:
+                j = quota.never_together(charges)
+                if j is not None:  # windows that never open together for it
+                    return Verdict(HARD_NEVER, limit=(j, 1), charges=charges)
             return Verdict(HARD_NOW, limit=hit, charges=charges)
         return None
 
@@ -263,26 +239,6 @@ class Admission:
                                                        or kind in book.rules.classes[c].sharing)
                                 for c in book.reserved)
         return never
-
-    def _share_never_fits(self, job: Job) -> bool:
-        """Whether no GPU in service (healthy, no foreign processes) of the live nodes a
-        share may use could ever hold it, all empty (MIG: a card with its profile, or a
-        re-partitionable model, that is healthy)."""
-        ledger = self.book.ledger
-        share = job.share
-        reconf = self.book.rules.mig_reconfigure
-        for g in self.book.groups_for(job):
-            node = ledger.groups[g].node
-            if not share_fits_card(node, share, reconf):
-                continue
-            for idx in ledger.groups[g].members:
-                slot = ledger.slots[idx]
-                if share.kind == "mig":
-                    if any(card.healthy and not card.unmanaged for card in slot.migs.values()):
-                        return False
-                elif slot.healthy or slot.cards:
-                    return False
-        return True
 
     # ----------------------------------------------------------- rules 5-7
     def _coverage(self, job: Job, units: int, scratch: Scratch | None, profile: Profile | None = None) -> int:
@@ -404,7 +360,8 @@ class Admission:
             avail = {i: min(scratch.free(i) if scratch is not None else ledger.slots[i].free, within[i],
                             caps.get(i, within[i]) if caps is not None else within[i]) for i in cand}
             return place_counts(avail, cand, {i: ledger.slots[i].healthy for i in cand}, shape)
-        if scratch is None and not avoided and not islands and not tiered and caps is not None and shape.mode == "single":
+        if (scratch is None and not avoided and not islands and not tiered and caps is not None
+                and shape.mode == "single"):
             return _best_fit_capped(ledger, groups, shape.k, caps)
         if scratch is None and not avoided and caps is None and not islands:
             if tiered:
@@ -455,100 +412,6 @@ class Admission:
         return None if best is None else [(best[2], k)]
 
     # ------------------------------------------------------------- shares
-    def _decide_share(self, job: Job, profile: Profile | None, scratch: Scratch | None,
-                      before_claims=None) -> Verdict:
-        """Rules 1-8 for a share: hard limits, a card that fits (the tightest shared card,
-        else a fresh GPU), the cohort, anti-affinity, class holds for a fresh GPU,
-        claims. A memory-only share is charged by the card it lands on."""
-        book = self.book
-        self._exempt = profile.reclaimers_of(job) if profile and book.rules.cohorts else ()
-        covered, charges = self._charged(job, job.units, scratch, profile)
-        if charges:
-            v = self._hard(charges, scratch)
-            if v is not None:
-                return v
-        if self.never_fits(job):
-            return Verdict(NEVER_FITS)
-        groups = book.groups_for(job)
-        spot = self.share_spot(job, groups, frozenset(), None, None)
-        if spot is None:
-            return Verdict(FREE, units=job.units, charges=charges)
-        units, covered, charges = self._share_charges(job, spot, scratch, profile)
-        if charges:
-            v = self._hard(charges, scratch)
-            if v is not None:
-                return v
-        if job.cohort is not None:
-            hit = self._blocking(charges, True, scratch)
-            if hit is not None:
-                return Verdict(COHORT, limit=hit, units=units, charges=charges)
-        avoided = book.avoided_nodes(job) if book.anti and job.cls.avoid else frozenset()
-        if avoided and spot[0] in avoided:
-            spot = self.share_spot(job, groups, avoided, None, None)
-            if spot is None:
-                return Verdict(ANTI, units=units, charges=charges)
-            units, covered, charges = self._share_charges(job, spot, scratch, profile)
-        if before_claims is not None:
-            before_claims()
-        if spot[3] and book.reserved:
-            holder = self._class_hold(job, GPU_UNITS, scratch)
-            if holder:
-                # a shared card with room would not take a reserved GPU
-                card = self.share_spot(job, groups, avoided, None, None, fresh=False)
-                if card is None:
-                    return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
-                spot = card
-                units, covered, charges = self._share_charges(job, spot, scratch, profile)
-        if profile:
-            end = book.now + job.planned_run()
-            skip = set(avoided)
-            while spot is not None and self._share_delays(job, profile, spot, end, scratch):
-                # a card it would keep from coming free when a claim counts on it, or a
-                # fresh GPU a claim needs: the next spot (the rest of that node aside)
-                skip.add(spot[0])
-                spot = self.share_spot(job, groups, frozenset(skip), profile, end)
-            if spot is None:
-                return Verdict(CLAIMS, units=units, charges=charges)
-            units, covered, charges = self._share_charges(job, spot, scratch, profile)
-            if self._quota_claimed(job, profile, charges, end, scratch):
-                return Verdict(CLAIMS, units=units, charges=charges)
-            if spot[3] and book.reserved:
-                blocker = profile.class_blocker(job, 1, end, self._exempt)
-                if blocker is not None:
-                    return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
-        return Verdict(ADMITTED, spot=spot, units=units, charges=charges, covered=covered)
-
-    def _share_delays(self, job: Job, profile: Profile, spot: tuple, end: float, scratch: Scratch | None) -> bool:
-        """Whether a share on ``spot`` until ``end`` would delay a claim: a fresh GPU the
-        claims need, or - joining a card - keeping its GPU from coming free from the
-        card's planned end on, where a claim point counts on it."""
-        if spot[3]:
-            return self._cap(job, profile, spot[0], end, scratch) < 1
-        if spot[2] is not None:
-            return False  # a MIG instance: its GPU is never handed out whole
-        free_from = self.card_end(spot[0], spot[1])
-        if end <= free_from:
-            return False
-        n = spot[0]
-        for p in profile.binding_points(end):
-            if p < free_from:
-                continue
-            s = profile.spare[p].get(n)
-            if s is not None:
-                s += sum(c.gpus.get(n, 0) for c in self._exempt if c.start <= p < c.end)
-                if s < 1:
-                    return True
-        return False
-
-    def card_end(self, n: int, g: int) -> float:
-        """When the shared card ``g`` of node ``n`` is planned to come free (its last
-        holder's planned end, now at the earliest)."""
-        book = self.book
-        card = book.ledger.slots[n].cards.get(g)
-        if card is None:
-            return book.now
-        return max([book.now] + [book.jobs[h].end_est for h in card.holders])
-
     def _charged(self, job: Job, units: int, scratch: Scratch | None, profile: Profile | None) -> tuple[int, tuple]:
         """``(covered, charges)`` of a run of ``units``: the part its class's
         ``reserved_gpus`` would cover, and its quota charges then."""
@@ -556,66 +419,6 @@ class Admission:
         if not covered and units == job.units:
             return 0, job.charges
         return covered, self.book.charges_with(job, units, covered)
-
-    def _share_charges(self, job: Job, spot: tuple, scratch: Scratch | None = None,
-                       profile: Profile | None = None) -> tuple[int, int, tuple]:
-        """``(units, covered, charges)`` of a share on ``spot``: a memory-only share is
-        charged its memory over the card's."""
-        share = job.share
-        units = job.units
-        if share.kind == "fraction" and not share.milli:
-            units = units_of(self.book, job.spec, job.shape.ckey, self.book.ledger.slots[spot[0]].node.gpu_mem_mib)
-        covered, charges = self._charged(job, units, scratch, profile)
-        return units, covered, charges
-
-    def share_spot(self, job: Job, groups: list[int], avoided: frozenset, profile: Profile | None,
-                   end: float | None, fresh: bool = True) -> tuple | None:
-        """Where a share goes: ``(node index, GPU, MIG instance position or None, opens a
-        fresh GPU)``. Nodes holding the job's cache key first (when it names one); within
-        them the tightest card that fits, else (``fresh``) a whole free GPU by best fit on
-        a node where the claims of ``profile`` leave one."""
-        spec = job.spec
-        ledger = self.book.ledger
-        tiers = [groups]
-        if spec.cache_key and not spec.cache_required:
-            cached = [g for g in groups if spec.cache_key in ledger.groups[g].node.cached]
-            if cached and len(cached) < len(groups):
-                tiers = [cached, [g for g in groups if g not in cached]]
-        for tier in tiers:
-            spot = self._share_spot_in(job, tier, avoided, profile, end, fresh)
-            if spot is not None:
-                return spot
-        return None
-
-    def _share_spot_in(self, job: Job, groups: list[int], avoided: frozenset, profile: Profile | None,
-                       end: float | None, fresh: bool) -> tuple | None:
-        ledger = self.book.ledger
-        share = job.share
-        if share.kind == "mig":
-            found = ledger.best_mig(groups, share.profile, avoided)
-            return None if found is None else (found[0], found[1], found[2], False)
-        found = ledger.best_card(groups, share.kind, *share.need(), exclude=avoided)
-        if found is not None:
-            return found[0], found[1], None, False
-        if not fresh:
-            return None
-        fits = [g for g in groups if share_fits_card(ledger.groups[g].node, share)]
-        if not fits or ledger.free_in(fits) == 0:
-            return None
-        idx = ledger.best_fit(fits, 1)
-        if idx is not None and (idx in avoided or (profile and self._cap(job, profile, idx, end, None) < 1)):
-            idx = None
-            for cand in sorted(members_of(ledger, fits), key=lambda i: (ledger.slots[i].free, i)):
-                if (ledger.slots[cand].free and cand not in avoided
-                        and not (profile and self._cap(job, profile, cand, end, None) < 1)):
-                    idx = cand
-                    break
-        if idx is None:
-            return None
-        slot = ledger.slots[idx]
-        mask = pick_gpus(slot.free_mask, 1, slot.node.nvlink_islands)
-        return idx, mask.bit_length() - 1, None, True
-
 
 def fits_island(free_mask: int, k: int, islands: tuple[tuple[int, ...], ...]) -> bool:
     """Whether ``k`` GPUs of ``free_mask`` fit one NVLink island (no islands: yes)."""

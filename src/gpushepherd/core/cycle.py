@@ -46,6 +46,7 @@ class Turn:
         self.adm = sched.admission
         self.out = out
         self.profile = Profile(self.book)
+        self.t = self.book.now  # the pass's instant: deferred reservations are computed at it
         rules = self.book.rules
         self.depth = rules.backfill_reservations if rules.backfill_enabled else 0
         self.n_reserved = 0
@@ -58,6 +59,9 @@ class Turn:
         self.acted_after_reserve = False
         self.walk: "Walk | None" = None
         self.visited: set[str] = set()  # preemptors whose turn came in this pass
+        #: jobs that found no victims in this pass: one started later may be theirs
+        #: once it comes of age (a wake-up then, ``start``)
+        self.no_victims: list[Job] = []
         #: the fast pass's memo of placements the claims refused (``Admission.decide``)
         self.memo: dict | None = None
 
@@ -142,6 +146,7 @@ class Turn:
                 self.begin_preemption(job, *found)
                 return PREEMPTED, rule
             self.sched.wake_at(until)
+            self.no_victims.append(job)
         if self.first_blocked is None:
             self.first_blocked = job
         if self.n_reserved < self.depth:
@@ -164,9 +169,17 @@ class Turn:
     def materialize(self) -> None:
         """Compute the deferred reservations, in order, before anything in the pass could
         use them or change the state they are computed from: they come out exactly as if
-        computed when their job blocked."""
-        while self.deferred:
-            self.reserve(self.deferred.pop(0))
+        computed when their job blocked - at the pass's instant, also when a query or a
+        later ``continue_fast`` asks for them (what is asked never changes what is decided)."""
+        if not self.deferred:
+            return
+        book = self.book
+        now, book.now = book.now, self.t
+        try:
+            while self.deferred:
+                self.reserve(self.deferred.pop(0))
+        finally:
+            book.now = now
 
     def reserve(self, job: Job) -> bool:
         book = self.book
@@ -220,6 +233,8 @@ class Turn:
             placement = Placement(tuple(parts))
             counts = v.counts
         book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now, covered=v.covered)
+        if self.no_victims and job.evictable and any(_may_evict(p, job) for p in self.no_victims):
+            self.sched.wake_at(preemption.comes_of_age(book, job))
         if self.profile:
             self.profile.consume(counts, job.end_est, job.run_charges, held_from)
         self.started.append(job)
@@ -254,6 +269,12 @@ class Turn:
                     self.book.queue.remove(job)
                     if job.share is not None:
                         self.book.pending_shares -= 1
+
+
+def _may_evict(job: Job, victim: Job) -> bool:
+    """Whether ``victim`` could ever be on ``job``'s victim list (a lower class, or a job
+    of another member of its cohort)."""
+    return victim.cls.priority < job.cls.priority or _borrows_from(job, victim)
 
 
 def _borrows_from(job: Job, victim: Job) -> bool:

@@ -110,7 +110,8 @@ def window_matters(book, adm) -> bool:
         if not any(i in windowed for i, _u, _a in job.charges):
             continue
         charges = book.charges_with(job, job.units, book.coverage_for(job, job.units))
-        if book.quota.never_fits(charges) is None and not adm.never_fits(job):
+        quota = book.quota
+        if quota.never_fits(charges) is None and quota.never_together(charges) is None and not adm.never_fits(job):
             return True
     # a running job a closing window could stop: a windowed limit it counts in may
     # tighten below what is in use of it

@@ -27,7 +27,6 @@ def earliest_start(book, profile: Profile, job: Job, nodes: list[int], totals: d
     over ``[t, t + planned run)``: that is at ``t`` or at a claim's start inside. Without
     claims on the nodes the walk is incremental: only nodes whose GPUs come free are
     looked at, and the exact placement runs when a cheap necessary condition holds."""
-    now = book.now
     run = job.planned_run()
     node_set = set(nodes)
     gclaims = [c for c in profile.claims if not node_set.isdisjoint(c.gpus)]

@@ -160,8 +160,11 @@ class Profile:
                 v = book.jobs[vid]
                 coming += sum((m & book.ledger.slots[i].healthy_mask).bit_count() for i, m in v.alloc)
         taken = sum(sum(c.gpus.values()) for c in holds)
+        # a hold starts once its victims are gone: their class's reservation no longer
+        # counts what they covered
+        gone = frozenset(vid for c in holds for vid in book.jobs[c.job_id].victims)
         for c in holds:
-            held = _held_for(book, c.cls, book.now, ())
+            held = _held_for(book, c.cls, book.now, (), gone)
             c.gslack = book.ledger.free_total + coming - taken - -(-held // GPU_UNITS)
 
     def class_blocker(self, job: Job, x: int, end: float, exempt: tuple = ()) -> Claim | None:
@@ -440,15 +443,16 @@ def free_total_at(book, p: float) -> int:
     return total
 
 
-def _held_for(book, cls: str, p: float, claims) -> int:
+def _held_for(book, cls: str, p: float, claims, gone=frozenset()) -> int:
     """Units other classes' ``reserved_gpus`` keep free at ``p`` for a job of ``cls``:
     each reserved class's reservation less what it holds then (its running jobs still
-    running, by planned ends, and its claims active then)."""
+    running, by planned ends, but those in ``gone`` - victims that will have left -
+    and its claims active then)."""
     held = 0
     for name, res in book.reserved.items():
         if name == cls:
             continue
-        used = sum(j.run_units for j in book.class_jobs.get(name, {}).values() if j.end_est > p)
+        used = sum(j.run_units for j in book.class_jobs.get(name, {}).values() if j.end_est > p and j.id not in gone)
         used += sum(sum(c.gpus.values()) * GPU_UNITS for c in claims
                     if c.cls == name and (c.start <= p < c.end))
         held += max(0, res - used)

@@ -14,7 +14,7 @@ turns a count back into GPUs for reasons.
 from __future__ import annotations
 
 from gpushepherd.model.job import GPU_UNITS
-from gpushepherd.model.rules import Limit, LimitUnit, Rules
+from gpushepherd.model.rules import Limit, LimitUnit, Rules, week_values
 
 #: (limit index, user or "", amount)
 Charge = tuple[int, str, int]
@@ -33,6 +33,8 @@ class QuotaBook:
         self.current: list[int] = [lim.max * sc for lim, sc in zip(self.limits, self.scale)]
         self.window: list[str] = [""] * len(self.limits)
         self.windowed: tuple[int, ...] = tuple(i for i, lim in enumerate(self.limits) if lim.windows)
+        self._windowed_set = frozenset(self.windowed)
+        self._together: dict[tuple, int | None] = {}
         #: cohort capacity limits: a capacity reason, not a hard limit (they can be
         #: freed by reclaiming borrowed GPUs)
         self.cohort_limits = frozenset(i for i, lim in enumerate(self.limits) if lim.cohort)
@@ -94,6 +96,22 @@ class QuotaBook:
             if amount > self.limits[i].loosest * self.scale[i]:
                 return self.limits[i]
         return None
+
+    def never_together(self, charges: tuple[Charge, ...]) -> int | None:
+        """The first of two or more windowed limits whose windows never allow the job's
+        amounts at the same time (each alone may: ``never_fits`` found none), as a
+        limit index; ``None`` if some stretch of the week allows them all."""
+        wins = tuple((i, a) for i, _u, a in charges if i in self._windowed_set)
+        if len(wins) < 2:
+            return None
+        key = tuple((self.limits[i], a) for i, a in wins)
+        found = self._together.get(key, -1)
+        if found == -1:
+            combos = week_values(tuple(lim for lim, _a in key))
+            ok = any(all(a <= v * self.scale[i] for (i, a), v in zip(wins, combo)) for combo in combos)
+            found = None if ok else wins[0][0]
+            self._together[key] = found
+        return found
 
     def blocking(self, charges: tuple[Charge, ...], cohort: bool = False) -> tuple[int, int] | None:
         """The first limit (policy order) the job would exceed now: ``(limit index,

@@ -28,8 +28,13 @@ def reason_of(book, adm, profile, job: Job, v: A.Verdict) -> PendingReason:
     quota = book.quota
     rule = v.rule
     if rule == A.HARD_NEVER:
-        lim = quota.limits[v.limit[0]]
-        return PendingReason(R.EXCEEDS_CAPACITY, f"{lim.path}={lim.max}")
+        i, together = v.limit
+        lim = quota.limits[i]
+        if together:  # each windowed limit alone allows it, never all at the same time
+            others = [quota.limits[k].path for k, _u, _a in v.charges if k != i and quota.limits[k].windows]
+            return PendingReason(R.EXCEEDS_CAPACITY, f"{lim.path} with {' and '.join(others)}: their windows "
+                                 "never allow it at the same time")
+        return PendingReason(R.EXCEEDS_CAPACITY, f"{lim.path}={lim.loosest}")
     if rule == A.HARD_NOW:
         i, used = v.limit
         lim, now_max, window = quota.limits[i], quota.current[i], quota.window[i]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from gpushepherd.model.clock import Clock, Window
 from gpushepherd.model.cluster import Node
@@ -93,8 +94,13 @@ class Limit:
 
     @property
     def loosest(self) -> int:
-        """The largest value any window (or none) gives."""
-        return max([self.max] + [m for _, m in self.windows])
+        """The largest value the limit takes at some time of the week: a window's value
+        where it is the first open window, ``max`` where none is open (windows that
+        cover the whole week leave ``max`` unused: a job over every value that applies
+        can never start, and nothing should wake for it)."""
+        if not self.windows:
+            return self.max
+        return max(v for (v,) in week_values((self,)))
 
     def at(self, clock: Clock | None, t: float) -> tuple[int, str]:
         """The limit at scheduler time ``t`` and the name of the window giving it ('' outside)."""
@@ -105,6 +111,26 @@ class Limit:
             if window.open_at(weekday, second):
                 return value, window.name
         return self.max, ""
+
+
+@lru_cache(maxsize=4096)
+def week_values(limits: tuple["Limit", ...]) -> frozenset[tuple[int, ...]]:
+    """The combinations of values that ``limits`` take together on some stretch of the
+    local week (one value per limit, in order), found on the week cut at every edge of
+    their windows (local readings as ``Clock.local`` gives them)."""
+    week = 7 * 86400.0
+    cuts = {0.0}
+    for lim in limits:
+        for window, _m in lim.windows:
+            for d in window.days:
+                for edge in (window.start, window.end):
+                    cuts.add((d * 86400.0 + edge) % week)
+    found = set()
+    for at in sorted(cuts):
+        weekday, second = divmod(at, 86400.0)
+        found.add(tuple(next((m for w, m in lim.windows if w.open_at(int(weekday), second)), lim.max)
+                        for lim in limits))
+    return frozenset(found)
 
 
 @dataclass(frozen=True, slots=True)

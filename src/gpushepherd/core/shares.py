@@ -1,0 +1,212 @@
+"""The admission rule for GPU shares (design note 015, section 1; note 008 for the
+kinds): fractions, memory slices, time-slice replicas, MPS clients and MIG instances.
+
+``ShareRules`` is a part of ``Admission``: rules 1-8 for a share, where it lands (the
+tightest card that fits, else a fresh GPU by best fit), what it is charged, and whether
+it would delay a claim.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpushepherd.core.filters import share_fits_card
+from gpushepherd.core.intake import units_of
+from gpushepherd.core.placement import members_of, pick_gpus
+from gpushepherd.core.profile import Profile
+from gpushepherd.core.state import Job
+from gpushepherd.core.verdict import ADMITTED, ANTI, CLAIMS, CLASS_HOLD, COHORT, FREE, Verdict
+from gpushepherd.model.job import GPU_UNITS
+
+if TYPE_CHECKING:
+    from gpushepherd.core.admission import Scratch
+
+
+class ShareRules:
+    """The share half of ``Admission`` (it reads ``self.book`` and the rules it shares
+    with whole-GPU jobs: ``_hard``, ``_blocking``, ``_class_hold``, ``_cap``,
+    ``_quota_claimed``, ``_charged``, ``never_fits``)."""
+
+    def _share_never_fits(self, job: Job) -> bool:
+        """Whether no GPU in service (healthy, no foreign processes) of the live nodes a
+        share may use could ever hold it, all empty (MIG: a card with its profile, or a
+        re-partitionable model, that is healthy)."""
+        ledger = self.book.ledger
+        share = job.share
+        reconf = self.book.rules.mig_reconfigure
+        for g in self.book.groups_for(job):
+            node = ledger.groups[g].node
+            if not share_fits_card(node, share, reconf):
+                continue
+            for idx in ledger.groups[g].members:
+                slot = ledger.slots[idx]
+                if share.kind == "mig":
+                    # a healthy card with the profile, or any healthy one a reconfigurable
+                    # node could re-partition (share_fits_card checked its model offers it)
+                    if any(card.healthy and not card.unmanaged
+                           and (reconf or any(inst.profile == share.profile for inst in card.layout))
+                           for card in slot.migs.values()):
+                        return False
+                elif slot.healthy or slot.cards:
+                    return False
+        return True
+
+    def _decide_share(self, job: Job, profile: Profile | None, scratch: Scratch | None,
+                      before_claims=None) -> Verdict:
+        """Rules 1-8 for a share: hard limits, a card that fits (the tightest shared card,
+        else a fresh GPU), the cohort, anti-affinity, class holds for a fresh GPU,
+        claims. A memory-only share is charged by the card it lands on."""
+        book = self.book
+        self._exempt = ()
+        covered, charges = self._charged(job, job.units, scratch, profile)
+        v = self._rules_1_to_3(job, charges, scratch)
+        if v is not None:
+            return v
+        groups = book.groups_for(job)
+        spot = self.share_spot(job, groups, frozenset(), None, None)
+        if spot is None:
+            return Verdict(FREE, units=job.units, charges=charges)
+        units, covered, charges = self._share_charges(job, spot, scratch, profile)
+        if charges:
+            v = self._hard(charges, scratch)
+            if v is not None:
+                return v
+        if job.cohort is not None:
+            hit = self._blocking(charges, True, scratch)
+            if hit is not None:
+                return Verdict(COHORT, limit=hit, units=units, charges=charges)
+        avoided = book.avoided_nodes(job) if book.anti and job.cls.avoid else frozenset()
+        if avoided and spot[0] in avoided:
+            spot = self.share_spot(job, groups, avoided, None, None)
+            if spot is None:
+                return Verdict(ANTI, units=units, charges=charges)
+            units, covered, charges = self._share_charges(job, spot, scratch, profile)
+        if before_claims is not None:
+            before_claims()
+        self._exempt = profile.reclaimers_of(job) if profile and book.rules.cohorts else ()
+        if spot[3] and book.reserved:
+            holder = self._class_hold(job, GPU_UNITS, scratch)
+            if holder:
+                # a shared card with room would not take a reserved GPU
+                card = self.share_spot(job, groups, avoided, None, None, fresh=False)
+                if card is None:
+                    return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
+                spot = card
+                units, covered, charges = self._share_charges(job, spot, scratch, profile)
+        if profile:
+            end = book.now + job.planned_run()
+            skip = set(avoided)
+            while spot is not None and self._share_delays(job, profile, spot, end, scratch):
+                # a card it would keep from coming free when a claim counts on it, or a
+                # fresh GPU a claim needs: the next spot (the rest of that node aside)
+                skip.add(spot[0])
+                spot = self.share_spot(job, groups, frozenset(skip), profile, end)
+            if spot is None:
+                return Verdict(CLAIMS, units=units, charges=charges)
+            units, covered, charges = self._share_charges(job, spot, scratch, profile)
+            if self._quota_claimed(job, profile, charges, end, scratch):
+                return Verdict(CLAIMS, units=units, charges=charges)
+            if spot[3] and book.reserved:
+                blocker = profile.class_blocker(job, 1, end, self._exempt)
+                if blocker is not None:
+                    return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
+        return Verdict(ADMITTED, spot=spot, units=units, charges=charges, covered=covered)
+
+    def _share_delays(self, job: Job, profile: Profile, spot: tuple, end: float, scratch: Scratch | None) -> bool:
+        """Whether a share on ``spot`` until ``end`` would delay a claim: a fresh GPU the
+        claims need, or - joining a card - keeping its GPU from coming free from the
+        card's planned end on, where a claim point counts on it."""
+        if spot[3]:
+            return self._cap(job, profile, spot[0], end, scratch) < 1
+        if spot[2] is not None:
+            return False  # a MIG instance: its GPU is never handed out whole
+        free_from = self.card_end(spot[0], spot[1])
+        if end <= free_from:
+            return False
+        n = spot[0]
+        now = self.book.now
+        for p in profile.binding_points(end):
+            if max(p, now) < free_from:  # a point of the last pass before now stands for now
+                continue
+            s = profile.spare[p].get(n)
+            if s is not None:
+                s += sum(c.gpus.get(n, 0) for c in self._exempt if c.start <= p < c.end)
+                if s < 1:
+                    return True
+        book = self.book
+        if book.reserved and job.cls.name not in book.reserved:
+            # the card's GPU counted in the class-hold slack of a reservation starting
+            # once it would be free: kept, the reservation may find only reserved GPUs
+            for c in profile.claims:
+                if (not c.hold and c.gslack is not None and c.job_id != job.id and c not in self._exempt
+                        and free_from <= c.start < end and c.gslack < 1):
+                    return True
+        return False
+
+    def card_end(self, n: int, g: int) -> float:
+        """When the shared card ``g`` of node ``n`` is planned to come free (its last
+        holder's planned end, now at the earliest)."""
+        book = self.book
+        card = book.ledger.slots[n].cards.get(g)
+        if card is None:
+            return book.now
+        return max([book.now] + [book.jobs[h].end_est for h in card.holders])
+
+    def _share_charges(self, job: Job, spot: tuple, scratch: Scratch | None = None,
+                       profile: Profile | None = None) -> tuple[int, int, tuple]:
+        """``(units, covered, charges)`` of a share on ``spot``: a memory-only share is
+        charged its memory over the card's."""
+        share = job.share
+        units = job.units
+        if share.kind == "fraction" and not share.milli:
+            units = units_of(self.book, job.spec, job.shape.ckey, self.book.ledger.slots[spot[0]].node.gpu_mem_mib)
+        covered, charges = self._charged(job, units, scratch, profile)
+        return units, covered, charges
+
+    def share_spot(self, job: Job, groups: list[int], avoided: frozenset, profile: Profile | None,
+                   end: float | None, fresh: bool = True) -> tuple | None:
+        """Where a share goes: ``(node index, GPU, MIG instance position or None, opens a
+        fresh GPU)``. Nodes holding the job's cache key first (when it names one); within
+        them the tightest card that fits, else (``fresh``) a whole free GPU by best fit on
+        a node where the claims of ``profile`` leave one."""
+        spec = job.spec
+        ledger = self.book.ledger
+        tiers = [groups]
+        if spec.cache_key and not spec.cache_required:
+            cached = [g for g in groups if spec.cache_key in ledger.groups[g].node.cached]
+            if cached and len(cached) < len(groups):
+                tiers = [cached, [g for g in groups if g not in cached]]
+        for tier in tiers:
+            spot = self._share_spot_in(job, tier, avoided, profile, end, fresh)
+            if spot is not None:
+                return spot
+        return None
+
+    def _share_spot_in(self, job: Job, groups: list[int], avoided: frozenset, profile: Profile | None,
+                       end: float | None, fresh: bool) -> tuple | None:
+        ledger = self.book.ledger
+        share = job.share
+        if share.kind == "mig":
+            found = ledger.best_mig(groups, share.profile, avoided)
+            return None if found is None else (found[0], found[1], found[2], False)
+        found = ledger.best_card(groups, share.kind, *share.need(), exclude=avoided)
+        if found is not None:
+            return found[0], found[1], None, False
+        if not fresh:
+            return None
+        fits = [g for g in groups if share_fits_card(ledger.groups[g].node, share)]
+        if not fits or ledger.free_in(fits) == 0:
+            return None
+        idx = ledger.best_fit(fits, 1)
+        if idx is not None and (idx in avoided or (profile and self._cap(job, profile, idx, end, None) < 1)):
+            idx = None
+            for cand in sorted(members_of(ledger, fits), key=lambda i: (ledger.slots[i].free, i)):
+                if (ledger.slots[cand].free and cand not in avoided
+                        and not (profile and self._cap(job, profile, cand, end, None) < 1)):
+                    idx = cand
+                    break
+        if idx is None:
+            return None
+        slot = ledger.slots[idx]
+        mask = pick_gpus(slot.free_mask, 1, slot.node.nvlink_islands)
+        return idx, mask.bit_length() - 1, None, True
