@@ -196,3 +196,24 @@ def test_the_migrations_ship_in_the_package():
     root = resources.files("gpushepherd") / "daemon" / "migrations"
     assert (root / "env.py").is_file() and (root / "script.py.mako").is_file()
     assert (root / "versions" / "0001_initial.py").is_file()
+
+
+def test_a_database_at_0003_gets_64_bit_run_ids_with_its_jobs_intact(db_url):
+    from alembic import command
+
+    engine = create_engine(db_url)
+    with engine.begin() as c:
+        command.upgrade(migrate._config(c), "0003_daemon_faults")
+        c.execute(text("INSERT INTO jobs (id, num, spec, argv, shell, env, cwd, state, run, pid) "
+                       "VALUES ('1', 1, '{}', '[]', false, '{}', '/', 'RUNNING', 1, 41)"))
+    engine.dispose()
+    store = Store(db_url)
+    try:
+        assert (store.revision_before, store.revision) == ("0003_daemon_faults", migrate.head())
+        big = int("f" * 15, 16)
+        store.update_jobs({"1": {"pid": big}})
+        assert store.job_rows()["1"]["pid"] == big
+        with store.engine.connect() as c:
+            assert compare_metadata(MigrationContext.configure(c), metadata) == []
+    finally:
+        store.close()

@@ -167,3 +167,14 @@ def test_the_token_cache_reads_the_tokens_again_only_after_a_change(store, monke
     assert len(reads) == 1
     store.create_token("bo", ["ml"])
     assert len(store.active_tokens_cached()) == 2 and len(reads) == 2
+
+
+def test_an_engine_runs_60_bit_id_is_stored_whole(store):
+    # Ray and Kubernetes runs are recorded by the first 15 hex digits of their actor id or
+    # pod uid: PostgreSQL's 32-bit INTEGER refused them and the launch was never committed
+    store.append(1.0, [], [dict(id="1", num=1, spec="{}", argv="[]", shell=False, env="{}", cwd="/",
+                                state="PENDING", run=0)])
+    big = int("f" * 15, 16)
+    store.update_jobs({"1": {"state": "RUNNING", "run": 1, "pid": big, "pgid": big}})
+    row = Store(store.url).job_rows()["1"]
+    assert (row["pid"], row["pgid"]) == (big, big)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -82,6 +83,9 @@ events = Table(
     Column("payload", Text, nullable=False, default="{}"),
 )
 
+#: SQLite's INTEGER holds 64 bits already (its table is left as it is)
+RUN_ID = BigInteger().with_variant(Integer, "sqlite")
+
 jobs = Table(
     "jobs", metadata,
     Column("id", String(64), primary_key=True),
@@ -93,8 +97,9 @@ jobs = Table(
     Column("cwd", String(4096), nullable=False),
     Column("state", String(16), nullable=False),
     Column("run", Integer, nullable=False, default=0),  # last run launched (0: none)
-    Column("pid", Integer, nullable=True),
-    Column("pgid", Integer, nullable=True),
+    # a process id, or an engine run's 60-bit id (Ray actor, pod uid): 64 bits (Alembic 0004)
+    Column("pid", RUN_ID, nullable=True),
+    Column("pgid", RUN_ID, nullable=True),
     Column("proc_start", String(32), nullable=True),  # /proc/<pid>/stat start time: tells a reused pid
     Column("placement", Text, nullable=True),
     Column("exit_code", Integer, nullable=True),
