@@ -211,8 +211,9 @@ def test_a_database_at_0003_gets_64_bit_run_ids_with_its_jobs_intact(db_url):
     try:
         assert (store.revision_before, store.revision) == ("0003_daemon_faults", migrate.head())
         big = int("f" * 15, 16)
-        store.update_jobs({"1": {"pid": big}})
-        assert store.job_rows()["1"]["pid"] == big
+        uid = "0f3b2a9e-58c1-4d7e-9a41-3c2b1d0e9f87"
+        store.update_jobs({"1": {"pid": big, "proc_start": uid}})
+        assert (store.job_rows()["1"]["pid"], store.job_rows()["1"]["proc_start"]) == (big, uid)
         with store.engine.connect() as c:
             assert compare_metadata(MigrationContext.configure(c), metadata) == []
     finally:

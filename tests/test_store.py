@@ -169,12 +169,14 @@ def test_the_token_cache_reads_the_tokens_again_only_after_a_change(store, monke
     assert len(store.active_tokens_cached()) == 2 and len(reads) == 2
 
 
-def test_an_engine_runs_60_bit_id_is_stored_whole(store):
+def test_an_engine_runs_60_bit_id_and_its_uid_are_stored_whole(store):
     # Ray and Kubernetes runs are recorded by the first 15 hex digits of their actor id or
-    # pod uid: PostgreSQL's 32-bit INTEGER refused them and the launch was never committed
+    # pod uid and by that id: PostgreSQL's 32-bit INTEGER and VARCHAR(32) refused them and
+    # the launch was never committed
     store.append(1.0, [], [dict(id="1", num=1, spec="{}", argv="[]", shell=False, env="{}", cwd="/",
                                 state="PENDING", run=0)])
     big = int("f" * 15, 16)
-    store.update_jobs({"1": {"state": "RUNNING", "run": 1, "pid": big, "pgid": big}})
+    uid = "0f3b2a9e-58c1-4d7e-9a41-3c2b1d0e9f87"  # a pod's
+    store.update_jobs({"1": {"state": "RUNNING", "run": 1, "pid": big, "pgid": big, "proc_start": uid}})
     row = Store(store.url).job_rows()["1"]
-    assert (row["pid"], row["pgid"]) == (big, big)
+    assert (row["pid"], row["pgid"], row["proc_start"]) == (big, big, uid)

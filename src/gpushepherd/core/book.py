@@ -121,6 +121,9 @@ class Book:
         self.any_unmanaged = False
         #: something other than a submission changed since the last pass
         self.dirty = True
+        #: the last pass changed what an earlier turn in it was refused on (a borrower
+        #: started after a reclaimer found no victims): another pass at the same instant
+        self.repass = False
 
     # ------------------------------------------------------------- look-ups
     def order_key(self, job: Job) -> tuple:

@@ -147,6 +147,8 @@ class Turn:
                 return PREEMPTED, rule
             self.sched.wake_at(until)
             self.no_victims.append(job)
+        elif preemption.may_reclaim_later(self.book, job):
+            self.no_victims.append(job)  # a borrower started later in the pass may be its victim
         if self.first_blocked is None:
             self.first_blocked = job
         if self.n_reserved < self.depth:
@@ -233,8 +235,12 @@ class Turn:
             placement = Placement(tuple(parts))
             counts = v.counts
         book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now, covered=v.covered)
-        if self.no_victims and job.evictable and any(_may_evict(p, job) for p in self.no_victims):
-            self.sched.wake_at(preemption.comes_of_age(book, job))
+        if self.no_victims:
+            if job.evictable and any(_may_evict(p, job) for p in self.no_victims):
+                self.sched.wake_at(preemption.comes_of_age(book, job))
+            if (job.cohort is not None and not book.repass
+                    and any(_borrows_from(p, job) for p in self.no_victims) and preemption.borrows(book, job)):
+                book.repass = True  # its team's other jobs may now be reclaimed, at once
         if self.profile:
             self.profile.consume(counts, job.end_est, job.run_charges, held_from)
         self.started.append(job)

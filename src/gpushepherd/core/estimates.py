@@ -175,6 +175,9 @@ class _QuotaClaim:
     gpus: dict
     hold: bool = False
 
+    def quota_at(self, k, _q: float) -> int:
+        return self.quota.get(k, 0)
+
 
 def _earliest(book, plan: Plan, claims: list, job: Job) -> tuple[float, list] | None:
     """The earliest start of ``job`` on the plan (GPUs), then its quota and class holds

@@ -245,7 +245,7 @@ def _walk_claims(book, job: Job, nodes: list[int], totals: dict[int, int], claim
             rel = releases[n]
             least = None
             for q in probes:
-                free = _count_le(rel, q) - sum(c.gpus.get(n, 0) for c in claims if c.start <= q < c.end)
+                free = _count_le(rel, q) - sum(c.gpus_at(n, q) for c in claims if c.start <= q < c.end)
                 least = free if least is None else min(least, free)
             avail[n] = max(0, least)
         counts = place_counts(avail, nodes, totals, job.shape)
@@ -285,7 +285,7 @@ def quota_start(book, job: Job, claims: list[Claim], t0: float, run: float) -> f
         for q in probes:
             for k, a in keys.items():
                 used = quota.usage.get(k, 0) - _released_by(book, k, q)
-                extra = sum(c.quota.get(k, 0) for c in claims if c.start <= q < c.end)
+                extra = sum(c.quota_at(k, q) for c in claims if c.start <= q < c.end)
                 if used + extra + a > quota.current[k[0]]:
                     ok = False
                     break

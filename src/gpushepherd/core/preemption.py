@@ -52,6 +52,24 @@ def may_reclaim(book, job: Job) -> bool:
     return any(m is not member and usage.get((m.limit, ""), 0) > m.nominal * GPU_UNITS for m in cohort.members)
 
 
+def may_reclaim_later(book, job: Job) -> bool:
+    """Whether ``job`` would reclaim once another member of its cohort borrows (all of
+    ``may_reclaim`` but the borrowing): a job that starts later in the same pass may make
+    that member a borrower, and its job a victim once it comes of age."""
+    if not book.rules.preemption_enabled or job.cohort is None or job.shape.mode == "share":
+        return False
+    cohort, member = job.cohort
+    return (cohort.reclaim != "never"
+            and book.quota.usage.get((member.limit, ""), 0) + job.units <= member.nominal * GPU_UNITS)
+
+
+def borrows(book, job: Job) -> bool:
+    """Whether the cohort member of ``job`` uses more than its nominal quota (lends
+    nothing, borrows: its jobs may be reclaimed)."""
+    member = job.cohort[1]
+    return book.quota.usage.get((member.limit, ""), 0) > member.nominal * GPU_UNITS
+
+
 def comes_of_age(book, v: Job) -> float:
     """When running job ``v`` may first be a victim: ``preemption.min_runtime_s`` after
     its start, and never in the instant it started (no churn: the next second)."""

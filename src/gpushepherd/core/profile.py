@@ -59,6 +59,28 @@ class Claim:
     #: with classes' ``reserved_gpus``: the whole GPUs others may still take from the free
     #: ones at its start without breaking its class-hold condition (``class_slack``)
     gslack: int | None = None
+    #: a hold: when its victims are planned to be gone, per node (``exits``) and all
+    #: (``exit``); before, it takes only ``need_now`` / ``quota_now`` (``gpus_at``)
+    exits: dict[int, float] = field(default_factory=dict)
+    exit: float = -INF
+
+    def gpus_at(self, n: int, q: float) -> int:
+        """GPUs of node ``n`` the claim takes at ``q``: a hold takes those free now it
+        needs until its victims there are gone (they hold the rest till then), then all."""
+        if self.hold and q < self.exits.get(n, -INF):
+            return self.need_now.get(n, 0)
+        return self.gpus.get(n, 0)
+
+    def total_at(self, q: float) -> int:
+        """Whole GPUs the claim takes at ``q`` (``gpus_at`` over its nodes)."""
+        return sum(self.gpus_at(n, q) for n in self.gpus)
+
+    def quota_at(self, k: Key, q: float) -> int:
+        """What of limit ``k`` the claim takes at ``q`` (a hold: ``quota_now`` until its
+        victims are gone, their charges till then)."""
+        if self.hold and q < self.exit:
+            return self.quota_now.get(k, 0)
+        return self.quota.get(k, 0)
 
 
 class Profile:
@@ -85,12 +107,14 @@ class Profile:
         book = self.book
         coming: dict[int, int] = {}
         qcoming: dict[Key, int] = {}
+        exits: dict[int, float] = {}
         exit_t = book.now
         for vid in sorted(job.victims):
             v = book.jobs[vid]
             exit_t = max(exit_t, v.end_est)
             for idx, mask in v.alloc:
                 coming[idx] = coming.get(idx, 0) + (mask & book.ledger.slots[idx].healthy_mask).bit_count()
+                exits[idx] = max(exits.get(idx, book.now), v.end_est)
             for i, user, amount in v.run_charges:
                 qcoming[(i, user)] = qcoming.get((i, user), 0) + amount
         gpus = dict(job.plan)
@@ -104,7 +128,7 @@ class Profile:
         claim = Claim(job.id, True, book.now, exit_t + job.planned_run(), gpus,
                       {n: max(0, c - coming.get(n, 0)) for n, c in gpus.items()}, quota,
                       {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key,
-                      cls=job.cls.name, covered=covered)
+                      cls=job.cls.name, covered=covered, exits=exits, exit=exit_t)
         self.claims.append(claim)
         self._touched.clear()
         for n, c in claim.need_now.items():
@@ -464,6 +488,6 @@ def class_slack(book, cls: str, p: float, claims) -> int:
     less what other classes' ``reserved_gpus`` keep free for a job of ``cls``."""
     free = free_total_at(book, p)
     free -= sum(sum(c.gpus.values()) for c in claims if not c.hold and c.start <= p < c.end)
-    free -= sum(sum(c.gpus.values()) for c in claims if c.hold)
+    free -= sum(c.total_at(p) for c in claims if c.hold)
     held = _held_for(book, cls, p, claims)
     return free - -(-held // GPU_UNITS)

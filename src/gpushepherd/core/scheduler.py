@@ -30,7 +30,7 @@ from gpushepherd.core.reference import run_reference
 from gpushepherd.core.state import INF, Job
 from gpushepherd.core.stranded import stranded_capacity
 from gpushepherd.core.usage import declared_mib, sample_error
-from gpushepherd.model.decisions import Decision
+from gpushepherd.model.decisions import Decision, Preempt
 from gpushepherd.model.events import (
     Event,
     GpuHealthChanged,
@@ -152,6 +152,26 @@ class Scheduler:
                 raise SpecError(f"job {e.spec.id!r}: id: is not allowed: an id not used before")
 
     def _schedule(self, out: list[Decision]) -> None:
+        """Step 2 of the cycle: a pass (``_pass``), then - while the last pass began a
+        preemption - another at the same instant. Signalled victims leave at ``now +
+        grace``, which moves the profile: the preemptor may now start on GPUs the claims
+        refused it before, a reservation may move. The pass after sees that, so the
+        decisions of an instant are those of a full pass on its final state (the oracle's
+        incremental == full pass == ``restore``). Likewise when a job of a cohort member
+        made it borrow after a job that could reclaim from it found no victims
+        (``book.repass``). Each repeat needs victims not signalled before or a job not
+        started before, so it ends."""
+        book = self.book
+        n = len(out)
+        book.repass = False
+        self._pass(out)
+        while book.repass or any(isinstance(d, Preempt) for d in out[n:]):
+            n = len(out)
+            book.repass = False
+            book.dirty = True
+            self._pass(out)
+
+    def _pass(self, out: list[Decision]) -> None:
         """Run a pass when something may have changed: an event other than a bare tick,
         a victim coming of age, or a running job outliving its planned end (the profile
         moved). Otherwise the last pass's decisions stand: the same state gives the same

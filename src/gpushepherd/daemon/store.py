@@ -100,7 +100,8 @@ jobs = Table(
     # a process id, or an engine run's 60-bit id (Ray actor, pod uid): 64 bits (Alembic 0004)
     Column("pid", RUN_ID, nullable=True),
     Column("pgid", RUN_ID, nullable=True),
-    Column("proc_start", String(32), nullable=True),  # /proc/<pid>/stat start time: tells a reused pid
+    # /proc/<pid>/stat start time (tells a reused pid), a Ray actor id, a pod uid (Alembic 0004)
+    Column("proc_start", String(64), nullable=True),
     Column("placement", Text, nullable=True),
     Column("exit_code", Integer, nullable=True),
     Column("kill_at", Float, nullable=True),  # SIGKILL due (epoch seconds) after a SIGTERM
