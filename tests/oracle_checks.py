@@ -575,7 +575,7 @@ def restart_divergences(rules, calls: list[Call], horizon: int | None = None) ->
             out.append(f"after t={a.now:g}: a second full pass at the same instant decided {_brief(again)}")
         b = Scheduler.restore(rules, json.loads(snap))
         rest = calls[cut + 1:] if horizon is None else calls[cut + 1: cut + 1 + horizon]
-        for nxt in rest:
+        for i, nxt in enumerate(rest):
             got = b.handle(nxt.batch)
             if got != nxt.decisions:
                 out.append(f"restored after t={a.now:g}, at t={nxt.t:g}: restored {_brief(got)}, "
@@ -584,8 +584,11 @@ def restart_divergences(rules, calls: list[Call], horizon: int | None = None) ->
             wake = b.next_wakeup()
             if nxt.wake is not None and (wake is None or wake > nxt.wake):
                 # the restored core would sleep through the uninterrupted one's wake-up:
-                # a divergence if that wake-up decided something
-                woke = next((c for c in calls if c.t == nxt.wake and all(isinstance(e, Tick) for e in c.batch)), None)
+                # a divergence if that wake-up is the next call (no event comes first,
+                # after which the restored core may ask for it too) and decided something
+                later = calls[cut + 2 + i:cut + 3 + i]
+                woke = later[0] if later and later[0].t == nxt.wake and all(
+                    isinstance(e, Tick) for e in later[0].batch) else None
                 if woke is not None and woke.decisions:
                     out.append(f"restored after t={a.now:g}: after t={nxt.t:g} it sleeps until {wake}, the "
                                f"uninterrupted core wakes at {nxt.wake:g} and decides {_brief(woke.decisions)}")

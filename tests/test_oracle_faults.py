@@ -445,3 +445,32 @@ def test_a_preemptors_hold_counts_its_victims_class_reservation_coverage_as_gone
         (job("Q", 2, "training", "t", 15, runtime_estimate_s=100.0), 100.0)])
     assert [t for t, _ in result.records["P"].starts] == [30.0]
     assert [t for t, _ in result.records["Q"].starts] == [130.0]
+
+
+def test_a_job_whose_only_node_it_avoids_now_is_reserved_there_once_the_avoided_job_leaves():
+    # seed 923: training avoids batch. T (training, 2 GPUs, zone a) can only use n1, where
+    # B (batch) runs until 50: n1 was left out of T's reservation walk as long as B ran, so
+    # T held none and S (sandbox, no end) took n1's free GPU - T waited until S ended
+    zone_a = (("zone", "a"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 2, "labels": {"zone": "a"}}, ("n2", 1)],
+                   classes={"training": {"avoid_nodes_with": ["batch"]}}, preemption=False)
+    result = simulate(rules, [
+        (job("B", 1, "batch", "t", 0, runtime_estimate_s=50.0, node_selector=zone_a), 50.0),
+        (job("T", 2, "training", "t", 1, runtime_estimate_s=100.0, node_selector=zone_a), 100.0),
+        (job("S", 1, "sandbox", "t", 2, node_selector=zone_a), 5000.0)])
+    assert [t for t, _ in result.records["T"].starts] == [50.0]
+    assert [t for t, _ in result.records["S"].starts] == [150.0]
+
+
+def test_a_backfilled_job_of_a_class_a_reservation_avoids_stays_off_its_node():
+    # X (batch) fits n1's spare GPU at T's reserved start, but its class would keep T
+    # (training avoids batch) off n1 until X ends: a backfill that delays a reservation
+    zone_a = (("zone", "a"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 3, "labels": {"zone": "a"}}, ("n2", 1)],
+                   classes={"training": {"avoid_nodes_with": ["batch"]}}, preemption=False)
+    result = simulate(rules, [
+        (job("B", 1, "batch", "t", 0, runtime_estimate_s=50.0, node_selector=zone_a), 50.0),
+        (job("T", 2, "training", "t", 1, runtime_estimate_s=100.0, node_selector=zone_a), 100.0),
+        (job("X", 1, "batch", "t", 2, runtime_estimate_s=500.0, node_selector=zone_a), 500.0)])
+    assert [t for t, _ in result.records["T"].starts] == [50.0]
+    assert [t for t, _ in result.records["X"].starts] == [150.0]

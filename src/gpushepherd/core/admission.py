@@ -139,6 +139,14 @@ class Admission(ShareRules):
         self._exempt = profile.reclaimers_of(job) if profile and book.rules.cohorts else ()
         if profile:
             end = book.now + job.planned_run()
+            if book.anti and job.cls.avoid:
+                kept, first = profile.avoiding(job, end, self._exempt)
+                if kept and any(n in kept and n not in avoided for n, _c in counts):
+                    # its class would keep a claim's job off the claim's node
+                    avoided = avoided | kept
+                    counts = self._place(job, scratch, avoided, within=within)
+                    if counts is None:
+                        return Verdict(CLAIMS, units=units, charges=charges, blocker=first)
             points = profile.binding_points(end)
             if profile.held_now or points:
                 mkey = None

@@ -194,6 +194,17 @@ class Book:
         table = self.node_classes if node_classes is None else node_classes
         return frozenset(i for i, on in enumerate(table) if on and not avoid.isdisjoint(on))
 
+    def avoidance_end(self, job: Job, avoided: frozenset[int]) -> float:
+        """When the last running job of a class ``job`` avoids (``avoid_nodes_with``) on
+        the nodes ``avoided`` is planned to end (seconds; ``INF`` when one has no end):
+        from then on the job may use them."""
+        avoid = job.cls.avoid
+        end = self.now
+        for other in self.running.values():
+            if other.cls.name in avoid and any(idx in avoided for idx, _m in other.alloc):
+                end = max(end, other.end_est)
+        return end
+
     def cohort_of(self, team: str, pools):
         key = (team, pools)
         if key not in self.cohort_cache:

@@ -24,8 +24,8 @@ from bisect import bisect_left
 from gpushepherd.core import admission as A
 from gpushepherd.core import preemption, reasons
 from gpushepherd.core.ledger import bits
-from gpushepherd.core.placement import pick_gpus
-from gpushepherd.core.planning import earliest_start
+from gpushepherd.core.placement import members_of, pick_gpus
+from gpushepherd.core.planning import earliest_start, earliest_start_from
 from gpushepherd.core.profile import Profile
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.decisions import Decision
@@ -190,6 +190,17 @@ class Turn:
         nodes, totals = book.nodes_and_totals(job)
         free_at: dict[int, int] = {}
         found = earliest_start(book, self.profile, job, nodes, totals, free_out=free_at)
+        avoided = book.avoided_nodes(job) if book.anti and job.cls.avoid else frozenset()
+        if avoided:
+            # nodes it avoids now are its too once the jobs it avoids there are planned
+            # to be gone: a start there may come sooner (or be the only one)
+            clear = book.avoidance_end(job, avoided)
+            if clear < INF and (found is None or clear < found[0]):
+                every = members_of(book.ledger, book.groups_for(job))
+                later = earliest_start_from(book, self.profile, job, every,
+                                            {i: book.ledger.slots[i].healthy for i in every}, clear)
+                if later is not None and (found is None or later[0] < found[0]):
+                    found, free_at = later, {}
         if found is None:
             return False
         start, counts = found

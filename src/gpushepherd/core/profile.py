@@ -191,6 +191,19 @@ class Profile:
             held = _held_for(book, c.cls, book.now, (), gone)
             c.gslack = book.ledger.free_total + coming - taken - -(-held // GPU_UNITS)
 
+    def avoiding(self, job: Job, end: float, exempt: tuple = ()) -> tuple[frozenset[int], Claim | None]:
+        """The nodes of claims whose job ``job``'s class avoids (``avoid_nodes_with``,
+        symmetric) and that start before a run of it ending at ``end`` would: there it
+        would keep their job off its claimed node. Also the first such claim."""
+        avoid = job.cls.avoid
+        nodes: set[int] = set()
+        first = None
+        for c in self.claims:
+            if c.cls in avoid and c.job_id != job.id and c not in exempt and (c.hold or c.start < end):
+                nodes.update(n for n, k in c.gpus.items() if k)
+                first = first or c
+        return frozenset(nodes), first
+
     def class_blocker(self, job: Job, x: int, end: float, exempt: tuple = ()) -> Claim | None:
         """The first claim whose class-hold condition a job taking ``x`` whole GPUs now for
         a run ending at ``end`` would break (a reserved class's own job aside)."""

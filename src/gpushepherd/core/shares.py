@@ -96,6 +96,13 @@ class ShareRules:
         if profile:
             end = book.now + job.planned_run()
             skip = set(avoided)
+            if book.anti and job.cls.avoid:
+                kept, first = profile.avoiding(job, end, self._exempt)
+                if spot[0] in kept:  # its class would keep a claim's job off the claim's node
+                    skip.update(kept)
+                    spot = self.share_spot(job, groups, frozenset(skip), profile, end)
+                    if spot is None:
+                        return Verdict(CLAIMS, units=units, charges=charges, blocker=first)
             while spot is not None and self._share_delays(job, profile, spot, end, scratch):
                 # a card it would keep from coming free when a claim counts on it, or a
                 # fresh GPU a claim needs: the next spot (the rest of that node aside)
