@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 from gpushepherd.core import admission as A
+from gpushepherd.core.filters import share_can_join
 from gpushepherd.core.profile import Profile
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Preempt, Start
@@ -482,6 +483,13 @@ class Checker:
             self.report.counts["g_live"] += 1
             v = adm.decide(job, sched.profile_for(job))
             if v.rule in (A.HARD_NEVER, A.NEVER_FITS):
+                continue
+            if (v.rule == A.CLASS_HOLD and job.share is not None and job.share.kind != "mig"
+                    and any(share_can_join(sched.book.ledger.groups[g].node, job.share)
+                            for g in sched.book.groups_for(job))):
+                # a share other classes' reservations keep off a fresh GPU waits for a job
+                # of a reserved class to open a card it may join: a submission, not a stall
+                self.report.counts["g_waits_for_a_card"] += 1
                 continue
             self.report.fail("g_live", f"the run ends with {job.id} pending, refused by rule {RULE_NAMES[v.rule]} "
                              f"({sched.pending_reason(job.id)}): it could start later")

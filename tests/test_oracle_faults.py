@@ -474,3 +474,18 @@ def test_a_backfilled_job_of_a_class_a_reservation_avoids_stays_off_its_node():
         (job("X", 1, "batch", "t", 2, runtime_estimate_s=500.0, node_selector=zone_a), 500.0)])
     assert [t for t, _ in result.records["T"].starts] == [50.0]
     assert [t for t, _ in result.records["X"].starts] == [150.0]
+
+
+def test_a_share_that_needs_a_whole_card_under_reservations_that_keep_every_fresh_gpu_never_fits():
+    # seed 4745: training reserves the only whole GPU; a share may then only join a card a
+    # training job opens - not one that needs all of the card's MPS clients: it waited for
+    # ever as ReservedFor(...) instead of ExceedsCapacity
+    rules = policy(nodes=[{"name": "n1", "gpus": 1, "gpu_type": "L40S", "gpu_mem_mib": 46068,
+                           "sharing": {"mps": {"max_clients": 2}}}],
+                   classes={"training": {"reserved_gpus": 1}})
+    whole_card = GpuShare("mps", milli=500, mem_mib=4096, slots=2)
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("W", 1, "batch", "t", 0, share=whole_card)),
+                  JobSubmitted(0.0, job("J", 1, "batch", "t", 0, share=GpuShare("mps", milli=500, mem_mib=4096)))])
+    assert sched.pending_reason("W").code.value == "ExceedsCapacity"
+    assert sched.pending_reason("J").code.value == "ReservedFor"  # it may join such a card

@@ -23,6 +23,7 @@ A job that passes all eight starts on the best placement satisfying all of them 
 from __future__ import annotations
 
 
+from gpushepherd.core.filters import share_can_join
 from gpushepherd.core.placement import Counts, members_of, place_counts, place_live
 from gpushepherd.core.profile import Claim, Profile
 from gpushepherd.core.state import INF, Job
@@ -246,6 +247,9 @@ class Admission(ShareRules):
                 never = not any(c != job.cls.name and (book.rules.classes[c].sharing is None
                                                        or kind in book.rules.classes[c].sharing)
                                 for c in book.reserved)
+                if not never:  # and only if it leaves room for that class's job on a card
+                    ledger = book.ledger
+                    never = not any(share_can_join(ledger.groups[g].node, job.share) for g in book.groups_for(job))
         return never
 
     # ----------------------------------------------------------- rules 5-7

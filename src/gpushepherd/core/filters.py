@@ -95,6 +95,20 @@ def share_fits_card(node: Node, share: GpuShare, reconfigurable: bool = False) -
     return True
 
 
+def share_can_join(node: Node, share: GpuShare) -> bool:
+    """Whether ``share`` could join a card of ``node`` another job opened: it leaves room
+    for at least one other client there (it does not need all of the card's clients,
+    time-slice replicas, compute or memory). Not for ``mig``."""
+    milli, mem, slots = share.need()
+    if not share_fits_card(node, share) or milli >= 1000 or mem >= node.gpu_mem_mib:
+        return False
+    if share.kind == "time_slice":
+        return slots < node.ts_replicas
+    if share.kind == "mps":
+        return slots < node.mps_clients
+    return True
+
+
 def describe(cls: ClassRules, spec: JobSpec) -> str:
     """The job's constraints in the policy's words, for reasons and rejections."""
     parts = []
