@@ -24,7 +24,7 @@ from __future__ import annotations
 
 
 from gpushepherd.core.filters import share_can_join
-from gpushepherd.core.placement import Counts, members_of, place_counts, place_live
+from gpushepherd.core.placement import Counts, members_of, place_counts, place_live, tightest_in_buckets
 from gpushepherd.core.profile import Claim, Profile
 from gpushepherd.core.state import INF, Job
 from gpushepherd.core.shares import ShareRules
@@ -454,20 +454,7 @@ def _best_fit_capped(ledger, groups: list[int], k: int, caps: dict[int, int]) ->
         f = min(ledger.slots[n].free, cap)
         if f >= k and (best is None or (f, n) < best):
             best = (f, n)
-    top = max((ledger.groups[g].gpus for g in groups), default=0)
-    for f in range(k, top + 1):
-        if best is not None and best[0] < f:
-            break
-        found = None
-        for g in groups:
-            grp = ledger.groups[g]
-            if f <= grp.gpus:
-                for idx in grp.buckets[f]:
-                    if idx not in caps:
-                        if found is None or idx < found:
-                            found = idx
-                        break
-        if found is not None:
-            best = (f, found) if best is None or (f, found) < best else best
-            break
+    hit = tightest_in_buckets(ledger, groups, k, caps, None if best is None else best[0])
+    if hit is not None and (best is None or hit < best):
+        best = hit
     return None if best is None else [(best[1], k)]

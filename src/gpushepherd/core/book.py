@@ -121,8 +121,8 @@ class Book:
         self.any_unmanaged = False
         #: something other than a submission changed since the last pass
         self.dirty = True
-        #: the last pass changed what an earlier turn in it was refused on (a borrower
-        #: started after a reclaimer found no victims): another pass at the same instant
+        #: the last pass changed what it decided earlier on (it began a preemption, or a
+        #: borrower started after a reclaimer found no victims): another pass at once
         self.repass = False
 
     # ------------------------------------------------------------- look-ups

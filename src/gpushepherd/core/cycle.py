@@ -274,6 +274,7 @@ class Turn:
         job.reclaim = reclaim
         job.hold_pass = self.sched.pass_no
         book.preemptors[job.id] = job
+        book.repass = True  # its victims leave at now + grace: the profile moved
         self.profile.add_hold(job)
         job.reason = reasons.in_progress(job)
         why = "reclaiming quota from " if reclaim else "preempting "

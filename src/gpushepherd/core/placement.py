@@ -125,21 +125,34 @@ def _multi_from_buckets(ledger: Ledger, groups: list[int], k: int) -> Counts | N
             rem -= size
             if rem == 0:
                 return chosen
-    taken = {i for i, _ in chosen}
-    top = max(ledger.groups[g].gpus for g in groups)
-    for f in range(rem, top + 1):
-        best = None
+    hit = tightest_in_buckets(ledger, groups, rem, {i for i, _ in chosen})
+    if hit is None:
+        return None
+    chosen.append((hit[1], rem))
+    return chosen
+
+
+def tightest_in_buckets(ledger: Ledger, groups: list[int], k: int, exclude, upto: int | None = None
+                        ) -> tuple[int, int] | None:
+    """``(free GPUs, node index)`` of the node of ``groups`` with the fewest free GPUs
+    that still hold ``k`` (then the lowest index), from the free-count buckets; nodes in
+    ``exclude`` aside, and none with more than ``upto`` free GPUs when given. ``None``
+    when no node qualifies."""
+    top = max((ledger.groups[g].gpus for g in groups), default=0)
+    if upto is not None:
+        top = min(top, upto)
+    for f in range(k, top + 1):
+        found = None
         for g in groups:
             grp = ledger.groups[g]
             if f <= grp.gpus:
                 for idx in grp.buckets[f]:
-                    if idx not in taken:
-                        if best is None or idx < best:
-                            best = idx
+                    if idx not in exclude:
+                        if found is None or idx < found:
+                            found = idx
                         break
-        if best is not None:
-            chosen.append((best, rem))
-            return chosen
+        if found is not None:
+            return f, found
     return None
 
 

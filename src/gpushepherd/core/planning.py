@@ -119,12 +119,8 @@ def _single_start(book, nodes: list[int], k: int,
     ends finds, from each node's sorted release times."""
     now = book.now
     best = None
-    cache = book.release_cache
-    version = book.ledger.version
-    nv = len(version)
     for n in nodes:
-        found = cache.get(n)  # node_releases' cache, looked up here: this loop is hot
-        rel = found[1] if found is not None and found[0] == (version[n] if n < nv else 0) else node_releases(book, n)
+        rel = node_releases(book, n)
         if len(rel) < k:
             continue
         t = rel[k - 1]

@@ -38,36 +38,41 @@ from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState
 
 
-def may_reclaim(book, job: Job) -> bool:
-    """Whether ``job`` may reclaim lent quota: preemption is on, its cohort reclaims, its
-    team stays within its nominal quota once the job runs, and another member borrows."""
+def _member_borrows(book, member) -> bool:
+    return book.quota.usage.get((member.limit, ""), 0) > member.nominal * GPU_UNITS
+
+
+def _within_nominal_to_reclaim(book, job: Job) -> bool:
+    """Preemption is on, the job's cohort reclaims, and its team stays within its
+    nominal quota once the job runs (Kueue's ``reclaimWithinCohort``)."""
     if not book.rules.preemption_enabled or job.cohort is None:
-        return False
-    cohort, member = job.cohort
-    if cohort.reclaim == "never":
-        return False
-    usage = book.quota.usage
-    if usage.get((member.limit, ""), 0) + job.units > member.nominal * GPU_UNITS:
-        return False
-    return any(m is not member and usage.get((m.limit, ""), 0) > m.nominal * GPU_UNITS for m in cohort.members)
-
-
-def may_reclaim_later(book, job: Job) -> bool:
-    """Whether ``job`` would reclaim once another member of its cohort borrows (all of
-    ``may_reclaim`` but the borrowing): a job that starts later in the same pass may make
-    that member a borrower, and its job a victim once it comes of age."""
-    if not book.rules.preemption_enabled or job.cohort is None or job.shape.mode == "share":
         return False
     cohort, member = job.cohort
     return (cohort.reclaim != "never"
             and book.quota.usage.get((member.limit, ""), 0) + job.units <= member.nominal * GPU_UNITS)
 
 
-def borrows(book, job: Job) -> bool:
-    """Whether the cohort member of ``job`` uses more than its nominal quota (lends
-    nothing, borrows: its jobs may be reclaimed)."""
+def may_reclaim(book, job: Job) -> bool:
+    """Whether ``job`` may reclaim lent quota: preemption is on, its cohort reclaims, its
+    team stays within its nominal quota once the job runs, and another member borrows
+    (Kueue's ``reclaimWithinCohort``; note 005)."""
+    if not _within_nominal_to_reclaim(book, job):
+        return False
     member = job.cohort[1]
-    return book.quota.usage.get((member.limit, ""), 0) > member.nominal * GPU_UNITS
+    return any(m is not member and _member_borrows(book, m) for m in job.cohort[0].members)
+
+
+def may_reclaim_later(book, job: Job) -> bool:
+    """Whether whole-GPU ``job`` would reclaim once another member of its cohort borrows
+    (``may_reclaim`` but the borrowing): a job that starts later in the same pass may make
+    that member a borrower, and its jobs victims (the pass is then repeated, note 015)."""
+    return job.shape.mode != "share" and _within_nominal_to_reclaim(book, job)
+
+
+def borrows(book, job: Job) -> bool:
+    """Whether the cohort member of ``job`` (a job in a cohort) uses more than its
+    nominal quota, in GPU units: it borrows, and its jobs may be reclaimed."""
+    return _member_borrows(book, job.cohort[1])
 
 
 def comes_of_age(book, v: Job) -> float:
@@ -88,8 +93,7 @@ def candidates(book, job: Job, reclaim: bool, young: bool = False) -> list[Job]:
     borrowing = set()
     if job.cohort is not None:
         cohort, member = job.cohort
-        borrowing = {m.team for m in cohort.members
-                     if m is not member and book.quota.usage.get((m.limit, ""), 0) > m.nominal * GPU_UNITS}
+        borrowing = {m.team for m in cohort.members if m is not member and _member_borrows(book, m)}
 
     def eligible(v: Job) -> bool:
         return (comes_of_age(book, v) > now) == young

@@ -30,7 +30,7 @@ from gpushepherd.core.reference import run_reference
 from gpushepherd.core.state import INF, Job
 from gpushepherd.core.stranded import stranded_capacity
 from gpushepherd.core.usage import declared_mib, sample_error
-from gpushepherd.model.decisions import Decision, Preempt
+from gpushepherd.model.decisions import Decision
 from gpushepherd.model.events import (
     Event,
     GpuHealthChanged,
@@ -162,11 +162,9 @@ class Scheduler:
         (``book.repass``). Each repeat needs victims not signalled before or a job not
         started before, so it ends."""
         book = self.book
-        n = len(out)
         book.repass = False
         self._pass(out)
-        while book.repass or any(isinstance(d, Preempt) for d in out[n:]):
-            n = len(out)
+        while book.repass:
             book.repass = False
             book.dirty = True
             self._pass(out)
