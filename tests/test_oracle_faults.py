@@ -489,3 +489,22 @@ def test_a_share_that_needs_a_whole_card_under_reservations_that_keep_every_fres
                   JobSubmitted(0.0, job("J", 1, "batch", "t", 0, share=GpuShare("mps", milli=500, mem_mib=4096)))])
     assert sched.pending_reason("W").code.value == "ExceedsCapacity"
     assert sched.pending_reason("J").code.value == "ReservedFor"  # it may join such a card
+
+
+def test_a_preemptor_whose_victims_left_starts_beside_another_preemptors_hold():
+    # seed 7641: training reserves 2 GPUs. P (batch, 3 GPUs) preempts V on n2, the only
+    # 3-GPU node; Q (research-training, zone a) preempts W on n1. When V leaves at 7, Q's
+    # hold still waits for W. P's own hold was dropped as it started, but Q's class-hold
+    # slack still counted P's 3 GPUs as taken, so P was charged them twice and refused
+    # (8 free, 1 coming, 2 reserved: 5 left, not 2). P should start at 7, on n2.
+    zone_a = (("zone", "a"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 2, "labels": {"zone": "a"}}, ("n2", 3), ("n3", 2), ("n4", 2)],
+                   classes={"training": {"reserved_gpus": 2}, "sandbox": {"grace_period_s": 6.0}})
+    result = simulate(rules, [(job("V", 3, "sandbox", "t", 0), 100.0),
+                              (job("W", 1, "sandbox", "t", 0, node_selector=zone_a), 100.0),
+                              (job("P", 3, "batch", "t", 1), 50.0),
+                              (job("Q", 2, "research-training", "t", 3, node_selector=zone_a), 50.0)])
+    assert result.records["V"].preempted_at == [1.0]
+    assert result.records["W"].preempted_at == [3.0]
+    assert [t for t, _ in result.records["P"].starts] == [7.0]
+    assert [t for t, _ in result.records["Q"].starts] == [9.0]

@@ -409,7 +409,8 @@ class Profile:
 
     def drop_hold(self, job_id: str) -> None:
         """Forget a preemptor's hold (it started, or its victims left and it does not fit)."""
-        for claim in [c for c in self.claims if c.hold and c.job_id == job_id]:
+        dropped = [c for c in self.claims if c.hold and c.job_id == job_id]
+        for claim in dropped:
             self.claims.remove(claim)
             self._touched.clear()
             for table in (self.held_now, self.quota_held):
@@ -417,6 +418,14 @@ class Profile:
                     table[k] = [(c, a) for c, a in table[k] if c is not claim]
                     if not table[k]:
                         del table[k]
+        if dropped and self.book.reserved:
+            # the class-hold slack of every other claim counted the dropped hold's GPUs as
+            # taken: worked out again on the state now (a preemptor starting on its plan
+            # would otherwise be charged its GPUs twice, seed 7641)
+            self._hold_slacks()
+            for c in self.claims:
+                if not c.hold and c.gslack is not None:
+                    c.gslack = class_slack(self.book, c.cls, c.start, self.claims)
 
     def reservation_of(self, job_id: str) -> Claim | None:
         for claim in self.claims:
@@ -470,7 +479,7 @@ def free_total_at(book, p: float) -> int:
     """Whole GPUs free at ``p`` on every live node, by planned ends (cards included)."""
     if p <= book.now:
         return book.ledger.free_total
-    from gpushepherd.core.planning import node_releases
+    from gpushepherd.core.releases import node_releases
 
     total = 0
     for slot in book.ledger.slots:
