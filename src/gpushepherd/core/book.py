@@ -21,6 +21,7 @@ from gpushepherd.core.placement import members_of
 from gpushepherd.core.predict import RuntimePredictor
 from gpushepherd.core.queue import PendingQueue, estimate_band
 from gpushepherd.core.quota import QuotaBook
+from gpushepherd.core.releases import ReleaseIndex
 from gpushepherd.core.state import INF, Job, Transition
 from gpushepherd.core.usage import UsageTrack
 from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
@@ -105,6 +106,7 @@ class Book:
         self.island_cache: dict[int, bool] = {}
         self.totals_cache: dict[int, tuple[list[int], dict[int, int]]] = {}
         self.release_cache: dict[int, tuple[int, list[float]]] = {}  # node -> (version, releases)
+        self.release_index = ReleaseIndex()  # single-node reservations (releases.py)
         self.max_node_cache: dict[tuple, int] = {}
         self.misfit_cache: dict[tuple, str | None] = {}
         self.cap_cache: dict[tuple, bool] = {}

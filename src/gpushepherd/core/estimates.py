@@ -25,8 +25,9 @@ from bisect import bisect_right, insort
 from dataclasses import dataclass
 
 from gpushepherd.core.placement import place_counts
-from gpushepherd.core.planning import node_releases, quota_start
+from gpushepherd.core.planning import quota_start
 from gpushepherd.core.profile import basis_of
+from gpushepherd.core.releases import node_releases
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import JobState
 

@@ -8,8 +8,6 @@ quota and other classes' reserved GPUs; the pass reserves it, the estimates plan
 
 from __future__ import annotations
 
-from bisect import bisect_right
-
 from gpushepherd.core.placement import Counts, place_counts
 from gpushepherd.core.profile import Claim, Key, Profile, class_slack, gpus_free_at, release_time
 from gpushepherd.core.state import INF, Job
@@ -81,65 +79,6 @@ def _place_at(book, job: Job, nodes: list[int], totals: dict[int, int], t: float
     return place_counts(avail, nodes, totals, job.shape)
 
 
-def node_releases(book, n: int) -> list[float]:
-    """When each whole GPU of node ``n`` is planned to be free, ascending (``-INF``: free
-    now; ``INF``: out of service or held without an end), cached until the node changes
-    (``Ledger.version``); a job past its planned end keeps its time (callers clamp)."""
-    ledger = book.ledger
-    version = ledger.version[n] if n < len(ledger.version) else 0
-    found = book.release_cache.get(n)
-    if found is not None and found[0] == version:
-        return found[1]
-    slot = ledger.slots[n]
-    rel = []
-    if slot.alive:
-        for g in range(slot.total):
-            if not slot.healthy_mask >> g & 1:
-                rel.append(INF)
-                continue
-            h = slot.holder[g]
-            if h is None:
-                rel.append(-INF)
-                continue
-            card = slot.cards.get(g)
-            if card is not None:
-                rel.append(max((book.jobs[j].end_est for j in card.holders), default=-INF))
-            else:
-                holder = book.jobs.get(h)
-                rel.append(INF if holder is None else holder.end_est)
-    rel.sort()
-    book.release_cache[n] = (version, rel)
-    return rel
-
-
-def _single_start(book, nodes: list[int], k: int,
-                  free_out: dict[int, int] | None) -> tuple[float, Counts] | None:
-    """The earliest instant some node of ``nodes`` has ``k`` GPUs free by planned ends,
-    and the best fit then (fewest free, then lowest index): what the walk over planned
-    ends finds, from each node's sorted release times."""
-    now = book.now
-    best = None
-    for n in nodes:
-        rel = node_releases(book, n)
-        if len(rel) < k:
-            continue
-        t = rel[k - 1]
-        if t == INF:
-            continue
-        if t < now:
-            t = now
-        if best is not None and t > best[0]:
-            continue
-        free = bisect_right(rel, t)
-        if best is None or (t, free, n) < best:
-            best = (t, free, n)
-    if best is None:
-        return None
-    if free_out is not None:
-        free_out[best[2]] = best[1]
-    return best[0], [(best[2], k)]
-
-
 def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
                free_out: dict[int, int] | None = None) -> tuple[float, Counts] | None:
     """The earliest instant by planned ends alone (no claims on these nodes): the walk
@@ -157,7 +96,7 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
 
     shape = job.shape
     if shape.mode == "single":
-        return _single_start(book, nodes, shape.k, free_out)
+        return book.release_index.single_start(book, node_set, shape.k, free_out)
     single = False
     gate = _Gate.of(shape, ledger, book.groups_for(job), nodes, totals)
     if gate.maybe():

@@ -1,0 +1,112 @@
+"""When each whole GPU is planned to be free, per node, and an index over the nodes by
+that time for single-node reservations (design note 015, section 2: the time profile).
+
+``node_releases`` is a node's sorted release times, cached until the node changes
+(``Ledger.version``). ``ReleaseIndex`` keeps, for every GPU count ``k``, the nodes sorted
+by the time their ``k``-th GPU is planned to be free, kept up to date from the nodes the
+ledger touched since it last looked (``Ledger.changes``), so that the earliest start of a
+job of ``k`` GPUs on one node reads the first nodes of one list instead of every node
+(Slurm's backfill keeps the same per-node end times; its map is per node, ours is sorted).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right, insort
+
+from gpushepherd.core.placement import Counts
+from gpushepherd.core.state import INF
+
+
+def node_releases(book, n: int) -> list[float]:
+    """When each whole GPU of node ``n`` is planned to be free, ascending (``-INF``: free
+    now; ``INF``: out of service or held without an end), cached until the node changes
+    (``Ledger.version``); a job past its planned end keeps its time (callers clamp)."""
+    ledger = book.ledger
+    version = ledger.version[n] if n < len(ledger.version) else 0
+    found = book.release_cache.get(n)
+    if found is not None and found[0] == version:
+        return found[1]
+    slot = ledger.slots[n]
+    rel = []
+    if slot.alive:
+        for g in range(slot.total):
+            if not slot.healthy_mask >> g & 1:
+                rel.append(INF)
+                continue
+            h = slot.holder[g]
+            if h is None:
+                rel.append(-INF)
+                continue
+            card = slot.cards.get(g)
+            if card is not None:
+                rel.append(max((book.jobs[j].end_est for j in card.holders), default=-INF))
+            else:
+                holder = book.jobs.get(h)
+                rel.append(INF if holder is None else holder.end_est)
+    rel.sort()
+    book.release_cache[n] = (version, rel)
+    return rel
+
+
+class ReleaseIndex:
+    """Per GPU count ``k``: ``[(time the k-th GPU is planned to be free, node index)]``,
+    ascending, over the nodes where that time is finite. Built on first use, then kept up
+    to date from ``Ledger.changes`` (drained: the index is its only reader)."""
+
+    def __init__(self) -> None:
+        self.by_k: list[list[tuple[float, int]]] = [[]]  # by_k[k], k >= 1
+        self.keys: dict[int, list[float]] = {}  # node -> the times it is indexed under
+        self.built = False
+
+    def _refresh(self, book) -> None:
+        ledger = book.ledger
+        if not self.built:
+            changed = range(len(ledger.slots))
+            self.built = True
+        elif ledger.changes:
+            changed = sorted(set(ledger.changes))
+        else:
+            return
+        ledger.changes.clear()
+        by_k = self.by_k
+        for n in changed:
+            old = self.keys.get(n, ())
+            rel = node_releases(book, n)
+            new = [t for t in rel if t != INF]
+            if old == new:
+                continue
+            for k, t in enumerate(old, 1):
+                lst = by_k[k]
+                del lst[bisect_left(lst, (t, n))]
+            while len(by_k) <= len(new):
+                by_k.append([])
+            for k, t in enumerate(new, 1):
+                insort(by_k[k], (t, n))
+            self.keys[n] = new
+
+    def single_start(self, book, node_set: frozenset[int] | set[int], k: int,
+                     free_out: dict[int, int] | None) -> tuple[float, Counts] | None:
+        """The earliest instant some node of ``node_set`` has ``k`` GPUs free by planned
+        ends, and the best fit then (fewest free, then lowest index); ``None``: never.
+        Reads the nodes in the order of their ``k``-th release and stops at the first
+        that is later than the best found (a release in the past counts as now)."""
+        self._refresh(book)
+        if k >= len(self.by_k):
+            return None
+        now = book.now
+        best = None
+        for t, n in self.by_k[k]:
+            if t < now:
+                t = now
+            if best is not None and t > best[0]:
+                break
+            if n not in node_set:
+                continue
+            free = bisect_right(node_releases(book, n), t)
+            if best is None or (t, free, n) < best:
+                best = (t, free, n)
+        if best is None:
+            return None
+        if free_out is not None:
+            free_out[best[2]] = best[1]
+        return best[0], [(best[2], k)]
