@@ -13,7 +13,7 @@ from builders import job, policy
 from gpushepherd.core.releases import node_releases
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.core.state import INF
-from gpushepherd.model.events import GpuHealthChanged, JobFinished, JobSubmitted, NodeLost
+from gpushepherd.model.events import GpuHealthChanged, JobFinished, JobSubmitted, NodeLost, Tick
 from gpushepherd.model.job import ExitStatus
 
 
@@ -76,3 +76,20 @@ def test_single_node_start_from_the_index_equals_a_scan_of_every_node(sizes, ste
                 sched.handle(NodeLost(t, f"n{n}"))
                 running = [j.id for j in sched.running_jobs()]
         check_all(sched, [s for s in subsets if s])
+
+
+def test_the_index_looks_at_every_node_again_when_the_ledgers_changes_overflowed(monkeypatch):
+    from gpushepherd.core import ledger as ledger_mod
+    monkeypatch.setattr(ledger_mod, "MAX_CHANGES", 3)
+    rules = policy(nodes=[("n0", 2), ("n1", 4)], preemption=False)
+    sched = Scheduler(rules)
+    book = sched.book
+    sched.handle(Tick(0.0))
+    assert book.release_index.single_start(book, {0, 1}, 2, None) == (0.0, [(0, 2)])  # read: all free
+    sched.handle(JobSubmitted(1.0, job("long", 2, runtime_estimate_s=500.0)))  # on n0 (best fit)
+    for i in range(4):  # then more changes on n1 than the ledger keeps unread: n0's is lost
+        sched.handle(JobSubmitted(2.0 + i, job(f"b{i}", 4, runtime_estimate_s=10.0)))
+        sched.handle(JobFinished(2.5 + i, f"b{i}", ExitStatus.COMPLETED))
+    assert book.ledger.changes_lost
+    assert book.release_index.single_start(book, {0}, 2, None) == (501.0, [(0, 2)])
+    check_all(sched, [{0}, {1}])

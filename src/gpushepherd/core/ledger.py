@@ -18,6 +18,8 @@ from gpushepherd.model.cluster import Node
 SHARED = "#shared"
 MIG = "#mig"
 FULL_MILLI = 1000
+#: node changes kept unread at most (``Ledger.changes``); more: all are looked at again
+MAX_CHANGES = 1 << 16
 
 
 def lowest_bits(mask: int, k: int) -> int:
@@ -181,9 +183,11 @@ class Ledger:
         self._group_of_shape: dict[tuple, int] = {}
         self.free_total = 0
         self.healthy_total = 0
-        #: node indices in the order their allocation or health changed (memos of
-        #: failed searches re-check only the nodes changed since)
+        #: node indices in the order their allocation or health changed, drained by the
+        #: release index (``releases.ReleaseIndex``); past ``MAX_CHANGES`` unread it is
+        #: cleared and ``changes_lost`` set (the reader then looks at every node)
         self.changes: list[int] = []
+        self.changes_lost = False
         #: per node index: a counter bumped at each change of its allocation, health or
         #: its holders' planned ends (``touch``): caches of per-node facts key on it
         self.version: list[int] = []
@@ -192,7 +196,11 @@ class Ledger:
 
     def touch(self, idx: int) -> None:
         """Node ``idx`` changed (allocation, health, or a holder's planned end)."""
-        self.changes.append(idx)
+        changes = self.changes
+        if len(changes) >= MAX_CHANGES:
+            changes.clear()
+            self.changes_lost = True
+        changes.append(idx)
         while idx >= len(self.version):
             self.version.append(0)
         self.version[idx] += 1

@@ -60,9 +60,10 @@ class ReleaseIndex:
 
     def _refresh(self, book) -> None:
         ledger = book.ledger
-        if not self.built:
+        if not self.built or ledger.changes_lost:
             changed = range(len(ledger.slots))
             self.built = True
+            ledger.changes_lost = False
         elif ledger.changes:
             changed = sorted(set(ledger.changes))
         else:
