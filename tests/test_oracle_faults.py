@@ -508,3 +508,19 @@ def test_a_preemptor_whose_victims_left_starts_beside_another_preemptors_hold():
     assert result.records["W"].preempted_at == [3.0]
     assert [t for t, _ in result.records["P"].starts] == [7.0]
     assert [t for t, _ in result.records["Q"].starts] == [9.0]
+
+
+def test_a_share_refused_a_fresh_gpu_joins_a_card_a_later_share_opened_in_the_same_pass():
+    # seeds 19272, 5991, 9908, 17184: batch and production inference reserve a GPU each;
+    # with X on 2 of 4 GPUs, S (research-training, a quarter of a card) may not open one
+    # of the 2 free GPUs. At 5, B (batch, 20 GiB of a card) opens GPU 2 - after S's turn
+    # in the pass; S may join that card without a fresh GPU and should start at 5.
+    rules = policy(nodes=[("n1", 4)], classes={"production-inference": {"reserved_gpus": 1},
+                                               "batch": {"reserved_gpus": 1}})
+    quarter = GpuShare(kind="fraction", milli=250, mem_mib=20480)
+    memory = GpuShare(kind="fraction", milli=0, mem_mib=20480)
+    result = simulate(rules, [(job("X", 2, "sandbox", "t", 0), 100.0),
+                              (job("S", 1, "research-training", "t", 1, share=quarter), 50.0),
+                              (job("B", 1, "batch", "t", 5, share=memory), 50.0)])
+    assert [t for t, _ in result.records["B"].starts] == [5.0]
+    assert [t for t, _ in result.records["S"].starts] == [5.0]

@@ -64,6 +64,9 @@ class Turn:
         self.no_victims: list[Job] = []
         #: the fast pass's memo of placements the claims refused (``Admission.decide``)
         self.memo: dict | None = None
+        #: a share was refused for room (rules 4, 7, 8) in this pass: a card a later
+        #: share opens on a fresh GPU may take it without a fresh GPU (``start``)
+        self.share_refused = False
 
     # ------------------------------------------------------------- steps
     def holds(self) -> None:
@@ -125,6 +128,8 @@ class Turn:
     def blocked(self, job: Job, rule: int) -> tuple[int, int]:
         """A refused job: it may preempt (step 5), else take a reservation (step 6) -
         also when a hard limit refuses it now (it may fit at a later instant)."""
+        if job.shape.mode == "share" and rule in (A.FREE, A.CLASS_HOLD, A.CLAIMS):
+            self.share_refused = True  # a card opened later in the pass may take it
         if rule not in A.RESERVABLE:
             return BLOCKED, rule
         if job.shape.mode == "share":
@@ -220,6 +225,11 @@ class Turn:
             share = job.share
             if not fresh and pos is None:
                 held_from = self.adm.card_end(idx, gpu)  # the card stays held from then
+            if fresh and pos is None and self.share_refused:
+                # room appeared in the pass (the lemma that it only shrinks holds for
+                # whole GPUs): the share refused before may join this card - another
+                # pass at this instant sees it (seed 19272)
+                book.repass = True
             if pos is None:
                 ledger.allocate_share(job.id, idx, gpu, share.kind, share.need())
                 job.share_at = (gpu,)
