@@ -152,6 +152,26 @@ TIME_HELP = ("Time limit, as Slurm's --time: MINUTES (a bare number is minutes),
 SECONDS_FORMS = "seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS"
 
 
+def post_job(server: str | None, token: str | None, body: dict) -> dict:
+    """``POST /jobs`` of a submission ``body`` and its one line: ``Submitted job N`` (or
+    ``array N``) on stdout, or, when the server rejected it (no node could ever hold
+    it), only ``rejected: REASON (job N)`` on stderr and exit ``EXIT_REJECTED`` (3).
+    Returns the server's view of the job.
+
+    Raises:
+        typer.Exit: rejected (3); refused (2) or no server (1), from ``_request``.
+    """
+    from gpushepherd.cli.main import _console, err
+
+    job = _request(server, "POST", "/jobs", token=token, json=body).json()
+    if job.get("state") == "REJECTED":
+        err.print(f"rejected: {_safe(job.get('reason') or 'no node could ever hold it')} (job {_safe(job['id'])})",
+                  soft_wrap=True, markup=False)
+        raise typer.Exit(EXIT_REJECTED)
+    _console().print(f"Submitted {'array' if body.get('array') is not None else 'job'} {job['id']}")
+    return job
+
+
 def parse_share(text: str, mem_mib: int) -> dict:
     """``fraction:0.25``, ``mig:1g.10gb``, ``time_slice[:N]``, ``mps:N[:PERCENT]`` or
     ``mem`` (memory only, with ``--gpu-mem``) as the API's share body.
@@ -523,12 +543,7 @@ def register(app: typer.Typer) -> None:
             body["project"] = project
         if array is not None:
             body["array"], body["max_retries"] = array, max_retries
-        job = _request(server, "POST", "/jobs", token=token, json=body).json()
-        out.print(f"Submitted {'array' if array is not None else 'job'} {job['id']}")
-        if job.get("state") == "REJECTED":
-            err.print(f"rejected: {_safe(job.get('reason') or 'no node could ever hold it')}", soft_wrap=True,
-                      markup=False)
-            raise typer.Exit(EXIT_REJECTED)
+        post_job(server, token, body)
 
     @app.command("queue")
     def queue(state: Annotated[Optional[str], typer.Option("--state", "-t")] = None,
