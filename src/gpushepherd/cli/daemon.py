@@ -152,6 +152,55 @@ TIME_HELP = ("Time limit, as Slurm's --time: MINUTES (a bare number is minutes),
 SECONDS_FORMS = "seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS"
 
 
+def job_body(*, cls: str, team: str, user: str | None, token: str | None, gpus: int, gpu_type: list[str],
+             command: list[str], shell: bool, chdir: Path, time_limit_s: float | None = None, project: str = "",
+             array: str | None = None, max_retries: int = 2, name: str = "") -> dict[str, Any]:
+    """The ``POST /jobs`` body of ``submit`` and ``sbatch``: ``user`` ``None`` is the token's
+    user with a token, else ``$USER`` (or the account this runs as); ``shell``: ``command``
+    is joined into one ``/bin/sh -c`` line; ``time_limit_s`` seconds; fields left out when
+    empty (a server from before them refuses them)."""
+    if user is None:
+        if token:
+            user = ""
+        else:  # $USER, else the account this runs as (a shell without USER, a container)
+            import getpass
+            try:
+                user = os.environ.get("USER") or getpass.getuser()
+            except (KeyError, OSError):
+                user = ""
+    body: dict[str, Any] = {"class": cls, "team": team, "user": user, "gpus": gpus, "gpu_type": gpu_type,
+                            "command": [" ".join(command)] if shell else command, "shell": shell,
+                            "cwd": str(chdir.resolve())}
+    if time_limit_s is not None:
+        body["time_limit_s"] = time_limit_s
+    if project:
+        body["project"] = project
+    if name:
+        body["name"] = name
+    if array is not None:
+        body["array"], body["max_retries"] = array, max_retries
+    return body
+
+
+def script_not_command(cmd: list[str], chdir: Path, shell: bool) -> None:
+    """Refuse ``submit job.sh``: a file in the job's directory named as the command, which is
+    no command on ``$PATH`` (it would fail at launch with exit 127).
+
+    Raises:
+        typer.Exit: one ``error:`` line naming ``shepherd sbatch FILE`` and ``-- ./FILE``, exit 2.
+    """
+    import shutil
+
+    from gpushepherd.cli.main import err
+    first = cmd[0] if cmd else ""
+    if shell or not first or "/" in first or shutil.which(first) or not (chdir / first).is_file():
+        return
+    err.print(f"error: COMMAND: {first!r} is not allowed: it is a file, not a command on $PATH (it would fail "
+              f"with exit 127); submit a batch script with `shepherd sbatch {first}` (reads its #SBATCH lines) or "
+              f"run it as `-- ./{first}`", soft_wrap=True, markup=False)
+    raise typer.Exit(2)
+
+
 def post_job(server: str | None, token: str | None, body: dict) -> dict:
     """``POST /jobs`` of a submission ``body`` and its one line: ``Submitted job N`` (or
     ``array N``) on stdout, or, when the server rejected it (no node could ever hold
@@ -515,20 +564,13 @@ def register(app: typer.Typer) -> None:
                max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="Array: runs of a "
                                                         "FAILED chunk again.")] = 2,
                server: ServerOpt = None, token: TokenOpt = None) -> None:
-        """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py`."""
-        if user is None:
-            if token:
-                user = ""
-            else:  # $USER, else the account this runs as (a shell without USER, a container)
-                import getpass
-                try:
-                    user = os.environ.get("USER") or getpass.getuser()
-                except (KeyError, OSError):
-                    user = ""
-        body: dict[str, Any] = {"class": cls, "team": team, "user": user, "gpus": gpus, "gpu_type": gpu_type,
-                                "command": [" ".join(cmd)] if shell else cmd, "shell": shell,
-                                "cwd": str(chdir.resolve()), "preemptible": preemptible,
-                                "checkpointable": checkpointable}
+        """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py` (a batch
+        script with #SBATCH lines: `shepherd sbatch FILE`)."""
+        script_not_command(cmd, chdir, shell)
+        body = job_body(cls=cls, team=team, user=user, token=token, gpus=gpus, gpu_type=gpu_type, command=cmd,
+                        shell=shell, chdir=chdir, time_limit_s=time_limit, project=project, array=array,
+                        max_retries=max_retries)
+        body.update(preemptible=preemptible, checkpointable=checkpointable)
         try:
             if share:
                 body["share"] = parse_share(share, gpu_mem)
@@ -536,13 +578,7 @@ def register(app: typer.Typer) -> None:
                 body["gpu_mem_mib"] = gpu_mem
         except typer.BadParameter as exc:
             raise typer.BadParameter(str(exc), param_hint="--share") from None
-        if time_limit is not None:
-            body["time_limit_s"] = time_limit
         body["env"] = env_pairs(env)
-        if project:  # left out when empty: a server from before projects refuses the field
-            body["project"] = project
-        if array is not None:
-            body["array"], body["max_retries"] = array, max_retries
         post_job(server, token, body)
 
     @app.command("queue")

@@ -406,5 +406,9 @@ from gpushepherd.cli import services as _services_cli  # noqa: E402
 
 _services_cli.register(app)
 
+from gpushepherd.cli import sbatch as _sbatch_cli  # noqa: E402
+
+_sbatch_cli.register(app)
+
 if __name__ == "__main__":  # pragma: no cover
     run()
