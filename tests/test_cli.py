@@ -141,8 +141,9 @@ def test_bad_trace_row_is_one_line_exit_2(tmp_path):
     (["--trace", "x.csv", "--map", "submit=a,gpus=b,duration=c"], "only with --format csv"),
     (["--explain", "no-such-job"], "--explain: job 'no-such-job' is not allowed"),
     (["--out", "o.csv", "--json", "o.csv"], "--json"),
-    (["--stranded-every", "0"], "--stranded-every: 0.0 is not allowed"),
-    (["--stranded-every", "5e-324"], "seconds >= 1"),
+    (["--stranded-every", "0"], "'--stranded-every': '0' is not allowed: a duration > 0"),
+    (["--stranded-every", "5e-324"], "'--stranded-every': '5e-324' is not allowed: SECONDS, MM:SS"),
+    (["--stranded-every", "0.9"], "'--stranded-every': '0.9' is not allowed: at least 1 s"),
 ])
 def test_bad_options_exit_2(args, fragment):
     res = run("simulate", "--no-progress", *args)

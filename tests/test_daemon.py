@@ -476,16 +476,6 @@ def test_the_client_commands_against_a_real_server(server, tmp_path):
     assert res.exit_code == 1 and "no gpushepherd server at" in res.output
 
 
-def test_slurm_style_time_limits():
-    import typer
-
-    from gpushepherd.cli.daemon import parse_time
-
-    assert [parse_time(x) for x in ("90", "1:30", "2:00:00", "1-02:00:00", "1-2")] == [90, 90, 7200, 93600, 93600]
-    with pytest.raises(typer.BadParameter, match="'1h' is not allowed"):
-        parse_time("1h")
-
-
 def test_a_cancel_committed_before_a_crash_kills_the_job_at_restart(tmp_path, db):
     """The server died after logging a cancel, before killing the job."""
     from gpushepherd.daemon.server import Daemon

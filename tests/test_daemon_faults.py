@@ -611,6 +611,38 @@ def test_a_restart_from_a_snapshot_shows_the_same_jobs_and_replays_only_what_fol
     assert s.wait_state(pending, "COMPLETED", "FAILED")["state"] == "COMPLETED"
 
 
+def test_a_launch_error_is_kept_in_the_store_and_shown_by_show_and_why_after_restarts(srv, tmp_path):
+    """Issue 18 point 7: a run whose runner cannot start (its cwd removed while it waited)
+    fails naming the cause, and the cause is still shown after a kill -9 (the log's tail
+    replayed) and after a clean stop (the job archived by the snapshot)."""
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    s = srv()
+    flag, cwd = tmp_path / "flag", tmp_path / "gone"
+    cwd.mkdir()
+    holder = s.submit(wait_for_file(flag), gpus=4)
+    s.wait_state(holder, "RUNNING")
+    job_id = s.submit("print('never')", cwd=str(cwd))
+    assert s.job(job_id)["state"] == "PENDING"  # the holder has every GPU
+    cwd.rmdir()
+    flag.touch()
+    job = s.wait_state(job_id, "FAILED", "COMPLETED")
+    assert job["state"] == "FAILED" and job["launch_error"].startswith("run 1: cannot start: ")
+    assert str(cwd) in job["launch_error"]
+    assert len(_events(s, "launch-error", job_id)) == 1
+    for restart in (s.kill9, s.stop):
+        restart()
+        s.start(policy=False)
+        assert s.job(job_id)["launch_error"] == job["launch_error"], restart
+        why = CliRunner().invoke(app, ["why", job_id, "--server", s.url]).output
+        assert why.startswith(f"job {job_id} is FAILED: ") and job["launch_error"] in why, why
+        show = CliRunner().invoke(app, ["show", job_id, "--server", s.url]).output
+        assert f"launch_error: {job['launch_error']}" in show
+    assert len(_events(s, "launch-error", job_id)) == 1  # never relaunched, never logged twice
+
+
 def test_shepherd_show_and_why_name_the_requeue_limit(srv, tmp_path):
     from typer.testing import CliRunner
 

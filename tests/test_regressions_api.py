@@ -185,8 +185,9 @@ def cli(api, monkeypatch):
 
 def test_cli_submit_of_a_rejected_job_prints_the_reason_and_exits_3(cli, tmp_path):
     code, out, err = cli("submit", "-c", "batch", "-A", "research", "--gpus", "9", "-D", str(tmp_path), "--", "true")
-    assert code == 3 and "rejected: " in err and "9" in err
-    job_id = out.split()[-1]
+    # one line, the rejection: no "Submitted job N" first (issue 18 point 7)
+    assert code == 3 and out == "" and err.startswith("rejected: ExceedsCapacity(gpus=9") and len(err.splitlines()) == 1
+    job_id = err.rsplit("(job ", 1)[1].rstrip(")\n")
     code, out, _ = cli("why", job_id)
     assert code == 0 and "REJECTED" in out and "9" in out
 

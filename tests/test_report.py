@@ -347,7 +347,8 @@ def test_whatif_lists_jobs_the_proposed_policy_rejects(tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--since", "a week"], "--since: 'a week' is not allowed: a positive duration"),
+    (["--since", "a week"], "--since: 'a week' is not allowed: MM:SS, HH:MM:SS, D-HH"),
+    (["--since", "7"], "--since: '7' is not allowed: give its unit (7s, 7m, 7h)"),
     (["--since", "0d"], "--since: '0d' is not allowed"),
     (["--since", "7d", "--from", "2026-11-30"], "--from is not allowed with --week or --since"),
     (["--from", "2026-12-05", "--to", "2026-12-01"], "--from: '2026-12-05' is not allowed: a time before --to"),

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -21,10 +22,12 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from gpushepherd.durations import MAX_SECONDS, UNLIMITED_WORDS, Bare, parse_duration
+
 DEFAULT_PORT = 8765
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "REJECTED"}
 #: the longest time limit, seconds (10 years, as the API: ``gpushepherd.daemon.api.MAX_SECONDS``)
-MAX_TIME_S = 10 * 365 * 86400.0
+MAX_TIME_S = MAX_SECONDS
 #: exit status of ``submit`` when the server rejected the job (no node could ever hold it)
 EXIT_REJECTED = 3
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -115,51 +118,107 @@ def _located(d: dict) -> str:
     return msg if msg.startswith(f"{where}: ") else f"{where}: {msg}"
 
 
-def parse_time(text: str) -> float:
-    """A Slurm-style time limit in seconds: ``SECONDS``, ``MM:SS``, ``HH:MM:SS`` or
-    ``D-HH[:MM[:SS]]``.
+def duration_param(bare: Bare = "seconds", *, lo: float = 0.0, hi: float = MAX_TIME_S, zero: bool = False,
+                   instead: str = "") -> Callable[[Any], float]:
+    """A typer ``parser=`` for a duration option: ``gpushepherd.durations.parse_duration``
+    with ``bare`` (what a number without a unit means: ``"minutes"`` for ``-t/--time`` as
+    in Slurm, ``"seconds"`` for the options that always took seconds, ``None``: a unit is
+    needed), then seconds from ``lo`` to ``hi`` (> 0 unless ``zero``). ``instead``:
+    what to say after a refused ``UNLIMITED``. A number (an option's default) is seconds.
+
+    Raises (from the parser):
+        typer.BadParameter: naming the value and the allowed forms (click adds the option).
+    """
+    def duration(value: Any) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            seconds = parse_duration(value, bare=bare, zero=zero, maximum=hi)
+        except ValueError as exc:
+            hint = f"; {instead}" if instead and str(value).strip().lower() in UNLIMITED_WORDS else ""
+            raise typer.BadParameter(f"{exc}{hint}") from None
+        if seconds < lo:
+            raise typer.BadParameter(f"{value!r} is not allowed: at least {lo:g} s")
+        return seconds
+    return duration
+
+
+#: ``submit -t/--time``: a bare number is minutes, as Slurm's ``--time``
+TIME_LIMIT = duration_param("minutes", instead="leave --time out for the class's default limit "
+                            "(default_time_limit_s, else max_runtime_s, else none)")
+TIME_HELP = ("Time limit, as Slurm's --time: MINUTES (a bare number is minutes), MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+             "D-HH:MM:SS, or with a unit: 30s, 10m, 2h, 1d.")
+#: what ``--help`` of a duration option whose bare number is seconds says of its forms
+SECONDS_FORMS = "seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS"
+
+
+def job_body(*, cls: str, team: str, user: str | None, token: str | None, gpus: int, gpu_type: list[str],
+             command: list[str], shell: bool, chdir: Path, time_limit_s: float | None = None, project: str = "",
+             array: str | None = None, max_retries: int = 2, name: str = "") -> dict[str, Any]:
+    """The ``POST /jobs`` body of ``submit`` and ``sbatch``: ``user`` ``None`` is the token's
+    user with a token, else ``$USER`` (or the account this runs as); ``shell``: ``command``
+    is joined into one ``/bin/sh -c`` line; ``time_limit_s`` seconds; fields left out when
+    empty (a server from before them refuses them)."""
+    if user is None:
+        if token:
+            user = ""
+        else:  # $USER, else the account this runs as (a shell without USER, a container)
+            import getpass
+            try:
+                user = os.environ.get("USER") or getpass.getuser()
+            except (KeyError, OSError):
+                user = ""
+    body: dict[str, Any] = {"class": cls, "team": team, "user": user, "gpus": gpus, "gpu_type": gpu_type,
+                            "command": [" ".join(command)] if shell else command, "shell": shell,
+                            "cwd": str(chdir.resolve())}
+    if time_limit_s is not None:
+        body["time_limit_s"] = time_limit_s
+    if project:
+        body["project"] = project
+    if name:
+        body["name"] = name
+    if array is not None:
+        body["array"], body["max_retries"] = array, max_retries
+    return body
+
+
+def script_not_command(cmd: list[str], chdir: Path, shell: bool) -> None:
+    """Refuse ``submit job.sh``: a file in the job's directory named as the command, which is
+    no command on ``$PATH`` (it would fail at launch with exit 127).
 
     Raises:
-        typer.BadParameter: anything else.
+        typer.Exit: one ``error:`` line naming ``shepherd sbatch FILE`` and ``-- ./FILE``, exit 2.
     """
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+(?:\.\d+)?)(?::(\d+))?(?::(\d+))?", text.strip())
-    if not m:
-        raise typer.BadParameter(f"{text!r} is not allowed: seconds, MM:SS, HH:MM:SS or D-HH:MM:SS")
-    days, a, b, c = m.groups()
-    if any(len(x) > 12 for x in m.groups() if x is not None):
-        raise typer.BadParameter(f"{text!r} is not allowed: at most {MAX_TIME_S / 86400 / 365:.0f} years")
-    if days is not None:
-        parts = [float(a), float(b or 0), float(c or 0)]  # D-HH[:MM[:SS]]
-        if parts[0] >= 24 or parts[1] >= 60 or parts[2] >= 60:
-            raise typer.BadParameter(f"{text!r} is not allowed: D-HH:MM:SS with hours < 24, minutes and seconds < 60")
-        total = int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
-    else:
-        nums = [float(x) for x in (a, b, c) if x is not None]
-        if any(n >= 60 for n in nums[1:]):
-            raise typer.BadParameter(f"{text!r} is not allowed: minutes and seconds after the first field < 60")
-        total = 0.0
-        for n in nums:
-            total = total * 60 + n
-    if total > MAX_TIME_S:
-        raise typer.BadParameter(f"{text!r} is not allowed: at most {MAX_TIME_S / 86400 / 365:.0f} years")
-    return total
+    import shutil
+
+    from gpushepherd.cli.main import err
+    first = cmd[0] if cmd else ""
+    if shell or not first or "/" in first or shutil.which(first) or not (chdir / first).is_file():
+        return
+    err.print(f"error: COMMAND: {first!r} is not allowed: it is a file, not a command on $PATH (it would fail "
+              f"with exit 127); submit a batch script with `shepherd sbatch {first}` (reads its #SBATCH lines) or "
+              f"run it as `-- ./{first}`", soft_wrap=True, markup=False)
+    raise typer.Exit(2)
 
 
-def parse_duration(text: str) -> float:
-    """Seconds > 0 from ``30s``, ``10m``, ``2h``, ``1d`` or ``parse_time``'s forms.
+def post_job(server: str | None, token: str | None, body: dict) -> dict:
+    """``POST /jobs`` of a submission ``body`` and its one line: ``Submitted job N`` (or
+    ``array N``) on stdout, or, when the server rejected it (no node could ever hold
+    it), only ``rejected: REASON (job N)`` on stderr and exit ``EXIT_REJECTED`` (3).
+    Returns the server's view of the job.
 
     Raises:
-        typer.BadParameter: anything else, or zero.
+        typer.Exit: rejected (3); refused (2) or no server (1), from ``_request``.
     """
-    why = f"{text!r} is not allowed: a duration > 0 (30s, 10m, 2h, 1d, seconds, MM:SS, HH:MM:SS)"
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
-    try:
-        seconds = float(m[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]] if m else parse_time(text)
-    except typer.BadParameter:
-        raise typer.BadParameter(why) from None
-    if seconds <= 0:
-        raise typer.BadParameter(why)
-    return seconds
+    from gpushepherd.cli.main import _console, err
+
+    job = _request(server, "POST", "/jobs", token=token, json=body).json()
+    if job.get("state") == "REJECTED":
+        err.print(f"rejected: {_safe(job.get('reason') or 'no node could ever hold it')} (job {_safe(job['id'])})",
+                  soft_wrap=True, markup=False)
+        raise typer.Exit(EXIT_REJECTED)
+    _console().print(f"Submitted {'array' if body.get('array') is not None else 'job'} {job['id']}")
+    return job
 
 
 def parse_share(text: str, mem_mib: int) -> dict:
@@ -352,16 +411,16 @@ def register(app: typer.Typer) -> None:
                inventory: Annotated[str, typer.Option("--inventory", help="GPUs from auto (NVML when it finds a "
                                                       "GPU, else static), nvml or static (the policy's node, "
                                                       "samples scripted by <data-dir>/gpu-samples.json).")] = "auto",
-               sample_every: Annotated[float, typer.Option("--sample-every", min=0.1, max=86400,
-                                                           help="Seconds between GPU samples.")] = 10.0,
+               sample_every: Annotated[float, typer.Option("--sample-every", metavar="DURATION", parser=duration_param(
+                   lo=0.1, hi=86400), help=f"Time between GPU samples: {SECONDS_FORMS}.")] = 10.0,
                node: Annotated[Optional[str], typer.Option("--node", help="The policy's node this server is "
                                                            "(default: the policy's only node).")] = None,
                idle_threshold_pct: Annotated[float, typer.Option(
                    "--idle-threshold-pct", min=0, max=100, help="/metrics: a job's GPUs are allocated-but-idle when "
                    "its utilisation stays below this percent (classes without idle_stop).")] = 5.0,
-               idle_after: Annotated[str, typer.Option(
-                   "--idle-after", help="/metrics: ... for this long: 600, 10m, 1h, 10:00 (classes without "
-                   "idle_stop).")] = "10m",
+               idle_after: Annotated[float, typer.Option(
+                   "--idle-after", metavar="DURATION", parser=duration_param(), help="/metrics: ... for this long (classes without "
+                   f"idle_stop): {SECONDS_FORMS}.")] = 600.0,
                backend: Annotated[str, typer.Option("--backend", help="Where jobs run: local (processes on this "
                                                     "server), slurm (sbatch; the Slurm commands read "
                                                     "$SLURM_CONF), ray (actors; needs gpushepherd[ray]) or "
@@ -391,19 +450,19 @@ def register(app: typer.Typer) -> None:
                max_requeues: Annotated[int, typer.Option("--max-requeues", min=0, max=100, help="Lost runs (ended "
                                                          "without an exit code) requeued per job; the next one "
                                                          "fails it (Slurm's requeue limit).")] = 3,
-               requeue_backoff: Annotated[float, typer.Option("--requeue-backoff", min=0, max=300, help="Seconds "
-                                                              "before a lost run is requeued, doubled for each "
-                                                              "further one.")] = 2.0,
-               db_busy_timeout: Annotated[float, typer.Option("--db-busy-timeout", min=0.1, max=3600, help="SQLite: "
-                                                              "seconds a write waits for another writer's lock.")]
-               = 30.0,
+               requeue_backoff: Annotated[float, typer.Option("--requeue-backoff", metavar="DURATION", parser=duration_param(
+                   zero=True, hi=300), help="Time before a lost run is requeued, doubled for each further one: "
+                   f"{SECONDS_FORMS}.")] = 2.0,
+               db_busy_timeout: Annotated[float, typer.Option("--db-busy-timeout", metavar="DURATION", parser=duration_param(
+                   lo=0.1, hi=3600), help=f"SQLite: how long a write waits for another writer's lock: "
+                   f"{SECONDS_FORMS}.")] = 30.0,
                scrape_allow: Annotated[Optional[list[str]], typer.Option("--scrape-allow", help="A network (CIDR) "
                                                                          "or host a service's --metrics-url may "
                                                                          "name besides loopback and its replicas' "
                                                                          "nodes (repeatable).")] = None,
-               header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, max=3600, help="Seconds a "
-                                                             "client has to send a request's headers (then "
-                                                             "closed); 30 s at most for its body.")] = 10.0,
+               header_timeout: Annotated[float, typer.Option("--header-timeout", metavar="DURATION", parser=duration_param(
+                   lo=0.1, hi=3600), help="How long a client has to send a request's headers (then closed; 30 s "
+                   f"at most for its body): {SECONDS_FORMS}.")] = 10.0,
                max_connections: Annotated[int, typer.Option("--max-connections", min=1, max=1_000_000, help="Open "
                                                             "HTTP connections at most (never more than the "
                                                             "descriptor limit less 128).")] = 1000) -> None:
@@ -427,11 +486,6 @@ def register(app: typer.Typer) -> None:
         if inventory not in ("auto", "nvml", "static"):
             err.print(f"error: --inventory: {inventory!r} is not allowed: auto, nvml or static", soft_wrap=True)
             raise typer.Exit(2)
-        try:
-            idle_after_s = parse_duration(idle_after)
-        except typer.BadParameter as exc:
-            err.print(f"error: --idle-after: {exc}", soft_wrap=True)
-            raise typer.Exit(2) from None
         from gpushepherd.backends import BACKENDS
         if backend not in BACKENDS:
             err.print(f"error: --backend: {backend!r} is not allowed: {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}",
@@ -448,7 +502,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
-                            idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s,
+                            idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after,
                             backend=backend, slurm_partition=slurm_partition, ray_address=ray_address, k8s=k8s,
                             max_requeues=max_requeues, requeue_backoff_s=requeue_backoff,
                             busy_timeout_s=db_busy_timeout, scrape_allow=scrape_allow)
@@ -497,8 +551,8 @@ def register(app: typer.Typer) -> None:
                                                             "mem, mig:1g.10gb, time_slice[:N], mps:N[:PCT].")] = None,
                gpu_type: Annotated[list[str], typer.Option("--gpu-type", help="Allowed GPU type (repeat).")] = [],
                gpu_mem: Annotated[int, typer.Option("--gpu-mem", min=0, help="GPU memory, MiB.")] = 0,
-               time_limit: Annotated[Optional[str], typer.Option("--time", "-t", help="Time limit: seconds, "
-                                                                 "HH:MM:SS or D-HH:MM:SS.")] = None,
+               time_limit: Annotated[Optional[float], typer.Option("--time", "-t", metavar="DURATION", parser=TIME_LIMIT,
+                                                                   help=TIME_HELP)] = None,
                preemptible: Annotated[Optional[bool], typer.Option("--preemptible/--no-preemptible")] = None,
                checkpointable: Annotated[Optional[bool], typer.Option("--checkpointable/--no-checkpointable")] = None,
                env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for the job (repeat).")] = [],
@@ -510,20 +564,13 @@ def register(app: typer.Typer) -> None:
                max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="Array: runs of a "
                                                         "FAILED chunk again.")] = 2,
                server: ServerOpt = None, token: TokenOpt = None) -> None:
-        """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py`."""
-        if user is None:
-            if token:
-                user = ""
-            else:  # $USER, else the account this runs as (a shell without USER, a container)
-                import getpass
-                try:
-                    user = os.environ.get("USER") or getpass.getuser()
-                except (KeyError, OSError):
-                    user = ""
-        body: dict[str, Any] = {"class": cls, "team": team, "user": user, "gpus": gpus, "gpu_type": gpu_type,
-                                "command": [" ".join(cmd)] if shell else cmd, "shell": shell,
-                                "cwd": str(chdir.resolve()), "preemptible": preemptible,
-                                "checkpointable": checkpointable}
+        """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py` (a batch
+        script with #SBATCH lines: `shepherd sbatch FILE`)."""
+        script_not_command(cmd, chdir, shell)
+        body = job_body(cls=cls, team=team, user=user, token=token, gpus=gpus, gpu_type=gpu_type, command=cmd,
+                        shell=shell, chdir=chdir, time_limit_s=time_limit, project=project, array=array,
+                        max_retries=max_retries)
+        body.update(preemptible=preemptible, checkpointable=checkpointable)
         try:
             if share:
                 body["share"] = parse_share(share, gpu_mem)
@@ -531,22 +578,8 @@ def register(app: typer.Typer) -> None:
                 body["gpu_mem_mib"] = gpu_mem
         except typer.BadParameter as exc:
             raise typer.BadParameter(str(exc), param_hint="--share") from None
-        if time_limit:
-            try:
-                body["time_limit_s"] = parse_time(time_limit)
-            except typer.BadParameter as exc:
-                raise typer.BadParameter(str(exc), param_hint="'--time' / '-t'") from None
         body["env"] = env_pairs(env)
-        if project:  # left out when empty: a server from before projects refuses the field
-            body["project"] = project
-        if array is not None:
-            body["array"], body["max_retries"] = array, max_retries
-        job = _request(server, "POST", "/jobs", token=token, json=body).json()
-        out.print(f"Submitted {'array' if array is not None else 'job'} {job['id']}")
-        if job.get("state") == "REJECTED":
-            err.print(f"rejected: {_safe(job.get('reason') or 'no node could ever hold it')}", soft_wrap=True,
-                      markup=False)
-            raise typer.Exit(EXIT_REJECTED)
+        post_job(server, token, body)
 
     @app.command("queue")
     def queue(state: Annotated[Optional[str], typer.Option("--state", "-t")] = None,

@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpushepherd import __version__
+from gpushepherd.cli.daemon import duration_param
 from gpushepherd.core.scheduler import SpecError
 from gpushepherd.policy.load import PolicyError, override_cluster, policy_from_dict, read_policy_dict
 from gpushepherd.sim.engine import Simulator
@@ -215,7 +216,7 @@ def simulate(
     json_path: Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="The figures as JSON to this file ('-': stdout instead of the table).")] = None,
     explain: Annotated[Optional[list[str]], typer.Option(metavar="JOB", help="Print this job's history and why it waited (repeatable).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
-    stranded_every: Annotated[Optional[float], typer.Option(metavar="SECONDS", help="Sample free GPUs that no pending job can use (stranded capacity) at the first scheduling event at or after every multiple of SECONDS (>= 1) and report them by constraint (means over samples).")] = None,
+    stranded_every: Annotated[Optional[float], typer.Option(metavar="DURATION", parser=duration_param(lo=1), help="Sample free GPUs that no pending job can use (stranded capacity) at the first scheduling event at or after every multiple of DURATION (at least 1 s: seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS) and report them by constraint (means over samples).")] = None,
     html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, plots).")] = None,
 ) -> None:
     """Replay a job trace through the scheduler.
@@ -235,8 +236,6 @@ def simulate(
             raise UsageError(f"--map is not allowed with --format {fmt}: only with --format csv")
         if cluster is not None and not cluster.strip():
             raise UsageError("--cluster: '' is not allowed: NODESxGPUS, e.g. 192x8")
-        if stranded_every is not None and not 1 <= stranded_every < float("inf"):
-            raise UsageError(f"--stranded-every: {stranded_every!r} is not allowed: seconds >= 1")
         out_file = _output_path("--out", out_path, (".csv", ".csv.gz", ".parquet"))
         json_file = None if json_path == "-" else _output_path("--json", json_path, (".json",))
         html_file = _output_path("--html", html, (".html", ".htm"))
@@ -406,6 +405,10 @@ _policy_cli.register(policy_app)
 from gpushepherd.cli import services as _services_cli  # noqa: E402
 
 _services_cli.register(app)
+
+from gpushepherd.cli import sbatch as _sbatch_cli  # noqa: E402
+
+_sbatch_cli.register(app)
 
 if __name__ == "__main__":  # pragma: no cover
     run()

@@ -6,7 +6,6 @@ server."""
 from __future__ import annotations
 
 import math
-import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,19 +16,21 @@ from rich.table import Table
 WEEK_S = 7 * 86400.0
 #: 9999-12-31T23:59:59 UTC, the last time ``--from`` / ``--to`` accept (epoch seconds)
 LAST_TIME = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp()
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": WEEK_S}
 
 
 def parse_since(text: str, option: str = "--since") -> float:
-    """``7d``, ``36h``, ``90m``, ``2w``, ``600s`` -> seconds.
+    """``7d``, ``36h``, ``90m``, ``2w``, ``600s`` or Slurm's ``D-HH:MM:SS`` forms -> seconds
+    (``gpushepherd.durations``; a bare number is refused: it needs its unit).
 
     Raises:
         ValueError: anything else, naming ``option``, the value and what is allowed.
     """
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"{option}: {text!r} is not allowed: a positive duration such as 7d, 36h, 90m, 2w or 600s")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    from gpushepherd.durations import parse_duration
+
+    try:
+        return parse_duration(text or "", bare=None, maximum=LAST_TIME)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
 
 
 def parse_when(text: str, option: str, tz) -> float:
@@ -165,8 +166,9 @@ def register(app: typer.Typer) -> None:
     def whatif(policy: Annotated[Path, typer.Option("--policy", metavar="FILE", help="The proposed policy.")],
                data_dir: DataDir = Path("shepherd-data"), db: Db = None,
                since: Annotated[Optional[str], typer.Option("--since", metavar="DURATION",
-                                                            help="Jobs submitted in this long up to --to (7d, "
-                                                                 "36h); default 7d without --from.")] = None,
+                                                            help="Jobs submitted in this long up to --to, with "
+                                                                 "its unit (7d, 36h, 90m, 2w) or as D-HH:MM; "
+                                                                 "default 7d without --from.")] = None,
                t_from: From = None, t_to: To = None, csv: Csv = None,
                html: Annotated[Optional[str], typer.Option("--html", metavar="FILE",
                                                            help="The proposed run's report page.")] = None,

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from gpushepherd.cli.daemon import ServerOpt, TokenOpt, _fmt_t, _request, env_pairs, parse_duration
+from gpushepherd.cli.daemon import SECONDS_FORMS, ServerOpt, TokenOpt, _fmt_t, _request, duration_param, env_pairs
 
 
 def register(app: typer.Typer) -> None:
@@ -39,9 +39,10 @@ def register(app: typer.Typer) -> None:
                                                    "(a counter: its rate), or name{label=\"v\"}.")] = "queue_length",
                up: Annotated[float, typer.Option("--scale-up-above")] = ...,
                down: Annotated[float, typer.Option("--scale-down-below")] = ...,
-               cooldown: Annotated[str, typer.Option("--cooldown", help="Below this long before a scale-down "
-                                                     "(60s, 5m).")] = "5m",
-               scrape_every: Annotated[str, typer.Option("--scrape-every")] = "15s",
+               cooldown: Annotated[float, typer.Option("--cooldown", metavar="DURATION", parser=duration_param(), help="Below this "
+                                                       f"long before a scale-down: {SECONDS_FORMS}.")] = 300.0,
+               scrape_every: Annotated[float, typer.Option("--scrape-every", metavar="DURATION", parser=duration_param(), help="Time "
+                                                           f"between scrapes: {SECONDS_FORMS}.")] = 15.0,
                stabilize: Annotated[int, typer.Option("--stabilize", min=1, help="Samples above before a "
                                                       "scale-up.")] = 3,
                env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for each replica (repeat).")] = [],
@@ -55,8 +56,8 @@ def register(app: typer.Typer) -> None:
             "name": name, "class": cls, "team": team, "user": user, "gpus": gpus, "command": cmd,
             "cwd": str(chdir.resolve()), "env": env_pairs(env), "min_replicas": min_replicas,
             "max_replicas": max_replicas, "metric": metric, "metrics_url": metrics_url, "scale_up_above": up,
-            "scale_down_below": down, "cooldown_s": parse_duration(cooldown),
-            "scrape_every_s": parse_duration(scrape_every), "stabilize": stabilize}
+            "scale_down_below": down, "cooldown_s": cooldown,
+            "scrape_every_s": scrape_every, "stabilize": stabilize}
         if project:
             body["project"] = project
         v = _request(server, "POST", "/services", token=token, json=body).json()

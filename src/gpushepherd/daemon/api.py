@@ -22,17 +22,18 @@ import math
 import os
 import re
 import threading
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
+from gpushepherd.durations import api_seconds
 from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import Principal
 from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -106,6 +107,13 @@ class ShareBody(BaseModel):
         return self
 
 
+#: a duration field of the API: a number is seconds; a string has a unit or Slurm's colons
+#: (``gpushepherd.durations.api_seconds``, design note 018)
+Seconds = Annotated[float, BeforeValidator(api_seconds)]
+SECONDS_DOC = ("seconds (a number), or a string with its unit or in Slurm's --time form: '90s', '30m', '2h', '1d', "
+               "'1-12:00:00', '01:30:00' (a string of digits is seconds too)")
+
+
 class SubmitBody(BaseModel):
     """A job submission. ``class`` is the workload class of the policy."""
 
@@ -119,8 +127,9 @@ class SubmitBody(BaseModel):
     share: ShareBody | None = None
     gpu_type: list[str] = Field(default_factory=list, description="allowed GPU types (empty: any)")
     gpu_mem_mib: int = Field(0, ge=0, le=MAX_MEM_MIB, description="minimum memory per GPU, MiB")
-    time_limit_s: float | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
-    runtime_estimate_s: float | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
+    time_limit_s: Seconds | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description=SECONDS_DOC)
+    runtime_estimate_s: Seconds | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False,
+                                               description=SECONDS_DOC)
     preemptible: bool | None = None
     checkpointable: bool | None = None
     command: list[str] = Field(min_length=1, description="argv; with shell=true, one shell command line")

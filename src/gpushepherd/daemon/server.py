@@ -45,6 +45,8 @@ from gpushepherd.daemon.policy_change import Conflict, PolicyConflict, conflicts
 from gpushepherd.daemon.services import Services
 from gpushepherd.daemon.ratelog import RateLog
 from gpushepherd.daemon.store import (
+    DAEMON_EVENTS,
+    LaunchFailed,
     LockHeld,
     RunLost,
     StorageUnavailable,
@@ -397,7 +399,9 @@ class Daemon:
                 self._note_sample(e)
                 if isinstance(e, RunLost):
                     self.lost.setdefault(e.job_id, []).append(e)
-            item = [e for e in item if not isinstance(e, RunLost)]
+                elif isinstance(e, LaunchFailed):
+                    self.launch_errors[e.job_id] = e.error
+            item = [e for e in item if not isinstance(e, DAEMON_EVENTS)]
             self.sched = sched
             decisions = sched.handle(item)
             for d in decisions:
@@ -507,7 +511,8 @@ class Daemon:
                 "reason": str(job.reason) if job.state is JobState.REJECTED else None,
                 "priority": self.sched.priority_factors(job.id)["priority"] if job.id in self.sched.jobs else None,
                 "usage": self._usage_view(job),
-                "lost": [[r.t, r.job_id, r.run, r.cause, r.final, r.reason] for r in self.lost.get(job.id, ())]}
+                "lost": [[r.t, r.job_id, r.run, r.cause, r.final, r.reason] for r in self.lost.get(job.id, ())],
+                "launch_error": self.launch_errors.get(job.id)}
 
     def archived(self, job_id: str) -> dict | None:
         """The record of a job archived before this server started (``None``: not one)."""
@@ -969,7 +974,7 @@ class Daemon:
             except Exception:  # a failed sample (a bad scripted file, NVML trouble) is skipped whole
                 log.exception("GPU sample failed; skipped")
         wake = sched.next_wakeup()
-        if not any(not isinstance(e, RunLost) for e in batch) and wake is not None and wake <= now:
+        if not any(not isinstance(e, DAEMON_EVENTS) for e in batch) and wake is not None and wake <= now:
             batch.append(Tick(now))
         if not batch and not new_arrays and not exit_rows and not keys:
             for fut, value in replies:  # nothing to commit (an idempotent replay): answered now
@@ -1001,7 +1006,7 @@ class Daemon:
             self.arrays[array_id].submitted(index, job_id)
         self.services.committed(replicas)
         self._idempotent_committed(keys)
-        core_batch = [e for e in batch if not isinstance(e, RunLost)]
+        core_batch = [e for e in batch if not isinstance(e, DAEMON_EVENTS)]
         t0 = time.perf_counter()
         decisions = sched.handle(core_batch)
         self.metrics.observe_cycle(time.perf_counter() - t0)
@@ -1095,7 +1100,9 @@ class Daemon:
                 self.launch_errors[job_id] = f"run {run}: cannot start: {exc}"
                 self.live_run.pop(job_id, None)
                 started[job_id] = dict(placement=str(placement))
-                self.deferred.append(JobFinished(0.0, job_id, ExitStatus.FAILED))
+                # logged with the exit it causes: the cause outlives a restart (note 018)
+                self.deferred += [LaunchFailed(0.0, job_id, run, self.launch_errors[job_id]),
+                                  JobFinished(0.0, job_id, ExitStatus.FAILED)]
                 continue
             self.live_run[job_id] = run
             rdir = self.backend.run_dir(job_id, run)
@@ -1403,7 +1410,7 @@ class Daemon:
             "placement": None, "reason": rec["reason"], "estimated_start": None, "estimated_start_basis": None,
             "priority": rec["priority"],
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
-            "launch_error": self.launch_errors.get(job_id), "lost_runs": len(lost),
+            "launch_error": rec.get("launch_error") or self.launch_errors.get(job_id), "lost_runs": len(lost),
             "failure": next((r.reason for r in lost if r.final), None), **rec["usage"],
         }
         if history:

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
 from gpushepherd.core.scheduler import SpecError
-from gpushepherd.daemon.api import SubmitBody, _spec_field, check_submitter
+from gpushepherd.daemon.api import SECONDS_DOC, Seconds, SubmitBody, _spec_field, check_submitter
 from gpushepherd.daemon.auth import Principal
 from gpushepherd.daemon.server import Daemon
 from gpushepherd.daemon.services import ServiceError
@@ -36,9 +36,10 @@ class ServiceBody(SubmitBody):
     scale_up_above: float = Field(allow_inf_nan=False, description="one replica more when the signal stays above")
     scale_down_below: float = Field(allow_inf_nan=False, description="one replica less when it stays below for "
                                     "the cool-down")
-    cooldown_s: float = Field(300.0, gt=0, allow_inf_nan=False, description="seconds below before a scale-down, "
-                              "and the least time since the last decision")
-    scrape_every_s: float = Field(15.0, gt=0, allow_inf_nan=False, description="seconds between scrapes")
+    cooldown_s: Seconds = Field(300.0, gt=0, allow_inf_nan=False, description="how long below before a "
+                                f"scale-down, and the least time since the last decision: {SECONDS_DOC}")
+    scrape_every_s: Seconds = Field(15.0, gt=0, allow_inf_nan=False, description="time between scrapes: "
+                                    f"{SECONDS_DOC}")
     stabilize: int = Field(3, ge=1, le=1000, strict=True, description="samples above before a scale-up")
 
     @model_validator(mode="after")

@@ -259,8 +259,22 @@ class RunLost:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class LaunchFailed:
+    """A daemon event, logged but never fed to the core (kind ``launch-error``): run ``run``
+    of a job could not be started (``error``: why, as ``show`` / ``why`` print it); logged
+    in the batch of the ``FAILED`` exit it causes, so the cause outlives a restart (note 018)."""
+
+    t: float
+    job_id: str
+    run: int
+    error: str = ""
+
+
 #: event kinds only the daemon reads (``Store.batches(daemon=True)``)
-DAEMON_KINDS = ("lost",)
+DAEMON_KINDS = ("lost", "launch-error")
+#: their events: logged, never handed to the core
+DAEMON_EVENTS = (RunLost, LaunchFailed)
 
 
 # -- events <-> rows -------------------------------------------------------------
@@ -315,6 +329,8 @@ def event_row(e: Event) -> dict:
     if isinstance(e, RunLost):  # a daemon event (note 017)
         return {"kind": "lost", "job_id": e.job_id,
                 "payload": json.dumps({"run": e.run, "cause": e.cause, "final": e.final, "reason": e.reason})}
+    if isinstance(e, LaunchFailed):
+        return {"kind": "launch-error", "job_id": e.job_id, "payload": json.dumps({"run": e.run, "error": e.error})}
     raise TypeError(f"event {type(e).__name__} is not logged by the daemon")
 
 
@@ -366,8 +382,10 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
     if kind == "lost":
         return RunLost(t, job_id, int(data["run"]), str(data.get("cause", "")), bool(data.get("final")),
                        str(data.get("reason", "")))
+    if kind == "launch-error":
+        return LaunchFailed(t, job_id, int(data["run"]), str(data.get("error", "")))
     raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue, tick, usage, "
-                     f"unmanaged, node-lost, node-added, gpu-health or lost")
+                     f"unmanaged, node-lost, node-added, gpu-health, lost or launch-error")
 
 
 def _sqlite_pragmas(synchronous: str, busy_timeout_s: float = 30.0):
