@@ -268,7 +268,8 @@ class Simulator:
                         if self.track_usage is not None:
                             self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
                     elif isinstance(e, JobAdopted):
-                        decisions.insert(0, Start(e.started_at if e.started_at is not None else t, e.spec.id, e.placement))
+                        at = e.started_at if e.started_at is not None else t
+                        decisions.insert(0, Start(at, e.spec.id, e.placement))
                 for d in decisions:
                     rec = records[d.job_id]
                     if isinstance(d, Start):
