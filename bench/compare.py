@@ -152,8 +152,25 @@ def main() -> int:
         return row
 
     print(f"{len(runs)} runs, {args.jobs} at a time")
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = list(pool.map(launch, runs))
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
+                  TimeRemainingColumn(), refresh_per_second=4) as bar, \
+            ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        task = bar.add_task("runs", total=len(runs))
+
+        def tracked(run):
+            row = launch(run)
+            bar.advance(task)
+            return row
+        rows = list(pool.map(tracked, runs))
     if args.merge and (out / "compare.json").exists():
         redone = {(r["trace"], r["policy"], r["estimates"]) for r in rows}
         old = [r for r in json.loads((out / "compare.json").read_text())

@@ -35,8 +35,14 @@ def main() -> int:
         print(f"bench: trace {args.trace} not found (it lives in ../shared/traces)", file=sys.stderr)
         return 2
     rows = []
-    for size in args.sizes.split(","):
-        for mode in ("baseline", "gpushepherd"):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    configs = [(size, mode) for size in args.sizes.split(",") for mode in ("baseline", "gpushepherd")]
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  refresh_per_second=4, transient=True) as bar:
+        task = bar.add_task("runs", total=len(configs))
+        for size, mode in configs:
+            bar.update(task, description=f"{mode} on {size}")
             cmd = [sys.executable, str(Path(__file__).with_name("one.py")), mode, args.trace, args.policy, size]
             if args.days:
                 cmd.append(args.days)
@@ -45,6 +51,7 @@ def main() -> int:
                 print(proc.stderr, file=sys.stderr)
                 return 1
             rows.append(json.loads(proc.stdout))
+            bar.advance(task)
     print(f"{'cluster':>9} {'simulator':>22} {'jobs':>8} {'wall s':>8} {'jobs/s':>9} {'peak MiB':>9} "
           f"{'avg JCT h':>10} {'JCT/bound':>9} {'util':>6}")
     for r in rows:

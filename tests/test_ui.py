@@ -35,7 +35,7 @@ def busy(s: Server, flag: Path) -> dict[str, str]:
     team's max_gpus=2 and one running cv job: returns their ids by role."""
     ids = {"running": s.submit(wait_for_file(flag)),
            "xss": s.submit(wait_for_file(flag) + f"\n# {XSS}"),
-           "pending": s.submit(wait_for_file(flag)),
+           "pending": s.submit(wait_for_file(flag), name="eval"),
            "cv": s.submit(wait_for_file(flag), team="cv", user="bo")}
     for role in ("running", "xss", "cv"):
         s.wait_state(ids[role], "RUNNING")
@@ -189,6 +189,7 @@ def test_ui_shows_the_pending_reason_the_gpu_holders_and_escapes_user_input(tmp_
               "const n = document.querySelector(arguments[0]); return n && n.textContent", reason_cell)
         assert text_of(browser, reason_cell) == s.job(ids["pending"])["reason"]
         assert text_of(browser, reason_cell).startswith("QuotaExceeded(teams.ml.max_gpus=2")
+        assert text_of(browser, f"#queue tr[data-job='{ids['pending']}'] .job-name") == "eval"  # note 020
 
         # the GPU grid shows who holds each GPU
         holders = browser.execute_script(

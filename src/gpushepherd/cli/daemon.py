@@ -22,6 +22,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from gpushepherd.daemon.jobquery import JOB_NAME_RULE
 from gpushepherd.durations import MAX_SECONDS, UNLIMITED_WORDS, Bare, parse_duration
 
 DEFAULT_PORT = 8765
@@ -563,13 +564,14 @@ def register(app: typer.Typer) -> None:
                                                             "$SHEPHERD_ARRAY_TASK_ID.")] = None,
                max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="Array: runs of a "
                                                         "FAILED chunk again.")] = 2,
+               name: Annotated[str, typer.Option("--name", "-J", help=f"Job name: {JOB_NAME_RULE}.")] = "",
                server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py` (a batch
         script with #SBATCH lines: `shepherd sbatch FILE`)."""
         script_not_command(cmd, chdir, shell)
         body = job_body(cls=cls, team=team, user=user, token=token, gpus=gpus, gpu_type=gpu_type, command=cmd,
                         shell=shell, chdir=chdir, time_limit_s=time_limit, project=project, array=array,
-                        max_retries=max_retries)
+                        max_retries=max_retries, name=name)
         body.update(preemptible=preemptible, checkpointable=checkpointable)
         try:
             if share:
@@ -581,23 +583,28 @@ def register(app: typer.Typer) -> None:
         body["env"] = env_pairs(env)
         post_job(server, token, body)
 
-    @app.command("queue")
-    def queue(state: Annotated[Optional[str], typer.Option("--state", "-t")] = None,
+    @app.command("queue", help=QUEUE_HELP)
+    def queue(state: Annotated[Optional[str], typer.Option("--state", "-t", help="Only these states, a comma "
+                                                           "list: ours or Slurm's (PD, R, CG, CD, F, CA, TO), "
+                                                           "'all'.")] = None,
               all_: Annotated[bool, typer.Option("--all", "-a", help="Also ended jobs.")] = False,
+              user: Annotated[Optional[str], typer.Option("--user", "-u", help="Only these users' jobs "
+                                                          "(a comma list).")] = None,
+              me: Annotated[bool, typer.Option("--me", help="Only my jobs: the token's user (GET /whoami), "
+                                               "$USER without tokens.")] = False,
+              team: Annotated[Optional[str], typer.Option("--account", "--team", "-A", help="Only these teams' "
+                                                          "jobs (a comma list).")] = None,
+              name: Annotated[Optional[str], typer.Option("--name", "-n", help="Only jobs of these names "
+                                                          "(a comma list).")] = None,
+              fmt: Annotated[Optional[str], typer.Option("--format", "-o", metavar="FIELDS", help="Columns, a "
+                                                         "comma list of the fields below.")] = None,
+              as_json: Annotated[bool, typer.Option("--json", help="A JSON list of objects, one per job, keyed "
+                                                    "by field name (raw values: epoch seconds, null).")] = False,
+              start: Annotated[bool, typer.Option("--start", help="Pending jobs with their estimated start, "
+                                                  "earliest first (squeue --start).")] = False,
               server: ServerOpt = None, token: TokenOpt = None) -> None:
-        """Jobs: state, reason (or placement), estimated start, priority (squeue)."""
-        params = {"state": state} if state else {}
-        jobs = _request(server, "GET", "/jobs", token=token, params=params).json()
-        table = SafeTable("JOBID", "CLASS", "TEAM", "USER", "GPUS", "STATE", "REASON / PLACEMENT", "EST. START",
-                      "PRIORITY", box=None)
-        for j in jobs:
-            if not (all_ or state) and j["state"] in TERMINAL:
-                continue
-            prio = "-" if j["priority"] is None else f"{j['priority']:.3f}"
-            jid = f"{j['id']}_[{j['array']}]" if j.get("array") else j["id"]
-            table.add_row(jid, j["class"], j["team"], j["user"], j["share"] or str(j["gpus"]), j["state"],
-                          j["reason"] or j["placement"] or "", _fmt_est(j), prio)
-        out.print(table)
+        _queue(out, err, server, token, state=state, all_=all_, user=user, me=me, team=team, name=name, fmt=fmt,
+               as_json=as_json, start=start)
 
     @app.command("show")
     def show(job_id: Annotated[str, typer.Argument(metavar="JOB")], server: ServerOpt = None,
@@ -605,9 +612,9 @@ def register(app: typer.Typer) -> None:
         """One job: fields, its history of transitions and why it waits now."""
         j = _request(server, "GET", _job_path(job_id), token=token).json()
         if j.get("array"):
-            for key in ("id", "array", "state", "class", "team", "user", "project", "gpus", "share", "throttle",
+            for key in ("id", "name", "array", "state", "class", "team", "user", "project", "gpus", "share", "throttle",
                         "max_retries", "retries_used", "running", "pending", "failed_indices", "command", "cwd"):
-                value = (j.get(key) or "-") if key == "project" else j.get(key)
+                value = (j.get(key) or "-") if key in ("project", "name") else j.get(key)
                 out.print(_safe(f"{key}: {value}"), markup=False)
             out.print(f"progress: {j['done']}/{j['tasks']} done")
             out.print(f"submit_time: {_fmt_t(j['submit_time'])}")
@@ -615,10 +622,10 @@ def register(app: typer.Typer) -> None:
             for index, ids in j["children"].items():
                 out.print(f"  {index}: {' '.join(ids)}")
             return
-        for key in ("id", "state", "reason", "class", "team", "user", "project", "gpus", "share", "placement",
+        for key in ("id", "name", "state", "reason", "class", "team", "user", "project", "gpus", "share", "placement",
                     "priority", "runs", "preemptions", "lost_runs", "failure", "exit_code", "launch_error", "command",
                     "cwd", "stdout", "stderr", "checkpoint_dir"):
-            value = (j.get(key) or "-") if key == "project" else j.get(key)
+            value = (j.get(key) or "-") if key in ("project", "name") else j.get(key)
             out.print(_safe(f"{key}: {value}"), markup=False)
         if j.get("sampled_at") is not None or j.get("peak_gpu_mem_mib"):
             util = "-" if j.get("gpu_util_pct") is None else f"{j['gpu_util_pct']:.0f}%"
@@ -722,3 +729,179 @@ def register(app: typer.Typer) -> None:
             table.add_row(t["team"], f"{t['gpus_in_use']:g}", f"{t['decayed_usage_gpu_s'] / 3600:.2f}",
                           f"{t['fair_share_factor']:.3f}")
         out.print(table)
+
+
+# ---------------------------------------------------------------- shepherd queue (note 020)
+#: Slurm's compact state codes (squeue's %t) of our states
+SHORT_STATE = {"PENDING": "PD", "RUNNING": "R", "PREEMPTING": "CG", "STOPPING": "CG", "COMPLETED": "CD",
+               "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO", "REJECTED": "RJ"}
+
+
+def _prio(j: dict) -> str:
+    return "-" if j.get("priority") is None else f"{j['priority']:.3f}"
+
+
+#: ``queue``'s fields: name -> (header, raw value for --json, text for the table, what it is)
+QUEUE_FIELDS: dict[str, tuple[str, Any, Any, str]] = {
+    "id": ("JOBID", lambda j: j["id"], lambda j: f"{j['id']}_[{j['array']}]" if j.get("array") else j["id"],
+           "job id (an array: ID_[INDICES])"),
+    "name": ("NAME", lambda j: j.get("name") or "", lambda j: j.get("name") or "-", "job name (submit -J)"),
+    "array": ("ARRAY", lambda j: j.get("array"), lambda j: j.get("array") or "-", "an array's indices (0-99%8)"),
+    "class": ("CLASS", lambda j: j["class"], lambda j: j["class"], "workload class (Slurm's partition)"),
+    "team": ("TEAM", lambda j: j["team"], lambda j: j["team"], "team (Slurm's account)"),
+    "user": ("USER", lambda j: j["user"], lambda j: j["user"] or "-", "user"),
+    "project": ("PROJECT", lambda j: j.get("project") or "", lambda j: j.get("project") or "-",
+                "showback project (Slurm's wckey)"),
+    "gpus": ("GPUS", lambda j: j["gpus"], lambda j: j["share"] or str(j["gpus"]), "whole GPUs, or the share"),
+    "share": ("SHARE", lambda j: j.get("share"), lambda j: j.get("share") or "-", "part of one GPU"),
+    "state": ("STATE", lambda j: j["state"], lambda j: j["state"], "state (PENDING, RUNNING, ...)"),
+    "st": ("ST", lambda j: SHORT_STATE.get(j["state"], j["state"]), lambda j: SHORT_STATE.get(j["state"], j["state"]),
+           "Slurm's state code (PD, R, CG, CD, F, CA, TO; RJ: rejected)"),
+    "reason": ("REASON / PLACEMENT", lambda j: j.get("reason") or j.get("placement"),
+               lambda j: j.get("reason") or j.get("placement") or "",
+               "why it waits, or where it runs (squeue's NODELIST(REASON)); never cut"),
+    "placement": ("PLACEMENT", lambda j: j.get("placement"), lambda j: j.get("placement") or "-",
+                  "node:GPUs it holds"),
+    "start": ("EST. START", lambda j: j.get("estimated_start"), _fmt_est,
+              "estimated start: <= T on time limits (an upper bound), ~ T on estimates"),
+    "start_basis": ("START BASIS", lambda j: j.get("estimated_start_basis"),
+                    lambda j: j.get("estimated_start_basis") or "-", "what the estimate rests on"),
+    "submit": ("SUBMIT", lambda j: j.get("submit_time"), lambda j: _fmt_t(j.get("submit_time")), "submit time"),
+    "priority": ("PRIORITY", lambda j: j.get("priority"), _prio, "priority (multifactor)"),
+    "runs": ("RUNS", lambda j: j.get("runs"), lambda j: _num(j.get("runs")), "runs started"),
+}
+#: other names a Slurm user types (squeue --Format) -> ours
+QUEUE_ALIASES = {"jobid": "id", "jobname": "name", "partition": "class", "account": "team", "wckey": "project",
+                 "statecompact": "st", "statelong": "state", "nodelist": "placement", "start_time": "start",
+                 "starttime": "start", "submit_time": "submit", "submittime": "submit", "gres": "gpus",
+                 "tres": "gpus"}
+QUEUE_DEFAULT = ("id", "class", "team", "user", "name", "gpus", "state", "reason", "start", "priority")
+QUEUE_START = ("id", "class", "name", "user", "team", "st", "start", "gpus", "reason")
+#: columns dropped first, in this order, when the table is wider than the terminal
+QUEUE_DROP_ORDER = ("priority", "project", "runs", "start_basis", "submit", "share", "array", "start", "class",
+                    "name", "placement", "gpus", "team", "user", "st")
+#: the reason column keeps at least this many characters (or its longest text) before it wraps
+QUEUE_REASON_MIN = 20
+
+QUEUE_HELP = ("Jobs, as squeue: id, class, team, user, name, GPUs, state, reason (or placement), estimated "
+              "start, priority. Ended jobs only with --all or --state. The reason is never cut: on a narrow "
+              "terminal it wraps, and other columns are dropped first (named on stderr).\n\n"
+              "Fields of -o/--format and --json (Slurm's names too: jobid, partition, account, wckey, "
+              "nodelist, start_time, submit_time, statecompact, gres):\n\n\b\n"
+              + "\n".join(f"  {k:<12} {v[3]}" for k, v in QUEUE_FIELDS.items()))
+
+
+def parse_fields(text: str) -> list[str]:
+    """The field names of ``-o/--format`` (a comma list, any case, Slurm aliases allowed).
+
+    Raises:
+        typer.BadParameter: an empty list or an unknown field, naming it and listing the allowed ones.
+    """
+    out = []
+    for word in text.split(","):
+        key = word.strip().lower()
+        key = QUEUE_ALIASES.get(key, key)
+        if key not in QUEUE_FIELDS:
+            raise typer.BadParameter(f"{word.strip()!r} is not allowed: a comma list of {', '.join(QUEUE_FIELDS)}",
+                                     param_hint="'--format' / '-o'")
+        if key not in out:
+            out.append(key)
+    return out
+
+
+def queue_table(jobs: list[dict], fields: list[str], width: int) -> tuple[SafeTable, list[str]]:
+    """The queue as a table that fits ``width`` columns, and the fields left out for it.
+
+    The reason column folds (never an ellipsis); when the other columns' widths plus
+    ``QUEUE_REASON_MIN`` for the reason do not fit, fields are dropped in
+    ``QUEUE_DROP_ORDER`` (id, state and reason are never dropped)."""
+    texts = {f: [_safe(QUEUE_FIELDS[f][2](j)) for j in jobs] for f in fields}
+    widths = {f: max([len(QUEUE_FIELDS[f][0])] + [len(t) for t in texts[f]]) for f in fields}
+    if "reason" in widths:
+        widths["reason"] = min(widths["reason"], max(QUEUE_REASON_MIN, len(QUEUE_FIELDS["reason"][0])))
+    shown, dropped = list(fields), []
+
+    def need() -> int:  # each column padded 1 each side, none at the table's edges
+        return sum(widths[f] for f in shown) + 2 * (len(shown) - 1)
+
+    for f in QUEUE_DROP_ORDER:
+        if need() <= width:
+            break
+        if f in shown and len(shown) > 1:
+            shown.remove(f)
+            dropped.append(f)
+    table = SafeTable(box=None, pad_edge=False)
+    for f in shown:
+        if f == "reason":
+            table.add_column(QUEUE_FIELDS[f][0], overflow="fold", min_width=min(widths[f], width))
+        else:
+            table.add_column(QUEUE_FIELDS[f][0], no_wrap=True, overflow="fold")
+    for i in range(len(jobs)):
+        table.add_row(*(texts[f][i] for f in shown))
+    return table, dropped
+
+
+def _queue(out, err, server: str | None, token: str | None, *, state: str | None, all_: bool, user: str | None,
+           me: bool, team: str | None, name: str | None, fmt: str | None, as_json: bool, start: bool) -> None:
+    """``shepherd queue``: filters sent to ``GET /jobs`` (checked here first, naming the
+    option), then a table, or JSON."""
+    import json
+
+    from gpushepherd.daemon.jobquery import QueryError, parse_states, split_list
+    if start and state is not None:
+        err.print("error: --state: not allowed with --start (it lists pending jobs)", soft_wrap=True)
+        raise typer.Exit(2)
+    fields = parse_fields(fmt) if fmt is not None else list(QUEUE_START if start else QUEUE_DEFAULT)
+    params: dict[str, str] = {}
+    users: list[str] = []
+    try:
+        if state is not None:
+            parse_states(state)
+            params["state"] = state
+        if start:
+            params["state"] = "PENDING"
+        for option, key, value in (("--user", "user", user), ("--account", "team", team), ("--name", "name", name)):
+            if value is not None:
+                items = split_list(key, value)
+                if key == "user":
+                    users = items
+                else:
+                    params[key] = ",".join(items)
+    except QueryError as exc:
+        shown = {"state": "--state", "user": "--user", "team": "--account", "name": "--name"}[exc.field]
+        err.print(f"error: {shown}: {str(exc).split(': ', 1)[1]}", soft_wrap=True, markup=False)
+        raise typer.Exit(2) from None
+    if me:
+        who = _request(server, "GET", "/whoami", token=token).json()
+        mine = who.get("user")
+        if mine is None:  # a server without tokens: submit's default user
+            import getpass
+            try:
+                mine = os.environ.get("USER") or getpass.getuser()
+            except (KeyError, OSError):
+                mine = ""
+        users.append(mine)
+    if users:
+        params["user"] = ",".join(dict.fromkeys(users))
+    jobs = _request(server, "GET", "/jobs", token=token, params=params).json()
+    if not (all_ or "state" in params):
+        jobs = [j for j in jobs if j["state"] not in TERMINAL]
+    if start:
+        jobs.sort(key=lambda j: (j.get("estimated_start") is None, j.get("estimated_start") or 0.0))
+    if as_json:
+        sys.stdout.write(json.dumps([{f: QUEUE_FIELDS[f][1](j) for f in fields} for j in jobs], indent=2) + "\n")
+        return
+    width = _columns(out)
+    table, dropped = queue_table(jobs, fields, width)
+    out.print(table, width=width)
+    if dropped:
+        err.print(f"(left out for the terminal's {width} columns: {', '.join(dropped)}; choose with -o)",
+                  soft_wrap=True)
+
+
+def _columns(console) -> int:
+    """The width to lay a table out for: ``$COLUMNS`` when it is a number (a pipe too,
+    as ``COLUMNS=80 shepherd queue | less``), else the console's (a terminal's width, 160
+    for a pipe)."""
+    text = os.environ.get("COLUMNS", "")
+    return int(text) if text.isdigit() and 20 <= int(text) <= 10000 else console.width

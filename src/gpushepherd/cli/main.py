@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from importlib import resources
@@ -22,7 +23,8 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 from rich.text import Text
 
@@ -30,7 +32,7 @@ from gpushepherd import __version__
 from gpushepherd.cli.daemon import duration_param
 from gpushepherd.core.scheduler import SpecError
 from gpushepherd.policy.load import PolicyError, override_cluster, policy_from_dict, read_policy_dict
-from gpushepherd.sim.engine import Simulator
+from gpushepherd.sim.engine import SimInterrupted, SimProgress, Simulator
 from gpushepherd.sim.mapping import to_sim_jobs
 from gpushepherd.sim.scenario import ScenarioError, expand_ids, load_scenario, run_scenario
 from gpushepherd.sim.traces import TraceError, parse_days, read_trace, select
@@ -166,6 +168,59 @@ LEGEND = ("JCT = end - submit of jobs that ended; wait = queueing delay, first s
           "preemptions = preemption events; times in s/m/h/d.")
 
 
+@contextmanager
+def _nothing():
+    yield
+
+
+class SimBar:
+    """A rich progress display on ``console`` for long work (design note 020): tasks
+    that move at least every second (``refresh_per_second``), with rate and ETA.
+    ``reading`` is an indeterminate task (a trace or a log being read); ``replay`` makes
+    a task for one simulator run and returns its ``on_progress`` callback, which
+    advances it by submissions plus ends (out of twice the jobs) and says where the
+    simulated clock is."""
+
+    def __init__(self, console: Console):
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                                 TimeRemainingColumn(), console=console, transient=True, refresh_per_second=4)
+
+    def __enter__(self) -> SimBar:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def reading(self, what: str):
+        return self.progress.add_task(what, total=None, info="")
+
+    def read(self, task, rows: int) -> None:
+        self.progress.update(task, total=1, completed=1, info=f"{rows:,} jobs")
+
+    def track(self, items, what: str, total: int | None):
+        """Yield ``items``, advancing a task ``what`` by one each (of ``total``)."""
+        task = self.progress.add_task(what, total=total, info="")
+        n = 0
+        for n, item in enumerate(items, 1):
+            yield item
+            self.progress.update(task, completed=n)
+        self.progress.update(task, total=n, completed=n, info=f"{n:,} read")
+
+    def replay(self, what: str, jobs: int) -> Callable[[SimProgress], None]:
+        task = self.progress.add_task(what, total=2 * max(jobs, 1), info="")
+        begun = time.monotonic()
+
+        def update(p: SimProgress) -> None:
+            elapsed = time.monotonic() - begun
+            rate = p.finished / elapsed if elapsed > 0 else 0.0
+            self.progress.update(task, completed=p.done, info=(
+                f"t {_hours(p.t - p.t_first)}/{_hours(p.t_last_submit - p.t_first)}, "
+                f"ended {p.finished:,}/{p.total:,} ({rate:,.0f}/s)"))
+        return update
+
+
 def _output_path(option: str, value: str | None, suffixes: tuple[str, ...]) -> Path | None:
     """Check an output path before any work is done; its folder is created if needed."""
     if value is None:
@@ -250,8 +305,13 @@ def simulate(
             pol = policy_from_dict(override_cluster(raw, cluster), f"--cluster {cluster}")
         from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs  # pandas: only here
 
-        rows = read_trace(trace_path, fmt, mapping)
-        rows = select(rows, parse_days(days) if days else None, load)
+        bar = SimBar(err) if progress and err.is_terminal else None
+        with bar or _nothing():
+            read = bar.reading(f"reading {trace_path.name}") if bar else None
+            rows = read_trace(trace_path, fmt, mapping)
+            rows = select(rows, parse_days(days) if days else None, load)
+            if read is not None:
+                bar.read(read, len(rows))
         if not rows:
             raise UsageError("no jobs to simulate: the trace (or the --days window, counted from the trace's "
                              "first job) is empty")
@@ -267,14 +327,17 @@ def simulate(
         if json_path == "-":
             err.print(banner)  # stdout carries the JSON
         watch: set[str] | bool = set(explain or ()) if html_file is None else True  # the page's reasons: all jobs
-        if progress and err.is_terminal:
-            with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=err, transient=True) as bar:
-                task = bar.add_task("sim", total=len(jobs))
+        stopped: SimProgress | None = None
+        try:
+            with bar or _nothing():
                 result = Simulator(pol.rules, jobs, record_reasons=watch, stranded_every_s=stranded_every,
-                                   progress=lambda d, t: bar.update(task, completed=d)).run()
-        else:
-            result = Simulator(pol.rules, jobs, record_reasons=watch, stranded_every_s=stranded_every).run()
+                                   on_progress=bar.replay("simulating", len(jobs)) if bar else None).run()
+        except SimInterrupted as exc:  # Ctrl-C: what ran until then is summarised and written
+            result, stopped = exc.result, exc.progress
+            err.print(f"interrupted: simulated up to {_hours(stopped.t - stopped.t_first)} of the trace "
+                      f"(submits span {_hours(stopped.t_last_submit - stopped.t_first)}), {stopped.finished:,} of "
+                      f"{stopped.total:,} jobs ended; the figures and files below are PARTIAL: they cover only "
+                      "that", soft_wrap=True)
         df = job_table(result)
         summary = summarize(result, df)
         if stranded_every is not None:
@@ -287,6 +350,10 @@ def simulate(
         payload = {"trace": str(trace_path), "policy": str(policy_path), "jobs": len(jobs),
                    "gpus": gpus, "nodes": len(pol.rules.nodes), "seed": seed, "estimates": estimates,
                    "days": days, "load": load, **summary}
+        if stopped is not None:
+            payload["interrupted"] = {"t": stopped.t, "jobs_ended": stopped.finished, "jobs_submitted":
+                                      stopped.submitted, "jobs": stopped.total}
+            title = f"PARTIAL (interrupted) - {title}"
         text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
         if json_path == "-":
             sys.stdout.write(text)
@@ -310,6 +377,8 @@ def simulate(
             _report_cli.simulation_page(result, html_file, f"simulation of {what} under {policy_path.name}")
         for job_id in explain or []:
             _explain(result, job_id)
+        if stopped is not None:
+            raise typer.Exit(130)  # as a shell reports SIGINT
 
 
 def _explain(result, job_id: str) -> None:

@@ -6,6 +6,7 @@ server."""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Optional
@@ -120,7 +121,7 @@ def register(app: typer.Typer) -> None:
     """Add ``report`` and ``whatif`` to ``app``."""
     from gpushepherd.cli.main import UsageError, _console, _errors, _output_path, err
 
-    def load(data_dir: Path, db: str | None):
+    def load(data_dir: Path, db: str | None, bar=None):
         from gpushepherd.report import HistoryError, replay
 
         from sqlalchemy.exc import SQLAlchemyError
@@ -133,7 +134,8 @@ def register(app: typer.Typer) -> None:
         except SQLAlchemyError as exc:
             raise UsageError(db_failure(data_dir, db, exc)) from None
         try:
-            return replay(store.batches())
+            batches = store.batches()
+            return replay(bar.track(batches, "reading the event log (batches)", store.last_batch) if bar else batches)
         except HistoryError as exc:
             raise UsageError(f"{store.display_url}: {exc}") from None
         finally:
@@ -143,7 +145,8 @@ def register(app: typer.Typer) -> None:
     def report(data_dir: DataDir = Path("shepherd-data"), db: Db = None,
                week: Annotated[bool, typer.Option("--week", help="The 7 days up to --to (default: the last "
                                                   "event).")] = False,
-               t_from: From = None, t_to: To = None, csv: Csv = None, html: Html = None) -> None:
+               t_from: From = None, t_to: To = None, csv: Csv = None, html: Html = None,
+               progress: ProgressOpt = True) -> None:
         """Showback/chargeback: GPU-hours and cost per team, project, user and class, waits per
         class (p50/p95), top pending reasons, idle gaps, allocated-but-idle GPU-hours,
         utilisation and queue length over time (R15)."""
@@ -152,7 +155,8 @@ def register(app: typer.Typer) -> None:
         with _errors():
             html_file = _output_path("--html", html, (".html", ".htm"))
             _check_csv(csv, UsageError)
-            rp = load(data_dir, db)
+            with _bar(progress) as bar:
+                rp = load(data_dir, db, bar)
             clock = rp.rules.clock
             try:
                 a, b = time_range(rp.t_first, rp.t_last, clock.tz if clock else None, week=week,
@@ -174,7 +178,7 @@ def register(app: typer.Typer) -> None:
                                                            help="The proposed run's report page.")] = None,
                html_current: Annotated[Optional[str], typer.Option("--html-current", metavar="FILE",
                                                                    help="The current run's report page.")] = None,
-               ) -> None:
+               progress: ProgressOpt = True) -> None:
         """Replay the jobs the store recorded through the simulator under the current
         policy (the log's last) and a proposed one; print per class and team waits
         (mean, p95), mean JCT and GPU-hours side by side (R19)."""
@@ -187,17 +191,19 @@ def register(app: typer.Typer) -> None:
             html_cur = _output_path("--html-current", html_current, (".html", ".htm"))
             _check_csv(csv, UsageError)
             proposed = load_policy(policy)
-            rp = load(data_dir, db)
-            clock = rp.rules.clock
-            try:
-                a, b = time_range(rp.t_first, rp.t_last, clock.tz if clock else None,
-                                  since=since or (None if t_from else "7d"), t_from=t_from, t_to=t_to)
-                wi = run_whatif(rp, proposed.rules, a, b, source=str(policy),
-                                record_reasons=html_file is not None or html_cur is not None)
-            except ValueError as exc:
-                if type(exc) is not ValueError:
-                    raise
-                raise UsageError(str(exc)) from None
+            with _bar(progress) as bar:
+                rp = load(data_dir, db, bar)
+                clock = rp.rules.clock
+                try:
+                    a, b = time_range(rp.t_first, rp.t_last, clock.tz if clock else None,
+                                      since=since or (None if t_from else "7d"), t_from=t_from, t_to=t_to)
+                    wi = run_whatif(rp, proposed.rules, a, b, source=str(policy),
+                                    record_reasons=html_file is not None or html_cur is not None,
+                                    progress=bar.replay if bar else None)
+                except ValueError as exc:
+                    if type(exc) is not ValueError:
+                        raise
+                    raise UsageError(str(exc)) from None
             out = _console()
             out.print(whatif_table(wi.table))
             for line in rejected_lines(wi.rejected):
@@ -265,6 +271,21 @@ def rejected_lines(rejected) -> list[str]:
         lines.append(f"  rejected by the {r.run} policy: job {r.job_id} (class {r[2]}, team {r.team}, "
                      f"{r.gpus} GPUs): {r.reason}")
     return lines
+
+
+ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")]
+
+
+@contextmanager
+def _bar(show: bool):
+    """A ``SimBar`` on stderr while ``show`` and stderr is a terminal, else ``None``."""
+    from gpushepherd.cli.main import SimBar, err
+
+    if not (show and err.is_terminal):
+        yield None
+        return
+    with SimBar(err) as bar:
+        yield bar
 
 
 def emit(rep, csv: Path | None, html_file: Path | None, tables: bool = True) -> None:

@@ -36,12 +36,13 @@ from gpushepherd.core.scheduler import SpecError
 from gpushepherd.durations import api_seconds
 from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import Principal
+from gpushepherd.daemon.jobquery import JOB_NAME_RULE, JobFilter, QueryError, check_job_name
 from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.server import Daemon, IdempotencyConflict
 from gpushepherd.daemon.store import StorageUnavailable, storage_reason
 from gpushepherd.daemon.ui import mount_ui
-from gpushepherd.model.job import GpuShare, JobSpec, JobState, first_control_char
+from gpushepherd.model.job import GpuShare, JobSpec, first_control_char
 from gpushepherd.policy.load import PolicyError, policy_from_dict
 
 
@@ -123,6 +124,8 @@ class SubmitBody(BaseModel):
     user: str = Field("", max_length=MAX_NAME)
     project: str = Field("", max_length=MAX_NAME, description="free-form project for showback (Slurm's --wckey; "
                          "'': none); never affects scheduling")
+    name: str = Field("", description=f"the job's name (Slurm's --job-name; '': none): "
+                      f"{JOB_NAME_RULE}; an array's elements carry it")
     gpus: int = Field(1, ge=1, le=1_000_000, strict=True, description="whole GPUs (1 with a share)")
     share: ShareBody | None = None
     gpu_type: list[str] = Field(default_factory=list, description="allowed GPU types (empty: any)")
@@ -146,6 +149,11 @@ class SubmitBody(BaseModel):
         if v is not None:
             parse_array(v)  # ValueError naming the value and what is allowed
         return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_job_name(v)  # ValueError naming the value and what is allowed
 
     @field_validator("cwd")
     @classmethod
@@ -192,7 +200,8 @@ class SubmitBody(BaseModel):
         return JobSpec(id="", team=self.team, workload_class=self.workload_class, gpus=self.gpus, user=self.user,
                        gpu_types=tuple(self.gpu_type), gpu_mem_mib=self.gpu_mem_mib, time_limit_s=self.time_limit_s,
                        runtime_estimate_s=self.runtime_estimate_s, preemptible=self.preemptible,
-                       checkpointable=self.checkpointable, share=share, project=self.project)
+                       checkpointable=self.checkpointable, share=share, project=self.project,
+                       name=self.name)
 
 
 class ErrorBody(BaseModel):
@@ -445,18 +454,33 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         return out
 
     @app.get("/jobs")
-    def jobs(state: str | None = Query(None, description="only jobs in this state (PENDING, RUNNING, ...)"),
+    def jobs(state: str | None = Query(None, max_length=4096, description="only jobs in these states, a comma "
+                                       "list of ours (PENDING, RUNNING, ...) or Slurm's (PD, R, CG, CD, F, CA, "
+                                       "TO), any case; 'all': every state"),
+             user: str | None = Query(None, max_length=65536, description="only these users' jobs (a comma list)"),
+             team: str | None = Query(None, max_length=65536, description="only these teams' jobs (a comma list)"),
+             name: str | None = Query(None, max_length=65536, description="only jobs of these names (a comma list)"),
              children: bool = Query(False, description="also each array's child jobs")) -> list:
         """Jobs in submission order: state, reason, estimated start, priority. An array
-        is one entry (``done``/``tasks``) unless ``children``."""
-        states = sorted(s.value for s in JobState)
-        if state is not None and state.upper() not in states:
+        is one entry (``done``/``tasks``) unless ``children``. Filters (design note 020)
+        must all match; a bad value is 422 naming the parameter."""
+        try:
+            keep = JobFilter(state=state, user=user, team=team, name=name)
+        except QueryError as exc:
             return JSONResponse(status_code=422, content={"detail": [
-                {"loc": ["query", "state"], "msg": f"{state!r} is not allowed: one of {', '.join(states)}",
-                 "type": "value_error"}]})
+                {"loc": ["query", exc.field], "msg": str(exc), "type": "value_error"}]})
         with daemon.lock:
             out = daemon.jobs_view(children=children)
-        return [j for j in out if state is None or j["state"] == state.upper()]
+        return [j for j in out if keep(j)]
+
+    @app.get("/whoami")
+    def whoami(p: Principal | None = Depends(principal)) -> dict:
+        """Who this request's token is: ``user``, ``teams``, ``admin``; ``auth`` false
+        (and ``user`` null) on a server without tokens, where anyone may act as any
+        user (``shepherd queue --me`` then means ``$USER``)."""
+        if p is None:
+            return {"auth": False, "user": None, "teams": [], "admin": False}
+        return {"auth": True, "user": p.user, "teams": list(p.teams), "admin": p.admin}
 
     @app.get("/jobs/{job_id}")
     def job(job_id: str) -> dict:

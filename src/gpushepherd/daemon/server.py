@@ -1365,7 +1365,7 @@ class Daemon:
             reason = job.reason
         view = {
             "id": job_id, "state": job.state.value, "class": spec.workload_class, "team": spec.team,
-            "user": spec.user, "project": spec.project, "gpus": spec.gpus,
+            "user": spec.user, "project": spec.project, "name": spec.name, "gpus": spec.gpus,
             "share": str(spec.share) if spec.share else None,
             "submit_time": spec.submit_time, "first_start": job.first_start, "runs": self.runs[job_id],
             "preemptions": job.preemptions,
@@ -1404,7 +1404,8 @@ class Daemon:
         lost = [RunLost(*r) for r in rec.get("lost", [])]
         view = {
             "id": job_id, "state": rec["state"], "class": spec["workload_class"], "team": spec["team"],
-            "user": spec["user"], "project": spec.get("project", ""), "gpus": spec["gpus"],
+            "user": spec["user"], "project": spec.get("project", ""), "name": spec.get("name", ""),
+            "gpus": spec["gpus"],
             "share": str(share) if share else None, "submit_time": spec["submit_time"],
             "first_start": rec["first_start"], "runs": rec["runs"], "preemptions": rec["preemptions"],
             "placement": None, "reason": rec["reason"], "estimated_start": None, "estimated_start_basis": None,
@@ -1442,7 +1443,8 @@ class Daemon:
         share = spec_from_dict(spec).share
         view = {
             "id": rec.id, "array": rec.text, "state": p["state"], "class": spec["workload_class"],
-            "team": spec["team"], "user": spec["user"], "project": spec.get("project", ""), "gpus": spec["gpus"],
+            "team": spec["team"], "user": spec["user"], "project": spec.get("project", ""),
+            "name": spec.get("name", ""), "gpus": spec["gpus"],
             "share": str(share) if share else None,
             "submit_time": rec.submit_time, "tasks": p["total"], "done": p["done"], "running": p["running"],
             "pending": p["pending"], "failed_indices": p["failed"], "retries_used": p["retries_used"],

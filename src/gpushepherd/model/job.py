@@ -168,6 +168,8 @@ class JobSpec:
         project: free-form project the job's GPU-hours are reported under (Slurm's
             ``--wckey``, a Kubernetes label; '': none, shown as ``-``). Showback only:
             the core carries it and never reads it (note 010, "A project on every job").
+        name: the job's name (Slurm's ``--job-name``; '': none, shown as ``-``). Shown
+            only: the core carries it and never reads it (note 020).
     """
 
     id: str
@@ -192,6 +194,7 @@ class JobSpec:
     cache_key: str = ""
     cache_required: bool = False
     project: str = ""
+    name: str = ""
 
     @property
     def pods(self) -> int:

@@ -3,6 +3,7 @@ through the simulator under the policy they ran under and under a proposed one."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,7 +13,7 @@ from gpushepherd.core.scheduler import SpecError, validate_spec
 from gpushepherd.model.events import Event, JobCancelled
 from gpushepherd.model.rules import Rules
 from gpushepherd.report.history import History, Replay
-from gpushepherd.sim.engine import SimJob, SimResult, Simulator
+from gpushepherd.sim.engine import SimJob, SimProgress, SimResult, Simulator
 
 H = 3600.0
 RAN = ("COMPLETED", "FAILED", "TIMEOUT")
@@ -99,8 +100,11 @@ class WhatIf:
 
 
 def run_whatif(rp: Replay, proposed: Rules, t_from: float, t_to: float, source: str = "--policy",
-               record_reasons: bool = False) -> WhatIf:
+               record_reasons: bool = False,
+               progress: Callable[[str, int], Callable[[SimProgress], None]] | None = None) -> WhatIf:
     """Simulate the range's workload under the log's last policy and ``proposed``.
+    ``progress(label, jobs)``, if given, returns the ``on_progress`` callback of each
+    run (``gpushepherd.cli.main.SimBar.replay``).
 
     Jobs the proposed policy cannot take (its class or team removed, ...) are left out
     of both runs and listed in ``WhatIf.not_replayed``.
@@ -115,7 +119,9 @@ def run_whatif(rp: Replay, proposed: Rules, t_from: float, t_to: float, source: 
     jobs, not_replayed = split_workload(proposed, jobs, source)
     kept = {sj.spec.id for sj in jobs}
     events = [e for e in events if e.job_id in kept]
-    runs = [Simulator(rules, jobs, events, record_reasons=record_reasons).run() for rules in (rp.rules, proposed)]
+    runs = [Simulator(rules, jobs, events, record_reasons=record_reasons,
+                      on_progress=progress(f"{which} policy", len(jobs)) if progress else None).run()
+            for which, rules in (("current", rp.rules), ("proposed", proposed))]
     frames = [_figures(r) for r in runs]
     table = _side_by_side(*frames)
     rejected = [(which, job_id, r.spec.workload_class, r.spec.team, r.spec.gpus,

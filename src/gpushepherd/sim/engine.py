@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ from gpushepherd.model.placement import Placement
 from gpushepherd.model.rules import Rules
 
 INF = float("inf")
+#: wall-clock seconds between progress calls unless ``Simulator(progress_every_s=...)`` says
+PROGRESS_EVERY_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,45 @@ class SimResult:
     stranded: list[tuple[float, float, float, dict[str, float]]] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class SimProgress:
+    """Where a replay stands, for a progress bar (``Simulator(on_progress=...)``).
+
+    Attributes:
+        t: the instant just simulated, seconds on the trace's axis.
+        t_first / t_last_submit: the first and the last submit time of the jobs.
+        submitted / finished / total: jobs submitted so far, ended so far (rejected
+            included), and all jobs.
+        instants: simulated instants so far.
+    """
+
+    t: float
+    t_first: float
+    t_last_submit: float
+    submitted: int
+    finished: int
+    total: int
+    instants: int
+
+    @property
+    def done(self) -> int:
+        """Submissions plus ends so far, out of ``2 * total``: moves while the trace is
+        submitted and while its jobs drain."""
+        return self.submitted + self.finished
+
+
+class SimInterrupted(KeyboardInterrupt):
+    """A replay stopped by ``KeyboardInterrupt`` (Ctrl-C, or raised by a progress
+    callback): ``result`` holds what was simulated up to ``result.t_last`` (jobs ended
+    so far, integrals up to then; the others as they stood). Still a
+    ``KeyboardInterrupt`` for a caller that does not look."""
+
+    def __init__(self, result: SimResult, progress: SimProgress):
+        super().__init__(f"simulation interrupted at t={progress.t:g} s with {progress.finished:,} of "
+                         f"{progress.total:,} jobs ended")
+        self.result, self.progress = result, progress
+
+
 class Simulator:
     """Replay ``jobs`` (and operator/hardware ``events``) through a fresh scheduler.
 
@@ -102,7 +144,14 @@ class Simulator:
             (small runs only: it asks for every pending job's reason after each
             instant), or a set of job ids.
         check_invariants: call ``Scheduler.check_invariants`` after each instant.
-        progress: called as ``progress(jobs_finished, jobs_total)`` now and then.
+        progress: called as ``progress(jobs_finished, jobs_total)`` at most every
+            ``progress_every_s`` seconds of wall time (checked after each instant) and
+            at the end.
+        on_progress: called likewise with a ``SimProgress``. Neither callback changes
+            a decision; one that raises ``KeyboardInterrupt`` stops the replay with
+            ``SimInterrupted`` (as Ctrl-C does).
+        progress_every_s: wall-clock seconds between progress calls (default
+            ``PROGRESS_EVERY_S``; 0: after every instant).
         scheduler: builds the scheduler from ``rules`` (default: gpushepherd's core;
             ``gpushepherd.baselines`` has others). Restarts, reasons and invariant checks
             need the core.
@@ -114,6 +163,7 @@ class Simulator:
     def __init__(self, rules: Rules, jobs: list[SimJob], events: list[Event | Restart] | None = None, *,
                  record_reasons: bool | set[str] = False, check_invariants: bool = False,
                  progress: Callable[[int, int], None] | None = None,
+                 on_progress: Callable[[SimProgress], None] | None = None, progress_every_s: float | None = None,
                  track_usage: Callable[[JobSpec], str | None] | None = None,
                  probe_times: tuple[float, ...] = (),
                  scheduler: Callable[[Rules], Scheduler] | None = None,
@@ -129,6 +179,8 @@ class Simulator:
         self.record_reasons = record_reasons
         self.check = check_invariants
         self.progress = progress
+        self.on_progress = on_progress
+        self.progress_every_s = PROGRESS_EVERY_S if progress_every_s is None else progress_every_s
         self.track_usage = track_usage
         self.records: dict[str, JobRecord] = {}
         #: decayed usage of every entity right after each probe time: {t: {key: GPU-seconds}}
@@ -158,7 +210,11 @@ class Simulator:
         ticks: set[float] = set()
         total = len(self.jobs)
         finished = 0
-        last_report = 0
+        submitted = 0
+        instants = 0
+        t_last_submit = max((sj.spec.submit_time for sj in self.jobs), default=0.0)
+        reporting = self.progress is not None or self.on_progress is not None
+        next_report = time.monotonic() + self.progress_every_s if reporting else INF
         t_prev = None
         next_sample = None
         capacity_gpu_s = 0.0
@@ -171,116 +227,134 @@ class Simulator:
         timeline: dict[str, list[tuple[float, int]]] = {}
         heap = self._heap
         records = self.records
-        while heap:
-            t = heap[0][0]
-            batch: list[Event] = []
-            restart = False
-            while heap and heap[0][0] == t:
-                _t, kind, _n, payload = heapq.heappop(heap)
-                if kind == 0:  # exit of a run
-                    job_id, run = payload
-                    rec = records[job_id]
-                    if rec.run == run and rec.exit_at == t:
-                        rec.exit_at = INF
-                        batch.append(JobFinished(t, job_id, rec.exit_status))
-                elif kind == 1:
-                    if isinstance(payload, Restart):
-                        restart = True
+        t = t_first
+        try:
+            while heap:
+                t = heap[0][0]
+                batch: list[Event] = []
+                restart = False
+                while heap and heap[0][0] == t:
+                    _t, kind, _n, payload = heapq.heappop(heap)
+                    if kind == 0:  # exit of a run
+                        job_id, run = payload
+                        rec = records[job_id]
+                        if rec.run == run and rec.exit_at == t:
+                            rec.exit_at = INF
+                            batch.append(JobFinished(t, job_id, rec.exit_status))
+                    elif kind == 1:
+                        if isinstance(payload, Restart):
+                            restart = True
+                        else:
+                            batch.append(payload)
+                    elif kind == 2:
+                        batch.append(JobSubmitted(t, payload))
+                        submitted += 1
                     else:
-                        batch.append(payload)
-                elif kind == 2:
-                    batch.append(JobSubmitted(t, payload))
-                else:
-                    ticks.discard(t)
-                    batch.append(Tick(t))
-            cap_before, held_before = sched.ledger.healthy_total, held
-            if restart:
-                snap = json.loads(json.dumps(sched.snapshot()))
-                # the same kind of core as before (a reference core restarts as one)
-                sched = self.sched = type(sched).restore(self.rules, snap, reference=sched.reference)
-            decisions = sched.handle(batch) if batch else []
-            n_decisions += len(decisions)
-            # Runs that ended in this instant close first: the scheduler may already
-            # have restarted the same job (a requeued job) in this instant's pass.
-            for e in batch:
-                if isinstance(e, JobFinished):
-                    rec = records[e.job_id]
-                    held -= self._close_run(rec, t, bank=e.status is ExitStatus.PREEMPTED)
-                    if self.track_usage is not None:
-                        self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
-                elif isinstance(e, JobAdopted):
-                    decisions.insert(0, Start(e.started_at if e.started_at is not None else t, e.spec.id, e.placement))
-            for d in decisions:
-                rec = records[d.job_id]
-                if isinstance(d, Start):
-                    self._on_start(rec, d)
-                    held += self._gpus_of(rec)
-                    if self.track_usage is not None:
-                        self._usage(usage, timeline, rec.spec, d.placement.gpu_count, t)
-                elif isinstance(d, Preempt):
-                    rec.preempted_at.append(t)
-                    self._signal(rec, t, d.grace_s, ExitStatus.PREEMPTED)
-                elif isinstance(d, Stop):
-                    if d.requeue or d.reason == "cancelled":
-                        held -= self._close_run(rec, t, bank=d.reason == "requeue")
+                        ticks.discard(t)
+                        batch.append(Tick(t))
+                cap_before, held_before = sched.ledger.healthy_total, held
+                if restart:
+                    snap = json.loads(json.dumps(sched.snapshot()))
+                    # the same kind of core as before (a reference core restarts as one)
+                    sched = self.sched = type(sched).restore(self.rules, snap, reference=sched.reference)
+                decisions = sched.handle(batch) if batch else []
+                n_decisions += len(decisions)
+                # Runs that ended in this instant close first: the scheduler may already
+                # have restarted the same job (a requeued job) in this instant's pass.
+                for e in batch:
+                    if isinstance(e, JobFinished):
+                        rec = records[e.job_id]
+                        held -= self._close_run(rec, t, bank=e.status is ExitStatus.PREEMPTED)
                         if self.track_usage is not None:
                             self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
-                    else:
-                        self._signal(rec, t, d.grace_s, ExitStatus.TIMEOUT)
-                elif isinstance(d, ReconfigureMig):
-                    rec.reconfigurations.append(t)
-                    self._push(t + self.rules.mig_reconfigure_delay_s, 1,
-                               MigReconfigured(t + self.rules.mig_reconfigure_delay_s, d.node, d.gpu, d.layout))
-                elif isinstance(d, Reject):
-                    rec.end = t
-                    rec.state = "REJECTED"
-                    finished += 1
-            # jobs that ended in this instant (an exit, or a cancel while pending)
-            for e in batch:
-                job_id = getattr(e, "job_id", None)
-                if job_id and records[job_id].end is None:
-                    job = sched.jobs.get(job_id)
-                    if job is not None and job.state.terminal:
-                        records[job_id].end = t
-                        records[job_id].state = job.state.value
+                    elif isinstance(e, JobAdopted):
+                        at = e.started_at if e.started_at is not None else t
+                        decisions.insert(0, Start(at, e.spec.id, e.placement))
+                for d in decisions:
+                    rec = records[d.job_id]
+                    if isinstance(d, Start):
+                        self._on_start(rec, d)
+                        held += self._gpus_of(rec)
+                        if self.track_usage is not None:
+                            self._usage(usage, timeline, rec.spec, d.placement.gpu_count, t)
+                    elif isinstance(d, Preempt):
+                        rec.preempted_at.append(t)
+                        self._signal(rec, t, d.grace_s, ExitStatus.PREEMPTED)
+                    elif isinstance(d, Stop):
+                        if d.requeue or d.reason == "cancelled":
+                            held -= self._close_run(rec, t, bank=d.reason == "requeue")
+                            if self.track_usage is not None:
+                                self._usage(usage, timeline, rec.spec, -rec.spec.gpus, t)
+                        else:
+                            self._signal(rec, t, d.grace_s, ExitStatus.TIMEOUT)
+                    elif isinstance(d, ReconfigureMig):
+                        rec.reconfigurations.append(t)
+                        self._push(t + self.rules.mig_reconfigure_delay_s, 1,
+                                   MigReconfigured(t + self.rules.mig_reconfigure_delay_s, d.node, d.gpu, d.layout))
+                    elif isinstance(d, Reject):
+                        rec.end = t
+                        rec.state = "REJECTED"
                         finished += 1
-            # Capacity and busy GPU-seconds are integrated up to the last instant
-            # where something happened to a job; a leftover wake-up (the time limit
-            # of a job that already ended) neither stretches the makespan nor counts.
-            if decisions or restart or any(not isinstance(e, Tick) for e in batch):
-                if t_prev is not None:
-                    capacity_gpu_s += cap_before * (t - t_prev)
-                    busy_gpu_s += held_before * (t - t_prev)
-                t_prev = t
-                t_last = t
-            if self.record_reasons:
-                self._record_reasons(t)
-            if t in self.probe_times:
-                self.usage_probes[t] = {key: sched.usage.value(key, t) for key in sorted(sched.usage.entries)}
-            if self.check:
-                sched.check_invariants()
-            every = self.stranded_every_s
-            if every is not None and (next_sample is None or t >= next_sample):
-                report = sched.stranded_capacity()
-                self.stranded.append((t, report["free_gpus"], report["stranded_gpus"], report["by_constraint"]))
-                next_sample = (t // every + 1) * every
-            wake = sched.next_wakeup()
-            if wake is not None and wake > t and wake not in ticks:
-                ticks.add(wake)
-                self._push(wake, 3, None)
-            if self.progress is not None and finished - last_report >= 2000:
-                last_report = finished
-                self.progress(finished, total)
+                # jobs that ended in this instant (an exit, or a cancel while pending)
+                for e in batch:
+                    job_id = getattr(e, "job_id", None)
+                    if job_id and records[job_id].end is None:
+                        job = sched.jobs.get(job_id)
+                        if job is not None and job.state.terminal:
+                            records[job_id].end = t
+                            records[job_id].state = job.state.value
+                            finished += 1
+                # Capacity and busy GPU-seconds are integrated up to the last instant
+                # where something happened to a job; a leftover wake-up (the time limit
+                # of a job that already ended) neither stretches the makespan nor counts.
+                if decisions or restart or any(not isinstance(e, Tick) for e in batch):
+                    if t_prev is not None:
+                        capacity_gpu_s += cap_before * (t - t_prev)
+                        busy_gpu_s += held_before * (t - t_prev)
+                    t_prev = t
+                    t_last = t
+                if self.record_reasons:
+                    self._record_reasons(t)
+                if t in self.probe_times:
+                    self.usage_probes[t] = {key: sched.usage.value(key, t) for key in sorted(sched.usage.entries)}
+                if self.check:
+                    sched.check_invariants()
+                every = self.stranded_every_s
+                if every is not None and (next_sample is None or t >= next_sample):
+                    report = sched.stranded_capacity()
+                    self.stranded.append((t, report["free_gpus"], report["stranded_gpus"], report["by_constraint"]))
+                    next_sample = (t // every + 1) * every
+                wake = sched.next_wakeup()
+                if wake is not None and wake > t and wake not in ticks:
+                    ticks.add(wake)
+                    self._push(wake, 3, None)
+                instants += 1
+                if time.monotonic() >= next_report:
+                    self._report(SimProgress(t, t_first, t_last_submit, submitted, finished, total, instants))
+                    next_report = time.monotonic() + self.progress_every_s
+        except KeyboardInterrupt:
+            interrupted: SimProgress | None = SimProgress(t, t_first, t_last_submit, submitted, finished, total,
+                                                          instants)
+        else:
+            interrupted = None
         for job_id, rec in records.items():
             job = sched.jobs.get(job_id)
             if job is not None and not job.state.terminal:
                 rec.state = job.state.value
-        if self.progress is not None:
-            self.progress(finished, total)
         result = SimResult(records, capacity_gpu_s, busy_gpu_s, t_first, t_last, n_decisions, sched, timeline)
         result.usage_probes = self.usage_probes
         result.stranded = self.stranded
+        if interrupted is not None:
+            raise SimInterrupted(result, interrupted)
+        if reporting:
+            self._report(SimProgress(t, t_first, t_last_submit, submitted, finished, total, instants))
         return result
+
+    def _report(self, p: SimProgress) -> None:
+        if self.progress is not None:
+            self.progress(p.finished, p.total)
+        if self.on_progress is not None:
+            self.on_progress(p)
 
     # -- decisions -> future events -------------------------------------------
     def _on_start(self, rec: JobRecord, d: Start) -> None:

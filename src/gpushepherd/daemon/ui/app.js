@@ -96,7 +96,8 @@
     const showEnded = $("show-ended").checked;
     const rows = jobs.filter((j) => showEnded || !ENDED.has(j.state)).map((j) =>
       el("tr", {dataset: {job: j.id, state: j.state}},
-        el("td", {}, j.id + (j.array ? `[${j.array}]` : "")),
+        el("td", {}, j.id + (j.array ? `[${j.array}]` : ""),
+           j.name ? el("div", {className: "small job-name"}, j.name) : null),
         el("td", {}, j["class"]),
         el("td", {}, j.team),
         el("td", {}, j.user),
