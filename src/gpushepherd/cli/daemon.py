@@ -406,7 +406,14 @@ def register(app: typer.Typer) -> None:
                                                              "closed); 30 s at most for its body.")] = 10.0,
                max_connections: Annotated[int, typer.Option("--max-connections", min=1, max=1_000_000, help="Open "
                                                             "HTTP connections at most (never more than the "
-                                                            "descriptor limit less 128).")] = 1000) -> None:
+                                                            "descriptor limit less 128).")] = 1000,
+               ready_max_step_age: Annotated[float, typer.Option(
+                   "--ready-max-step-age", min=0.1, max=86400, help="/readyz answers 503 once the scheduling loop "
+                   "has completed no step for this many seconds.")] = 30.0,
+               dcgm_names: Annotated[bool, typer.Option(
+                   "--dcgm-names", help="/metrics: also export GPU samples under DCGM-exporter's names "
+                   "(DCGM_FI_DEV_*); off by default, so a node running dcgm-exporter gets no duplicate "
+                   "series.")] = False) -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -451,7 +458,8 @@ def register(app: typer.Typer) -> None:
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after_s,
                             backend=backend, slurm_partition=slurm_partition, ray_address=ray_address, k8s=k8s,
                             max_requeues=max_requeues, requeue_backoff_s=requeue_backoff,
-                            busy_timeout_s=db_busy_timeout, scrape_allow=scrape_allow)
+                            busy_timeout_s=db_busy_timeout, scrape_allow=scrape_allow,
+                            ready_max_step_age_s=ready_max_step_age, dcgm_names=dcgm_names)
         except SchemaError as exc:
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None

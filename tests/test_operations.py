@@ -1,0 +1,239 @@
+"""What an SRE runs `shepherd server` with (issue 18, points 12-14; design note 019): the
+probes `/healthz` and `/readyz` on a real server, a loop stalled for real (its database
+write-locked by another process), the oldest-pending gauge, the shipped Prometheus alert
+rules against a live scrape (and `promtool` where installed), GPU samples under our
+names unless `--dcgm-names`.
+
+No timed assertions: every wait is a poll with a generous deadline; a gauge's value is
+checked against bounds read from the clock before and after the scrape.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from test_daemon import Server, wait_for, wait_for_file
+from test_gpu_daemon import script
+from test_metrics import POLICY as METRICS_POLICY
+from test_metrics import metric_names, scrape, total, value
+
+ROOT = Path(__file__).resolve().parent.parent
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
+
+
+def ready(s: Server) -> httpx.Response:
+    return httpx.get(s.url + "/readyz", timeout=60)
+
+
+def live_names(s: Server) -> set[str]:
+    """Every sample name a live server's ``/metrics`` can carry, from its families' types
+    (a family with no sample yet still declares its type)."""
+    r = httpx.get(s.url + "/metrics", headers=s.headers, timeout=60)
+    assert r.status_code == 200, r.text
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
+                "gauge": ("",)}
+    return {f.name + x for f in text_string_to_metric_families(r.text) for x in suffixes[f.type]}
+
+
+def _hold_write_lock(db: Path) -> sqlite3.Connection:
+    """Another process's write lock on the server's SQLite database, until ``commit()``."""
+    con = sqlite3.connect(db, timeout=30, isolation_level=None)
+    con.execute("BEGIN EXCLUSIVE")
+    return con
+
+
+@pytest.fixture
+def gpu_server(tmp_path):
+    """A server on test_metrics' four fake GPUs; ``make(*extra)`` starts it."""
+    made: list[Server] = []
+
+    def make(*extra: str) -> Server:
+        home = tmp_path / f"s{len(made)}"
+        home.mkdir()
+        s = Server(home)
+        s.policy.write_text(METRICS_POLICY)
+        s.data.mkdir(parents=True)
+        script(s.data, {"gpus": {"0": {"util_pct": 87, "mem_used_mib": 1000, "temperature_c": 61, "power_w": 250}},
+                        "jobs": {}})
+        made.append(s.start(extra=("--sample-every", "0.2", *extra)))
+        return s
+    yield make
+    for s in made:
+        s.stop()
+
+
+# -- 12: alert rules --------------------------------------------------------------------
+def test_every_alert_expression_names_only_metrics_a_live_server_exports(gpu_server):
+    rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    exported = live_names(gpu_server())
+    for rule in rules:
+        used = metric_names(rule["expr"])
+        assert used, rule["alert"]
+        assert used - exported == set(), (rule["alert"], used - exported)
+    # the issue's five alerts, each on the metric that shows it
+    by_metric = {n: r["alert"] for r in rules for n in metric_names(r["expr"])}
+    for name in ("gpushepherd_gpus_free", "gpushepherd_oldest_pending_seconds",
+                 "gpushepherd_scheduling_loop_last_step_timestamp_seconds", "gpushepherd_store_errors_total",
+                 "gpushepherd_job_preemptions_total"):
+        assert name in by_metric, name
+    assert {r["labels"]["severity"] for r in rules} <= {"warning", "critical"}
+    assert all(r["annotations"]["summary"] and r["annotations"]["description"] for r in rules)
+
+
+def test_promtool_accepts_the_alert_rules():
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not on PATH (Debian's prometheus package has it; .ci/run installs it as root)")
+    r = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len([1 for g in yaml.safe_load(ALERTS.read_text())['groups'] for _ in g['rules']])} rules" \
+        in r.stdout + r.stderr
+
+
+# -- 12: probes and the stalled loop ------------------------------------------------------
+def test_readyz_fails_while_the_loop_is_blocked_on_a_locked_database_and_recovers(tmp_path):
+    s = Server(tmp_path)
+    # a write waits up to an hour for the lock: the loop's step blocks, holding the daemon's lock
+    s.start(extra=("--ready-max-step-age", "1", "--db-busy-timeout", "3600"))
+    try:
+        assert httpx.get(s.url + "/healthz", timeout=60).json() == {"status": "ok"}
+        r = wait_for("ready", lambda: (r := ready(s)).status_code == 200 and r)
+        body = r.json()
+        assert body["status"] == "ready" and body["checks"]["loop"]["ok"] and body["checks"]["store"] == {"ok": True}
+        assert body["checks"]["loop"]["max_step_age_s"] == 1
+        before = value(scrape(s), "gpushepherd_scheduling_loop_last_step_timestamp_seconds")
+
+        lock = _hold_write_lock(s.data / "shepherd.db")
+        answers: list[httpx.Response] = []
+        try:
+            # a submission makes the loop write now (else its heartbeat does within 5 s)
+            t = threading.Thread(target=lambda: answers.append(httpx.post(s.url + "/jobs", json={
+                "class": "batch", "team": "ml", "command": ["true"], "cwd": str(tmp_path)}, timeout=120)))
+            t.start()
+            r = wait_for("not ready", lambda: (r := ready(s)).status_code == 503 and r)
+            body = r.json()
+            loop = body["checks"]["loop"]
+            assert body["status"] == "not ready" and not loop["ok"], body
+            assert "no step completed" in loop["detail"] and loop["last_step_age_s"] > 1, loop
+            assert body["checks"]["store"] == {"ok": True}  # reads still answer (WAL): only the loop is stuck
+            assert httpx.get(s.url + "/healthz", timeout=60).status_code == 200  # alive all the same
+            # /metrics answers while the loop holds the daemon's lock, without the state gauges
+            stalled = scrape(s)
+            assert value(stalled, "gpushepherd_scheduling_loop_last_step_timestamp_seconds") >= before
+            assert wait_for("a blocked step", lambda: ready(s).json()["checks"]["loop"]["step_running_s"])
+            again = scrape(s)
+            assert value(again, "gpushepherd_scheduling_loop_last_step_timestamp_seconds") == \
+                value(stalled, "gpushepherd_scheduling_loop_last_step_timestamp_seconds")
+            assert total(again, "gpushepherd_queue_length") == 0 and \
+                not any(n == "gpushepherd_queue_length" for n, _ in again)
+        finally:
+            lock.commit()
+            lock.close()
+        t.join(timeout=120)
+        assert answers and answers[0].status_code == 201, answers and answers[0].text
+        r = wait_for("ready again", lambda: (r := ready(s)).status_code == 200 and r)
+        assert r.json()["checks"]["loop"]["last_error"] is None
+        after = value(scrape(s), "gpushepherd_scheduling_loop_last_step_timestamp_seconds")
+        assert after > value(stalled, "gpushepherd_scheduling_loop_last_step_timestamp_seconds")
+
+        # the probes stay open once the server has tokens; everything else needs one
+        out = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "token", "create", "--user", "ops",
+                              "--team", "ml", "--data-dir", str(s.data)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert wait_for("auth on", lambda: httpx.get(s.url + "/jobs", timeout=60).status_code == 401)
+        assert httpx.get(s.url + "/healthz", timeout=60).status_code == 200
+        assert ready(s).status_code == 200
+
+        # another server takes the database lock over: not ready, naming the store
+        con = sqlite3.connect(s.data / "shepherd.db", timeout=30)
+        con.execute("UPDATE server_lock SET token = 'someone-else' WHERE name = 'server'")
+        con.commit()
+        con.close()
+        r = wait_for("not ready: lock lost", lambda: (r := ready(s)).status_code == 503 and r)
+        assert r.json()["checks"]["store"] == {"ok": False, "detail": "another server holds the database lock"}
+    finally:
+        s.stop()
+
+
+def test_store_errors_are_counted_and_named_by_readyz(tmp_path):
+    s = Server(tmp_path)
+    s.start(extra=("--ready-max-step-age", "10", "--db-busy-timeout", "0.3"))
+    try:
+        wait_for("ready", lambda: ready(s).status_code == 200)
+        assert total(scrape(s), "gpushepherd_store_errors_total") == 0
+        lock = _hold_write_lock(s.data / "shepherd.db")
+        try:
+            r = httpx.post(s.url + "/jobs", json={"class": "batch", "team": "ml", "command": ["true"],
+                                                  "cwd": str(tmp_path)}, timeout=120)
+            assert r.status_code == 503, r.text
+            m = wait_for("a store error counted", lambda: (m := scrape(s)) and value(
+                m, "gpushepherd_store_errors_total", reason="database is locked") and m)
+            assert total(m, "gpushepherd_store_errors_total") == \
+                value(m, "gpushepherd_store_errors_total", reason="database is locked")
+            # the loop still steps (reads answer, WAL) but nothing can be written: not ready
+            r = wait_for("not ready", lambda: (r := ready(s)).status_code == 503 and r)
+            store = r.json()["checks"]["store"]
+            assert not store["ok"] and "database is locked" in store["detail"], store
+            wait_for("a failed step named", lambda: ready(s).json()["checks"]["loop"]["last_error"] ==
+                     "storage unavailable: database is locked")  # the heartbeat's write, every 5 s
+        finally:
+            lock.commit()
+            lock.close()
+        wait_for("ready again", lambda: ready(s).status_code == 200)
+    finally:
+        s.stop()
+
+
+def test_oldest_pending_seconds_follows_a_waiting_job(tmp_path):
+    s = Server(tmp_path).start()
+    flag = tmp_path / "go"
+    try:
+        big = s.submit(wait_for_file(flag), gpus=4)
+        s.wait_state(big, "RUNNING")
+        m = scrape(s)
+        assert value(m, "gpushepherd_oldest_pending_seconds", **{"class": "batch", "team": "ml"}) == 0
+        assert value(m, "gpushepherd_oldest_pending_seconds", **{"class": "sandbox", "team": "ml"}) == 0  # no gaps
+        waiting = s.submit(wait_for_file(flag), gpus=1)
+        submitted = s.job(waiting)["submit_time"]
+        assert s.job(waiting)["state"] == "PENDING"
+        time.sleep(0.5)  # it waits a little; the value is checked against the clock, not this sleep
+        t0 = time.time()
+        m = scrape(s)
+        t1 = time.time()
+        v = value(m, "gpushepherd_oldest_pending_seconds", **{"class": "batch", "team": "ml"})
+        assert t0 - submitted <= v <= t1 - submitted, (t0 - submitted, v, t1 - submitted)
+        assert value(m, "gpushepherd_oldest_pending_seconds", **{"class": "sandbox", "team": "ml"}) == 0
+        flag.touch()
+        s.wait_state(waiting, "RUNNING", "COMPLETED")
+        assert value(scrape(s), "gpushepherd_oldest_pending_seconds", **{"class": "batch", "team": "ml"}) == 0
+    finally:
+        flag.touch()
+        s.stop()
+
+
+# -- 13: GPU samples under our names; DCGM's behind --dcgm-names -------------------------------
+def test_gpu_samples_use_our_names_only_unless_dcgm_names(gpu_server):
+    ours = dict(node="local", gpu="0", uuid="GPU-f0")
+    plain = gpu_server()
+    m = wait_for("GPU 0 sampled", lambda: (m := scrape(plain)) and
+                 value(m, "gpushepherd_gpu_utilization_ratio", **ours) is not None and m)
+    assert value(m, "gpushepherd_gpu_utilization_ratio", **ours) == pytest.approx(0.87)
+    assert value(m, "gpushepherd_gpu_temperature_celsius", **ours) == 61
+    assert not [n for n in live_names(plain) if n.startswith("DCGM_")]  # not even an empty family
+    plain.stop()
+
+    both = gpu_server("--dcgm-names")
+    m = wait_for("GPU 0 sampled", lambda: (m := scrape(both)) and total(m, "DCGM_FI_DEV_GPU_UTIL", gpu="0") and m)
+    assert total(m, "DCGM_FI_DEV_GPU_UTIL", gpu="0", UUID="GPU-f0") == 87
+    assert total(m, "DCGM_FI_DEV_FB_USED", gpu="0") == 1000
+    assert value(m, "gpushepherd_gpu_utilization_ratio", **ours) == pytest.approx(0.87)  # ours as well
