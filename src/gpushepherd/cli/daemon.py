@@ -473,22 +473,30 @@ def register(app: typer.Typer) -> None:
                           soft_wrap=True)
                 raise typer.Exit(2)
             auth = "required"  # reachable from other machines: never open, even if every token is revoked
+        from gpushepherd.daemon.connlimit import guarded_protocol, listen_socket
+
+        try:  # bound before the daemon starts: a port in use takes nothing, and the first log line says where
+            sock, listen = listen_socket(host, port)
+        except OSError as exc:
+            err.print(f"error: --host {host} --port {port}: cannot listen there: {exc.strerror or exc}",
+                      soft_wrap=True)
+            raise typer.Exit(2) from None
         with _errors():
             try:
-                daemon.start()
+                daemon.start(listen=listen)
             except (LockHeld, DaemonError, BackendError) as exc:
                 err.print(f"error: {exc}", soft_wrap=True)
                 raise typer.Exit(2) from None
             except SQLAlchemyError as exc:
                 err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
                 raise typer.Exit(2) from None
-        from gpushepherd.daemon.connlimit import guarded_protocol
-
         try:
-            uvicorn.run(make_app(daemon, auth_required=auth == "required"), host=host, port=port,
-                        log_level="warning", timeout_keep_alive=5,
-                        http=guarded_protocol(header_timeout, max(30.0, header_timeout), max_connections))
+            config = uvicorn.Config(make_app(daemon, auth_required=auth == "required"), host=host, port=port,
+                                    log_level="warning", timeout_keep_alive=5,
+                                    http=guarded_protocol(header_timeout, max(30.0, header_timeout), max_connections))
+            uvicorn.Server(config).run(sockets=[sock])
         finally:
+            sock.close()
             daemon.stop()
 
     @app.command("submit", context_settings={"allow_interspersed_args": False})

@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpushepherd import __version__
 from gpushepherd.backends import Backend, BackendError, make_backend, node_mismatches as engine_mismatches
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.core.state import Transition
@@ -93,6 +94,44 @@ IDEMPOTENCY_TTL_S = 86400.0
 #: ``/readyz``: seconds since the loop's last completed step after which the server is not
 #: ready (``--ready-max-step-age``; the loop steps every ``poll_s`` when idle; note 019)
 READY_MAX_STEP_AGE_S = 30.0
+
+
+class HeldLog(logging.Handler):
+    """Holds the records of the ``gpushepherd`` loggers, from any thread, between
+    ``hold()`` and ``hand_on(first)``: then ``first`` is logged, then the held records
+    in their order, then whatever comes next (note 019: the server's first line says
+    where it listens and which policy runs, though the start logs before it knows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] | None = None
+        self._logger = logging.getLogger("gpushepherd")
+        self._was = True
+
+    def emit(self, record: logging.LogRecord) -> None:  # called under self.lock
+        if self.records is not None:
+            self.records.append(record)
+
+    def hold(self) -> None:
+        self.records, self._was = [], self._logger.propagate
+        self._logger.addHandler(self)
+        self._logger.propagate = False
+
+    def hand_on(self, first: str | None = None) -> None:
+        """Log ``first`` (``None``: nothing) and the held records. Under the handler's
+        lock: a record another thread logs meanwhile waits here, and is then handed on
+        once, after them."""
+        self.acquire()
+        try:
+            held, self.records = self.records or [], None
+            self._logger.propagate = self._was
+            if first is not None:
+                log.info("%s", first)
+            for record in held:
+                logging.getLogger(record.name).handle(record)
+        finally:
+            self.release()
+        self._logger.removeHandler(self)
 
 
 class DaemonError(RuntimeError):
@@ -245,9 +284,11 @@ class Daemon:
         self.last_step_error: tuple[float, str] | None = None
 
     # ------------------------------------------------------------ start / stop
-    def start(self) -> None:
+    def start(self, listen: str | None = None) -> None:
         """Take the database lock, rebuild the core from the log, reconcile processes
-        and start the loop thread.
+        and start the loop thread. The first line it logs is ``startup_line(listen)``
+        (``listen``: where the API is served, ``http://HOST:PORT``): the lines the start
+        writes before it knows the policy in force are held until then (``HeldLog``).
 
         Raises:
             LockHeld: another server holds the database or the data directory.
@@ -256,6 +297,27 @@ class Daemon:
             PolicyError: the policy file is invalid.
         """
         now = self.clock()
+        held = HeldLog()
+        held.hold()
+        try:
+            self._start(now)
+        except BaseException:
+            held.hand_on()
+            raise
+        held.hand_on(self.startup_line(listen))
+
+    def startup_line(self, listen: str | None = None) -> str:
+        """The server's first log line (note 019): version, where it listens
+        (``listen``), the policy in force (version, source, when and by whom it was
+        applied), data dir, database, backend."""
+        cur = self.policy_view(with_policy=False) if self.policies else {}
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cur["t"])) if cur.get("t") is not None else "?"
+        where = f"serving {listen}" if listen else "started (no HTTP listener of its own)"
+        return (f"gpushepherd {__version__} {where}; policy version {cur.get('version', '?')} from "
+                f"{cur.get('source') or '?'} (applied {when} by {cur.get('by') or '?'}); data dir {self.data_dir}, "
+                f"database {self.store.display_url}, backend {self.backend.kind}, pid {os.getpid()}")
+
+    def _start(self, now: float) -> None:
         self._lock_data_dir()
         try:
             self.store.acquire_lock(now)
