@@ -45,6 +45,17 @@ def live_names(s: Server) -> set[str]:
     return {f.name + x for f in text_string_to_metric_families(r.text) for x in suffixes[f.type]}
 
 
+def probe(kind: str, s: Server) -> int:
+    """Run the Kubernetes Deployment's ``kind`` probe (``readinessProbe``, ...) of
+    deploy/k8s/manifests/deployment.yaml against ``s``: its exit status."""
+    docs = yaml.safe_load_all((ROOT / "deploy" / "k8s" / "manifests" / "deployment.yaml").read_text())
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    argv = dep["spec"]["template"]["spec"]["containers"][0][kind]["exec"]["command"]
+    port = s.url.rsplit(":", 1)[1]
+    argv = [sys.executable if a == "python3" else a.replace("127.0.0.1:8765", f"127.0.0.1:{port}") for a in argv]
+    return subprocess.run(argv, capture_output=True, check=False, timeout=60).returncode
+
+
 def _hold_write_lock(db: Path) -> sqlite3.Connection:
     """Another process's write lock on the server's SQLite database, until ``commit()``."""
     con = sqlite3.connect(db, timeout=30, isolation_level=None)
@@ -186,10 +197,15 @@ def test_store_errors_are_counted_and_named_by_readyz(tmp_path):
             assert not store["ok"] and "database is locked" in store["detail"], store
             wait_for("a failed step named", lambda: ready(s).json()["checks"]["loop"]["last_error"] ==
                      "storage unavailable: database is locked")  # the heartbeat's write, every 5 s
+            # the shipped Kubernetes probes: alive, not ready
+            assert probe("livenessProbe", s) == 0
+            assert wait_for("the readiness probe failing", lambda: probe("readinessProbe", s) != 0)
         finally:
             lock.commit()
             lock.close()
         wait_for("ready again", lambda: ready(s).status_code == 200)
+        assert wait_for("the readiness probe passing", lambda: probe("readinessProbe", s) == 0)
+        assert probe("startupProbe", s) == 0
     finally:
         s.stop()
 
@@ -219,6 +235,22 @@ def test_oldest_pending_seconds_follows_a_waiting_job(tmp_path):
     finally:
         flag.touch()
         s.stop()
+
+
+def test_a_requeued_job_waits_from_its_requeue_not_its_submission():
+    from types import SimpleNamespace
+
+    from gpushepherd.core.state import Transition
+    from gpushepherd.daemon.metrics import pending_since
+
+    spec = SimpleNamespace(submit_time=10.0)
+    job = SimpleNamespace(spec=spec, history=[Transition(10.0, "", "PENDING", "submitted", 1)])
+    assert pending_since(job) == 10.0
+    job.history += [Transition(20.0, "PENDING", "RUNNING", "placed", 2),
+                    Transition(50.0, "RUNNING", "PREEMPTING", "priority", 3),
+                    Transition(55.0, "PREEMPTING", "PENDING", "requeued", 4)]
+    assert pending_since(job) == 55.0
+    assert pending_since(SimpleNamespace(spec=spec, history=[])) == 10.0  # no history kept: its submission
 
 
 # -- 13: GPU samples under our names; DCGM's behind --dcgm-names -------------------------------
