@@ -299,6 +299,39 @@ def test_the_first_log_line_says_where_the_server_listens_and_which_policy_versi
     assert "starting from the snapshot of batch" in later and "inventory static: node local" in later
 
 
+def test_held_log_lines_follow_the_first_line_even_with_two_servers_starting_at_once():
+    import logging
+
+    from gpushepherd.daemon.server import HeldLog
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    root, keep = logging.getLogger(), Keep()
+    root.addHandler(keep)
+    level, root.level = root.level, logging.INFO
+    log = logging.getLogger("gpushepherd.daemon")
+    try:
+        a, b = HeldLog(), HeldLog()
+        a.hold()
+        log.info("a: inventory")
+        b.hold()
+        log.info("both: snapshot")
+        a.hand_on("a: first")
+        assert seen == []  # b still holds: nothing goes out of order
+        b.hand_on("b: first")
+        assert seen == ["b: first", "a: first", "a: inventory", "both: snapshot"]  # each once
+        seen.clear()
+        log.info("after")
+        assert seen == ["after"] and logging.getLogger("gpushepherd").propagate
+    finally:
+        root.removeHandler(keep)
+        root.level = level
+
+
 def test_a_port_in_use_is_refused_before_the_server_takes_its_data_dir(tmp_path):
     import socket
 

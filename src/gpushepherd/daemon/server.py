@@ -100,22 +100,33 @@ class HeldLog(logging.Handler):
     """Holds the records of the ``gpushepherd`` loggers, from any thread, between
     ``hold()`` and ``hand_on(first)``: then ``first`` is logged, then the held records
     in their order, then whatever comes next (note 019: the server's first line says
-    where it listens and which policy runs, though the start logs before it knows)."""
+    where it listens and which policy runs, though the start logs before it knows).
+    Several at once (daemons started together in one process) each hold their own; the
+    ``gpushepherd`` logger propagates again when the last one hands on."""
+
+    _lock = threading.Lock()
+    _holders = 0  # HeldLogs holding now
+    _was = True  # the logger's propagate before the first of them
 
     def __init__(self):
         super().__init__()
         self.records: list[logging.LogRecord] | None = None
         self._logger = logging.getLogger("gpushepherd")
-        self._was = True
 
     def emit(self, record: logging.LogRecord) -> None:  # called under self.lock
-        if self.records is not None:
+        # the first HeldLog still holding keeps it: a record is held once, however many hold
+        first = next((h for h in self._logger.handlers if isinstance(h, HeldLog) and h.records is not None), None)
+        if first is self and self.records is not None:
             self.records.append(record)
 
     def hold(self) -> None:
-        self.records, self._was = [], self._logger.propagate
-        self._logger.addHandler(self)
-        self._logger.propagate = False
+        self.records = []
+        with HeldLog._lock:
+            if HeldLog._holders == 0:
+                HeldLog._was = self._logger.propagate
+            HeldLog._holders += 1
+            self._logger.addHandler(self)
+            self._logger.propagate = False
 
     def hand_on(self, first: str | None = None) -> None:
         """Log ``first`` (``None``: nothing) and the held records. Under the handler's
@@ -124,7 +135,10 @@ class HeldLog(logging.Handler):
         self.acquire()
         try:
             held, self.records = self.records or [], None
-            self._logger.propagate = self._was
+            with HeldLog._lock:
+                HeldLog._holders -= 1
+                if HeldLog._holders == 0:
+                    self._logger.propagate = HeldLog._was
             if first is not None:
                 log.info("%s", first)
             for record in held:
