@@ -210,10 +210,14 @@ def test_store_errors_are_counted_and_named_by_readyz(tmp_path):
         s.stop()
 
 
-def test_oldest_pending_seconds_follows_a_waiting_job(tmp_path):
-    s = Server(tmp_path).start()
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_oldest_pending_seconds_follows_a_waiting_job(tmp_path, request, db):
+    url = request.getfixturevalue("pg_server").new_database() if db == "postgresql" else None
+    s = Server(tmp_path, db=url).start()
     flag = tmp_path / "go"
     try:
+        r = wait_for("ready", lambda: (r := ready(s)).status_code == 200 and r)  # Store.ping on either database
+        assert r.json()["checks"]["store"] == {"ok": True}
         big = s.submit(wait_for_file(flag), gpus=4)
         s.wait_state(big, "RUNNING")
         m = scrape(s)
