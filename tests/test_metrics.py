@@ -75,7 +75,9 @@ def srv(tmp_path):
     s = Server(tmp_path)
     s.policy.write_text(POLICY)
     s.data.mkdir(parents=True)
-    yield s.start(extra=("--sample-every", "0.2", "--idle-threshold-pct", "10", "--idle-after", f"{IDLE_AFTER_S}s"))
+    # --dcgm-names: DCGM-exporter's names too (tests/test_operations.py: only ours without it)
+    yield s.start(extra=("--sample-every", "0.2", "--idle-threshold-pct", "10", "--idle-after", f"{IDLE_AFTER_S}s",
+                         "--dcgm-names"))
     s.stop()
 
 
@@ -255,8 +257,9 @@ def test_the_grafana_dashboard_queries_only_metrics_the_server_exports(tmp_path)
     # the panels are there
     for name in ("gpushepherd_queue_length", "gpushepherd_job_queueing_delay_seconds_bucket",
                  "gpushepherd_gpus_allocated", "gpushepherd_quota_limit", "gpushepherd_gpus_allocated_idle",
-                 "gpushepherd_gpus_stranded", "gpushepherd_job_preemptions_total", "DCGM_FI_DEV_GPU_UTIL",
-                 "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
+                 "gpushepherd_gpus_stranded", "gpushepherd_job_preemptions_total",
+                 "gpushepherd_gpu_utilization_ratio", "gpushepherd_gpu_memory_used_bytes",
+                 "gpushepherd_gpu_temperature_celsius", "gpushepherd_gpu_power_watts",
                  "gpushepherd_scheduling_cycle_duration_seconds_bucket", "gpushepherd_job_failures_total"):
         assert name in used, name
 

@@ -466,7 +466,14 @@ def register(app: typer.Typer) -> None:
                    f"at most for its body): {SECONDS_FORMS}.")] = 10.0,
                max_connections: Annotated[int, typer.Option("--max-connections", min=1, max=1_000_000, help="Open "
                                                             "HTTP connections at most (never more than the "
-                                                            "descriptor limit less 128).")] = 1000) -> None:
+                                                            "descriptor limit less 128).")] = 1000,
+               ready_max_step_age: Annotated[float, typer.Option(
+                   "--ready-max-step-age", min=0.1, max=86400, help="/readyz answers 503 once the scheduling loop "
+                   "has completed no step for this many seconds.")] = 30.0,
+               dcgm_names: Annotated[bool, typer.Option(
+                   "--dcgm-names", help="/metrics: also export GPU samples under DCGM-exporter's names "
+                   "(DCGM_FI_DEV_*); off by default, so a node running dcgm-exporter gets no duplicate "
+                   "series.")] = False) -> None:
         """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
         import logging
 
@@ -506,7 +513,8 @@ def register(app: typer.Typer) -> None:
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after,
                             backend=backend, slurm_partition=slurm_partition, ray_address=ray_address, k8s=k8s,
                             max_requeues=max_requeues, requeue_backoff_s=requeue_backoff,
-                            busy_timeout_s=db_busy_timeout, scrape_allow=scrape_allow)
+                            busy_timeout_s=db_busy_timeout, scrape_allow=scrape_allow,
+                            ready_max_step_age_s=ready_max_step_age, dcgm_names=dcgm_names)
         except SchemaError as exc:
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
@@ -520,22 +528,30 @@ def register(app: typer.Typer) -> None:
                           soft_wrap=True)
                 raise typer.Exit(2)
             auth = "required"  # reachable from other machines: never open, even if every token is revoked
+        from gpushepherd.daemon.connlimit import guarded_protocol, listen_socket
+
+        try:  # bound before the daemon starts: a port in use takes nothing, and the first log line says where
+            sock, listen = listen_socket(host, port)
+        except OSError as exc:
+            err.print(f"error: --host {host} --port {port}: cannot listen there: {exc.strerror or exc}",
+                      soft_wrap=True)
+            raise typer.Exit(2) from None
         with _errors():
             try:
-                daemon.start()
+                daemon.start(listen=listen)
             except (LockHeld, DaemonError, BackendError) as exc:
                 err.print(f"error: {exc}", soft_wrap=True)
                 raise typer.Exit(2) from None
             except SQLAlchemyError as exc:
                 err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
                 raise typer.Exit(2) from None
-        from gpushepherd.daemon.connlimit import guarded_protocol
-
         try:
-            uvicorn.run(make_app(daemon, auth_required=auth == "required"), host=host, port=port,
-                        log_level="warning", timeout_keep_alive=5,
-                        http=guarded_protocol(header_timeout, max(30.0, header_timeout), max_connections))
+            config = uvicorn.Config(make_app(daemon, auth_required=auth == "required"), host=host, port=port,
+                                    log_level="warning", timeout_keep_alive=5,
+                                    http=guarded_protocol(header_timeout, max(30.0, header_timeout), max_connections))
+            uvicorn.Server(config).run(sockets=[sock])
         finally:
+            sock.close()
             daemon.stop()
 
     @app.command("submit", context_settings={"allow_interspersed_args": False})

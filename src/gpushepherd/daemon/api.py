@@ -8,7 +8,8 @@ Auth: when the database has a token (or the server runs with ``--auth required``
 every request needs ``Authorization: Bearer TOKEN`` (401 without one or with a wrong
 one); a token may submit as its user for its teams and cancel or read the logs of its
 teams' jobs only (403 otherwise; an admin token may do all); reads are open to every
-valid token. Handlers are plain functions (FastAPI runs them in its thread pool): they read the
+valid token; ``/healthz`` and ``/readyz`` need none (Kubernetes probes send none; note
+019). Handlers are plain functions (FastAPI runs them in its thread pool): they read the
 core under the daemon's lock and hand changes to the reconcile loop; ``POST /jobs`` and the
 token check run on the event loop instead (no thread hops on the submission path).
 """
@@ -24,7 +25,7 @@ import re
 import threading
 from typing import Annotated, Literal
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -65,6 +66,10 @@ MAX_LOG_CHUNK_BYTES = 8 * 1024 * 1024
 #: the longest Idempotency-Key, characters
 MAX_IDEMPOTENCY_KEY = 255
 _IDEM_KEY = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_IDEMPOTENCY_KEY)
+#: routes open without a token, as probes are (note 019)
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+#: seconds ``/readyz`` waits for its database read (then the store check fails)
+READY_STORE_TIMEOUT_S = 5.0
 
 
 def _no_control(field: str, v: str) -> str:
@@ -339,11 +344,14 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     """
     bearer = HTTPBearer(auto_error=False, description="An API token from `shepherd token create`.")
 
-    async def principal(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal | None:
+    async def principal(request: Request,
+                        cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal | None:
         """The request's principal; ``None`` when auth is off (the database never had a
-        token, and not ``auth_required``). On the
+        token, and not ``auth_required``) and for the probes (``PROBE_PATHS``). On the
         event loop, no thread: one primary-key read (``Store.active_tokens_cached``),
         the tokens read again only after one was created or revoked."""
+        if request.url.path in PROBE_PATHS:
+            return None  # a probe reads no job and sends no token
         active = daemon.store.active_tokens_cached()
         if not active and not auth_required and not daemon.store.had_tokens_cached():
             return None  # never had a token: open (loopback only); revoking every token never reopens it
@@ -582,6 +590,31 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         team, job counters and histograms, per-GPU samples (DCGM-exporter names too).
         With auth: any valid token, like every read."""
         return Response(daemon.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        """Liveness (a Kubernetes ``livenessProbe``): 200 while the process answers HTTP;
+        reads nothing, needs no token (note 019)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: {"description": "Not ready: the body's checks say which failed and why"}})
+    async def readyz() -> JSONResponse:
+        """Readiness (a ``readinessProbe``; note 019): 200 when the reconcile loop
+        completed a step within ``--ready-max-step-age`` seconds (30) and the database
+        answers a read, else 503; the body is ``{"status": "ready" | "not ready",
+        "checks": {"loop": {"ok", "detail", "last_step_age_s", "step_running_s",
+        "max_step_age_s", "last_error"}, "store": {"ok", "detail"}}}``. Needs no token and
+        never takes the daemon's lock (a stalled loop holds it); the read runs in a thread
+        of its own, at most 5 s."""
+        loop = daemon.loop_check()
+        fut = asyncio.get_running_loop().run_in_executor(None, daemon.store_check)
+        try:
+            store = await asyncio.wait_for(asyncio.shield(fut), READY_STORE_TIMEOUT_S)
+        except TimeoutError:
+            store = {"ok": False, "detail": f"the database did not answer within {READY_STORE_TIMEOUT_S:g} s"}
+        ready = loop["ok"] and store["ok"]
+        return JSONResponse(status_code=200 if ready else 503,
+                            content={"status": "ready" if ready else "not ready", "checks": {"loop": loop, "store": store}})
 
     @app.get("/usage")
     def usage() -> dict:

@@ -117,3 +117,29 @@ def guarded_protocol(header_timeout_s: float = 10.0, body_timeout_s: float = 30.
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{Base.__name__}"
     Guarded.cap = cap
     return Guarded
+
+
+def listen_socket(host: str, port: int, backlog: int = 2048):
+    """A TCP socket bound to ``host:port`` and listening (``SO_REUSEADDR``, as uvicorn
+    binds), for ``uvicorn.Server.run(sockets=[...])``: ``shepherd server`` binds before its
+    daemon starts, so a port in use is a clean error and its first log line states a
+    fact (note 019). Returns ``(socket, "http://HOST:PORT")``, IPv6 hosts in brackets.
+
+    Raises:
+        OSError: the address cannot be resolved or bound (in use, not this machine's).
+    """
+    import socket
+
+    family, kind, proto, _name, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(backlog)
+        sock.set_inheritable(False)
+    except BaseException:
+        sock.close()
+        raise
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if family == socket.AF_INET6 else bound_host
+    return sock, f"http://{shown}:{bound_port}"

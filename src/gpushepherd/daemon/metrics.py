@@ -4,8 +4,10 @@ Gauges are computed at scrape time from the daemon's state (``GaugeCollector``, 
 ``Daemon.lock``); counters and histograms are updated by ``Metrics.observe`` after
 every ``Scheduler.handle`` - in the reconcile loop and in the replay at start, so a
 restart rebuilds them from the event log. Units are Prometheus's base units
-(seconds, bytes, ratios) except the DCGM-exporter names, which keep DCGM's (%, MiB,
-C, W).
+(seconds, bytes, ratios) except the DCGM-exporter names (only with ``dcgm_names``,
+note 019), which keep DCGM's (%, MiB, C, W). A scrape never waits on a stalled loop:
+the gauges under the lock are left out when it is not free within
+``SCRAPE_LOCK_TIMEOUT_S`` (note 019).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
@@ -28,6 +30,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpushepherd.daemon.server import Daemon
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: seconds a scrape waits for ``Daemon.lock`` before serving the lock-free metrics only
+#: (under Prometheus's default scrape timeout of 10 s; note 019)
+SCRAPE_LOCK_TIMEOUT_S = 5.0
 
 #: what a FAILED run's stderr says when CUDA ran out of memory (PyTorch, the driver
 #: API / CuPy / TensorFlow, ``torch.cuda.OutOfMemoryError``)
@@ -77,10 +82,11 @@ class Metrics:
             allocated-but-idle, for classes without ``idle_stop`` (``after_s``
             otherwise).
         stderr_of: job id -> the stderr file of its last run (CUDA OOM detection).
+        dcgm_names: also export the GPU samples under DCGM-exporter's names (note 019).
     """
 
     def __init__(self, daemon: "Daemon", idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
-                 stderr_of: Callable[[str], Path] | None = None):
+                 stderr_of: Callable[[str], Path] | None = None, dcgm_names: bool = False):
         if not 0 <= idle_threshold_pct <= 100:
             raise ValueError(f"idle_threshold_pct: {idle_threshold_pct!r} is not allowed: a percentage 0-100")
         if not idle_after_s > 0 or idle_after_s == float("inf"):
@@ -88,6 +94,7 @@ class Metrics:
         self.daemon = daemon
         self.idle_threshold_pct, self.idle_after_s = idle_threshold_pct, idle_after_s
         self.stderr_of = stderr_of
+        self.dcgm_names = dcgm_names
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.starts = Counter("gpushepherd_job_starts", "Runs started (Start decisions).", ["class", "team"],
@@ -254,10 +261,29 @@ class GaugeCollector(Collector):
 
     def collect(self):
         d = self.m.daemon
-        with d.lock:
+        out = list(self._health(d))  # lock-free: served while the loop is stalled
+        if not d.lock.acquire(timeout=SCRAPE_LOCK_TIMEOUT_S):
+            return out
+        try:
             if d.sched is None:
-                return []
-            return list(self._families(d, max(d.clock(), d.sched.now)))
+                return out
+            return out + list(self._families(d, max(d.clock(), d.sched.now)))
+        finally:
+            d.lock.release()
+
+    @staticmethod
+    def _health(d: Daemon):
+        """The loop's and the store's health (note 019), read without the lock."""
+        yield _gauge("gpushepherd_scheduling_loop_last_step_timestamp_seconds", "Epoch seconds when the reconcile "
+                     "loop last completed a step (the server's start before its first); time() minus it is the "
+                     "loop's stall.", [], [((), d.last_step_wall)])
+        errors = CounterMetricFamily("gpushepherd_store_errors", "Storage failures of the database (any statement, "
+                                     "commit or connect) by cause: database is locked, disk full, read-only "
+                                     "database, disk I/O error, database unreachable, ... (since this process "
+                                     "started).", labels=["reason"])
+        for reason, n in sorted(dict(d.store.errors).items()):
+            errors.add_metric([reason], float(n))
+        yield errors
 
     def _families(self, d: "Daemon", now: float):
         sched, rules = d.sched, d.rules
@@ -275,6 +301,13 @@ class GaugeCollector(Collector):
         pairs = sorted({(c, t) for c in classes for t in teams} | set(queue) | set(running))
         yield _gauge("gpushepherd_queue_length", "Jobs pending, per workload class and team.", ["class", "team"],
                      ((p, queue[p]) for p in pairs))
+        oldest: dict[tuple[str, str], float] = {}
+        for job in sched.pending_jobs():
+            p = (job.spec.workload_class, job.spec.team)
+            oldest[p] = min(oldest.get(p, now), pending_since(job))
+        yield _gauge("gpushepherd_oldest_pending_seconds", "Seconds since the oldest pending job of a class and team "
+                     "last became pending (its submission, or its requeue); 0 with none pending.", ["class", "team"],
+                     ((p, max(0.0, now - oldest[p]) if p in oldest else 0.0) for p in pairs))
         yield _gauge("gpushepherd_jobs_running", "Jobs holding GPUs (running, preempting, stopping).",
                      ["class", "team"], ((p, running[p]) for p in pairs))
         yield _gauge("gpushepherd_gpus_allocated", "GPUs held by jobs (a share counts its fraction).",
@@ -323,6 +356,7 @@ class GaugeCollector(Collector):
         if d.node is None or d.found is None:
             return
         node = d.node
+        with_dcgm = self.m.dcgm_names
         dcgm = ["gpu", "UUID", "modelName", "Hostname"]
         ours = ["node", "gpu", "uuid"]
         names = [("DCGM_FI_DEV_GPU_UTIL", "GPU utilisation (in %)."),
@@ -360,9 +394,21 @@ class GaugeCollector(Collector):
                 if value is not None:
                     rows[name].append((ld if name.startswith("DCGM_") else lo, value))
         for name, doc in names:
+            if name.startswith("DCGM_") and not with_dcgm:
+                continue  # only with --dcgm-names: no duplicate of dcgm-exporter's series (note 019)
             yield _gauge(name, doc, dcgm if name.startswith("DCGM_") else ours, rows[name])
         yield _gauge("gpushepherd_gpu_unmanaged", "1 while a GPU runs processes gpushepherd did not start (not "
                      "handed out).", ours, unmanaged)
+
+
+def pending_since(job) -> float:
+    """When a pending job last became pending, seconds on the core's axis: its last
+    transition to ``PENDING`` (its submission, or a requeue after a preemption or a lost
+    run), else its submission time."""
+    for h in reversed(job.history):
+        if getattr(h.to_state, "value", h.to_state) == JobState.PENDING.value:
+            return h.t
+    return job.spec.submit_time
 
 
 def _gauge(name: str, doc: str, labels: list[str], rows: Iterable[tuple[tuple, float]]) -> GaugeMetricFamily:

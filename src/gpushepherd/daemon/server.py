@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpushepherd import __version__
 from gpushepherd.backends import Backend, BackendError, make_backend, node_mismatches as engine_mismatches
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.core.state import Transition
@@ -92,6 +93,61 @@ TERMINAL_STATES = tuple(s.value for s in JobState if s.terminal)
 IDEMPOTENCY_CACHE = 10_000
 #: seconds an idempotency key is kept (Stripe's 24 h)
 IDEMPOTENCY_TTL_S = 86400.0
+#: ``/readyz``: seconds since the loop's last completed step after which the server is not
+#: ready (``--ready-max-step-age``; the loop steps every ``poll_s`` when idle; note 019)
+READY_MAX_STEP_AGE_S = 30.0
+
+
+class HeldLog(logging.Handler):
+    """Holds the records of the ``gpushepherd`` loggers, from any thread, between
+    ``hold()`` and ``hand_on(first)``: then ``first`` is logged, then the held records
+    in their order, then whatever comes next (note 019: the server's first line says
+    where it listens and which policy runs, though the start logs before it knows).
+    Several at once (daemons started together in one process) each hold their own; the
+    ``gpushepherd`` logger propagates again when the last one hands on."""
+
+    _lock = threading.Lock()
+    _holders = 0  # HeldLogs holding now
+    _was = True  # the logger's propagate before the first of them
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] | None = None
+        self._logger = logging.getLogger("gpushepherd")
+
+    def emit(self, record: logging.LogRecord) -> None:  # called under self.lock
+        # the first HeldLog still holding keeps it: a record is held once, however many hold
+        first = next((h for h in self._logger.handlers if isinstance(h, HeldLog) and h.records is not None), None)
+        if first is self and self.records is not None:
+            self.records.append(record)
+
+    def hold(self) -> None:
+        self.records = []
+        with HeldLog._lock:
+            if HeldLog._holders == 0:
+                HeldLog._was = self._logger.propagate
+            HeldLog._holders += 1
+            self._logger.addHandler(self)
+            self._logger.propagate = False
+
+    def hand_on(self, first: str | None = None) -> None:
+        """Log ``first`` (``None``: nothing) and the held records. Under the handler's
+        lock: a record another thread logs meanwhile waits here, and is then handed on
+        once, after them."""
+        self.acquire()
+        try:
+            held, self.records = self.records or [], None
+            with HeldLog._lock:
+                HeldLog._holders -= 1
+                if HeldLog._holders == 0:
+                    self._logger.propagate = HeldLog._was
+            if first is not None:
+                log.info("%s", first)
+            for record in held:
+                logging.getLogger(record.name).handle(record)
+        finally:
+            self.release()
+        self._logger.removeHandler(self)
 
 
 class DaemonError(RuntimeError):
@@ -140,10 +196,16 @@ class Daemon:
         busy_timeout_s: SQLite's busy timeout (``Store``), seconds.
         scrape_allow: networks (CIDR) and host names a service's ``metrics_url`` may
             point to besides loopback and its replicas' nodes (note 017).
+        ready_max_step_age_s: ``/readyz`` fails once the loop has completed no step for
+            this many seconds (note 019).
+        dcgm_names: ``/metrics`` also exports the GPU samples under DCGM-exporter's
+            ``DCGM_FI_DEV_*`` names (note 019; off: a node running dcgm-exporter too
+            gets no duplicate series).
 
     Raises:
         ValueError: an idle threshold outside 0-100 or a non-positive idle time; an
-            unknown ``backend``; a negative ``max_requeues`` or ``requeue_backoff_s``.
+            unknown ``backend``; a negative ``max_requeues`` or ``requeue_backoff_s``; a
+            ``ready_max_step_age_s`` that is not a finite number > 0.
     """
 
     def __init__(self, data_dir: Path, db_url: str | None = None, policy_path: Path | None = None,
@@ -151,7 +213,10 @@ class Daemon:
                  clock=time.time, idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
                  backend: str = "local", slurm_partition: str = "shepherd", ray_address: str = "auto",
                  k8s: dict | None = None, max_requeues: int = 3, requeue_backoff_s: float = 2.0, busy_timeout_s: float = 30.0,
-                 scrape_allow: list[str] | None = None):
+                 scrape_allow: list[str] | None = None, ready_max_step_age_s: float = READY_MAX_STEP_AGE_S,
+                 dcgm_names: bool = False):
+        if not 0 < ready_max_step_age_s < float("inf"):
+            raise ValueError(f"ready_max_step_age_s: {ready_max_step_age_s!r} is not allowed: seconds > 0, finite")
         if max_requeues < 0:
             raise ValueError(f"max_requeues: {max_requeues!r} is not allowed: 0 or more")
         if not 0 <= requeue_backoff_s <= MAX_REQUEUE_BACKOFF_S:
@@ -223,12 +288,23 @@ class Daemon:
         self.policies: list[dict] = []  # the logged policies: version, t, by, source, policy
         self.policy_queue: queue.Queue = queue.Queue()  # policy applies, taken at the top of a step
         self.metrics = Metrics(self, idle_threshold_pct, idle_after_s,
-                               stderr_of=lambda j: self.backend.run_dir(j, self.runs[j]) / "stderr")
+                               stderr_of=lambda j: self.backend.run_dir(j, self.runs[j]) / "stderr",
+                               dcgm_names=dcgm_names)
+        # the loop's health (note 019): monotonic seconds of the last completed step and of
+        # the one running now (None: none), epoch seconds of the last completed one (or of
+        # the start, before the first), and the last failed step: (monotonic seconds, why)
+        self.ready_max_step_age_s = ready_max_step_age_s
+        self.last_step_mono: float | None = None
+        self.step_started_mono: float | None = None
+        self.last_step_wall = time.time()
+        self.last_step_error: tuple[float, str] | None = None
 
     # ------------------------------------------------------------ start / stop
-    def start(self) -> None:
+    def start(self, listen: str | None = None) -> None:
         """Take the database lock, rebuild the core from the log, reconcile processes
-        and start the loop thread.
+        and start the loop thread. The first line it logs is ``startup_line(listen)``
+        (``listen``: where the API is served, ``http://HOST:PORT``): the lines the start
+        writes before it knows the policy in force are held until then (``HeldLog``).
 
         Raises:
             LockHeld: another server holds the database or the data directory.
@@ -237,6 +313,27 @@ class Daemon:
             PolicyError: the policy file is invalid.
         """
         now = self.clock()
+        held = HeldLog()
+        held.hold()
+        try:
+            self._start(now)
+        except BaseException:
+            held.hand_on()
+            raise
+        held.hand_on(self.startup_line(listen))
+
+    def startup_line(self, listen: str | None = None) -> str:
+        """The server's first log line (note 019): version, where it listens
+        (``listen``), the policy in force (version, source, when and by whom it was
+        applied), data dir, database, backend."""
+        cur = self.policy_view(with_policy=False) if self.policies else {}
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cur["t"])) if cur.get("t") is not None else "?"
+        where = f"serving {listen}" if listen else "started (no HTTP listener of its own)"
+        return (f"gpushepherd {__version__} {where}; policy version {cur.get('version', '?')} from "
+                f"{cur.get('source') or '?'} (applied {when} by {cur.get('by') or '?'}); data dir {self.data_dir}, "
+                f"database {self.store.display_url}, backend {self.backend.kind}, pid {os.getpid()}")
+
+    def _start(self, now: float) -> None:
         self._lock_data_dir()
         try:
             self.store.acquire_lock(now)
@@ -876,17 +973,22 @@ class Daemon:
     def _loop(self) -> None:
         while not self._stop.is_set():
             failed = False
+            self.step_started_mono = time.monotonic()
             try:
                 with self.lock:
                     self.step()
+                self.last_step_mono, self.last_step_wall = time.monotonic(), time.time()
             except Exception as exc:  # a step must never kill the server; it is retried
                 failed = True
                 reason = storage_reason(exc)
+                self.last_step_error = (time.monotonic(), f"storage unavailable: {reason}" if reason is not None
+                                        else f"{type(exc).__name__}: {exc}")
                 if reason is not None:  # one line per kind of failure a minute, no traceback (note 017)
                     self.ratelog.error(f"storage:{reason}", "reconcile step failed: storage unavailable: %s; "
                                        "retried (exits and lost runs are kept until committed)", reason)
                 else:
                     self.ratelog.exception(f"step:{type(exc).__name__}", "reconcile step failed")
+            self.step_started_mono = None
             if failed:  # back off: the lock is free for readers meanwhile
                 self._fail_wait = min(max(self.poll_s, self._fail_wait * 2), MAX_FAILED_STEP_WAIT_S)
                 self._stop.wait(self._fail_wait)
@@ -896,6 +998,55 @@ class Daemon:
                     self._maybe_snapshot(max(self.clock(), self.sched.now))
                 self.wake.wait(self.poll_s)
             self.wake.clear()
+
+    def loop_check(self) -> dict[str, Any]:
+        """``/readyz``'s loop check (note 019), without ``self.lock`` (a stalled loop holds
+        it) and without I/O: ``ok`` when a step completed within ``ready_max_step_age_s``
+        (monotonic seconds), with ``last_step_age_s``, the running step's
+        ``step_running_s``, the last failed step's ``last_error`` and ``last_error_age_s``
+        (``None``: none failed) and, when not ok, ``detail``."""
+        now = time.monotonic()
+        last, running, limit = self.last_step_mono, self.step_started_mono, self.ready_max_step_age_s
+        failed = self.last_step_error
+        alive = self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+        age = None if last is None else now - last
+        loop: dict[str, Any] = {"ok": alive and age is not None and age <= limit, "max_step_age_s": limit,
+                                "last_step_age_s": None if age is None else round(age, 3),
+                                "step_running_s": None if running is None else round(max(0.0, now - running), 3),
+                                "last_error": failed[1] if failed else None,
+                                "last_error_age_s": round(now - failed[0], 3) if failed else None}
+        if not alive:
+            loop["detail"] = "the reconcile loop is not running"
+        elif age is None:
+            loop["detail"] = "the reconcile loop has not completed a step yet"
+        elif age > limit:
+            loop["detail"] = (f"no step completed for {age:.1f} s (more than {limit:g} s)"
+                              + (f"; one has been running for {now - running:.1f} s" if running is not None else "")
+                              + (f"; the last failed: {failed[1]}" if failed and failed[0] > last else ""))
+        return loop
+
+    def store_check(self) -> dict[str, Any]:
+        """``/readyz``'s store check (note 019): ``ok`` when the database answers one read
+        (``Store.ping``), this server still holds its lock, and no statement of this
+        server failed on the storage within ``ready_max_step_age_s`` seconds (a
+        write-locked or full database answers reads but every submission 503);
+        ``detail`` says why not. Blocks as long as that read takes: call it off the
+        event loop."""
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            holds = self.store.ping()
+        except (SQLAlchemyError, OSError) as exc:
+            reason = storage_reason(exc) or f"{type(exc).__name__}: {exc}"
+            return {"ok": False, "detail": f"the database does not answer: {reason}"}
+        if not holds:
+            return {"ok": False, "detail": "another server holds the database lock"}
+        last = self.store.last_error
+        if last is not None and time.monotonic() - last[0] <= self.ready_max_step_age_s:
+            return {"ok": False, "detail": f"a database operation failed {time.monotonic() - last[0]:.1f} s ago: "
+                                           f"{last[1]} (failures in the last {self.ready_max_step_age_s:g} s "
+                                           "make the server not ready)"}
+        return {"ok": True}
 
     def step(self) -> list[Decision]:
         """One pass of the loop (called with ``self.lock`` held); returns the decisions.

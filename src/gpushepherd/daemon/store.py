@@ -452,6 +452,14 @@ class Store:
             self._lazy = create_engine(url, future=True)
             for engine, sync in ((self.engine, "FULL"), (self._lazy, "NORMAL")):
                 event.listen(engine, "connect", _sqlite_pragmas(sync, busy_timeout_s))
+        #: storage failures seen by any statement, commit or connect of this store, by
+        #: ``storage_reason`` (``/metrics``: ``gpushepherd_store_errors_total``, note 019)
+        self.errors: dict[str, int] = {}
+        #: the last one: (``time.monotonic()`` seconds, reason); ``None``: none yet
+        self.last_error: tuple[float, str] | None = None
+        self._errors_lock = threading.Lock()
+        for engine in {self.engine, self._lazy}:
+            event.listen(engine, "handle_error", self._count_error)
         from gpushepherd.daemon.migrate import upgrade
 
         try:
@@ -468,6 +476,27 @@ class Store:
         self._tv_conn = None  # tokens_version's own DBAPI connection
         self._tv_sql = "SELECT value FROM meta WHERE key = " + ("?" if self.engine.dialect.paramstyle == "qmark"
                                                                 else "%s")
+
+    def _count_error(self, ctx) -> None:
+        """``handle_error`` hook: count a storage failure (not a constraint violation or a
+        bug: ``storage_reason`` is ``None`` for those); the error is raised as before."""
+        reason = storage_reason(ctx.sqlalchemy_exception or ctx.original_exception)
+        if reason is not None:
+            with self._errors_lock:
+                self.errors[reason] = self.errors.get(reason, 0) + 1
+                self.last_error = (time.monotonic(), reason)
+
+    def ping(self) -> bool:
+        """One primary-key read on a pooled connection (the server-lock row): the
+        database answers a query; returns whether this store still holds the lock
+        (readiness, note 019).
+
+        Raises:
+            SQLAlchemyError: the database does not answer (``storage_reason`` names why).
+        """
+        with self.engine.connect() as c:
+            token = c.execute(select(server_lock.c.token).where(server_lock.c.name == "server")).scalar()
+        return token == self.token
 
     @property
     def display_url(self) -> str:
