@@ -263,7 +263,7 @@ class Turn:
                     and any(_borrows_from(p, job) for p in self.no_victims) and preemption.borrows(book, job)):
                 book.repass = True  # its team's other jobs may now be reclaimed, at once
         if self.profile:
-            self.profile.consume(counts, job.end_est, job.run_charges, held_from)
+            self.profile.consume(job, counts, job.end_est, job.run_charges, held_from)
         self.started.append(job)
 
     def begin_preemption(self, job: Job, victims: list[Job], v: A.Verdict) -> None:
