@@ -81,7 +81,9 @@ def test_output_and_error_files_take_the_job_id(cli, api, tmp_path):
 @pytest.mark.parametrize("directive, needle", [
     ("--dependency=afterok:1", "--dependency=afterok:1 is not allowed: gpushepherd has no job dependencies yet"),
     ("--begin=now+1hour", "--begin=now+1hour is not allowed: gpushepherd has no start times"),
-    ("--deadline=2030-01-01", "no deadlines for submitted jobs"),
+    ("--deadline=soon", "--deadline: 'soon' is not allowed: YYYY-MM-DD"),
+    ("-C a|b", "-C a|b is not allowed: LABEL=VALUE or LABEL, several joined by & (AND)"),
+    ("-n 2", "-n 2 is not allowed without --gpus-per-task"),
     ("-w node1", "-w is not allowed: gpushepherd has no node lists"),
     ("-x node2", "-x is not allowed: gpushepherd has no excluded nodes"),
     ("--exclusive", "--exclusive is not allowed: gpushepherd has no exclusive nodes"),

@@ -164,6 +164,17 @@ class IdempotencyConflict(ValueError):
                          "use a new key for a new submission")
 
 
+def constraints_view(spec: JobSpec) -> dict[str, Any]:
+    """A job's placement constraints and deadline as ``GET /jobs/{id}`` shows them (note
+    022): ``node_selector`` as ``["zone=a", "nvlink"]`` (a Slurm feature without ``=``),
+    ``tolerations``, ``min_driver``, ``cache_key``, ``cache_required``, ``deadline`` (epoch
+    seconds or ``None``), ``gpus_per_pod`` and ``same_node``."""
+    return {"node_selector": [f"{k}={v}" if v else k for k, v in spec.node_selector],
+            "tolerations": list(spec.tolerations), "min_driver": spec.min_driver, "cache_key": spec.cache_key,
+            "cache_required": spec.cache_required, "deadline": spec.deadline, "gpus_per_pod": spec.gpus_per_pod,
+            "same_node": spec.same_node}
+
+
 class Daemon:
     """The server's state and its reconcile loop.
 
@@ -609,7 +620,8 @@ class Daemon:
                 "priority": self.sched.priority_factors(job.id)["priority"] if job.id in self.sched.jobs else None,
                 "usage": self._usage_view(job),
                 "lost": [[r.t, r.job_id, r.run, r.cause, r.final, r.reason] for r in self.lost.get(job.id, ())],
-                "launch_error": self.launch_errors.get(job.id)}
+                "launch_error": self.launch_errors.get(job.id),
+                "deadline_at_risk": [list(f) for f in job.deadline_flags]}
 
     def archived(self, job_id: str) -> dict | None:
         """The record of a job archived before this server started (``None``: not one)."""
@@ -1528,7 +1540,8 @@ class Daemon:
             "launch_error": self.launch_errors.get(job_id),
             "lost_runs": len(self.lost.get(job_id, ())),
             "failure": next((r.reason for r in self.lost.get(job_id, ()) if r.final), None),
-            **self._usage_view(job),
+            **self._usage_view(job), **constraints_view(spec),
+            "deadline_at_risk": [list(f) for f in job.deadline_flags],
         }
         if history:
             view["history"] = [{"t": h.t, "from": str(getattr(h.from_state, "value", h.from_state)),
@@ -1564,6 +1577,7 @@ class Daemon:
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
             "launch_error": rec.get("launch_error") or self.launch_errors.get(job_id), "lost_runs": len(lost),
             "failure": next((r.reason for r in lost if r.final), None), **rec["usage"],
+            **constraints_view(spec_from_dict(spec)), "deadline_at_risk": rec.get("deadline_at_risk", []),
         }
         if history:
             view["history"] = [{"t": t, "from": a, "to": b, "reason": r} for t, a, b, r, _ev in rec["history"]]
@@ -1604,7 +1618,7 @@ class Daemon:
                       + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else ""),
             "placement": None, "estimated_start": None, "estimated_start_basis": None, "priority": None,
             "command": rec.argv, "exit_code": None,
-            "runs": len(rec.indices) - len(rec.todo) + rec.retries,
+            "runs": len(rec.indices) - len(rec.todo) + rec.retries, **constraints_view(spec_from_dict(spec)),
         }
         if history:
             view["children"] = {str(i): ids for i, ids in sorted(rec.attempts.items())}

@@ -46,6 +46,9 @@ class ServiceBody(SubmitBody):
     def _not_an_array(self):
         if self.array is not None:
             raise ValueError(f"array: {self.array!r} is not allowed: a service has replicas, not array tasks")
+        if self.deadline is not None:  # replicas are submitted for as long as it runs (note 022)
+            raise ValueError(f"deadline: {self.deadline!r} is not allowed: a service runs until deleted; its "
+                             "replicas have no deadline")
         return self
 
     def config(self) -> dict:
