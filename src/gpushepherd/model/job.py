@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 class JobState(str, enum.Enum):
@@ -65,11 +66,13 @@ def first_control_char(text: str) -> str | None:
 _NUM = re.compile(r"(\d+)")
 
 
+@lru_cache(maxsize=1 << 17)
 def natural_key(text: str) -> tuple:
     """Sort key that orders ``B2`` before ``B10`` (digit runs compare as numbers).
 
     Used as the last tie-break between jobs, so that "job id ascending" means what
-    a person reading the ids expects.
+    a person reading the ids expects. Memoised (a job's key is asked at every
+    re-ordering of the queue).
     """
     parts = _NUM.split(text)
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != "")
