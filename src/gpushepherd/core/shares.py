@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from gpushepherd.core.filters import share_fits_card
 from gpushepherd.core.intake import units_of
 from gpushepherd.core.placement import members_of, pick_gpus
-from gpushepherd.core.profile import Profile
+from gpushepherd.core.profile import Claim, Profile
 from gpushepherd.core.state import Job
 from gpushepherd.core.verdict import ADMITTED, ANTI, CLAIMS, CLASS_HOLD, COHORT, FREE, Verdict
 from gpushepherd.model.job import GPU_UNITS
@@ -103,13 +103,18 @@ class ShareRules:
                     spot = self.share_spot(job, groups, frozenset(skip), profile, end)
                     if spot is None:
                         return Verdict(CLAIMS, units=units, charges=charges, blocker=first)
-            while spot is not None and self._share_delays(job, profile, spot, end, scratch):
+            delayed = None
+            while spot is not None:
                 # a card it would keep from coming free when a claim counts on it, or a
                 # fresh GPU a claim needs: the next spot (the rest of that node aside)
+                found = self._share_delays(job, profile, spot, end, scratch)
+                if found is None:
+                    break
+                delayed = delayed or found
                 skip.add(spot[0])
                 spot = self.share_spot(job, groups, frozenset(skip), profile, end)
             if spot is None:
-                return Verdict(CLAIMS, units=units, charges=charges)
+                return Verdict(CLAIMS, units=units, charges=charges, blocker=delayed)
             units, covered, charges = self._share_charges(job, spot, scratch, profile)
             if self._quota_claimed(job, profile, charges, end, scratch):
                 return Verdict(CLAIMS, units=units, charges=charges)
@@ -119,18 +124,21 @@ class ShareRules:
                     return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
         return Verdict(ADMITTED, spot=spot, units=units, charges=charges, covered=covered)
 
-    def _share_delays(self, job: Job, profile: Profile, spot: tuple, end: float, scratch: Scratch | None) -> bool:
-        """Whether a share on ``spot`` until ``end`` would delay a claim: a fresh GPU the
-        claims need, or - joining a card - keeping its GPU from coming free from the
-        card's planned end on, where a claim point counts on it."""
-        if spot[3]:
-            return self._cap(job, profile, spot[0], end, scratch) < 1
-        if spot[2] is not None:
-            return False  # a MIG instance: its GPU is never handed out whole
-        free_from = self.card_end(spot[0], spot[1])
-        if end <= free_from:
-            return False
+    def _share_delays(self, job: Job, profile: Profile, spot: tuple, end: float,
+                      scratch: Scratch | None) -> Claim | None:
+        """The claim a share on ``spot`` until ``end`` would delay (``None``: none): a
+        fresh GPU the claims need, or - joining a card - keeping its GPU from coming free
+        from the card's planned end on, where a claim point counts on it."""
         n = spot[0]
+        if spot[3]:
+            if self._cap(job, profile, n, end, scratch) >= 1:
+                return None
+            return self._claim_on(job, profile, n, end)
+        if spot[2] is not None:
+            return None  # a MIG instance: its GPU is never handed out whole
+        free_from = self.card_end(n, spot[1])
+        if end <= free_from:
+            return None
         now = self.book.now
         for p in profile.binding_points(end):
             if max(p, now) < free_from:  # a point of the last pass before now stands for now
@@ -139,7 +147,8 @@ class ShareRules:
             if s is not None:
                 s += sum(c.gpus.get(n, 0) for c in self._exempt if c.start <= p < c.end)
                 if s < 1:
-                    return True
+                    return next((c for c in profile.owners[p] if n in c.gpus and c not in self._exempt),
+                                None) or self._claim_on(job, profile, n, end)
         book = self.book
         if book.reserved and job.cls.name not in book.reserved:
             # the card's GPU counted in the class-hold slack of a reservation starting
@@ -147,8 +156,14 @@ class ShareRules:
             for c in profile.claims:
                 if (not c.hold and c.gslack is not None and c.job_id != job.id and c not in self._exempt
                         and free_from <= c.start < end and c.gslack < 1):
-                    return True
-        return False
+                    return c
+        return None
+
+    def _claim_on(self, job: Job, profile: Profile, n: int, end: float) -> Claim | None:
+        """The first claim (holds first, then reservations in order) on node ``n`` that a
+        run of ``job`` ending at ``end`` overlaps, not one that does not bind it."""
+        return next((c for c in profile.claims if c.job_id != job.id and c not in self._exempt
+                     and c.gpus.get(n, 0) and (c.hold or c.start < end)), None)
 
     def card_end(self, n: int, g: int) -> float:
         """When the shared card ``g`` of node ``n`` is planned to come free (its last
