@@ -79,8 +79,10 @@ def test_output_and_error_files_take_the_job_id(cli, api, tmp_path):
 
 
 @pytest.mark.parametrize("directive, needle", [
-    ("--dependency=afterok:1", "--dependency=afterok:1 is not allowed: gpushepherd has no job dependencies yet"),
-    ("--begin=now+1hour", "--begin=now+1hour is not allowed: gpushepherd has no start times"),
+    ("--dependency=after:1", "--dependency: 'after:1' is not allowed: after is not supported"),
+    ("--dependency=afterok:1?afterany:2", "'?' (any of) is not supported"),
+    ("--begin=teatime", "--begin: 'teatime' is not allowed: epoch seconds, an ISO 8601 time"),
+    ("--hold=yes", "--hold=yes is not allowed: --hold takes no value"),
     ("--deadline=2030-01-01", "no deadlines for submitted jobs"),
     ("-w node1", "-w is not allowed: gpushepherd has no node lists"),
     ("-x node2", "-x is not allowed: gpushepherd has no excluded nodes"),

@@ -46,6 +46,8 @@ class ServiceBody(SubmitBody):
     def _not_an_array(self):
         if self.array is not None:
             raise ValueError(f"array: {self.array!r} is not allowed: a service has replicas, not array tasks")
+        if self.defer() is not None:  # note 021: jobs only
+            raise ValueError("dependency, begin and hold are not allowed for a service: its replicas start at once")
         return self
 
     def config(self) -> dict:
