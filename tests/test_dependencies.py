@@ -264,7 +264,7 @@ def test_a_restart_keeps_pending_dependencies_holds_and_cancelled_kept_jobs(tmp_
     ({"dependency": "afterok:1?afterany:1"}, "dependency", "'?' (any of) is not supported"),
     ({"dependency": "afterok:1+5"}, "dependency", "a delay (+minutes) is not supported"),
     ({"dependency": "singleton"}, "dependency", "'singleton' is not allowed without a job name"),
-    ({"begin": "teatime"}, "begin", "is not allowed: epoch seconds, an ISO 8601 time"),
+    ({"begin": "soon"}, "begin", "'soon' is not allowed: YYYY-MM-DD"),  # timepoints' grammar (note 022)
     ({"begin": "now+soon"}, "begin", "is not allowed"),
     ({"begin": "25:00"}, "begin", "hours < 24"),
     ({"hold": True, "array": "0-3"}, "array", "not allowed with a dependency, begin time or hold"),
@@ -354,3 +354,44 @@ def test_sbatch_takes_dependency_begin_and_hold_directives(api, tmp_path, monkey
     assert r.exit_code == 0, r.stderr
     v = api.job(r.stdout.split()[-1])
     assert v["dependency"] == f"afterany:{first}" and v["held"] and v["begin_time"] is not None
+
+
+def test_a_kept_job_carries_its_constraints_and_deadline_and_the_core_judges_them_at_hand_over(api, tmp_path):
+    """Note 021 with note 022: a kept job's view shows its constraints; handed to the core,
+    a selector no node offers is REJECTED with the core's reason, as at a plain submit."""
+    j = api.submit(hold=True, deadline="now+2h", same_node=True, node_selector=["zone=a"], min_driver="535.1")
+    assert j["state"] == "PENDING" and j["reason"] == "JobHeldUser" and j["held"]
+    assert j["node_selector"] == ["zone=a"] and j["same_node"] and j["min_driver"] == "535.1"
+    assert j["deadline"] == pytest.approx(time.time() + 7200, abs=60) and j["deadline_at_risk"] == []
+    assert api.client.post(f"/jobs/{j['id']}/release").status_code == 200
+    v = api.state(j["id"], "REJECTED")
+    assert v["submit_time"] == j["submit_time"] and v["node_selector"] == ["zone=a"] and "zone=a" in v["reason"]
+
+
+def test_a_begin_time_at_or_after_the_deadline_is_refused_at_submit_and_update(api, tmp_path):
+    r = api.client.post("/jobs", json={"class": "batch", "team": "research", "command": ["true"],
+                                       "cwd": str(tmp_path), "begin": "now+3h", "deadline": "now+2h"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "begin", r.text
+    assert "before the job's deadline" in detail(r)
+    j = api.submit(hold=True, deadline="now+2h", begin="now+1h")["id"]
+    r = api.client.patch(f"/jobs/{j}", json={"begin": "now+1d"})
+    assert r.status_code == 422 and "before the job's deadline" in detail(r), r.text
+    assert api.client.patch(f"/jobs/{j}", json={"begin": "now+90m"}).status_code == 200
+
+
+def test_begin_takes_the_one_grammar_of_points_in_time(api, tmp_path):
+    """``begin`` is read by ``gpushepherd.timepoints`` as ``deadline`` is (note 022)."""
+    for text in ("tomorrow", "teatime", "now+2hours", str(int(time.time()) + 3600)):
+        v = api.submit(begin=text)
+        assert v["reason"].startswith("BeginTime(") and v["begin_time"] > time.time(), (text, v)
+
+
+def test_a_service_refuses_dependency_begin_and_hold_naming_them(api, tmp_path):
+    base = {"class": "batch", "team": "research", "command": ["true"], "cwd": str(tmp_path), "name": "svc",
+            "metric": "queue_length", "scale_up_above": 5, "scale_down_below": 1}
+    api.submit()  # job 1 exists
+    for extra, needle in (({"dependency": "afterok:1"}, "dependency: not allowed for a service"),
+                          ({"begin": "now+1h", "hold": True}, "begin, hold: not allowed for a service")):
+        r = api.client.post("/services", json={**base, **extra})
+        assert r.status_code == 422 and needle in detail(r), r.text
+    assert api.client.get("/services").json() == []

@@ -29,8 +29,11 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
            "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
 #: seeds where bench/oracle.py found a fault since fixed (most also shrunk by hand in
 #: test_oracle_faults.py; 732, 773, 1334 and 1430 - a pass after a preemption, a
-#: borrower started after a reclaimer's turn - only here): they stay in the suite's batch
-FOUND = (114, 320, 353, 446, 535, 732, 773, 820, 1334, 1430, 1733, 2024, 2617, 2914, 2919)
+#: borrower started after a reclaimer's turn - and 10572, 13435 - a strict order whose
+#: first blocked job was a refused preemptor, or not turned by a walk that stopped with
+#: no free GPU - only here): they stay in the suite's batch
+FOUND = (114, 320, 353, 446, 535, 732, 773, 820, 1334, 1430, 1733, 2024, 2617, 2914, 2919, 3462, 7641,
+         10572, 13435, 13765, 19272)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from builders import job, policy, simulate
+from builders import job, node, policy, simulate
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Start
 from gpushepherd.model.events import GpuHealthChanged, JobFinished, JobRequeueRequested, JobSubmitted, NodeLost, Tick
@@ -524,3 +524,25 @@ def test_a_share_refused_a_fresh_gpu_joins_a_card_a_later_share_opened_in_the_sa
                               (job("B", 1, "batch", "t", 5, share=memory), 50.0)])
     assert [t for t, _ in result.records["B"].starts] == [5.0]
     assert [t for t, _ in result.records["S"].starts] == [5.0]
+
+
+def test_a_job_of_a_reserved_class_whose_reservation_is_held_does_not_take_a_preemptors_class_slack():
+    # seeds 13765, 3462: production inference reserves 2 GPUs, batch 1 (held by B1). P
+    # (training, 4 H100s) preempts V on n2 and holds n2's 2 free GPUs; once V is gone, n3's
+    # 2 free GPUs are production inference's. B2 (batch, 1) comes at 2: batch's own
+    # reservation is held already, so it takes from what P's hold counted on like any job
+    # and must wait. It started on n3 and was preempted at 11 by P, which would otherwise
+    # have been refused by production inference's reservation.
+    h100 = ("H100-80GB",)
+    rules = policy(nodes=[("n1", 4), node("n2", 4, gpu_type="H100-80GB"), ("n3", 2)],
+                   classes={"production-inference": {"reserved_gpus": 2}, "batch": {"reserved_gpus": 1},
+                            "sandbox": {"grace_period_s": 10.0}})
+    result = simulate(rules, [(job("X", 3, "research-training", "t", 0), 1000.0),
+                              (job("B1", 1, "batch", "t", 0), 1000.0),
+                              (job("V", 2, "sandbox", "t", 0, gpu_types=h100), 1000.0),
+                              (job("P", 4, "training", "t", 1, gpu_types=h100), 100.0),
+                              (job("B2", 1, "batch", "t", 2), 100.0)])
+    assert result.records["V"].preempted_at == [1.0]
+    assert [t for t, _ in result.records["P"].starts] == [11.0]
+    assert result.records["B2"].preempted_at == []
+    assert [t for t, _ in result.records["B2"].starts] == [111.0]

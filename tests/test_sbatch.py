@@ -81,9 +81,11 @@ def test_output_and_error_files_take_the_job_id(cli, api, tmp_path):
 @pytest.mark.parametrize("directive, needle", [
     ("--dependency=after:1", "--dependency: 'after:1' is not allowed: after is not supported"),
     ("--dependency=afterok:1?afterany:2", "'?' (any of) is not supported"),
-    ("--begin=teatime", "--begin: 'teatime' is not allowed: epoch seconds, an ISO 8601 time"),
+    ("--begin=soon", "--begin: 'soon' is not allowed: YYYY-MM-DD"),  # the one grammar (timepoints, note 022)
     ("--hold=yes", "--hold=yes is not allowed: --hold takes no value"),
-    ("--deadline=2030-01-01", "no deadlines for submitted jobs"),
+    ("--deadline=soon", "--deadline: 'soon' is not allowed: YYYY-MM-DD"),
+    ("-C a|b", "-C a|b is not allowed: LABEL=VALUE or LABEL, several joined by & (AND)"),
+    ("-n 2", "-n 2 is not allowed without --gpus-per-task"),
     ("-w node1", "-w is not allowed: gpushepherd has no node lists"),
     ("-x node2", "-x is not allowed: gpushepherd has no excluded nodes"),
     ("--exclusive", "--exclusive is not allowed: gpushepherd has no exclusive nodes"),

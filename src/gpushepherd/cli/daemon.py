@@ -147,16 +147,72 @@ def duration_param(bare: Bare = "seconds", *, lo: float = 0.0, hi: float = MAX_T
 DEPENDENCY_HELP = ("Run after other jobs (Slurm's --dependency): afterok:ID[:ID...] (they COMPLETED), "
                    "afternotok:ID (they ended otherwise), afterany:ID (they ended), singleton (no other job of "
                    "this name and user runs); a comma list must all hold.")
-BEGIN_HELP = ("Not before TIME (Slurm's --begin): now+DURATION (now+90 is seconds; now+30m, now+2h, now+1d), "
-              "an ISO time 2025-06-01T10:00[+02:00] (without an offset: the server's local time), HH:MM[:SS], "
-              "or epoch seconds.")
+BEGIN_HELP = ("Not before TIME (Slurm's --begin): now+COUNT[seconds|minutes|hours|days|weeks] (now+90 is "
+              "seconds; now+30m, now+2hours), HH:MM[:SS] (the next such time), an ISO time "
+              "2025-06-01T10:00[Z|+02:00], today, tomorrow, midnight, noon, or epoch seconds; without a zone: "
+              "the server's local time.")
 #: ``submit -t/--time``: a bare number is minutes, as Slurm's ``--time``
 TIME_LIMIT = duration_param("minutes", instead="leave --time out for the class's default limit "
                             "(default_time_limit_s, else max_runtime_s, else none)")
 TIME_HELP = ("Time limit, as Slurm's --time: MINUTES (a bare number is minutes), MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
              "D-HH:MM:SS, or with a unit: 30s, 10m, 2h, 1d.")
+#: ``submit --estimate``: the forms of ``--time`` (a bare number is minutes)
+ESTIMATE = duration_param("minutes")
 #: what ``--help`` of a duration option whose bare number is seconds says of its forms
 SECONDS_FORMS = "seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS"
+
+
+def time_point(value: Any) -> float:
+    """A typer ``parser=`` for a point in time (``--deadline``): Slurm's forms or ISO 8601
+    (``gpushepherd.timepoints``), read against this machine's clock and zone; a number (a
+    default) is epoch seconds.
+
+    Raises:
+        typer.BadParameter: naming the value and the forms.
+    """
+    from gpushepherd.timepoints import parse_time_point
+
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return parse_time_point(value, time.time())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def selector_items(items: list[str], option: str = "--constraint") -> list[str]:
+    """``-C/--constraint`` values as the API's ``node_selector`` list: each ``LABEL=VALUE``
+    or ``LABEL`` (a Slurm feature), several joined by ``&`` (Slurm's AND) or repeated.
+
+    Raises:
+        typer.BadParameter: ``|`` (Slurm's OR: the core has no OR), ``[...]``, ``*N``, or an
+            empty item.
+    """
+    out = []
+    for item in items:
+        if any(c in item for c in "|[]*,"):
+            raise typer.BadParameter(f"{item!r} is not allowed: LABEL=VALUE or LABEL, several joined by & (AND) "
+                                     "or repeated; gpushepherd has no OR (|), counts (*N) or brackets",
+                                     param_hint=option)
+        for part in item.split("&"):
+            if not part.strip():
+                raise typer.BadParameter(f"{item!r} is not allowed: an empty label", param_hint=option)
+            out.append(part.strip())
+    return out
+
+
+def constraint_fields(*, constraint: list[str] = (), tolerations: list[str] = (), min_driver: str = "",
+                      cache_key: str = "", cache_required: bool = False, deadline: float | None = None,
+                      estimate_s: float | None = None, gpus_per_pod: int | None = None,
+                      same_node: bool = False) -> dict[str, Any]:
+    """The ``POST /jobs`` fields of a job's placement constraints, deadline (epoch seconds)
+    and runtime estimate (seconds) (note 022), each left out when not given (a server from
+    before them refuses them)."""
+    fields: dict[str, Any] = {"node_selector": selector_items(list(constraint)), "tolerations": list(tolerations),
+                              "min_driver": min_driver, "cache_key": cache_key, "cache_required": cache_required,
+                              "deadline": deadline, "runtime_estimate_s": estimate_s, "gpus_per_pod": gpus_per_pod,
+                              "same_node": same_node}
+    return {k: v for k, v in fields.items() if v not in (None, "", [], False)}
 
 
 def job_body(*, cls: str, team: str, user: str | None, token: str | None, gpus: int, gpu_type: list[str],
@@ -285,6 +341,37 @@ def env_pairs(items: list[str]) -> dict[str, str]:
 
 def _fmt_t(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def constraints_text(j: dict) -> str:
+    """A job view's placement constraints on one line (``-``: none; note 022):
+    ``node_selector=zone=a,nvlink tolerations=dedicated=infer min_driver=535.104
+    cache=llama(required) gpus_per_pod=2 same_node``."""
+    parts = []
+    for key in ("node_selector", "tolerations"):
+        if j.get(key):
+            parts.append(f"{key}={','.join(j[key])}")
+    if j.get("min_driver"):
+        parts.append(f"min_driver={j['min_driver']}")
+    if j.get("cache_key"):
+        parts.append(f"cache={j['cache_key']}" + ("(required)" if j.get("cache_required") else "(preferred)"))
+    if j.get("gpus_per_pod"):
+        parts.append(f"gpus_per_pod={j['gpus_per_pod']}")
+    if j.get("same_node"):
+        parts.append("same_node")
+    return " ".join(parts) or "-"
+
+
+def deadline_text(j: dict) -> str:
+    """A job view's deadline, and ``AT RISK`` with the core's latest flag: the stage
+    (submit, start) and the earliest end then (``-``: no deadline)."""
+    if j.get("deadline") is None:
+        return "-"
+    flags = j.get("deadline_at_risk") or []
+    if not flags:
+        return _fmt_t(j["deadline"])
+    _t, stage, end = flags[-1]
+    return f"{_fmt_t(j['deadline'])}  AT RISK (at {stage}: ends {_fmt_t(end)} at the earliest)"
 
 
 def _fmt_est(j: dict) -> str:
@@ -598,6 +685,39 @@ def register(app: typer.Typer) -> None:
                begin: Annotated[Optional[str], typer.Option("--begin", "-b", metavar="TIME", help=BEGIN_HELP)] = None,
                hold: Annotated[bool, typer.Option("--hold", "-H", help="Submit held: not scheduled until "
                                                   "`shepherd release JOB`.")] = False,
+               # placement constraints, deadline, estimate (note 022)
+               constraint: Annotated[list[str], typer.Option("--constraint", "--node-selector", "-C",
+                                                             metavar="LABEL[=VALUE]", help="A node label the job "
+                                                             "needs (repeat, or join with &: zone=a&nvlink); a "
+                                                             "bare LABEL is a Slurm feature.")] = [],
+               toleration: Annotated[list[str], typer.Option("--toleration", metavar="TAINT", help="A node taint "
+                                                             "the job tolerates (repeat): KEY=VALUE, KEY (any "
+                                                             "value) or KEY=VALUE:EFFECT, as the policy's "
+                                                             "taints.")] = [],
+               min_driver: Annotated[str, typer.Option("--min-driver", metavar="VERSION", help="Lowest NVIDIA "
+                                                       "driver version (535.104).")] = "",
+               cache_key: Annotated[str, typer.Option("--cache-key", metavar="KEY", help="A model or dataset "
+                                                      "the job reads: nodes that hold it (policy: cached) "
+                                                      "are preferred.")] = "",
+               cache_required: Annotated[bool, typer.Option("--cache-required", help="Only nodes that hold "
+                                                            "--cache-key.")] = False,
+               deadline: Annotated[Optional[float], typer.Option("--deadline", metavar="TIME", parser=time_point,
+                                                                 help="When the job must be done (Slurm's "
+                                                                 "--deadline): 2025-06-01T18:00, 18:00, "
+                                                                 "now+2hours, tomorrow; local time unless Z or "
+                                                                 "+HH:MM. Flagged AT RISK (shepherd show) when "
+                                                                 "it cannot end by it.")] = None,
+               estimate: Annotated[Optional[float], typer.Option("--estimate", metavar="DURATION",
+                                                                 parser=ESTIMATE, help="Expected run time, for "
+                                                                 "planning and backfill (default: the time "
+                                                                 "limit); the forms of --time, a bare number is "
+                                                                 "minutes.")] = None,
+               gpus_per_task: Annotated[Optional[int], typer.Option("--gpus-per-task", min=1, help="A gang: GPUs "
+                                                                    "of each task (pod), --gpus being the total; "
+                                                                    "each task on one node, tasks may share "
+                                                                    "one (Slurm's --gpus-per-task).")] = None,
+               same_node: Annotated[bool, typer.Option("--same-node", help="All GPUs on one node (Slurm's "
+                                                       "-N 1).")] = False,
                server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py` (a batch
         script with #SBATCH lines: `shepherd sbatch FILE`)."""
@@ -606,6 +726,9 @@ def register(app: typer.Typer) -> None:
                         shell=shell, chdir=chdir, time_limit_s=time_limit, project=project, array=array,
                         max_retries=max_retries, name=name, dependency=dependency, begin=begin, hold=hold)
         body.update(preemptible=preemptible, checkpointable=checkpointable)
+        body.update(constraint_fields(constraint=constraint, tolerations=toleration, min_driver=min_driver,
+                                      cache_key=cache_key, cache_required=cache_required, deadline=deadline,
+                                      estimate_s=estimate, gpus_per_pod=gpus_per_task, same_node=same_node))
         try:
             if share:
                 body["share"] = parse_share(share, gpu_mem)
@@ -650,6 +773,8 @@ def register(app: typer.Typer) -> None:
                 value = (j.get(key) or "-") if key in ("project", "name") else j.get(key)
                 out.print(_safe(f"{key}: {value}"), markup=False)
             out.print(f"progress: {j['done']}/{j['tasks']} done")
+            out.print(_safe(f"constraints: {constraints_text(j)}"), markup=False)
+            out.print(_safe(f"deadline: {deadline_text(j)}"), markup=False)
             out.print(f"submit_time: {_fmt_t(j['submit_time'])}")
             out.print("children (index: attempts):")
             for index, ids in j["children"].items():
@@ -669,6 +794,8 @@ def register(app: typer.Typer) -> None:
             out.print(f"gpu: util {util}, memory {_num(j.get('gpu_mem_mib'))} MiB, peak "
                       f"{_num(j.get('peak_gpu_mem_mib'))} of {_num(j.get('declared_gpu_mem_mib') or None)} MiB "
                       f"declared{over} (sampled {_fmt_t(j.get('sampled_at'))})")
+        out.print(_safe(f"constraints: {constraints_text(j)}"), markup=False)
+        out.print(_safe(f"deadline: {deadline_text(j)}"), markup=False)
         out.print(f"submit_time: {_fmt_t(j['submit_time'])}  estimated_start: {_fmt_est(j)}")
         out.print("history:")
         for h in j["history"]:

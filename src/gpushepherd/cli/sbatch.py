@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import time
 from pathlib import Path
 
 import typer
@@ -21,7 +22,7 @@ from gpushepherd.durations import parse_duration
 
 #: directives of features the server does not have (yet): ``--name`` -> what is missing
 UNSUPPORTED = {
-    "--deadline": "deadlines for submitted jobs", "--nodelist": "node lists",
+    "--nodelist": "node lists (the core selects nodes by label: -C)",
     "-w": "node lists", "--exclude": "excluded nodes", "-x": "excluded nodes", "--exclusive": "exclusive nodes",
     "--signal": "signals before the time limit", "--requeue": "requeue requests (lost runs are requeued "
     "already, --max-requeues of the server)", "--no-requeue": "requeue requests", "--mail-type": "mail",
@@ -29,7 +30,7 @@ UNSUPPORTED = {
     "--cpus-per-task": "CPU scheduling (GPUs only)", "-c": "CPU scheduling (GPUs only; -c is --cpus-per-task)",
     "--mem": "host memory scheduling (GPUs only)", "--mem-per-cpu": "host memory scheduling (GPUs only)",
     "--mem-per-gpu": "host memory scheduling (GPUs only; GPU memory is submit --gpu-mem)",
-    "--gpus-per-task": "tasks (one task a job)", "--ntasks-per-node": "tasks (one task a job)",
+    "--ntasks-per-node": "tasks per node (tasks may share a node: -n with --gpus-per-task)",
 }
 #: directives that take a value: long and short name -> the key they set
 VALUED = {"--gres": "gres", "--gpus": "gpus", "-G": "gpus", "--gpus-per-node": "gpus", "--time": "time",
@@ -38,6 +39,9 @@ VALUED = {"--gres": "gres", "--gpus": "gpus", "-G": "gpus", "--gpus-per-node": "
           "-e": "stderr", "--array": "array", "-a": "array", "--chdir": "chdir", "-D": "chdir", "--wckey": "project",
           "--nodes": "nodes", "-N": "nodes", "--ntasks": "ntasks", "-n": "ntasks",
           "--dependency": "dependency", "-d": "dependency", "--begin": "begin", "-b": "begin",
+          # constraints and deadline (note 022)
+          "--constraint": "constraint", "-C": "constraint", "--deadline": "deadline",
+          "--gpus-per-task": "gpus_per_task",
           # the command line only (a script cannot name its server)
           "--server": "server", "--token": "token"}
 CLI_ONLY = {"server", "token"}
@@ -81,8 +85,9 @@ def script_directives(path: Path) -> list[tuple[str, list[str]]]:
 
 def parse_options(tokens: list[str], where: str, *, positional: bool = False) -> tuple[dict, list[str]]:
     """``sbatch`` options as ``submit`` fields: ``gpus``, ``gpu_type`` (list), ``time_limit_s``,
-    ``name``, ``team``, ``class``, ``project``, ``stdout``, ``stderr``, ``array``, ``chdir``
-    (and ``server``, ``token`` from the command line). ``positional``: stop at the first
+    ``name``, ``team``, ``class``, ``project``, ``stdout``, ``stderr``, ``array``, ``chdir``,
+    ``node_selector`` (list), ``deadline`` (epoch seconds), ``same_node``, ``ntasks``,
+    ``gpus_per_task`` (and ``server``, ``token`` from the command line). ``positional``: stop at the first
     token that is not an option (the command line's FILE) and return it and the rest.
 
     Raises:
@@ -157,14 +162,31 @@ def _set(opts: dict, key: str, name: str, value: str, where: str) -> None:
     elif key == "begin":
         from gpushepherd.daemon.deps import parse_begin
         try:
-            parse_begin(value, 0.0)
+            parse_begin(value, time.time())  # the syntax; the server resolves it at its own time (note 021)
         except ValueError as exc:
             raise SbatchError(f"{where}: {name}: {exc}") from None
         opts[key] = value
-    elif key in ("nodes", "ntasks"):
+    elif key == "nodes":
         if value != "1":
-            raise SbatchError(f"{said} is not allowed: 1 (a job runs as one task; its GPUs may span nodes: "
-                              "--gpus)")
+            raise SbatchError(f"{said} is not allowed: 1 (all GPUs on one node; without -N they may span nodes, "
+                              "-n with --gpus-per-task makes a gang)")
+        opts["same_node"] = True  # Slurm's -N 1: one node
+    elif key in ("ntasks", "gpus_per_task"):
+        if not value.isdigit() or int(value) < 1:
+            raise SbatchError(f"{said} is not allowed: a count >= 1")
+        opts[key] = (int(value), said)  # checked together once all are read (_gang)
+    elif key == "constraint":
+        from gpushepherd.cli.daemon import selector_items
+        try:
+            opts["node_selector"] = selector_items([value])  # the last -C wins, as every sbatch option
+        except typer.BadParameter as exc:
+            raise SbatchError(f"{said} is not allowed: {exc.message.split(' is not allowed: ', 1)[-1]}") from None
+    elif key == "deadline":
+        from gpushepherd.timepoints import parse_time_point
+        try:
+            opts["deadline"] = parse_time_point(value, time.time())
+        except ValueError as exc:
+            raise SbatchError(f"{where}: {name}: {exc}") from None
     elif key in ("stdout", "stderr"):
         for m in re.finditer(r"%(.)", value.replace("%%", "")):
             if m[1] not in _PATTERNS:
@@ -231,10 +253,32 @@ def submission(tokens: list[str], env: dict[str, str] | None = None) -> tuple[di
     for where, line in script_directives(path):
         opts.update(parse_options(line, where)[0])
     opts.update(cli)
+    _gang(opts)
     env = os.environ if env is None else env
     opts.setdefault("server", env.get("SHEPHERD_SERVER"))
     opts.setdefault("token", env.get("SHEPHERD_TOKEN"))
     return opts, path, rest[1:]
+
+
+def _gang(opts: dict) -> None:
+    """``-n/--ntasks N --gpus-per-task G`` as a gang: ``gpus`` N x G, ``gpus_per_pod`` G
+    (tasks are the core's pods: each on one node, several may share one).
+
+    Raises:
+        SbatchError: ``-n`` above 1 without ``--gpus-per-task``, or a ``--gpus`` that is
+            not N x G.
+    """
+    (n, n_said), (per, per_said) = opts.pop("ntasks", (1, "")), opts.pop("gpus_per_task", (None, ""))
+    if per is None:
+        if n != 1:
+            raise SbatchError(f"{n_said} is not allowed without --gpus-per-task: a job is one task unless each "
+                              "task's GPUs are given (-n N --gpus-per-task G: N x G GPUs)")
+        return
+    if "gpus" in opts and opts["gpus"] != n * per:
+        raise SbatchError(f"{per_said} is not allowed with --gpus {opts['gpus']} and -n {n}: --gpus {n * per} "
+                          "(tasks x GPUs per task), or leave --gpus out")
+    opts["gpus"] = n * per
+    opts["gpus_per_pod"] = per if n > 1 else None
 
 
 SBATCH_HELP = """Submit a Slurm batch script: `shepherd sbatch [OPTIONS] FILE [ARGS...]`.
@@ -244,15 +288,17 @@ Reads its #SBATCH lines (before its first command) and OPTIONS (which win):
 minutes), -J/--job-name, -A/--account (the team), -p/--partition (the workload
 class), -o/--output and -e/--error (%j job id, %A array id, %a task index; -o alone
 takes stderr too; without them `shepherd logs`), -a/--array, -D/--chdir, --wckey
-(the project), -N/-n 1, -d/--dependency, -b/--begin, -H/--hold (note 021); --server and
---token on the command line only. Any other directive is refused naming it
-(--exclusive, --mem, ...).
+(the project), -C/--constraint LABEL[=VALUE][&...] (node labels), --deadline TIME
+(2025-06-01T18:00, now+2hours), -N 1 (one node), -n N --gpus-per-task G (a gang of N
+tasks), -d/--dependency, -b/--begin TIME, -H/--hold (note 021); --server and --token on
+the command line only. Any other directive is refused naming it (--exclusive, --mem,
+...).
 The script runs with its #! interpreter."""
 
 
 def register(app) -> None:
     """Add ``shepherd sbatch`` to ``app``."""
-    from gpushepherd.cli.daemon import job_body, post_job
+    from gpushepherd.cli.daemon import constraint_fields, job_body, post_job
     from gpushepherd.cli.main import err
 
     @app.command("sbatch", help=SBATCH_HELP, context_settings={
@@ -273,4 +319,6 @@ def register(app) -> None:
                         chdir=Path(opts.get("chdir") or "."), time_limit_s=opts.get("time_limit_s"),
                         project=opts.get("project", ""), array=opts.get("array"), name=opts.get("name", ""),
                         dependency=opts.get("dependency", ""), begin=opts.get("begin"), hold=opts.get("hold", False))
+        body.update(constraint_fields(constraint=opts.get("node_selector", []), deadline=opts.get("deadline"),
+                                      gpus_per_pod=opts.get("gpus_per_pod"), same_node=opts.get("same_node", False)))
         post_job(opts["server"], opts["token"], body)

@@ -58,7 +58,8 @@ class Turn:
         #: a job started or preempted after the first reservation of the pass
         self.acted_after_reserve = False
         self.walk: "Walk | None" = None
-        self.visited: set[str] = set()  # preemptors whose turn came in this pass
+        #: preemptors whose turn came in this pass -> what it gave (``turn``)
+        self.visited: dict[str, tuple[int, int]] = {}
         #: jobs that found no victims in this pass: one started later may be theirs
         #: once it comes of age (a wake-up then, ``start``)
         self.no_victims: list[Job] = []
@@ -85,14 +86,14 @@ class Turn:
             # a preemptor whose victims are all gone: its hold has served - it starts
             # on the GPUs it held, before anyone its hold kept back, or lets them go
             if not p.victims and p.id not in self.visited:
-                self.visited.add(p.id)
+                self.visited[p.id] = (STARTED, A.ADMITTED)
                 v = self.adm.decide(p, self.profile, within=dict(p.plan))
                 self.profile.drop_hold(p.id)
                 if v.admitted:
                     self.start(p, v)
                 else:
                     self.book.clear_victims(p)
-                    self.visited.discard(p.id)  # an ordinary job now: its turn in order
+                    del self.visited[p.id]  # an ordinary job now: its turn in order
 
     def turn(self, job: Job, no_room: bool = False) -> tuple[int, int]:
         """Steps 4-6 for one pending job: ``(outcome, rule)``; ``rule`` is the first
@@ -106,10 +107,12 @@ class Turn:
         if job.state is not JobState.PENDING:  # started already (the walk dequeues at its end)
             return HELD, A.ADMITTED
         preemptor = job.id in book.preemptors
-        if preemptor or job.id in self.visited:
-            if job.id in self.visited:
-                return HELD, A.CLAIMS  # its turn came already in this pass
-            self.visited.add(job.id)
+        if job.id in self.visited:
+            # its turn came already in this pass: the same again (refused then, it is
+            # refused now - a strict order stops there, seed 10572)
+            return self.visited[job.id]
+        if preemptor:
+            self.visited[job.id] = (HELD, A.CLAIMS)
         v = self.adm.decide(job, self.profile, before_claims=self.materialize if self.deferred else None,
                             no_room=no_room, memo=None if preemptor else self.memo)
         if v.admitted:
@@ -123,6 +126,8 @@ class Turn:
                 return HELD, A.CLAIMS
             self.profile.drop_hold(job.id)  # its own hold never counted against it: v stands
             book.clear_victims(job)
+            got = self.visited[job.id] = self.blocked(job, v.rule)
+            return got
         return self.blocked(job, v.rule)
 
     def blocked(self, job: Job, rule: int) -> tuple[int, int]:
@@ -263,7 +268,7 @@ class Turn:
                     and any(_borrows_from(p, job) for p in self.no_victims) and preemption.borrows(book, job)):
                 book.repass = True  # its team's other jobs may now be reclaimed, at once
         if self.profile:
-            self.profile.consume(counts, job.end_est, job.run_charges, held_from)
+            self.profile.consume(job, counts, job.end_est, job.run_charges, held_from)
         self.started.append(job)
 
     def begin_preemption(self, job: Job, victims: list[Job], v: A.Verdict) -> None:
@@ -351,6 +356,8 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
     strict = not turn.book.rules.backfill_enabled
     if strict and turn.first_blocked is not None:
         return True  # no backfill: nobody passes the blocked job
+    if strict and walk.stopped:
+        return False  # the first job the strict order stops at was not turned (seed 13435)
     for job in sorted(new, key=lambda j: j.key):
         if job.state is not JobState.PENDING:
             continue
@@ -401,6 +408,9 @@ class Walk:
         self.budget = book.rules.backfill_max_job_test
         self.hi = 0
         self.cut = False
+        #: the walk stopped before every job's turn: nothing could start (no free GPU,
+        #: no share pending, no preemption) - jobs after it were not turned
+        self.stopped = False
         #: every preemptor takes its turn at its place in the queue, whatever its
         #: sub-queue's earlier jobs proved (its own hold is free for it)
         self.pre = sorted(book.preemptors.values(), key=lambda j: j.key)
@@ -414,7 +424,7 @@ class Walk:
         strict = not book.rules.backfill_enabled
         cohorts = bool(book.rules.cohorts)
         n_heads = len(heads)
-        self.cut = False
+        self.cut = self.stopped = False
         pre = self.pre
         while True:
             nxt_key = None
@@ -444,10 +454,12 @@ class Walk:
             if (full and book.ledger.free_total == 0 and not book.pending_shares and not cohorts
                     and self.pi >= len(pre)):
                 if not (book.rules.preemption_enabled and book.evictable):
+                    self.stopped = True
                     break  # nothing can start, preempt or reserve any more
                 if self.prio_top is None:
                     self.prio_top = max(subs[s][0].cls.priority for _k, s in heads)
                 if min(book.evictable) >= self.prio_top:
+                    self.stopped = True
                     break
             shape = job.shape
             no_room = fail_fit.get(job.fkey, INF) <= shape.k

@@ -59,6 +59,11 @@ class Claim:
     #: with classes' ``reserved_gpus``: the whole GPUs others may still take from the free
     #: ones at its start without breaking its class-hold condition (``class_slack``)
     gslack: int | None = None
+    #: what the slack counted as other classes' reservations (units) and, per reserved
+    #: class, the part of its reservation not yet held (units): a job of such a class
+    #: takes that part from the reservation first, not from the slack (``takes``)
+    gheld: int = 0
+    gunfilled: dict[str, int] = field(default_factory=dict)
     #: a hold: when its victims are planned to be gone, per node (``exits``) and all
     #: (``exit``); before, it takes only ``need_now`` / ``quota_now`` (``gpus_at``)
     exits: dict[int, float] = field(default_factory=dict)
@@ -170,7 +175,7 @@ class Profile:
             for c in self.claims:
                 if not c.hold and c is not claim and c.gslack is not None and start <= c.start < end:
                     c.gslack -= taken
-            claim.gslack = class_slack(book, job.cls.name, start, self.claims)
+            claim.gslack = class_slack(book, job.cls.name, start, self.claims, claim)
         return claim
 
     def _hold_slacks(self) -> None:
@@ -188,7 +193,8 @@ class Profile:
         # counts what they covered
         gone = frozenset(vid for c in holds for vid in book.jobs[c.job_id].victims)
         for c in holds:
-            held = _held_for(book, c.cls, book.now, (), gone)
+            c.gunfilled = {}
+            held = c.gheld = _held_for(book, c.cls, book.now, (), gone, c.gunfilled)
             c.gslack = book.ledger.free_total + coming - taken - -(-held // GPU_UNITS)
 
     def avoiding(self, job: Job, end: float, exempt: tuple = ()) -> tuple[frozenset[int], Claim | None]:
@@ -206,15 +212,31 @@ class Profile:
 
     def class_blocker(self, job: Job, x: int, end: float, exempt: tuple = ()) -> Claim | None:
         """The first claim whose class-hold condition a job taking ``x`` whole GPUs now for
-        a run ending at ``end`` would break (a reserved class's own job aside)."""
-        if not self.book.reserved or job.cls.name in self.book.reserved:
+        a run ending at ``end`` would break (``takes``)."""
+        if not self.book.reserved:
             return None
         for c in self.claims:
             if c.gslack is None or c.job_id == job.id or c in exempt:
                 continue
-            if (c.hold or c.start < end) and x > c.gslack:
+            if (c.hold or c.start < end) and self.takes(c, job, x)[0] > c.gslack:
                 return c
         return None
+
+    def takes(self, c: Claim, job: Job, x: int) -> tuple[int, int]:
+        """``(GPUs, units)``: what ``job`` taking ``x`` whole GPUs takes from claim ``c``'s
+        class-hold slack, and from the reservations it counted. A job of another reserved
+        class fills its class's reservation first: what it fills was kept out of the
+        slack already (a batch job on the GPUs batch's reserved_gpus keeps breaks no
+        hold); beyond that - its class's reservation already held - it takes from the
+        slack like any job (seed 13765: a batch job restarted beside a training
+        preemptor's hold took the GPUs production inference's reservation needed)."""
+        name = job.cls.name
+        if name == c.cls:
+            return x, 0
+        d = min(job.units, c.gunfilled.get(name, 0))
+        if not d:
+            return x, 0
+        return x - (-(-c.gheld // GPU_UNITS) - -(-(c.gheld - d) // GPU_UNITS)), d
 
     def _add_point(self, p: float, free_at: dict[int, int] | None = None) -> None:
         """A new claim point: the spare of every node and quota key that a claim active
@@ -382,7 +404,7 @@ class Profile:
         return None
 
     # ------------------------------------------------------------- changes
-    def consume(self, counts: Counts, end: float, charges, start: float | None = None) -> None:
+    def consume(self, job: Job, counts: Counts, end: float, charges, start: float | None = None) -> None:
         """A job started now on ``counts`` with ``charges``, planned to end at ``end``:
         it takes from the spare of every claim point it outlives (and from the class-hold
         slack of the claims it outlives). ``start``: it holds ``counts`` only from then on
@@ -391,7 +413,11 @@ class Profile:
             x = sum(c for _n, c in counts)
             for c in self.claims:
                 if c.gslack is not None and (c.hold or c.start < end):
-                    c.gslack -= x
+                    took, d = self.takes(c, job, x)
+                    c.gslack -= took
+                    if d:
+                        c.gheld -= d
+                        c.gunfilled[job.cls.name] -= d
         for p in self.binding_points(end):
             if start is not None and p < start:
                 for i, user, a in charges:
@@ -425,7 +451,7 @@ class Profile:
             self._hold_slacks()
             for c in self.claims:
                 if not c.hold and c.gslack is not None:
-                    c.gslack = class_slack(self.book, c.cls, c.start, self.claims)
+                    c.gslack = class_slack(self.book, c.cls, c.start, self.claims, c)
 
     def reservation_of(self, job_id: str) -> Claim | None:
         for claim in self.claims:
@@ -489,11 +515,11 @@ def free_total_at(book, p: float) -> int:
     return total
 
 
-def _held_for(book, cls: str, p: float, claims, gone=frozenset()) -> int:
+def _held_for(book, cls: str, p: float, claims, gone=frozenset(), unfilled: dict | None = None) -> int:
     """Units other classes' ``reserved_gpus`` keep free at ``p`` for a job of ``cls``:
     each reserved class's reservation less what it holds then (its running jobs still
     running, by planned ends, but those in ``gone`` - victims that will have left -
-    and its claims active then)."""
+    and its claims active then). ``unfilled``: filled with that part per class."""
     held = 0
     for name, res in book.reserved.items():
         if name == cls:
@@ -502,14 +528,22 @@ def _held_for(book, cls: str, p: float, claims, gone=frozenset()) -> int:
         used += sum(sum(c.gpus.values()) * GPU_UNITS for c in claims
                     if c.cls == name and (c.start <= p < c.end))
         held += max(0, res - used)
+        if unfilled is not None and res > used:
+            unfilled[name] = res - used
     return held
 
 
-def class_slack(book, cls: str, p: float, claims) -> int:
+def class_slack(book, cls: str, p: float, claims, into: Claim | None = None) -> int:
     """Whole GPUs free at ``p`` (planned ends) less those the claims active then take,
-    less what other classes' ``reserved_gpus`` keep free for a job of ``cls``."""
+    less what other classes' ``reserved_gpus`` keep free for a job of ``cls``. ``into``:
+    the claim whose slack this is (it keeps what was counted: ``Claim.gheld``)."""
     free = free_total_at(book, p)
     free -= sum(sum(c.gpus.values()) for c in claims if not c.hold and c.start <= p < c.end)
     free -= sum(c.total_at(p) for c in claims if c.hold)
-    held = _held_for(book, cls, p, claims)
+    unfilled = into.gunfilled if into is not None else None
+    if unfilled is not None:
+        unfilled.clear()
+    held = _held_for(book, cls, p, claims, unfilled=unfilled)
+    if into is not None:
+        into.gheld = held
     return free - -(-held // GPU_UNITS)

@@ -47,6 +47,7 @@ from gpushepherd.daemon.store import StorageUnavailable, storage_reason
 from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.model.job import GpuShare, JobSpec, first_control_char
 from gpushepherd.policy.load import PolicyError, policy_from_dict
+from gpushepherd.timepoints import FORMS as TIME_FORMS, api_time_point
 
 
 #: seconds ``POST /jobs`` waits for the loop to take a submission (then 503: not confirmed)
@@ -122,6 +123,62 @@ SECONDS_DOC = ("seconds (a number), or a string with its unit or in Slurm's --ti
                "'1-12:00:00', '01:30:00' (a string of digits is seconds too)")
 
 
+#: the most labels a node selector, or taints a toleration list, may hold
+MAX_CONSTRAINTS = 64
+#: the latest deadline, epoch seconds (9999-12-31T23:59:59Z: what a date can print)
+MAX_EPOCH = 253402300799.0
+_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,252}")
+_TAINT = r"^[A-Za-z0-9][^\s]{0,252}$"  # the policy's taint pattern (policy/schema.py), and its length
+
+
+def node_selector_pairs(v):
+    """A node selector as ``(label, value)`` pairs, sorted: from ``{"zone": "a"}`` or
+    ``["zone=a", "nvlink"]`` (a bare word is a Slurm feature, value ''). Labels are
+    Kubernetes-style keys (``[prefix/]name``: letters, digits, ``._-/``, 1-253); values
+    are strings of at most 253 characters without control characters.
+
+    Raises:
+        ValueError: naming ``node_selector``, the entry and what is allowed.
+    """
+    if isinstance(v, dict):
+        items = list(v.items())
+    elif isinstance(v, list):
+        items = []
+        for x in v:
+            if not isinstance(x, str):
+                raise ValueError(f"node_selector: {x!r} is not allowed: a string LABEL=VALUE or LABEL")
+            key, _, value = x.partition("=")
+            items.append((key, value))
+    else:
+        raise ValueError(f"node_selector: {v!r} is not allowed: an object {{LABEL: VALUE}} or a list of "
+                         "LABEL=VALUE strings")
+    if len(items) > MAX_CONSTRAINTS:
+        raise ValueError(f"node_selector: {len(items)} labels is not allowed: at most {MAX_CONSTRAINTS}")
+    seen: dict[str, str] = {}
+    for key, value in items:
+        if not isinstance(key, str) or not _LABEL_KEY.fullmatch(key):
+            raise ValueError(f"node_selector: label {key!r} is not allowed: 1-253 letters, digits and ._-/ "
+                             "starting with a letter or digit")
+        if not isinstance(value, str) or len(value) > 253 or first_control_char(value) is not None:
+            raise ValueError(f"node_selector: value {value!r} of {key!r} is not allowed: a string of at most 253 "
+                             "characters without control characters")
+        if seen.get(key, value) != value:
+            raise ValueError(f"node_selector: {key}={value} is not allowed with {key}={seen[key]}: one value a label")
+        seen[key] = value
+    return sorted(seen.items())
+
+
+NodeSelector = Annotated[list[tuple[str, str]], BeforeValidator(node_selector_pairs)]
+def _toleration(v):
+    if not isinstance(v, str) or not re.fullmatch(_TAINT, v):
+        raise ValueError(f"{v!r} is not allowed: a taint as the policy writes it: KEY, KEY=VALUE or "
+                         "KEY=VALUE:EFFECT (1-253 characters without spaces, starting with a letter or digit)")
+    return v
+
+
+Taint = Annotated[str, BeforeValidator(_toleration)]
+
+
 class SubmitBody(BaseModel):
     """A job submission. ``class`` is the workload class of the policy."""
 
@@ -174,6 +231,47 @@ class SubmitBody(BaseModel):
         if not self.dependency and self.begin is None and not self.hold:
             return None
         return {"dependency": self.dependency, "begin": self.begin, "held": self.hold}
+    # -- placement constraints and deadline (note 022): JobSpec's fields, absent = none
+    node_selector: NodeSelector = Field(default_factory=list, description="labels a node must carry: "
+                                        "{\"zone\": \"a\"} or [\"zone=a\", \"nvlink\"] (a bare word is a Slurm "
+                                        "feature: the label's value '')")
+    tolerations: list[Taint] = Field(default_factory=list, max_length=MAX_CONSTRAINTS, description="taints the job "
+                                     "tolerates, as the policy writes them: key=value (Equal), key (Exists: any "
+                                     "value), key=value:NoSchedule")
+    min_driver: str = Field("", description="lowest NVIDIA driver version, dotted numbers (535.104; '': any)")
+    cache_key: str = Field("", max_length=253, description="a model or dataset the job reads: nodes whose policy "
+                           "lists it under cached are preferred ('': none)")
+    cache_required: bool = Field(False, description="only nodes that hold cache_key")
+    deadline: Annotated[float, BeforeValidator(api_time_point)] | None = Field(
+        None, ge=0, le=MAX_EPOCH, allow_inf_nan=False, description=f"when the job must be done: epoch seconds, or "
+        f"{TIME_FORMS}; flagged (deadline_at_risk) when it cannot end by it, never refused for it")
+    gpus_per_pod: int | None = Field(None, ge=1, le=1_000_000, strict=True, description="a gang of pods of this "
+                                     "many GPUs each (a divisor of gpus; each pod on one node, pods may share one; "
+                                     "Slurm's --gpus-per-task)")
+    same_node: bool = Field(False, description="every GPU on one node (Slurm's -N 1)")
+
+    @field_validator("min_driver")
+    @classmethod
+    def _min_driver(cls, v: str) -> str:
+        if v and not re.fullmatch(r"\d{1,9}(\.\d{1,9}){0,5}", v):
+            raise ValueError(f"{v!r} is not allowed: a driver version as dotted numbers (535.104.05)")
+        return v
+
+    @field_validator("cache_key")
+    @classmethod
+    def _cache_key(cls, v: str) -> str:
+        return _no_control("cache_key", v)
+
+    @model_validator(mode="after")
+    def _cache_needs_key(self) -> "SubmitBody":
+        if self.cache_required and not self.cache_key:
+            raise ValueError("cache_required: true is not allowed without cache_key: the key the node must hold")
+        if self.deadline is not None and self.array is not None:
+            # an array's tasks are submitted as room frees up, some after the deadline, which
+            # the core refuses (a deadline after submit_time)
+            raise ValueError("deadline is not allowed with array: its tasks are submitted as room frees up, some "
+                             "after the deadline; submit the jobs one by one to give each a deadline")
+        return self
 
     @field_validator("array")
     @classmethod
@@ -233,7 +331,9 @@ class SubmitBody(BaseModel):
                        gpu_types=tuple(self.gpu_type), gpu_mem_mib=self.gpu_mem_mib, time_limit_s=self.time_limit_s,
                        runtime_estimate_s=self.runtime_estimate_s, preemptible=self.preemptible,
                        checkpointable=self.checkpointable, share=share, project=self.project,
-                       name=self.name)
+                       name=self.name, node_selector=tuple(self.node_selector), tolerations=tuple(self.tolerations),
+                       min_driver=self.min_driver, cache_key=self.cache_key, cache_required=self.cache_required,
+                       deadline=self.deadline, gpus_per_pod=self.gpus_per_pod, same_node=self.same_node)
 
 
 class UpdateBody(BaseModel):

@@ -13,23 +13,16 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
 
-from gpushepherd.durations import parse_duration
 from gpushepherd.model.job import JobSpec
+from gpushepherd.timepoints import FORMS as TIME_FORMS, api_time_point
 
 #: dependency types (Slurm's sbatch(1) names); ``singleton`` takes no ids
 DEP_KINDS = ("afterok", "afternotok", "afterany", "singleton")
 DEPENDENCY_RULE = ("a comma list (all must hold) of afterok:ID[:ID...], afternotok:ID[:ID...], afterany:ID[:ID...] "
                    "or singleton")
-BEGIN_RULE = ("epoch seconds, an ISO 8601 time (2025-06-01T10:00, with an offset or the server's local time), "
-              "HH:MM[:SS] (the next such time), now, or now+DURATION (now+90 is seconds; now+30m, now+2h, "
-              "now+1d, now+2hours)")
-#: Slurm's unit words after ``now+`` -> ours
-_WORDS = {"second": "s", "seconds": "s", "minute": "m", "minutes": "m", "hour": "h", "hours": "h", "day": "d",
-          "days": "d", "week": "w", "weeks": "w"}
+BEGIN_RULE = f"epoch seconds, or {TIME_FORMS}"
 _ID = re.compile(r"[0-9]+(?:_[0-9]+(?:\.[0-9]+)?)?")
-_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?")
 #: final states that count as failed for ``afternotok`` (Slurm: any end but COMPLETED)
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "REJECTED")
 #: reason codes of a kept job (Slurm's squeue reasons)
@@ -82,42 +75,19 @@ def parse_dependency(text: str) -> tuple[Dep, ...]:
 
 
 def parse_begin(value: float | str, now: float) -> float:
-    """Epoch seconds of a ``--begin`` value at ``now`` (epoch seconds): ``BEGIN_RULE``.
+    """Epoch seconds of a ``--begin`` value at ``now`` (epoch seconds): ``BEGIN_RULE``. A
+    number, or a string of digits, is epoch seconds; any other string is read by the one
+    grammar of points in time (``gpushepherd.timepoints.parse_time_point``, note 022) in
+    the local zone of this process (the server's, as slurmctld's).
 
     Raises:
         ValueError: naming the value and the allowed forms.
     """
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{value!r} is not allowed: {BEGIN_RULE}")
-        return float(value)
-    s = value.strip()
-    low = s.lower()
-    if low == "now":
-        return now
-    if low.startswith("now+"):
-        rel = low[4:].strip()
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]+)", rel)
-        if m and m[2] in _WORDS:
-            rel = m[1] + _WORDS[m[2]]
-        try:
-            return now + parse_duration(rel, bare="seconds", zero=True)
-        except ValueError as exc:
-            raise ValueError(f"{value!r} is not allowed: {exc}; {BEGIN_RULE}") from None
-    if m := _CLOCK.fullmatch(s):
-        h, mi, sec = int(m[1]), int(m[2]), int(m[3] or 0)
-        if h > 23 or mi > 59 or sec > 59:
-            raise ValueError(f"{value!r} is not allowed: HH:MM[:SS] with hours < 24, minutes and seconds < 60")
-        base = datetime.fromtimestamp(now)
-        at = base.replace(hour=h, minute=mi, second=sec, microsecond=0)
-        if at.timestamp() < now:
-            at += timedelta(days=1)
-        return at.timestamp()
-    try:
-        at = datetime.fromisoformat(s)
-    except ValueError:
-        raise ValueError(f"{value!r} is not allowed: {BEGIN_RULE}") from None
-    return at.timestamp()  # naive: the local time of this process (the server's, as slurmctld's)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is not allowed: {BEGIN_RULE}")
+    if isinstance(value, (int, float)) and (not math.isfinite(value) or value < 0):
+        raise ValueError(f"{value!r} is not allowed: {BEGIN_RULE}")
+    return float(api_time_point(value, lambda: now))
 
 
 def fmt_time(t: float) -> str:

@@ -42,6 +42,7 @@ from gpushepherd.daemon.arrays import (
 from gpushepherd.daemon.deps import (
     BAD,
     Kept,
+    fmt_time,
     kept_from_dict,
     kept_reason,
     kept_to_dict,
@@ -184,6 +185,15 @@ class JobActionRefused(ValueError):
 NO_USAGE = {"gpu_util_pct": None, "gpu_mem_mib": None, "sampled_at": None, "peak_gpu_mem_mib": None,
             "declared_gpu_mem_mib": None, "over_declared_mem": False, "idle_since": None, "idle_stop_at": None,
             "stop_reason": None}
+def constraints_view(spec: JobSpec) -> dict[str, Any]:
+    """A job's placement constraints and deadline as ``GET /jobs/{id}`` shows them (note
+    022): ``node_selector`` as ``["zone=a", "nvlink"]`` (a Slurm feature without ``=``),
+    ``tolerations``, ``min_driver``, ``cache_key``, ``cache_required``, ``deadline`` (epoch
+    seconds or ``None``), ``gpus_per_pod`` and ``same_node``."""
+    return {"node_selector": [f"{k}={v}" if v else k for k, v in spec.node_selector],
+            "tolerations": list(spec.tolerations), "min_driver": spec.min_driver, "cache_key": spec.cache_key,
+            "cache_required": spec.cache_required, "deadline": spec.deadline, "gpus_per_pod": spec.gpus_per_pod,
+            "same_node": spec.same_node}
 
 
 class Daemon:
@@ -650,15 +660,16 @@ class Daemon:
                 "priority": self.sched.priority_factors(job.id)["priority"] if job.id in self.sched.jobs else None,
                 "usage": self._usage_view(job),
                 "lost": [[r.t, r.job_id, r.run, r.cause, r.final, r.reason] for r in self.lost.get(job.id, ())],
-                "launch_error": self.launch_errors.get(job.id)}
+                "launch_error": self.launch_errors.get(job.id),
+                "deadline_at_risk": [list(f) for f in job.deadline_flags]}
 
     @staticmethod
     def _kept_record(k: Kept) -> dict:
         """``_record`` of a kept job that ended without reaching the core (cancelled)."""
         return {"spec": spec_to_dict(k.spec), "state": k.state, "history": [[*h, 0] for h in k.history],
                 "first_start": None, "runs": 0, "preemptions": 0, "reason": None, "priority": None,
-                "usage": dict(NO_USAGE), "lost": [], "launch_error": None, "dependency": k.dependency or None,
-                "begin_time": k.begin}
+                "usage": dict(NO_USAGE), "lost": [], "launch_error": None, "deadline_at_risk": [],
+                "dependency": k.dependency or None, "begin_time": k.begin}
 
     def archived(self, job_id: str) -> dict | None:
         """The record of a job archived before this server started (``None``: not one)."""
@@ -1482,7 +1493,20 @@ class Daemon:
             begin = parse_begin(begin, now) if begin is not None else None
         except ValueError as exc:
             raise SpecError(f"job {spec.id!r}: begin: {exc}") from None
+        self._check_begin_deadline(spec, begin)
         return Kept(spec, dependency=text, begin=begin, held=bool(defer.get("held")))
+
+    @staticmethod
+    def _check_begin_deadline(spec: JobSpec, begin: float | None) -> None:
+        """A begin time at or after the job's deadline (note 022) is refused, as Slurm's
+        "Incompatible begin and deadline time specification".
+
+        Raises:
+            SpecError: naming ``begin``, both times and what is allowed.
+        """
+        if begin is not None and spec.deadline is not None and begin >= spec.deadline:
+            raise SpecError(f"job {spec.id!r}: begin: {fmt_time(begin)} is not allowed: before the job's deadline "
+                            f"{fmt_time(spec.deadline)} (it could never end by it)")
 
     def _release_kept(self, now: float, batch: list) -> None:
         """Hand every kept job whose dependency, begin time and hold now allow to the core,
@@ -1553,6 +1577,7 @@ class Daemon:
                     begin = parse_begin(changes["begin"], now)
                 except ValueError as exc:
                     raise SpecError(f"job {job_id!r}: begin: {exc}") from None
+                self._check_begin_deadline(spec, begin)
             if any(d.kind == "singleton" for d in k.deps) and not spec.name:
                 raise SpecError(f"job {job_id!r}: name: '' is not allowed: the job's dependency is singleton")
             new = k.changed(now, "updated: " + ", ".join(sorted(changes)), spec=spec, begin=begin)
@@ -1763,7 +1788,8 @@ class Daemon:
             "launch_error": self.launch_errors.get(job_id),
             "lost_runs": len(self.lost.get(job_id, ())),
             "failure": next((r.reason for r in self.lost.get(job_id, ()) if r.final), None),
-            **self._usage_view(job),
+            **self._usage_view(job), **constraints_view(spec),
+            "deadline_at_risk": [list(f) for f in job.deadline_flags],
         }
         if history:
             view["history"] = [{"t": h.t, "from": str(getattr(h.from_state, "value", h.from_state)),
@@ -1803,7 +1829,7 @@ class Daemon:
             "reason": self.kept_why(k) if k.state == "PENDING" else None,
             "estimated_start": None, "estimated_start_basis": None, "priority": None,
             "command": json.loads(row["argv"]), "exit_code": None, "launch_error": None, "lost_runs": 0,
-            "failure": None, **NO_USAGE,
+            "failure": None, **NO_USAGE, **constraints_view(spec), "deadline_at_risk": [],
             "dependency": k.dependency or None, "begin_time": k.begin, "held": k.held,
             "time_limit_s": spec.time_limit_s,
         }
@@ -1839,6 +1865,7 @@ class Daemon:
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
             "launch_error": rec.get("launch_error") or self.launch_errors.get(job_id), "lost_runs": len(lost),
             "failure": next((r.reason for r in lost if r.final), None), **rec["usage"],
+            **constraints_view(spec_from_dict(spec)), "deadline_at_risk": rec.get("deadline_at_risk", []),
         }
         if history:
             view["history"] = [{"t": t, "from": a, "to": b, "reason": r} for t, a, b, r, _ev in rec["history"]]
@@ -1879,7 +1906,7 @@ class Daemon:
                       + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else ""),
             "placement": None, "estimated_start": None, "estimated_start_basis": None, "priority": None,
             "command": rec.argv, "exit_code": None,
-            "runs": len(rec.indices) - len(rec.todo) + rec.retries,
+            "runs": len(rec.indices) - len(rec.todo) + rec.retries, **constraints_view(spec_from_dict(spec)),
         }
         if history:
             view["children"] = {str(i): ids for i, ids in sorted(rec.attempts.items())}

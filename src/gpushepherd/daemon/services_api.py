@@ -47,7 +47,13 @@ class ServiceBody(SubmitBody):
         if self.array is not None:
             raise ValueError(f"array: {self.array!r} is not allowed: a service has replicas, not array tasks")
         if self.defer() is not None:  # note 021: jobs only
-            raise ValueError("dependency, begin and hold are not allowed for a service: its replicas start at once")
+            given = [f for f, on in (("dependency", bool(self.dependency)), ("begin", self.begin is not None),
+                                     ("hold", self.hold)) if on]
+            raise ValueError(f"{', '.join(given)}: not allowed for a service (dependency, begin and hold are "
+                             "for jobs): its replicas start at once")
+        if self.deadline is not None:  # replicas are submitted for as long as it runs (note 022)
+            raise ValueError(f"deadline: {self.deadline!r} is not allowed: a service runs until deleted; its "
+                             "replicas have no deadline")
         return self
 
     def config(self) -> dict:
