@@ -79,8 +79,10 @@ def test_output_and_error_files_take_the_job_id(cli, api, tmp_path):
 
 
 @pytest.mark.parametrize("directive, needle", [
-    ("--dependency=afterok:1", "--dependency=afterok:1 is not allowed: gpushepherd has no job dependencies yet"),
-    ("--begin=now+1hour", "--begin=now+1hour is not allowed: gpushepherd has no start times"),
+    ("--dependency=after:1", "--dependency: 'after:1' is not allowed: after is not supported"),
+    ("--dependency=afterok:1?afterany:2", "'?' (any of) is not supported"),
+    ("--begin=soon", "--begin: 'soon' is not allowed: YYYY-MM-DD"),  # the one grammar (timepoints, note 022)
+    ("--hold=yes", "--hold=yes is not allowed: --hold takes no value"),
     ("--deadline=soon", "--deadline: 'soon' is not allowed: YYYY-MM-DD"),
     ("-C a|b", "-C a|b is not allowed: LABEL=VALUE or LABEL, several joined by & (AND)"),
     ("-n 2", "-n 2 is not allowed without --gpus-per-task"),

@@ -144,6 +144,13 @@ def duration_param(bare: Bare = "seconds", *, lo: float = 0.0, hi: float = MAX_T
     return duration
 
 
+DEPENDENCY_HELP = ("Run after other jobs (Slurm's --dependency): afterok:ID[:ID...] (they COMPLETED), "
+                   "afternotok:ID (they ended otherwise), afterany:ID (they ended), singleton (no other job of "
+                   "this name and user runs); a comma list must all hold.")
+BEGIN_HELP = ("Not before TIME (Slurm's --begin): now+COUNT[seconds|minutes|hours|days|weeks] (now+90 is "
+              "seconds; now+30m, now+2hours), HH:MM[:SS] (the next such time), an ISO time "
+              "2025-06-01T10:00[Z|+02:00], today, tomorrow, midnight, noon, or epoch seconds; without a zone: "
+              "the server's local time.")
 #: ``submit -t/--time``: a bare number is minutes, as Slurm's ``--time``
 TIME_LIMIT = duration_param("minutes", instead="leave --time out for the class's default limit "
                             "(default_time_limit_s, else max_runtime_s, else none)")
@@ -210,7 +217,8 @@ def constraint_fields(*, constraint: list[str] = (), tolerations: list[str] = ()
 
 def job_body(*, cls: str, team: str, user: str | None, token: str | None, gpus: int, gpu_type: list[str],
              command: list[str], shell: bool, chdir: Path, time_limit_s: float | None = None, project: str = "",
-             array: str | None = None, max_retries: int = 2, name: str = "") -> dict[str, Any]:
+             array: str | None = None, max_retries: int = 2, name: str = "", dependency: str = "",
+             begin: str | None = None, hold: bool = False) -> dict[str, Any]:
     """The ``POST /jobs`` body of ``submit`` and ``sbatch``: ``user`` ``None`` is the token's
     user with a token, else ``$USER`` (or the account this runs as); ``shell``: ``command``
     is joined into one ``/bin/sh -c`` line; ``time_limit_s`` seconds; fields left out when
@@ -235,6 +243,12 @@ def job_body(*, cls: str, team: str, user: str | None, token: str | None, gpus: 
         body["name"] = name
     if array is not None:
         body["array"], body["max_retries"] = array, max_retries
+    if dependency:  # kept by the server until they allow (note 021)
+        body["dependency"] = dependency
+    if begin is not None:
+        body["begin"] = begin
+    if hold:
+        body["hold"] = True
     return body
 
 
@@ -667,6 +681,10 @@ def register(app: typer.Typer) -> None:
                max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="Array: runs of a "
                                                         "FAILED chunk again.")] = 2,
                name: Annotated[str, typer.Option("--name", "-J", help=f"Job name: {JOB_NAME_RULE}.")] = "",
+               dependency: Annotated[str, typer.Option("--dependency", "-d", help=DEPENDENCY_HELP)] = "",
+               begin: Annotated[Optional[str], typer.Option("--begin", "-b", metavar="TIME", help=BEGIN_HELP)] = None,
+               hold: Annotated[bool, typer.Option("--hold", "-H", help="Submit held: not scheduled until "
+                                                  "`shepherd release JOB`.")] = False,
                # placement constraints, deadline, estimate (note 022)
                constraint: Annotated[list[str], typer.Option("--constraint", "--node-selector", "-C",
                                                              metavar="LABEL[=VALUE]", help="A node label the job "
@@ -706,7 +724,7 @@ def register(app: typer.Typer) -> None:
         script_not_command(cmd, chdir, shell)
         body = job_body(cls=cls, team=team, user=user, token=token, gpus=gpus, gpu_type=gpu_type, command=cmd,
                         shell=shell, chdir=chdir, time_limit_s=time_limit, project=project, array=array,
-                        max_retries=max_retries, name=name)
+                        max_retries=max_retries, name=name, dependency=dependency, begin=begin, hold=hold)
         body.update(preemptible=preemptible, checkpointable=checkpointable)
         body.update(constraint_fields(constraint=constraint, tolerations=toleration, min_driver=min_driver,
                                       cache_key=cache_key, cache_required=cache_required, deadline=deadline,
@@ -767,6 +785,9 @@ def register(app: typer.Typer) -> None:
                     "cwd", "stdout", "stderr", "checkpoint_dir"):
             value = (j.get(key) or "-") if key in ("project", "name") else j.get(key)
             out.print(_safe(f"{key}: {value}"), markup=False)
+        if j.get("dependency") or j.get("begin_time") is not None or j.get("held"):  # kept (note 021)
+            out.print(_safe(f"dependency: {j.get('dependency') or '-'}  begin_time: {_fmt_t(j.get('begin_time'))}  "
+                            f"held: {'yes' if j.get('held') else 'no'}"), markup=False)
         if j.get("sampled_at") is not None or j.get("peak_gpu_mem_mib"):
             util = "-" if j.get("gpu_util_pct") is None else f"{j['gpu_util_pct']:.0f}%"
             over = "  OVER DECLARED" if j.get("over_declared_mem") else ""
@@ -805,6 +826,52 @@ def register(app: typer.Typer) -> None:
         for job_id in job_ids:
             r = _request(server, "POST", _job_path(job_id, "/cancel"), token=token).json()
             out.print(f"job {r['id']}: {r['state']}")
+
+    def _act(kind: str, job_ids: list[str], server, token, **body) -> None:
+        for job_id in job_ids:
+            if kind == "update":
+                r = _request(server, "PATCH", _job_path(job_id), token=token, json=body).json()
+            else:
+                r = _request(server, "POST", _job_path(job_id, f"/{kind}"), token=token).json()
+            out.print(_safe(f"job {r['id']}: {r['state']}" + (f" ({r['reason']})" if r.get("reason") else "")),
+                      markup=False)
+
+    @app.command("hold")
+    def hold(job_ids: Annotated[list[str], typer.Argument(metavar="JOB...")], server: ServerOpt = None,
+             token: TokenOpt = None) -> None:
+        """Hold pending jobs (scontrol hold): not scheduled until released (reason JobHeldUser).
+        Jobs waiting for a dependency or begin time, or submitted with --hold; one already queued in
+        the scheduler is refused (design note 021)."""
+        _act("hold", job_ids, server, token)
+
+    @app.command("release")
+    def release(job_ids: Annotated[list[str], typer.Argument(metavar="JOB...")], server: ServerOpt = None,
+                token: TokenOpt = None) -> None:
+        """Release held jobs (scontrol release)."""
+        _act("release", job_ids, server, token)
+
+    @app.command("requeue")
+    def requeue(job_ids: Annotated[list[str], typer.Argument(metavar="JOB...")], server: ServerOpt = None,
+                token: TokenOpt = None) -> None:
+        """Requeue running jobs (scontrol requeue): stopped (stop signal, grace period) and queued
+        again with their id and submit time."""
+        _act("requeue", job_ids, server, token)
+
+    @app.command("update")
+    def update(job_ids: Annotated[list[str], typer.Argument(metavar="JOB...")],
+               time_limit: Annotated[Optional[float], typer.Option("--time", "-t", metavar="DURATION",
+                                                                   parser=TIME_LIMIT, help=TIME_HELP)] = None,
+               name: Annotated[Optional[str], typer.Option("--name", "-J", help=f"Job name: {JOB_NAME_RULE}.")]
+               = None,
+               begin: Annotated[Optional[str], typer.Option("--begin", "-b", metavar="TIME", help=BEGIN_HELP)]
+               = None,
+               server: ServerOpt = None, token: TokenOpt = None) -> None:
+        """Change pending jobs (scontrol update): time limit, name, begin time. Jobs held or waiting
+        for a dependency or begin time; other fields cannot change after submit (design note 021)."""
+        body = {k: v for k, v in (("time_limit_s", time_limit), ("name", name), ("begin", begin)) if v is not None}
+        if not body:
+            raise typer.BadParameter("nothing to change: give --time, --name or --begin")
+        _act("update", job_ids, server, token, **body)
 
     @app.command("logs")
     def logs(job_id: Annotated[str, typer.Argument(metavar="JOB")],

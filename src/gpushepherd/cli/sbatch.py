@@ -22,12 +22,11 @@ from gpushepherd.durations import parse_duration
 
 #: directives of features the server does not have (yet): ``--name`` -> what is missing
 UNSUPPORTED = {
-    "--dependency": "job dependencies", "-d": "job dependencies", "--begin": "start times (--begin)",
-    "-b": "start times (--begin)", "--nodelist": "node lists (the core selects nodes by label: -C)",
+    "--nodelist": "node lists (the core selects nodes by label: -C)",
     "-w": "node lists", "--exclude": "excluded nodes", "-x": "excluded nodes", "--exclusive": "exclusive nodes",
     "--signal": "signals before the time limit", "--requeue": "requeue requests (lost runs are requeued "
     "already, --max-requeues of the server)", "--no-requeue": "requeue requests", "--mail-type": "mail",
-    "--mail-user": "mail", "--hold": "holds", "-H": "holds", "--qos": "QOS (the class is -p)",
+    "--mail-user": "mail", "--qos": "QOS (the class is -p)",
     "--cpus-per-task": "CPU scheduling (GPUs only)", "-c": "CPU scheduling (GPUs only; -c is --cpus-per-task)",
     "--mem": "host memory scheduling (GPUs only)", "--mem-per-cpu": "host memory scheduling (GPUs only)",
     "--mem-per-gpu": "host memory scheduling (GPUs only; GPU memory is submit --gpu-mem)",
@@ -39,12 +38,15 @@ VALUED = {"--gres": "gres", "--gpus": "gpus", "-G": "gpus", "--gpus-per-node": "
           "--partition": "class", "-p": "class", "--output": "stdout", "-o": "stdout", "--error": "stderr",
           "-e": "stderr", "--array": "array", "-a": "array", "--chdir": "chdir", "-D": "chdir", "--wckey": "project",
           "--nodes": "nodes", "-N": "nodes", "--ntasks": "ntasks", "-n": "ntasks",
+          "--dependency": "dependency", "-d": "dependency", "--begin": "begin", "-b": "begin",
           # constraints and deadline (note 022)
           "--constraint": "constraint", "-C": "constraint", "--deadline": "deadline",
           "--gpus-per-task": "gpus_per_task",
           # the command line only (a script cannot name its server)
           "--server": "server", "--token": "token"}
 CLI_ONLY = {"server", "token"}
+#: directives without a value: name -> the key they set to True
+FLAGS = {"--hold": "hold", "-H": "hold"}
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 #: %-patterns of -o / -e: the shell expression of each (the job's environment, note 008)
 _PATTERNS = {"j": '"${SHEPHERD_JOB_ID}"', "A": '"${SHEPHERD_ARRAY_ID:-$SHEPHERD_JOB_ID}"',
@@ -104,6 +106,12 @@ def parse_options(tokens: list[str], where: str, *, positional: bool = False) ->
         has_value = bool(eq) or bool(value)
         if name in UNSUPPORTED:
             raise SbatchError(f"{where}: {tok} is not allowed: gpushepherd has no {UNSUPPORTED[name]} yet; remove it")
+        if name in FLAGS:
+            if has_value:
+                raise SbatchError(f"{where}: {tok} is not allowed: {name} takes no value")
+            opts[FLAGS[name]] = True
+            i += 1
+            continue
         if name not in VALUED:
             raise SbatchError(f"{where}: {tok} is not allowed: an sbatch option gpushepherd does not know; it takes "
                               f"{', '.join(sorted(k for k in VALUED if k.startswith('--')))} and their short forms")
@@ -144,6 +152,20 @@ def _set(opts: dict, key: str, name: str, value: str, where: str) -> None:
             opts["time_limit_s"] = parse_duration(value, bare="minutes")
         except ValueError as exc:
             raise SbatchError(f"{where}: {name}: {exc}") from None
+    elif key == "dependency":
+        from gpushepherd.daemon.deps import parse_dependency
+        try:
+            parse_dependency(value)
+        except ValueError as exc:
+            raise SbatchError(f"{where}: {name}: {exc}") from None
+        opts[key] = value
+    elif key == "begin":
+        from gpushepherd.daemon.deps import parse_begin
+        try:
+            parse_begin(value, time.time())  # the syntax; the server resolves it at its own time (note 021)
+        except ValueError as exc:
+            raise SbatchError(f"{where}: {name}: {exc}") from None
+        opts[key] = value
     elif key == "nodes":
         if value != "1":
             raise SbatchError(f"{said} is not allowed: 1 (all GPUs on one node; without -N they may span nodes, "
@@ -268,8 +290,9 @@ class), -o/--output and -e/--error (%j job id, %A array id, %a task index; -o al
 takes stderr too; without them `shepherd logs`), -a/--array, -D/--chdir, --wckey
 (the project), -C/--constraint LABEL[=VALUE][&...] (node labels), --deadline TIME
 (2025-06-01T18:00, now+2hours), -N 1 (one node), -n N --gpus-per-task G (a gang of N
-tasks); --server and --token on the command line only. Any other directive is
-refused naming it (--dependency, --begin, --exclusive, --mem, ...).
+tasks), -d/--dependency, -b/--begin TIME, -H/--hold (note 021); --server and --token on
+the command line only. Any other directive is refused naming it (--exclusive, --mem,
+...).
 The script runs with its #! interpreter."""
 
 
@@ -294,7 +317,8 @@ def register(app) -> None:
         body = job_body(cls=opts["class"], team=opts["team"], user=None, token=opts["token"],
                         gpus=opts.get("gpus", 1), gpu_type=opts.get("gpu_type", []), command=command, shell=shell,
                         chdir=Path(opts.get("chdir") or "."), time_limit_s=opts.get("time_limit_s"),
-                        project=opts.get("project", ""), array=opts.get("array"), name=opts.get("name", ""))
+                        project=opts.get("project", ""), array=opts.get("array"), name=opts.get("name", ""),
+                        dependency=opts.get("dependency", ""), begin=opts.get("begin"), hold=opts.get("hold", False))
         body.update(constraint_fields(constraint=opts.get("node_selector", []), deadline=opts.get("deadline"),
                                       gpus_per_pod=opts.get("gpus_per_pod"), same_node=opts.get("same_node", False)))
         post_job(opts["server"], opts["token"], body)

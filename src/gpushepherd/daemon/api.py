@@ -23,6 +23,7 @@ import math
 import os
 import re
 import threading
+import time
 from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
@@ -37,10 +38,11 @@ from gpushepherd.core.scheduler import SpecError
 from gpushepherd.durations import api_seconds
 from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import Principal
+from gpushepherd.daemon.deps import BEGIN_RULE, DEPENDENCY_RULE, parse_begin, parse_dependency
 from gpushepherd.daemon.jobquery import JOB_NAME_RULE, JobFilter, QueryError, check_job_name
 from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
-from gpushepherd.daemon.server import Daemon, IdempotencyConflict
+from gpushepherd.daemon.server import Daemon, IdempotencyConflict, JobActionRefused
 from gpushepherd.daemon.store import StorageUnavailable, storage_reason
 from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.model.job import GpuShare, JobSpec, first_control_char
@@ -204,6 +206,31 @@ class SubmitBody(BaseModel):
     array: str | None = Field(None, description="a job array (Slurm's --array): 0-99%8 is indices 0..99, at most 8 "
                               "not yet ended at a time; 1,3,5-7; 0-15:4")
     max_retries: int = Field(2, ge=0, le=100, description="array: times a FAILED chunk is run again")
+    # kept by the server until they allow (design note 021)
+    dependency: str = Field("", max_length=4096, description=f"Slurm's --dependency: {DEPENDENCY_RULE}; "
+                            "an unknown job id is refused")
+    begin: float | str | None = Field(None, description=f"not before this time (Slurm's --begin): {BEGIN_RULE}")
+    hold: bool = Field(False, description="submit held (Slurm's --hold): not scheduled until released")
+
+    @field_validator("dependency")
+    @classmethod
+    def _dependency(cls, v: str) -> str:
+        if v.strip():
+            parse_dependency(v)  # ValueError naming the value and what is allowed
+        return v.strip()
+
+    @field_validator("begin")
+    @classmethod
+    def _begin(cls, v):
+        if v is not None:
+            parse_begin(v, time.time())  # the syntax; the loop resolves now+ at its own time
+        return v
+
+    def defer(self) -> dict | None:
+        """What keeps the job from the core (``Daemon.submit_future``'s ``defer``), or ``None``."""
+        if not self.dependency and self.begin is None and not self.hold:
+            return None
+        return {"dependency": self.dependency, "begin": self.begin, "held": self.hold}
     # -- placement constraints and deadline (note 022): JobSpec's fields, absent = none
     node_selector: NodeSelector = Field(default_factory=list, description="labels a node must carry: "
                                         "{\"zone\": \"a\"} or [\"zone=a\", \"nvlink\"] (a bare word is a Slurm "
@@ -309,6 +336,40 @@ class SubmitBody(BaseModel):
                        deadline=self.deadline, gpus_per_pod=self.gpus_per_pod, same_node=self.same_node)
 
 
+class UpdateBody(BaseModel):
+    """What ``PATCH /jobs/{id}`` may change of a pending job (note 021); only the fields
+    given change."""
+
+    model_config = ConfigDict(extra="forbid")
+    time_limit_s: Seconds | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description=SECONDS_DOC)
+    name: str | None = Field(None, description=f"{JOB_NAME_RULE}; '': none")
+    begin: float | str | None = Field(None, description=BEGIN_RULE)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only(cls, data):
+        if isinstance(data, dict):
+            other = sorted(set(data) - {"time_limit_s", "name", "begin"})
+            if other:
+                raise ValueError(f"{', '.join(other)}: cannot be changed after submit: only time_limit_s, name and "
+                                 "begin (cancel and submit again for the rest)")
+            if not data:
+                raise ValueError("nothing to change: give time_limit_s, name or begin")
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return v if v is None else check_job_name(v)
+
+    @field_validator("begin")
+    @classmethod
+    def _begin(cls, v):
+        if v is not None:
+            parse_begin(v, time.time())
+        return v
+
+
 class ErrorBody(BaseModel):
     """Every error answer: ``detail`` is one message, or (422) a list of entries whose
     ``loc`` names the field and ``msg`` the value and what is allowed."""
@@ -322,6 +383,7 @@ ERROR_RESPONSES = {code: {"model": ErrorBody, "description": what} for code, wha
     (401, "No token, or an unknown or revoked one (once the server has tokens)."),
     (403, "The token may not do this (another team's job, another user, not an admin)."),
     (404, "No such job, service or route."),
+    (409, "Not possible in the job's state (hold, release, update, requeue); the detail says what works."),
     (408, "Headers or body not received in time (--header-timeout)."),
     (413, "A request body over 1 MiB."),
     (422, "A field, header or value that is not allowed; each entry names it."),
@@ -546,7 +608,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         try:
             array = (body.array, *parse_array(body.array), body.max_retries) if body.array is not None else None
             fut = daemon.submit_future(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
-                                       array=array, idempotency=idem)
+                                       array=array, idempotency=idem, defer=body.defer())
             # shielded: a timeout must not cancel the future the loop will complete
             out = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), SUBMIT_TIMEOUT_S)
         except SpecError as exc:
@@ -605,6 +667,55 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         except KeyError:
             raise HTTPException(404, f"job {job_id!r}: no such job") from None
         return {"id": job_id, "state": state}
+
+    def act(kind: str, job_id: str, p: Principal | None, changes: dict | None = None) -> dict:
+        """A hold, release, update or requeue (note 021): the job's user or an admin only."""
+        with daemon.lock:
+            user = daemon.job_user(job_id)
+        if user is None:
+            raise HTTPException(404, f"job {job_id!r}: no such job")
+        if p is not None and not p.admin and p.user != user:
+            raise HTTPException(403, f"job {job_id!r} is user {user!r}'s: only its user or an admin token may "
+                                     f"{kind} it (this token is user {p.user!r})")
+        try:
+            return daemon.job_action(kind, job_id, changes)
+        except KeyError:
+            raise HTTPException(404, f"job {job_id!r}: no such job") from None
+        except JobActionRefused as exc:
+            raise HTTPException(409, str(exc)) from None
+        except SpecError as exc:
+            field = _spec_field(str(exc))
+            return JSONResponse(status_code=422, content={"detail": [
+                {"loc": ["body", field], "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})
+
+    @app.post("/jobs/{job_id}/hold", responses={409: {"description": "Not a pending job the server keeps"}})
+    def hold(job_id: str, p: Principal | None = Depends(principal)) -> dict:
+        """Hold a pending job (``scontrol hold``): not scheduled until released; its reason is
+        ``JobHeldUser``. Only a job the server keeps from the scheduler (waiting for a
+        dependency or begin time, or submitted with ``hold``): one queued in the scheduler
+        already is 409 (note 021). Returns the job's view."""
+        return act("hold", job_id, p)
+
+    @app.post("/jobs/{job_id}/release", responses={409: {"description": "Not a held job"}})
+    def release(job_id: str, p: Principal | None = Depends(principal)) -> dict:
+        """Release a held job (``scontrol release``); a kept job that is not held is
+        unchanged. Returns the job's view."""
+        return act("release", job_id, p)
+
+    @app.post("/jobs/{job_id}/requeue", responses={409: {"description": "Not a running job"}})
+    def requeue(job_id: str, p: Principal | None = Depends(principal)) -> dict:
+        """Requeue a running job (``scontrol requeue``): it is stopped (its class's stop
+        signal and grace period) and queued again, keeping its id and submit time.
+        Returns the job's view."""
+        return act("requeue", job_id, p)
+
+    @app.patch("/jobs/{job_id}", responses={409: {"description": "Not a pending job the server keeps"}})
+    def update(job_id: str, body: UpdateBody, p: Principal | None = Depends(principal)) -> dict:
+        """Change a pending job (``scontrol update``): ``time_limit_s`` (checked against its
+        class as at submit), ``name``, ``begin``; any other field is 422. Only a job the
+        server keeps from the scheduler (held, waiting for a dependency or begin time):
+        one queued in the scheduler already is 409 (note 021)."""
+        return act("update", job_id, p, body.model_dump(exclude_unset=True))
 
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
     def logs(job_id: str, stream: Literal["stdout", "stderr"] = "stdout", run: int | None = Query(None, ge=1, le=2**31),

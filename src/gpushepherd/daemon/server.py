@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import threading
 import time
@@ -38,6 +39,16 @@ from gpushepherd.daemon.arrays import (
     child_id,
     parse_child_id,
 )
+from gpushepherd.daemon.deps import (
+    BAD,
+    Kept,
+    fmt_time,
+    kept_from_dict,
+    kept_reason,
+    kept_to_dict,
+    parse_begin,
+    parse_dependency,
+)
 from gpushepherd.daemon.local import exit_status, mig_uuid
 from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
@@ -47,6 +58,7 @@ from gpushepherd.daemon.services import Services
 from gpushepherd.daemon.ratelog import RateLog
 from gpushepherd.daemon.store import (
     DAEMON_EVENTS,
+    JobKept,
     LaunchFailed,
     LockHeld,
     RunLost,
@@ -164,6 +176,15 @@ class IdempotencyConflict(ValueError):
                          "use a new key for a new submission")
 
 
+class JobActionRefused(ValueError):
+    """A hold, release, update or requeue that does not apply to the job in its state
+    (the API's 409); ``str()`` says why and what works instead (note 021)."""
+
+
+#: the usage fields of a job view that has never run (a kept job, note 021)
+NO_USAGE = {"gpu_util_pct": None, "gpu_mem_mib": None, "sampled_at": None, "peak_gpu_mem_mib": None,
+            "declared_gpu_mem_mib": None, "over_declared_mem": False, "idle_since": None, "idle_stop_at": None,
+            "stop_reason": None}
 def constraints_view(spec: JobSpec) -> dict[str, Any]:
     """A job's placement constraints and deadline as ``GET /jobs/{id}`` shows them (note
     022): ``node_selector`` as ``["zone=a", "nvlink"]`` (a Slurm feature without ``=``),
@@ -278,6 +299,13 @@ class Daemon:
         #: job -> why its last launch failed (E2BIG, ...): this server's life only, not logged
         self.launch_errors: dict[str, str] = {}
         self.arrays: dict[str, ArrayRec] = {}  # job arrays by id (gpushepherd.daemon.arrays)
+        # jobs kept from the core (dependency, begin time, hold; note 021): committed records,
+        # this step's changes (None: handed to the core), why the policy refuses one now,
+        # and the (name, user) pairs of the core's jobs not ended (singleton; None: not read)
+        self.kept: dict[str, Kept] = {}
+        self._kept_staged: dict[str, Kept | None] = {}
+        self._kept_bad: dict[str, str] = {}
+        self._busy: set[tuple[str, str]] | None = None
         #: job -> final state of the jobs that ended before this server's snapshot (note 017)
         self.ended_states: dict[str, str] = {}
         self.scrape_allow = list(scrape_allow or [])
@@ -509,6 +537,10 @@ class Daemon:
                     self.lost.setdefault(e.job_id, []).append(e)
                 elif isinstance(e, LaunchFailed):
                     self.launch_errors[e.job_id] = e.error
+                elif isinstance(e, JobKept):
+                    self.kept[e.job_id] = kept_from_dict(e.data, spec_from_dict)
+                elif isinstance(e, JobSubmitted) and e.spec.id in self.kept:
+                    del self.kept[e.spec.id]  # handed to the core
             item = [e for e in item if not isinstance(e, DAEMON_EVENTS)]
             self.sched = sched
             decisions = sched.handle(item)
@@ -544,6 +576,7 @@ class Daemon:
             self.sampled.setdefault(j, {"peak_gpu_mem_mib": 0})["peak_gpu_mem_mib"] = int(peak)
         self.unmanaged_flag = {(n, int(g)): bool(f) for n, g, f in payload["unmanaged"]}
         self.metrics.load(payload["metrics"])
+        self.kept = {j: kept_from_dict(d, spec_from_dict) for j, d in payload.get("kept", {}).items()}
         self.ended_states = self.store.ended_states()
         return sched, version
 
@@ -585,9 +618,14 @@ class Daemon:
                 "peaks": {j: rec.get("peak_gpu_mem_mib", 0) for j, rec in self.sampled.items() if j in live},
                 "unmanaged": [[n, g, f] for (n, g), f in sorted(self.unmanaged_flag.items())],
                 "metrics": self.metrics.state(),
+                "kept": {j: kept_to_dict(k, spec_to_dict) for j, k in self.kept.items() if k.state == "PENDING"},
             }
             rows = [{"id": j, "state": sched.jobs[j].state.value, "record": json.dumps(self._record(sched.jobs[j]))}
                     for j in ended]
+            # kept jobs cancelled before they reached the core: archived as ended jobs
+            gone = [j for j, k in self.kept.items() if k.state != "PENDING"]
+            rows += [{"id": j, "state": self.kept[j].state, "record": json.dumps(self._kept_record(self.kept[j]))}
+                     for j in gone]
             batch = self.store.last_batch
             self.store.write_snapshot(batch, now, payload, rows)
             self.store.idempotency_prune(now - IDEMPOTENCY_TTL_S)
@@ -597,6 +635,8 @@ class Daemon:
             return False
         for j in ended:
             self.ended_states[j] = sched.jobs[j].state.value
+        for j in gone:
+            self.ended_states[j] = self.kept.pop(j).state
         self._snap_batch, self._snap_t, self._snapshot_due = batch, now, False
         log.info("snapshot of batch %d: %d jobs not ended, %d archived", batch, len(live), len(rows))
         return True
@@ -623,6 +663,14 @@ class Daemon:
                 "launch_error": self.launch_errors.get(job.id),
                 "deadline_at_risk": [list(f) for f in job.deadline_flags]}
 
+    @staticmethod
+    def _kept_record(k: Kept) -> dict:
+        """``_record`` of a kept job that ended without reaching the core (cancelled)."""
+        return {"spec": spec_to_dict(k.spec), "state": k.state, "history": [[*h, 0] for h in k.history],
+                "first_start": None, "runs": 0, "preemptions": 0, "reason": None, "priority": None,
+                "usage": dict(NO_USAGE), "lost": [], "launch_error": None, "deadline_at_risk": [],
+                "dependency": k.dependency or None, "begin_time": k.begin}
+
     def archived(self, job_id: str) -> dict | None:
         """The record of a job archived before this server started (``None``: not one)."""
         if job_id not in self.ended_states or job_id in self.sched.jobs:
@@ -639,13 +687,23 @@ class Daemon:
 
     def job_team(self, job_id: str) -> str | None:
         """The team of a job or array, archived ones included; ``None``: no such job."""
+        return self._spec_field(job_id, "team")
+
+    def job_user(self, job_id: str) -> str | None:
+        """The user of a job or array, archived and kept ones included; ``None``: no such job."""
+        return self._spec_field(job_id, "user")
+
+    def _spec_field(self, job_id: str, name: str) -> Any:
+        """Field ``name`` of the spec of a job or array (core, kept, archived); ``None``: no such job."""
         if job_id in self.arrays:
-            return self.arrays[job_id].spec["team"]
+            return self.arrays[job_id].spec[name]
         job = self.sched.jobs.get(job_id)
         if job is not None:
-            return job.spec.team
+            return getattr(job.spec, name)
+        if job_id in self.kept:
+            return getattr(self.kept[job_id].spec, name)
         rec = self.archived(job_id)
-        return rec["spec"]["team"] if rec is not None else None
+        return rec["spec"][name] if rec is not None else None
 
     @staticmethod
     def live_snapshot(sched: Scheduler) -> dict:
@@ -757,6 +815,10 @@ class Daemon:
         job = self.sched.jobs.get(job_id)
         if job is not None:
             return job.state.value
+        if job_id in self.kept:
+            return self.kept[job_id].state
+        if job_id in self.arrays:  # an array as a whole (a dependency on it, note 021)
+            return self._array_progress(self.arrays[job_id])["state"]
         return self.ended_states.get(job_id)
 
     def _track(self, d: Decision) -> None:
@@ -877,7 +939,7 @@ class Daemon:
     def submit_future(self, spec: JobSpec, argv: list[str], *, shell: bool = False,
                       env: dict[str, str] | None = None, cwd: str,
                       array: tuple[str, list[int], int, int] | None = None,
-                      idempotency: tuple[str, str, str] | None = None) -> Future:
+                      idempotency: tuple[str, str, str] | None = None, defer: dict | None = None) -> Future:
         """Queue a submission for the loop and return at once: the future gets
         ``submit_view``'s result or its ``SpecError`` when the loop step that took it
         ends (the API awaits it through ``asyncio.wrap_future``, without a thread).
@@ -886,9 +948,13 @@ class Daemon:
         ``idempotency``: ``(scope, key, body hash)`` of an ``Idempotency-Key`` (note
         017): a key already committed for ``scope`` with the same hash makes the result
         ``("replayed", view)`` of the job it made, with another hash an
-        ``IdempotencyConflict``; a new key is committed with the submission."""
+        ``IdempotencyConflict``; a new key is committed with the submission.
+
+        ``defer``: ``{"dependency": TEXT, "begin": VALUE, "held": BOOL}`` (note 021): the
+        job is kept from the core until they hold; an unknown job id in the dependency or
+        a ``singleton`` without a name is a ``SpecError``."""
         fut: Future = Future()
-        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array, idempotency), fut))
+        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array, idempotency, defer), fut))
         self.wake.set()
         return fut
 
@@ -900,6 +966,21 @@ class Daemon:
         """
         fut: Future = Future()
         self.commands.put(("cancel", job_id, fut))
+        self.wake.set()
+        return fut.result(timeout=timeout)
+
+    def job_action(self, kind: str, job_id: str, changes: dict | None = None, timeout: float = 60.0) -> dict:
+        """``hold``, ``release``, ``update`` (``changes``: ``time_limit_s``, ``name``,
+        ``begin``) or ``requeue`` a job in the loop (note 021); returns its view after.
+
+        Raises:
+            KeyError: no such job.
+            JobActionRefused: not possible in the job's state (why, and what works).
+            SpecError: an update the policy refuses (field, value, what is allowed).
+            TimeoutError: the loop did not answer within ``timeout`` seconds.
+        """
+        fut: Future = Future()
+        self.commands.put((kind, (job_id, dict(changes or {})), fut))
         self.wake.set()
         return fut.result(timeout=timeout)
 
@@ -1119,12 +1200,14 @@ class Daemon:
                     backend.kill(job_id)
                 del self.kills[job_id]
         rows, replies, new_arrays, keys = [], [], [], []
+        self._kept_staged, self._busy = {}, None
         while True:
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 break
             self._command(now, cmd, batch, rows, replies, new_arrays, keys)
+        self._release_kept(now, batch)
         children = self._array_children(now, batch, rows, new_arrays)
         replicas = self.services.reconcile(now, batch, rows)
         if self.inventory is not None and now >= self._next_sample:
@@ -1155,8 +1238,17 @@ class Daemon:
             # retried next step: what the loop found itself (exits, lost runs and ticks are
             # derived again); never the API's submissions and cancels, answered 503 above
             self.deferred = carry + [e for e in batch if isinstance(e, (UsageSample, GpuUnmanaged))]
+            self._kept_staged = {}
             raise
         self._exits.clear()
+        for job_id, k in self._kept_staged.items():  # committed: kept jobs' changes apply
+            if k is None:
+                self.kept.pop(job_id, None)
+            else:
+                self.kept[job_id] = k
+                if k.state != "PENDING":
+                    self._pending_rows.setdefault(job_id, {})["state"] = k.state
+        self._kept_staged = {}
         for rec in lost:
             self.lost.setdefault(rec.job_id, []).append(rec)
             if not rec.final:
@@ -1282,13 +1374,19 @@ class Daemon:
                  keys: list) -> None:
         kind, arg, fut = cmd
         if kind == "submit":
-            spec, argv, shell, env, cwd, array, idem = arg
+            spec, argv, shell, env, cwd, array, idem, defer = arg
             if idem is not None and self._idempotent_replay(idem, fut, replies, keys):
                 return
             job_id = str(self.next_num)
             spec = replace(spec, id=job_id, submit_time=now)
+            kept = None
             try:
                 validate_spec(self.rules, spec)
+                if defer is not None:
+                    if array is not None:
+                        raise SpecError(f"job {job_id!r}: array: {array[0]!r} is not allowed with a dependency, "
+                                        "begin time or hold (not supported for arrays yet)")
+                    kept = self._new_kept(spec, defer, now)
                 if array is not None:  # checked whole before it is taken: nothing half-applied
                     try:
                         check_array(*array)
@@ -1313,7 +1411,13 @@ class Daemon:
                 new_arrays.append(rec)
                 replies.append((fut, lambda j=job_id: self.job_view(j)))
                 return
-            batch.append(JobSubmitted(now, spec))
+            why = self.kept_why(kept, now) if kept is not None else None
+            if why is not None:  # kept from the core until its dependency, begin time or hold allow (note 021)
+                kept.history.append([now, "", "PENDING", f"submitted; kept: {why}"])
+                self._kept_staged[job_id] = kept
+                batch.append(JobKept(now, job_id, kept_to_dict(kept, spec_to_dict)))
+            else:
+                batch.append(JobSubmitted(now, spec))
             row = dict(id=job_id, num=int(job_id), spec=json.dumps(spec_to_dict(spec)), argv=json.dumps(argv),
                        shell=shell, env=json.dumps(env), cwd=cwd, state=JobState.PENDING.value, run=0)
             rows.append(row)
@@ -1328,6 +1432,20 @@ class Daemon:
                     return
                 rec.cancelled = now
             replies.append((fut, lambda r=rec: self._array_progress(r)["state"]))
+        elif kind == "cancel" and self._kept_now(arg) is not None:  # never reached the core (note 021)
+            k = self._kept_now(arg)
+            if k.state == "PENDING":
+                k = k.changed(now, "cancelled", state=JobState.CANCELLED.value, ended=now)
+                self._kept_staged[arg] = k
+                batch.append(JobKept(now, arg, kept_to_dict(k, spec_to_dict)))
+            fut.set_result(k.state)
+        elif kind in ("hold", "release", "update", "requeue"):
+            try:
+                self._job_action(now, kind, *arg, batch, replies)
+            except (KeyError, JobActionRefused, SpecError) as exc:
+                fut.set_exception(exc)
+                return
+            replies.append((fut, lambda j=arg[0]: self.job_view(j)))
         elif kind == "cancel":
             job = self.sched.jobs.get(arg)
             if job is None and arg in self.ended_states:  # ended before this server started
@@ -1339,6 +1457,133 @@ class Daemon:
             else:
                 batch.append(JobCancelled(now, arg))
                 replies.append((fut, lambda j=job: j.state.value))
+
+    def _kept_now(self, job_id: str) -> Kept | None:
+        """A kept job as this step has it (its staged change first); ``None``: not kept."""
+        if job_id in self._kept_staged:
+            return self._kept_staged[job_id]
+        return self.kept.get(job_id)
+
+    def _job_known(self, job_id: str) -> bool:
+        return (job_id in self.sched.jobs or self._kept_now(job_id) is not None or job_id in self.arrays
+                or job_id in self.ended_states)
+
+    def _new_kept(self, spec: JobSpec, defer: dict, now: float) -> Kept:
+        """The ``Kept`` record of a submission with ``defer`` (``submit_future``).
+
+        Raises:
+            SpecError: a dependency naming a job that does not exist, ``singleton``
+                without a name, a dependency or begin time that does not parse.
+        """
+        text = (defer.get("dependency") or "").strip()
+        try:
+            deps = parse_dependency(text) if text else ()
+        except ValueError as exc:
+            raise SpecError(f"job {spec.id!r}: dependency: {exc}") from None
+        for dep in deps:
+            if dep.kind == "singleton" and not spec.name:
+                raise SpecError(f"job {spec.id!r}: dependency: 'singleton' is not allowed without a job name: "
+                                "give the job a name (-J/--name); singleton orders the jobs of one name and user")
+            for i in dep.ids:
+                if not self._job_known(i):
+                    raise SpecError(f"job {spec.id!r}: dependency: {text!r} is not allowed: job {i} does not "
+                                    "exist (a dependency names the id of a job submitted before)")
+        begin = defer.get("begin")
+        try:
+            begin = parse_begin(begin, now) if begin is not None else None
+        except ValueError as exc:
+            raise SpecError(f"job {spec.id!r}: begin: {exc}") from None
+        self._check_begin_deadline(spec, begin)
+        return Kept(spec, dependency=text, begin=begin, held=bool(defer.get("held")))
+
+    @staticmethod
+    def _check_begin_deadline(spec: JobSpec, begin: float | None) -> None:
+        """A begin time at or after the job's deadline (note 022) is refused, as Slurm's
+        "Incompatible begin and deadline time specification".
+
+        Raises:
+            SpecError: naming ``begin``, both times and what is allowed.
+        """
+        if begin is not None and spec.deadline is not None and begin >= spec.deadline:
+            raise SpecError(f"job {spec.id!r}: begin: {fmt_time(begin)} is not allowed: before the job's deadline "
+                            f"{fmt_time(spec.deadline)} (it could never end by it)")
+
+    def _release_kept(self, now: float, batch: list) -> None:
+        """Hand every kept job whose dependency, begin time and hold now allow to the core,
+        in id order, as a submission with its original submit time (note 021). A spec the
+        policy in force refuses stays kept (``BadConstraints``)."""
+        ids = [j for j in self.kept if j not in self._kept_staged] + list(self._kept_staged)
+        for job_id in sorted(ids, key=natural_key):
+            k = self._kept_now(job_id)
+            if k is None or k.state != "PENDING" or kept_reason(k, now, self.job_state, self._is_busy) is not None:
+                continue
+            try:
+                validate_spec(self.rules, k.spec)
+            except SpecError as exc:
+                self._kept_bad[job_id] = re.sub(r"^job '[^']*': ", "", str(exc))
+                continue
+            self._kept_bad.pop(job_id, None)
+            batch.append(JobSubmitted(now, k.spec))
+            self._kept_staged[job_id] = None
+            if self._busy is not None and k.spec.name:
+                self._busy.add((k.spec.name, k.spec.user))
+
+    def _job_action(self, now: float, kind: str, job_id: str, changes: dict, batch: list, replies: list) -> None:
+        """One ``job_action`` in the loop: the events it adds to ``batch``.
+
+        Raises:
+            KeyError, JobActionRefused, SpecError: as ``job_action``.
+        """
+        if job_id in self.arrays:
+            raise JobActionRefused(f"job {job_id} is an array: {kind} its elements (ID_INDEX) instead")
+        k = self._kept_now(job_id)
+        job = self.sched.jobs.get(job_id)
+        state = k.state if k is not None else job.state.value if job is not None else self.ended_states.get(job_id)
+        if state is None:
+            raise KeyError(job_id)
+        if kind == "requeue":
+            if job is None or job.state is not JobState.RUNNING:
+                raise JobActionRefused(f"job {job_id} is {state}: only a RUNNING job can be requeued (scontrol "
+                                       "requeue); a pending job is queued already")
+            if not any(isinstance(e, JobRequeueRequested) and e.job_id == job_id for e in batch):
+                batch.append(JobRequeueRequested(now, job_id))
+            return
+        if k is None or k.state != "PENDING":
+            if state == "PENDING" and kind == "release":
+                raise JobActionRefused(f"job {job_id} is not held: it is queued in the scheduler already")
+            if state == "PENDING":
+                raise JobActionRefused(
+                    f"job {job_id} is queued in the scheduler already: it cannot be {'held' if kind == 'hold' else 'updated'}"
+                    " (the scheduling core cannot take a pending job back yet, design note 021); this works for jobs "
+                    "waiting for a dependency or begin time or submitted with --hold: cancel it and submit it again "
+                    "with --hold")
+            raise JobActionRefused(f"job {job_id} is {state}: only a pending job can be "
+                                   f"{ {'hold': 'held', 'release': 'released', 'update': 'updated'}[kind] }"
+                                   + ("; `shepherd requeue` stops a running one and queues it again"
+                                      if state == "RUNNING" else ""))
+        if kind == "hold":
+            new = k if k.held else k.changed(now, "held by its user", held=True)
+        elif kind == "release":
+            new = k.changed(now, "released", held=False) if k.held else k
+        else:
+            spec, begin = k.spec, k.begin
+            if "time_limit_s" in changes:
+                spec = replace(spec, time_limit_s=changes["time_limit_s"])
+            if "name" in changes:
+                spec = replace(spec, name=changes["name"])
+            validate_spec(self.rules, spec)  # SpecError naming the field
+            if changes.get("begin") is not None:
+                try:
+                    begin = parse_begin(changes["begin"], now)
+                except ValueError as exc:
+                    raise SpecError(f"job {job_id!r}: begin: {exc}") from None
+                self._check_begin_deadline(spec, begin)
+            if any(d.kind == "singleton" for d in k.deps) and not spec.name:
+                raise SpecError(f"job {job_id!r}: name: '' is not allowed: the job's dependency is singleton")
+            new = k.changed(now, "updated: " + ", ".join(sorted(changes)), spec=spec, begin=begin)
+        if new is not k:
+            self._kept_staged[job_id] = new
+            batch.append(JobKept(now, job_id, kept_to_dict(new, spec_to_dict)))
 
     def _idempotent_replay(self, idem: tuple[str, str, str], fut: Future, replies: list, keys: list) -> bool:
         """Answer a submission whose ``Idempotency-Key`` is known - committed (memory,
@@ -1513,6 +1758,9 @@ class Daemon:
         if job_id in self.arrays:
             return self.array_view(self.arrays[job_id], history=history)
         job = self.sched.jobs.get(job_id)
+        if job is None and job_id in self.kept:
+            row = row if row is not None else self.store.job_row(job_id)
+            return None if row is None else self._kept_view(self.kept[job_id], row, history)
         if job is None and job_id not in self.ended_states:
             return None
         row = row if row is not None else self.store.job_row(job_id)
@@ -1550,6 +1798,46 @@ class Daemon:
             view["cwd"] = row["cwd"]
             view["stdout"], view["stderr"] = row["stdout"], row["stderr"]
             view["checkpoint_dir"] = str(self.backend.checkpoint_dir(job_id))
+        return view
+
+    def kept_why(self, k: Kept, now: float | None = None) -> str | None:
+        """Why kept job ``k`` is not in the core yet (``deps.kept_reason``, or
+        ``BadConstraints(...)`` when the policy in force refuses its spec); ``None``: it
+        goes to the core at the next step."""
+        now = max(self.clock(), self.sched.now) if now is None else now
+        why = kept_reason(k, now, self.job_state, self._is_busy)
+        if why is None and k.id in self._kept_bad:
+            return f"{BAD}({self._kept_bad[k.id]})"
+        return why
+
+    def _is_busy(self, name: str, user: str) -> bool:
+        """A job named ``name`` of ``user`` is in the core and not ended (``singleton``);
+        the core's jobs are read once per step, when a singleton asks."""
+        if self._busy is None:
+            self._busy = {(j.spec.name, j.spec.user) for j in self.sched.jobs.values()
+                          if j.spec.name and not j.state.terminal}
+        return (name, user) in self._busy
+
+    def _kept_view(self, k: Kept, row: dict, history: bool) -> dict[str, Any]:
+        """``job_view`` of a job the daemon keeps from the core (note 021)."""
+        spec = k.spec
+        view = {
+            "id": k.id, "state": k.state, "class": spec.workload_class, "team": spec.team, "user": spec.user,
+            "project": spec.project, "name": spec.name, "gpus": spec.gpus,
+            "share": str(spec.share) if spec.share else None, "submit_time": spec.submit_time,
+            "first_start": None, "runs": 0, "preemptions": 0, "placement": None,
+            "reason": self.kept_why(k) if k.state == "PENDING" else None,
+            "estimated_start": None, "estimated_start_basis": None, "priority": None,
+            "command": json.loads(row["argv"]), "exit_code": None, "launch_error": None, "lost_runs": 0,
+            "failure": None, **NO_USAGE, **constraints_view(spec), "deadline_at_risk": [],
+            "dependency": k.dependency or None, "begin_time": k.begin, "held": k.held,
+            "time_limit_s": spec.time_limit_s,
+        }
+        if history:
+            view["history"] = [{"t": t, "from": a, "to": b, "reason": r} for t, a, b, r in k.history]
+            view["cwd"] = row["cwd"]
+            view["stdout"], view["stderr"] = row["stdout"], row["stderr"]
+            view["checkpoint_dir"] = str(self.backend.checkpoint_dir(k.id))
         return view
 
     def _estimate_view(self, job_id: str, pending: bool) -> dict[str, Any]:

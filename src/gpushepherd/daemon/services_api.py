@@ -46,6 +46,11 @@ class ServiceBody(SubmitBody):
     def _not_an_array(self):
         if self.array is not None:
             raise ValueError(f"array: {self.array!r} is not allowed: a service has replicas, not array tasks")
+        if self.defer() is not None:  # note 021: jobs only
+            given = [f for f, on in (("dependency", bool(self.dependency)), ("begin", self.begin is not None),
+                                     ("hold", self.hold)) if on]
+            raise ValueError(f"{', '.join(given)}: not allowed for a service (dependency, begin and hold are "
+                             "for jobs): its replicas start at once")
         if self.deadline is not None:  # replicas are submitted for as long as it runs (note 022)
             raise ValueError(f"deadline: {self.deadline!r} is not allowed: a service runs until deleted; its "
                              "replicas have no deadline")

@@ -271,10 +271,22 @@ class LaunchFailed:
     error: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class JobKept:
+    """A daemon event, logged but never fed to the core (kind ``keep``): the whole record
+    of a job the daemon keeps from the core (dependency, begin time, hold; note 021) as
+    ``gpushepherd.daemon.deps.kept_to_dict`` gives it. The last one of a job wins; the
+    job's ``submit`` event (its hand-over to the core) ends it."""
+
+    t: float
+    job_id: str
+    data: dict
+
+
 #: event kinds only the daemon reads (``Store.batches(daemon=True)``)
-DAEMON_KINDS = ("lost", "launch-error")
+DAEMON_KINDS = ("lost", "launch-error", "keep")
 #: their events: logged, never handed to the core
-DAEMON_EVENTS = (RunLost, LaunchFailed)
+DAEMON_EVENTS = (RunLost, LaunchFailed, JobKept)
 
 
 # -- events <-> rows -------------------------------------------------------------
@@ -331,6 +343,8 @@ def event_row(e: Event) -> dict:
                 "payload": json.dumps({"run": e.run, "cause": e.cause, "final": e.final, "reason": e.reason})}
     if isinstance(e, LaunchFailed):
         return {"kind": "launch-error", "job_id": e.job_id, "payload": json.dumps({"run": e.run, "error": e.error})}
+    if isinstance(e, JobKept):  # a kept job's record (note 021)
+        return {"kind": "keep", "job_id": e.job_id, "payload": json.dumps(e.data)}
     raise TypeError(f"event {type(e).__name__} is not logged by the daemon")
 
 
@@ -384,8 +398,10 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
                        str(data.get("reason", "")))
     if kind == "launch-error":
         return LaunchFailed(t, job_id, int(data["run"]), str(data.get("error", "")))
+    if kind == "keep":
+        return JobKept(t, job_id, data)
     raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue, tick, usage, "
-                     f"unmanaged, node-lost, node-added, gpu-health, lost or launch-error")
+                     f"unmanaged, node-lost, node-added, gpu-health, lost, launch-error or keep")
 
 
 def _sqlite_pragmas(synchronous: str, busy_timeout_s: float = 30.0):
