@@ -316,7 +316,8 @@ def test_held_log_lines_follow_the_first_line_even_with_two_servers_starting_at_
 
     root, keep = logging.getLogger(), Keep()
     root.addHandler(keep)
-    level, root.level = root.level, logging.INFO
+    level = root.level
+    root.setLevel(logging.INFO)  # setLevel, not .level =: loggers cache their effective level
     log = logging.getLogger("gpushepherd.daemon")
     try:
         a, b = HeldLog(), HeldLog()
@@ -333,7 +334,7 @@ def test_held_log_lines_follow_the_first_line_even_with_two_servers_starting_at_
         assert seen == ["after"] and logging.getLogger("gpushepherd").propagate
     finally:
         root.removeHandler(keep)
-        root.level = level
+        root.setLevel(level)
 
 
 def test_a_port_in_use_is_refused_before_the_server_takes_its_data_dir(tmp_path):
