@@ -107,3 +107,13 @@ def write_file(tmp_path, name: str, text: str):
     else:
         p.write_text(text)
     return p
+
+
+def route_cli_to(client, monkeypatch) -> None:
+    """Send the CLI's HTTP requests (``httpx.request``) to ``client``, a FastAPI
+    ``TestClient``: the CLI under typer's runner talks to an in-process server (the
+    client has no timeout argument, so it is dropped)."""
+    import httpx
+
+    monkeypatch.setattr(httpx, "request", lambda method, url, **kw: client.request(
+        method, url, **{k: v for k, v in kw.items() if k != "timeout"}))

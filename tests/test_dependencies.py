@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import route_cli_to
 from fastapi.testclient import TestClient
 from test_daemon import wait_for
 
@@ -297,13 +298,11 @@ def test_only_the_jobs_user_or_an_admin_may_hold_release_update_or_requeue(tmp_p
 
 
 def test_the_cli_submits_with_dependency_begin_and_hold_and_holds_releases_updates(api, tmp_path, monkeypatch):
-    import httpx
     from typer.testing import CliRunner
 
     from gpushepherd.cli.main import app
 
-    monkeypatch.setattr(httpx, "request", lambda method, url, **kw: api.client.request(
-        method, url, **{k: v for k, v in kw.items() if k != "timeout"}))
+    route_cli_to(api.client, monkeypatch)
 
     def run(*args):
         r = CliRunner().invoke(app, list(args))
@@ -339,13 +338,11 @@ def test_the_cli_submits_with_dependency_begin_and_hold_and_holds_releases_updat
 
 
 def test_sbatch_takes_dependency_begin_and_hold_directives(api, tmp_path, monkeypatch):
-    import httpx
     from typer.testing import CliRunner
 
     from gpushepherd.cli.main import app
 
-    monkeypatch.setattr(httpx, "request", lambda method, url, **kw: api.client.request(
-        method, url, **{k: v for k, v in kw.items() if k != "timeout"}))
+    route_cli_to(api.client, monkeypatch)
     first = api.submit(hold=True)["id"]
     script = tmp_path / "job.sh"
     script.write_text(f"#!/bin/sh\n#SBATCH -A research\n#SBATCH -p batch\n#SBATCH --dependency=afterany:{first}\n"

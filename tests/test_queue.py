@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import route_cli_to
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -53,7 +54,6 @@ def make(tmp_path: Path, tokens: bool = False):
 @pytest.fixture
 def served(tmp_path, monkeypatch):
     """The server and ``run(*args, env=None) -> (exit code, stdout, stderr)`` of the CLI."""
-    import httpx
 
     from gpushepherd.cli.main import app
 
@@ -61,8 +61,7 @@ def served(tmp_path, monkeypatch):
     flag = tmp_path / "flag"
     try:
         with TestClient(api_app) as client:
-            monkeypatch.setattr(httpx, "request", lambda method, url, **kw: client.request(
-                method, url, **{k: v for k, v in kw.items() if k != "timeout"}))
+            route_cli_to(client, monkeypatch)
 
             def run(*args, env=None):
                 r = CliRunner().invoke(app, list(args), env=env)
@@ -231,7 +230,6 @@ def test_the_reason_is_never_cut_on_an_80_column_terminal(three):
 
 
 def test_me_is_the_tokens_user(tmp_path, monkeypatch):
-    import httpx
 
     from gpushepherd.cli.main import app
 
@@ -239,8 +237,7 @@ def test_me_is_the_tokens_user(tmp_path, monkeypatch):
     flag = tmp_path / "flag"
     try:
         with TestClient(api_app) as client:
-            monkeypatch.setattr(httpx, "request", lambda method, url, **kw: client.request(
-                method, url, **{k: v for k, v in kw.items() if k != "timeout"}))
+            route_cli_to(client, monkeypatch)
 
             def run(*args, token):
                 r = CliRunner().invoke(app, [args[0], "--token", token, *args[1:]])

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import route_cli_to
 from fastapi.testclient import TestClient
 
 POLICY = """\
@@ -169,13 +170,11 @@ def test_a_launch_failure_cause_is_in_the_job_view(api, tmp_path):
 @pytest.fixture
 def cli(api, monkeypatch):
     """Run ``shepherd ARGS`` against the in-process server: (exit code, stdout, stderr)."""
-    import httpx
     from typer.testing import CliRunner
 
     from gpushepherd.cli.main import app
 
-    monkeypatch.setattr(httpx, "request", lambda method, url, **kw: api.request(
-        method, url, **{k: v for k, v in kw.items() if k != "timeout"}))
+    route_cli_to(api, monkeypatch)
 
     def run(*args):
         r = CliRunner().invoke(app, list(args))

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from builders import route_cli_to
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -57,7 +58,6 @@ def start(tmp_path: Path):
 @pytest.fixture
 def served(tmp_path, monkeypatch):
     """The test client (``.daemon``, ``.flag``, ``.tmp``) and ``.cli(*args) -> (code, out, err)``."""
-    import httpx
 
     from gpushepherd.cli.main import app
     from gpushepherd.daemon.api import make_app
@@ -66,8 +66,7 @@ def served(tmp_path, monkeypatch):
     flag = tmp_path / "flag"
     try:
         with TestClient(make_app(d)) as client:
-            monkeypatch.setattr(httpx, "request", lambda method, url, **kw: client.request(
-                method, url, **{k: v for k, v in kw.items() if k != "timeout"}))
+            route_cli_to(client, monkeypatch)
 
             def cli(*args):
                 r = CliRunner().invoke(app, list(args))

@@ -126,8 +126,9 @@ class Turn:
                 return HELD, A.CLAIMS
             self.profile.drop_hold(job.id)  # its own hold never counted against it: v stands
             book.clear_victims(job)
-            got = self.visited[job.id] = self.blocked(job, v.rule)
-            return got
+            result = self.blocked(job, v.rule)
+            self.visited[job.id] = result  # what a second look in this pass gets
+            return result
         return self.blocked(job, v.rule)
 
     def blocked(self, job: Job, rule: int) -> tuple[int, int]:

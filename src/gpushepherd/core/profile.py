@@ -59,10 +59,9 @@ class Claim:
     #: with classes' ``reserved_gpus``: the whole GPUs others may still take from the free
     #: ones at its start without breaking its class-hold condition (``class_slack``)
     gslack: int | None = None
-    #: what the slack counted as other classes' reservations (units) and, per reserved
-    #: class, the part of its reservation not yet held (units): a job of such a class
-    #: takes that part from the reservation first, not from the slack (``takes``)
-    gheld: int = 0
+    #: per reserved class, the part of its reservation the slack counted as not yet held
+    #: (units; their sum is what it kept for other classes): a job of such a class takes
+    #: that part from the reservation first, not from the slack (``takes``)
     gunfilled: dict[str, int] = field(default_factory=dict)
     #: a hold: when its victims are planned to be gone, per node (``exits``) and all
     #: (``exit``); before, it takes only ``need_now`` / ``quota_now`` (``gpus_at``)
@@ -194,7 +193,7 @@ class Profile:
         gone = frozenset(vid for c in holds for vid in book.jobs[c.job_id].victims)
         for c in holds:
             c.gunfilled = {}
-            held = c.gheld = _held_for(book, c.cls, book.now, (), gone, c.gunfilled)
+            held = _held_for(book, c.cls, book.now, (), gone, c.gunfilled)
             c.gslack = book.ledger.free_total + coming - taken - -(-held // GPU_UNITS)
 
     def avoiding(self, job: Job, end: float, exempt: tuple = ()) -> tuple[frozenset[int], Claim | None]:
@@ -236,7 +235,8 @@ class Profile:
         d = min(job.units, c.gunfilled.get(name, 0))
         if not d:
             return x, 0
-        return x - (-(-c.gheld // GPU_UNITS) - -(-(c.gheld - d) // GPU_UNITS)), d
+        held = sum(c.gunfilled.values())
+        return x - (-(-held // GPU_UNITS) - -(-(held - d) // GPU_UNITS)), d
 
     def _add_point(self, p: float, free_at: dict[int, int] | None = None) -> None:
         """A new claim point: the spare of every node and quota key that a claim active
@@ -416,7 +416,6 @@ class Profile:
                     took, d = self.takes(c, job, x)
                     c.gslack -= took
                     if d:
-                        c.gheld -= d
                         c.gunfilled[job.cls.name] -= d
         for p in self.binding_points(end):
             if start is not None and p < start:
@@ -536,14 +535,12 @@ def _held_for(book, cls: str, p: float, claims, gone=frozenset(), unfilled: dict
 def class_slack(book, cls: str, p: float, claims, into: Claim | None = None) -> int:
     """Whole GPUs free at ``p`` (planned ends) less those the claims active then take,
     less what other classes' ``reserved_gpus`` keep free for a job of ``cls``. ``into``:
-    the claim whose slack this is (it keeps what was counted: ``Claim.gheld``)."""
+    the claim whose slack this is (it keeps what was counted: ``Claim.gunfilled``)."""
     free = free_total_at(book, p)
     free -= sum(sum(c.gpus.values()) for c in claims if not c.hold and c.start <= p < c.end)
     free -= sum(c.total_at(p) for c in claims if c.hold)
-    unfilled = into.gunfilled if into is not None else None
-    if unfilled is not None:
-        unfilled.clear()
-    held = _held_for(book, cls, p, claims, unfilled=unfilled)
+    unfilled = None
     if into is not None:
-        into.gheld = held
+        unfilled = into.gunfilled = {}
+    held = _held_for(book, cls, p, claims, unfilled=unfilled)
     return free - -(-held // GPU_UNITS)
