@@ -109,11 +109,20 @@ def write_file(tmp_path, name: str, text: str):
     return p
 
 
-def route_cli_to(client, monkeypatch) -> None:
+def route_cli_to(client, monkeypatch):
     """Send the CLI's HTTP requests (``httpx.request``) to ``client``, a FastAPI
     ``TestClient``: the CLI under typer's runner talks to an in-process server (the
-    client has no timeout argument, so it is dropped)."""
+    client has no timeout argument, so it is dropped). Returns
+    ``cli(*args, env=None) -> (exit code, stdout, stderr)``, the CLI run that way."""
     import httpx
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
 
     monkeypatch.setattr(httpx, "request", lambda method, url, **kw: client.request(
         method, url, **{k: v for k, v in kw.items() if k != "timeout"}))
+
+    def cli(*args, env=None):
+        r = CliRunner().invoke(app, list(args), env=env)
+        return r.exit_code, r.stdout, r.stderr
+    return cli

@@ -54,18 +54,11 @@ def make(tmp_path: Path, tokens: bool = False):
 @pytest.fixture
 def served(tmp_path, monkeypatch):
     """The server and ``run(*args, env=None) -> (exit code, stdout, stderr)`` of the CLI."""
-
-    from gpushepherd.cli.main import app
-
     d, api_app, _ = make(tmp_path)
     flag = tmp_path / "flag"
     try:
         with TestClient(api_app) as client:
-            route_cli_to(client, monkeypatch)
-
-            def run(*args, env=None):
-                r = CliRunner().invoke(app, list(args), env=env)
-                return r.exit_code, r.stdout, r.stderr
+            run = route_cli_to(client, monkeypatch)
             run.client, run.daemon, run.flag, run.tmp = client, d, flag, tmp_path
             yield run
     finally:

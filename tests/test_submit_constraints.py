@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from builders import route_cli_to
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
 # n1 is where an unconstrained job goes first (the core's order); n2 has the labels, the
 # newer driver and the cache; n3 is tainted
@@ -58,19 +57,13 @@ def start(tmp_path: Path):
 @pytest.fixture
 def served(tmp_path, monkeypatch):
     """The test client (``.daemon``, ``.flag``, ``.tmp``) and ``.cli(*args) -> (code, out, err)``."""
-
-    from gpushepherd.cli.main import app
     from gpushepherd.daemon.api import make_app
 
     d = start(tmp_path)
     flag = tmp_path / "flag"
     try:
         with TestClient(make_app(d)) as client:
-            route_cli_to(client, monkeypatch)
-
-            def cli(*args):
-                r = CliRunner().invoke(app, list(args))
-                return r.exit_code, r.stdout, r.stderr
+            cli = route_cli_to(client, monkeypatch)
             client.cli, client.daemon, client.flag, client.tmp = cli, d, flag, tmp_path
             yield client
     finally:
