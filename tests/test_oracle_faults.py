@@ -584,3 +584,21 @@ def test_a_window_boundary_does_not_wake_a_job_only_other_classes_reservations_k
     sched.handle([JobSubmitted(1.0, job("J", 1, "research-training", "b", 1, share=mps))])
     assert str(sched.pending_reason("J")).startswith("ReservedFor(classes.")
     assert sched.next_wakeup() is None
+
+
+def test_a_start_that_makes_its_team_borrow_gives_its_team_mate_refused_by_a_lending_claim_its_turn_again():
+    # seed 15683: cohort of a and b (nominal 2 each) on 4 GPUs. A1 keeps a at its
+    # max_running_jobs, so R (a, 3 GPUs) waits with a reservation that lends its GPUs to
+    # the cohort's borrowers. J (b, 2 GPUs, within b's nominal quota) is refused by that
+    # claim; K (b, 1 GPU, short) starts after it in the same pass - b now borrows, and a
+    # borrower may take what R's reservation lends: J fits at that instant.
+    rules = policy(nodes=[("n1", 4)],
+                   teams={"a": {"nominal_gpus": 2, "max_running_jobs": 1},
+                          "b": {"nominal_gpus": 2, "borrowing_limit": 2}},
+                   cohorts={"co": {"members": ["a", "b"]}})
+    result = simulate(rules, [(job("A1", 1, "batch", "a", 0, runtime_estimate_s=100.0), 100.0),
+                              (job("R", 3, "batch", "a", 1, runtime_estimate_s=50.0), 50.0),
+                              (job("J", 2, "batch", "b", 2, runtime_estimate_s=500.0), 500.0),
+                              (job("K", 1, "batch", "b", 2, runtime_estimate_s=10.0), 10.0)])
+    assert [t for t, _ in result.records["K"].starts] == [2.0]
+    assert [t for t, _ in result.records["J"].starts] == [2.0]

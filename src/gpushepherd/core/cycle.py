@@ -72,6 +72,10 @@ class Turn:
         #: a share was refused for room (rules 4, 7, 8) in this pass: a card a later
         #: share opens on a fresh GPU may take it without a fresh GPU (``start``)
         self.share_refused = False
+        #: cohort members (teams) a job of which the claims refused in this pass: one of
+        #: their jobs started later may make the member a borrower, whom the claims that
+        #: lend or may reclaim no longer bind (``Profile.reclaimers_of``; ``start``)
+        self.claims_refused: set[str] = set()
 
     # ------------------------------------------------------------- steps
     def holds(self) -> None:
@@ -140,6 +144,8 @@ class Turn:
         also when a hard limit refuses it now (it may fit at a later instant)."""
         if job.shape.mode == "share" and rule in (A.FREE, A.CLASS_HOLD, A.CLAIMS):
             self.share_refused = True  # a card opened later in the pass may take it
+        if rule == A.CLAIMS and job.cohort is not None:
+            self.claims_refused.add(job.cohort[1].team)
         if rule not in A.RESERVABLE:
             return BLOCKED, rule
         if job.shape.mode == "share":
@@ -271,6 +277,8 @@ class Turn:
         if job.evictable and (job.cls.priority < self.no_victims_prio
                               or any(_may_evict(p, job) for p in self.no_victims)):
             self.sched.wake_at(preemption.comes_of_age(book, job))
+        if job.cohort is not None and not book.repass and job.cohort[1].team in self.claims_refused:
+            book.repass = True  # its team may borrow now: the claims may bind its other jobs less (seed 15683)
         if self.no_victims:
             if (job.cohort is not None and not book.repass
                     and any(_borrows_from(p, job) for p in self.no_victims) and preemption.borrows(book, job)):
