@@ -160,6 +160,8 @@ TIME_HELP = ("Time limit, as Slurm's --time: MINUTES (a bare number is minutes),
 ESTIMATE = duration_param("minutes")
 #: what ``--help`` of a duration option whose bare number is seconds says of its forms
 SECONDS_FORMS = "seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS"
+#: ``submit --grace``: a bare number is seconds (Kubernetes' terminationGracePeriodSeconds), 0 allowed
+GRACE = duration_param("seconds", zero=True)
 
 
 def time_point(value: Any) -> float:
@@ -204,15 +206,18 @@ def selector_items(items: list[str], option: str = "--constraint") -> list[str]:
 def constraint_fields(*, constraint: list[str] = (), tolerations: list[str] = (), min_driver: str = "",
                       cache_key: str = "", cache_required: bool = False, deadline: float | None = None,
                       estimate_s: float | None = None, gpus_per_pod: int | None = None,
-                      same_node: bool = False) -> dict[str, Any]:
-    """The ``POST /jobs`` fields of a job's placement constraints, deadline (epoch seconds)
-    and runtime estimate (seconds) (note 022), each left out when not given (a server from
-    before them refuses them)."""
+                      same_node: bool = False, grace_s: float | None = None) -> dict[str, Any]:
+    """The ``POST /jobs`` fields of a job's placement constraints, deadline (epoch seconds),
+    runtime estimate and grace period (seconds) (notes 022, 027), each left out when not
+    given (a server from before them refuses them)."""
     fields: dict[str, Any] = {"node_selector": selector_items(list(constraint)), "tolerations": list(tolerations),
                               "min_driver": min_driver, "cache_key": cache_key, "cache_required": cache_required,
                               "deadline": deadline, "runtime_estimate_s": estimate_s, "gpus_per_pod": gpus_per_pod,
                               "same_node": same_node}
-    return {k: v for k, v in fields.items() if v not in (None, "", [], False)}
+    out = {k: v for k, v in fields.items() if v not in (None, "", [], False)}
+    if grace_s is not None:
+        out["grace_period_s"] = grace_s  # 0 is a grace asked for (none)
+    return out
 
 
 def job_body(*, cls: str, team: str, user: str | None, token: str | None, gpus: int, gpu_type: list[str],
@@ -346,7 +351,7 @@ def _fmt_t(t: float | None) -> str:
 def constraints_text(j: dict) -> str:
     """A job view's placement constraints on one line (``-``: none; note 022):
     ``node_selector=zone=a,nvlink tolerations=dedicated=infer min_driver=535.104
-    cache=llama(required) gpus_per_pod=2 same_node``."""
+    cache=llama(required) gpus_per_pod=2 same_node grace=30s``."""
     parts = []
     for key in ("node_selector", "tolerations"):
         if j.get(key):
@@ -359,6 +364,8 @@ def constraints_text(j: dict) -> str:
         parts.append(f"gpus_per_pod={j['gpus_per_pod']}")
     if j.get("same_node"):
         parts.append("same_node")
+    if j.get("grace_period_s") is not None:
+        parts.append(f"grace={j['grace_period_s']:g}s")
     return " ".join(parts) or "-"
 
 
@@ -718,6 +725,11 @@ def register(app: typer.Typer) -> None:
                                                                     "one (Slurm's --gpus-per-task).")] = None,
                same_node: Annotated[bool, typer.Option("--same-node", help="All GPUs on one node (Slurm's "
                                                        "-N 1).")] = False,
+               grace: Annotated[Optional[float], typer.Option("--grace", metavar="DURATION", parser=GRACE,
+                                                              help="The grace period its stops get (preemption, "
+                                                              "time limit): at most its class's, which is the "
+                                                              "default; only a job that checkpoints gets one. "
+                                                              + SECONDS_FORMS + ".")] = None,
                server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py` (a batch
         script with #SBATCH lines: `shepherd sbatch FILE`)."""
@@ -728,7 +740,8 @@ def register(app: typer.Typer) -> None:
         body.update(preemptible=preemptible, checkpointable=checkpointable)
         body.update(constraint_fields(constraint=constraint, tolerations=toleration, min_driver=min_driver,
                                       cache_key=cache_key, cache_required=cache_required, deadline=deadline,
-                                      estimate_s=estimate, gpus_per_pod=gpus_per_task, same_node=same_node))
+                                      estimate_s=estimate, gpus_per_pod=gpus_per_task, same_node=same_node,
+                                      grace_s=grace))
         try:
             if share:
                 body["share"] = parse_share(share, gpu_mem)

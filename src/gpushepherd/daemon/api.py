@@ -249,6 +249,9 @@ class SubmitBody(BaseModel):
                                      "many GPUs each (a divisor of gpus; each pod on one node, pods may share one; "
                                      "Slurm's --gpus-per-task)")
     same_node: bool = Field(False, description="every GPU on one node (Slurm's -N 1)")
+    grace_period_s: Seconds | None = Field(None, ge=0, le=MAX_SECONDS, allow_inf_nan=False,
+                                           description="the grace its stops get, at most its class's (the default; "
+                                           "only a job that checkpoints gets one): " + SECONDS_DOC)
 
     @field_validator("min_driver")
     @classmethod
@@ -333,7 +336,8 @@ class SubmitBody(BaseModel):
                        checkpointable=self.checkpointable, share=share, project=self.project,
                        name=self.name, node_selector=tuple(self.node_selector), tolerations=tuple(self.tolerations),
                        min_driver=self.min_driver, cache_key=self.cache_key, cache_required=self.cache_required,
-                       deadline=self.deadline, gpus_per_pod=self.gpus_per_pod, same_node=self.same_node)
+                       deadline=self.deadline, gpus_per_pod=self.gpus_per_pod, same_node=self.same_node,
+                       grace_period_s=self.grace_period_s)
 
 
 class UpdateBody(BaseModel):

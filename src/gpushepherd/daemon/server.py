@@ -189,11 +189,12 @@ def constraints_view(spec: JobSpec) -> dict[str, Any]:
     """A job's placement constraints and deadline as ``GET /jobs/{id}`` shows them (note
     022): ``node_selector`` as ``["zone=a", "nvlink"]`` (a Slurm feature without ``=``),
     ``tolerations``, ``min_driver``, ``cache_key``, ``cache_required``, ``deadline`` (epoch
-    seconds or ``None``), ``gpus_per_pod`` and ``same_node``."""
+    seconds or ``None``), ``gpus_per_pod``, ``same_node`` and ``grace_period_s`` (``None``: the
+    class's)."""
     return {"node_selector": [f"{k}={v}" if v else k for k, v in spec.node_selector],
             "tolerations": list(spec.tolerations), "min_driver": spec.min_driver, "cache_key": spec.cache_key,
             "cache_required": spec.cache_required, "deadline": spec.deadline, "gpus_per_pod": spec.gpus_per_pod,
-            "same_node": spec.same_node}
+            "same_node": spec.same_node, "grace_period_s": spec.grace_period_s}
 
 
 class Daemon:

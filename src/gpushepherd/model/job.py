@@ -173,6 +173,10 @@ class JobSpec:
             the core carries it and never reads it (note 010, "A project on every job").
         name: the job's name (Slurm's ``--job-name``; '': none, shown as ``-``). Shown
             only: the core carries it and never reads it (note 020).
+        grace_period_s: the grace its stops get, seconds: at most its class's
+            ``grace_period_s``, which is the default (``None``); as the class's, only a
+            job that checkpoints gets one (Kubernetes' ``terminationGracePeriodSeconds``
+            per pod; note 027).
     """
 
     id: str
@@ -198,6 +202,7 @@ class JobSpec:
     cache_required: bool = False
     project: str = ""
     name: str = ""
+    grace_period_s: float | None = None
 
     @property
     def pods(self) -> int:

@@ -86,6 +86,8 @@ class JobEntry(_Strict):
     min_driver: str = ""
     cache_key: str = ""
     cache_required: bool = False
+    #: the grace its stops get (seconds; at most its class's, the default)
+    grace_period: Annotated[float, Field(ge=0)] | None = None
 
 
 class EventEntry(_Strict):
@@ -486,7 +488,7 @@ def _sim_job(job_id: str, data: dict) -> SimJob:
         node_selector=tuple(sorted((data.get("node_selector") or {}).items())),
         tolerations=tuple(data.get("tolerations") or ()), min_driver=data.get("min_driver") or "",
         cache_key=data.get("cache_key") or "", cache_required=bool(data.get("cache_required")),
-        time_limit_s=data.get("time_limit"),
+        time_limit_s=data.get("time_limit"), grace_period_s=data.get("grace_period"),
         # the conventions: the duration is the runtime estimate unless a time limit is given
         runtime_estimate_s=data.get("estimate") or (
             None if data.get("time_limit") or duration == "unbounded" else float(duration) or None),
