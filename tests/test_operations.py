@@ -371,7 +371,7 @@ def test_the_systemd_unit_runs_shepherd_server_and_its_command_line_serves(tmp_p
     # the unit's own options, with this test's data dir, policy and port: the server answers
     opts = argv[2:]
     subst = {"--data-dir": str(tmp_path / "data"), "--policy": str(tmp_path / "policy.yaml"),
-             "--port": str(free_port()), "--inventory": "static"}
+             "--port": str(free_port()), "--inventory": "static", "--socket": str(tmp_path / "shepherd.sock")}
     for i, opt in enumerate(opts[:-1]):
         if opt in subst:
             opts[i + 1] = subst[opt]

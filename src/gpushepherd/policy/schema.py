@@ -13,9 +13,10 @@ it names. Numeric priorities follow the public scenario conventions: 400 / 300 /
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]
@@ -242,6 +243,21 @@ class ClassSpec(_Strict):
     description: str | None = None
 
 
+#: a ``teams.X.members`` entry: a user name or ``@group`` (POSIX portable names, as useradd takes)
+_MEMBER = re.compile(r"@?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}\$?")
+MAX_MEMBERS = 10_000
+
+
+def _member(v: str) -> str:
+    if not _MEMBER.fullmatch(v):
+        raise ValueError("a Unix user name (alice) or @ and a Unix group (@ml-users): letters, digits, _ . - (a "
+                         "trailing $ too), 1-64 characters, not starting with - or .")
+    return v
+
+
+Member = Annotated[str, AfterValidator(_member)]
+
+
 class TeamClassLimit(_Strict):
     max_gpus: NonNegInt | None = None
     max_running_jobs: NonNegInt | None = None
@@ -271,6 +287,10 @@ class TeamSpec(_Strict):
     classes: dict[Name, TeamClassLimit] = Field(default_factory=dict)
     windows: list[WindowSpec] = Field(default_factory=list)
     description: str = ""
+    #: who may submit for the team, cancel its jobs and read their logs (note 025): Unix
+    #: user names, or ``@group`` for a Unix group (resolved with grp at each check); unset:
+    #: the tokens' teams decide, as before; ``[]``: admins only
+    members: Annotated[list[Member], Field(max_length=MAX_MEMBERS)] | None = None
 
 
 
