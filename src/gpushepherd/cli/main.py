@@ -41,7 +41,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help=__doc__.split("\n\n")[0] if __doc__ else None)
 scenario_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                            help="Run scenario files: a cluster, a policy, jobs and the expected outcome.")
-policy_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Check policy files; apply, show and list the versions of a running server's policy.")
+policy_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Check policy files; apply, show and list the versions of a running server's policy; print the policy reference.")
 app.add_typer(scenario_app, name="scenario")
 app.add_typer(policy_app, name="policy")
 
