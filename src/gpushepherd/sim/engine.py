@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpushepherd.core.scheduler import Scheduler
+from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.model.decisions import Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import Event, JobAdopted, JobFinished, JobSubmitted, MigReconfigured, Tick
 from gpushepherd.model.job import ExitStatus, JobSpec, JobState
@@ -68,6 +68,9 @@ class JobRecord:
     signal_t: float | None = None
     #: times a MIG reconfiguration was requested for this job
     reconfigurations: list[float] = field(default_factory=list)
+    #: why it was refused at submit (state ``REJECTED``): the core's ``Reject`` reason,
+    #: or the ``SpecError`` of its submit validation; '' otherwise
+    rejected: str = ""
 
     @property
     def first_start(self) -> float | None:
@@ -158,6 +161,11 @@ class Simulator:
         stranded_every_s: sample free and stranded GPU capacity after the first
             instant at or past every multiple of this many seconds (>= 1; ``None``:
             never).
+        reject_invalid: a submission the core's submit validation refuses
+            (``validate_spec``: a time limit above the class's maximum, a sharing kind
+            the class forbids, ...) is recorded as ``REJECTED`` with the ``SpecError``
+            text in ``JobRecord.rejected``, and the run goes on - what the daemon's
+            submitter sees as a refusal (note 026). Default: ``SpecError`` ends the run.
     """
 
     def __init__(self, rules: Rules, jobs: list[SimJob], events: list[Event | Restart] | None = None, *,
@@ -167,10 +175,11 @@ class Simulator:
                  track_usage: Callable[[JobSpec], str | None] | None = None,
                  probe_times: tuple[float, ...] = (),
                  scheduler: Callable[[Rules], Scheduler] | None = None,
-                 stranded_every_s: float | None = None):
+                 stranded_every_s: float | None = None, reject_invalid: bool = False):
         if stranded_every_s is not None and not 1 <= stranded_every_s < float("inf"):
             raise ValueError(f"stranded_every_s: {stranded_every_s!r} is not allowed: seconds >= 1")
         self.stranded_every_s = stranded_every_s
+        self.reject_invalid = reject_invalid
         self.stranded: list[tuple[float, float, float, dict[str, float]]] = []
         self.rules = rules
         self.sched = (scheduler or Scheduler)(rules)
@@ -247,8 +256,14 @@ class Simulator:
                         else:
                             batch.append(payload)
                     elif kind == 2:
-                        batch.append(JobSubmitted(t, payload))
                         submitted += 1
+                        refused = self._refusal(payload) if self.reject_invalid else ""
+                        if refused:
+                            rec = records[payload.id]
+                            rec.state, rec.end, rec.rejected = "REJECTED", t, refused
+                            finished += 1
+                        else:
+                            batch.append(JobSubmitted(t, payload))
                     else:
                         ticks.discard(t)
                         batch.append(Tick(t))
@@ -294,6 +309,7 @@ class Simulator:
                     elif isinstance(d, Reject):
                         rec.end = t
                         rec.state = "REJECTED"
+                        rec.rejected = d.reason
                         finished += 1
                 # jobs that ended in this instant (an exit, or a cancel while pending)
                 for e in batch:
@@ -349,6 +365,14 @@ class Simulator:
         if reporting:
             self._report(SimProgress(t, t_first, t_last_submit, submitted, finished, total, instants))
         return result
+
+    def _refusal(self, spec: JobSpec) -> str:
+        """The core's submit validation's refusal of ``spec`` ('' when it takes it)."""
+        try:
+            validate_spec(self.rules, spec)
+        except SpecError as exc:
+            return str(exc)
+        return ""
 
     def _report(self, p: SimProgress) -> None:
         if self.progress is not None:
