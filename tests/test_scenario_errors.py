@@ -74,6 +74,12 @@ def _error(tmp_path, text) -> str:
     ("jobs:\n  - {id: A, class: nope, submit: 0, gpus: 1, duration: 1}\nexpect: {}\n", "class: 'nope' is not allowed"),
     ("jobs:\n" + JOB, "expect: a value is required here"),
     # note 026: a refusal of the core's submit validation is REJECTED, but a fault of the file is not
+    ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 1, ignore_signal: true}\nexpect: {}\n",
+     "jobs[0].ignore_signal: unknown field is not allowed"),
+    ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 1, ignores_signal: true, exit_after_signal: 5}\n"
+     "expect: {}\n", "jobs[0].exit_after_signal: 5.0 is not allowed: no exit_after_signal with ignores_signal"),
+    ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 1, checkpoint_every: 0}\nexpect: {}\n",
+     "jobs[0].checkpoint_every: 0 is not allowed"),
     ("jobs:\n" + JOB + "expect: {rejected: {ZZ: x}}\n", "expect.rejected.ZZ"),
     ("jobs:\n" + JOB + "expect: {}\nvariants: [{name: v, jobs: {A: {class: nope}}, expect: {}}]\n",
      "x/v: jobs.A.class: 'nope' is not allowed: a class of the policy"),

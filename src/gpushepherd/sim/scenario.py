@@ -33,7 +33,7 @@ from gpushepherd.model.events import (
 from gpushepherd.model.job import GpuShare, JobSpec
 from gpushepherd.model.placement import Placement
 from gpushepherd.policy.load import Policy, PolicyError, policy_from_dict
-from gpushepherd.sim.engine import Restart, SimJob, SimResult, Simulator
+from gpushepherd.sim.engine import Restart, SignalAnswer, SimJob, SimResult, Simulator
 from gpushepherd.yamlio import YamlError, load_yaml, read_text
 
 #: the most jobs a scenario may expand to (ranges included)
@@ -86,6 +86,14 @@ class JobEntry(_Strict):
     min_driver: str = ""
     cache_key: str = ""
     cache_required: bool = False
+    #: how it answers a preemption signal (note 026): it exits this many seconds after
+    #: it, having saved its work (unset: when its grace period ends) ...
+    exit_after_signal: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    #: ... or it ignores it: killed at the end of its grace period, it keeps only the
+    #: work of its last periodic checkpoint
+    ignores_signal: bool = False
+    #: it checkpoints by itself every this many seconds of a run (what a killed run keeps)
+    checkpoint_every: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
 
 class EventEntry(_Strict):
@@ -299,6 +307,9 @@ def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
             ids[job_id] = f"jobs[{i}]"
         teams.add(entry.team)
         _check_share_fields(entry, f"jobs[{i}]", fail)
+        if entry.ignores_signal and entry.exit_after_signal is not None:
+            fail(f"jobs[{i}].exit_after_signal", entry.exit_after_signal, "no exit_after_signal with "
+                 "ignores_signal: true (a job that ignores the signal does not exit by itself)")
     try:
         node_list = policy_from_dict(spec.policy, f"{source}#policy").rules.nodes
     except PolicyError as exc:
@@ -456,6 +467,9 @@ def _run_one(spec: ScenarioSpec, name: str, policy_raw: dict, job_changes: dict,
             if rules.teams and data.team not in rules.teams:
                 raise ScenarioError(f"{source}: {where}.team: {data.team!r} is not allowed: a team of the "
                                     f"policy: {', '.join(sorted(rules.teams))}")
+            if data.ignores_signal and data.exit_after_signal is not None:
+                raise ScenarioError(f"{source}: {where}.exit_after_signal: {data.exit_after_signal!r} is not "
+                                    "allowed: no exit_after_signal with ignores_signal: true")
             jobs.append(_sim_job(job_id, data.model_dump(by_alias=False)))
     events: list[Event | Restart] = []
     for i, alloc in enumerate(spec.initial_allocations):
@@ -508,7 +522,14 @@ def _sim_job(job_id: str, data: dict) -> SimJob:
         submit_time=float(data["submit"]),
         deadline=data.get("deadline"),
     )
-    return SimJob(spec, None if duration == "unbounded" else float(duration))
+    if data.get("ignores_signal"):
+        answers: tuple[SignalAnswer, ...] = (SignalAnswer(None),)
+    elif data.get("exit_after_signal") is not None:
+        answers = (SignalAnswer(float(data["exit_after_signal"])),)
+    else:
+        answers = ()
+    return SimJob(spec, None if duration == "unbounded" else float(duration), signal_answers=answers,
+                  checkpoint_every_s=data.get("checkpoint_every"))
 
 
 def _exact(value: float, scale: int, path: str, allowed: str, fail) -> int:
