@@ -11,6 +11,7 @@ checked against bounds read from the clock before and after the scrape.
 from __future__ import annotations
 
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -393,6 +394,10 @@ def test_the_systemd_unit_runs_shepherd_server_and_its_command_line_serves(tmp_p
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    # systemd's stop is a SIGTERM: the server saves its state and unlocks before it ends
+    # by that signal (uvicorn's re-raised SIGTERM used to end it before Daemon.stop ran)
+    assert proc.returncode == -signal.SIGTERM
+    assert "stopped: state saved, data dir unlocked" in log.read_text().splitlines()[-1]
 
 
 def test_systemd_analyze_verifies_the_unit(tmp_path):

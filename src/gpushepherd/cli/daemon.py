@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -519,17 +520,21 @@ def _tls_files(cert: Path | None, key: Path | None, host: str, insecure_http: bo
     return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
 
 
-def _serve(config, sock, local_config, listener) -> None:
+def _serve(config, sock, local_config, listener) -> list[int]:
     """Serve ``config`` on the TCP socket ``sock`` and, when given, ``local_config`` on
     the Unix socket of ``listener`` (a ``UnixListener``): two ``uvicorn.Server`` in one
     event loop (one server applies one TLS context to all its sockets, and the Unix
     socket has none). The TCP server takes the signals; the local one stops when it does,
-    and the socket's file is removed before uvicorn re-raises the signal that stopped it
-    (note 025)."""
+    and the socket's file is removed (note 025). Returns the signals that stopped it:
+    uvicorn would raise them again as it returns, which with the default SIGTERM action
+    ended the process before the caller's ``Daemon.stop`` (stop snapshot, lock) ran - the
+    caller raises them once it has stopped."""
     import asyncio
     import contextlib
 
     import uvicorn
+
+    stopped_by: list[int] = []
 
     class Main(uvicorn.Server):
         @contextlib.contextmanager
@@ -540,6 +545,8 @@ def _serve(config, sock, local_config, listener) -> None:
                 finally:
                     if listener is not None:
                         listener.unlink()
+                    stopped_by.extend(self._captured_signals)
+                    self._captured_signals.clear()  # raised by the caller, after its cleanup
 
     class Local(uvicorn.Server):
         def capture_signals(self):  # the TCP server's handlers stop both
@@ -548,7 +555,7 @@ def _serve(config, sock, local_config, listener) -> None:
     main = Main(config)
     if listener is None:
         main.run(sockets=[sock])
-        return
+        return stopped_by
     other = Local(local_config)
 
     async def both() -> None:
@@ -560,6 +567,7 @@ def _serve(config, sock, local_config, listener) -> None:
             await task
 
     asyncio.run(both())
+    return stopped_by
 
 
 def register(app: typer.Typer) -> None:
@@ -840,12 +848,16 @@ def register(app: typer.Typer) -> None:
             if listener is not None:
                 local = uvicorn.Config(app_, log_level="warning", timeout_keep_alive=5, lifespan="off",
                                        http=peer_protocol(guarded))
-            _serve(config, sock, local, listener)
+            stopped_by = _serve(config, sock, local, listener)
         finally:
             sock.close()
             if listener is not None:
                 listener.close()
             daemon.stop()
+        for sig in reversed(stopped_by):  # as uvicorn would have: the exit a service manager expects
+            if sig == signal.SIGINT:
+                raise typer.Exit(130)
+            signal.raise_signal(sig)
 
     @app.command("submit", context_settings={"allow_interspersed_args": False})
     def submit(cmd: Annotated[list[str], typer.Argument(metavar="-- COMMAND [ARGS...]", help="The job's argv.")],

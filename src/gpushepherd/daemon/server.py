@@ -424,6 +424,7 @@ class Daemon:
         self._unlock_data_dir()
         if self.inventory is not None:
             self.inventory.close()
+        log.info("stopped: state saved, data dir unlocked (running jobs keep running; a restart re-attaches)")
 
     def _lock_data_dir(self) -> None:
         """Hold an exclusive ``flock`` on ``<data_dir>/server.lock`` for the server's
