@@ -247,7 +247,7 @@ class Checker:
                     ahead = ""
                     if strict:  # who blocks the strict order ahead of it
                         blocker = next((j for j in sched.pending_jobs() if j.key < job.key
-                                        and adm.decide(j, sched.profile_for(j)).rule in A.CAPACITY_RULES), None)
+                                        and A.stops_strict_order(j, adm.decide(j, sched.profile_for(j)).rule)), None)
                         if blocker is not None:
                             ahead = (f"; backfill off, {blocker.id} ahead is refused for capacity"
                                      + (f" (a {blocker.share.kind} share)" if blocker.share is not None else ""))

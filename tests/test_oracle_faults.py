@@ -602,3 +602,18 @@ def test_a_start_that_makes_its_team_borrow_gives_its_team_mate_refused_by_a_len
                               (job("K", 1, "batch", "b", 2, runtime_estimate_s=10.0), 10.0)])
     assert [t for t, _ in result.records["K"].starts] == [2.0]
     assert [t for t, _ in result.records["J"].starts] == [2.0]
+
+
+def test_a_share_kept_off_fresh_gpus_by_class_reservations_does_not_stop_the_strict_order():
+    # seeds 22562, 22732: backfill off; production inference and batch reserve one GPU
+    # each of 2. S (research-training, a quarter of a card) may not open a card on either:
+    # it waits for a job of a reserved class to open one. B (batch, a quarter) behind it
+    # is such a job - if S stopped the strict order, B waited behind S and S for B, for
+    # ever. B opens a card at 1 and S joins it.
+    rules = policy(nodes=[("n1", 2)], backfill=False,
+                   classes={"production-inference": {"reserved_gpus": 1}, "batch": {"reserved_gpus": 1}})
+    quarter = GpuShare(kind="fraction", milli=250)
+    result = simulate(rules, [(job("S", 1, "research-training", "t", 0, share=quarter), 50.0),
+                              (job("B", 1, "batch", "t", 1, share=quarter), 50.0)])
+    assert [t for t, _ in result.records["B"].starts] == [1.0]
+    assert [t for t, _ in result.records["S"].starts] == [1.0]

@@ -29,7 +29,7 @@ from gpushepherd.core.profile import Claim, Profile
 from gpushepherd.core.state import INF, Job
 from gpushepherd.core.shares import ShareRules
 from gpushepherd.core.verdict import (ADMITTED, ANTI, CAPACITY_RULES, CLAIMS, CLASS_HOLD, COHORT, FREE,  # noqa: F401
-                                      HARD_NEVER, HARD_NOW, NEVER_FITS, RESERVABLE, Verdict)
+                                      HARD_NEVER, HARD_NOW, NEVER_FITS, RESERVABLE, Verdict, stops_strict_order)
 from gpushepherd.model.job import GPU_UNITS
 
 

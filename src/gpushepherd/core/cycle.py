@@ -149,7 +149,7 @@ class Turn:
         if rule not in A.RESERVABLE:
             return BLOCKED, rule
         if job.shape.mode == "share":
-            if rule in A.CAPACITY_RULES and self.first_blocked is None:
+            if A.stops_strict_order(job, rule) and self.first_blocked is None:
                 self.first_blocked = job
             return BLOCKED, rule  # shares neither preempt nor take reservations
         if rule == A.HARD_NOW:
@@ -383,7 +383,7 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
             walk.fail_fit[job.fkey] = min(walk.fail_fit.get(job.fkey, INF), job.shape.k)
         if outcome not in (STARTED, PREEMPTED, HELD) and full:
             walk.budget -= 1
-        if strict and outcome == BLOCKED and rule in A.CAPACITY_RULES:
+        if strict and outcome == BLOCKED and A.stops_strict_order(job, rule):
             break
     turn.finish()
     return True
@@ -493,7 +493,7 @@ class Walk:
             else:
                 if full:
                     self.budget -= 1
-                if strict and rule in A.CAPACITY_RULES:
+                if strict and A.stops_strict_order(job, rule):
                     break  # no backfill: nobody passes a blocked job
                 if rule not in A.RESERVABLE:
                     continue  # can never fit: the same for its whole sub-queue

@@ -27,6 +27,6 @@ def run_reference(sched, out: list[Decision]) -> Turn:
             continue
         _outcome, rule = turn.turn(job)
         turn.materialize()  # a reservation is computed when its job blocks
-        if not book.rules.backfill_enabled and rule in A.CAPACITY_RULES and job.id not in book.preemptors:
+        if not book.rules.backfill_enabled and A.stops_strict_order(job, rule) and job.id not in book.preemptors:
             break  # no backfill: nobody passes a blocked job
     return turn

@@ -15,6 +15,14 @@ CAPACITY_RULES = frozenset({FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS})
 RESERVABLE = CAPACITY_RULES | {HARD_NOW}
 
 
+def stops_strict_order(job, rule: int) -> bool:
+    """Whether ``job`` refused by ``rule`` stops the strict order (backfill off): a
+    refusal for capacity - except a share that other classes' ``reserved_gpus`` keep off
+    a fresh GPU: it waits for a card a job of a reserved class opens, and such a job
+    behind it is the only one that can (seed 22562: a deadlock otherwise)."""
+    return rule in CAPACITY_RULES and not (rule == CLASS_HOLD and job.shape.mode == "share")
+
+
 @dataclass(slots=True)
 class Verdict:
     """The answer of the admission rule.
