@@ -1,12 +1,16 @@
 """Trace readers, the seeded mapping, and their errors."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpushepherd.policy import policy_from_dict
 from gpushepherd.sim.mapping import PHILLY_VCS, class_for, round_limit, to_sim_jobs, unit
-from gpushepherd.sim.traces import TraceError, parse_days, parse_mapping, read_csv, read_philly, read_trace, select
+from gpushepherd.sim.traces import (TraceError, TraceJob, parse_days, parse_mapping, read_csv, read_philly,
+                                     read_trace, select)
 from builders import write_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +113,7 @@ def test_mapping_is_seeded_stable_and_documented():
     assert {j.spec.team for j in a} == vcs
     for sj in a:
         spec = sj.spec
-        assert spec.workload_class == class_for(spec.gpus, sj.duration)
+        assert spec.workload_class == class_for(spec.gpus, spec.user, seed=1)
         assert spec.time_limit_s >= sj.duration and spec.runtime_estimate_s is None
         assert spec.user.startswith(spec.team + "-u")
     assert 0 <= unit(0, "x", "1") < 1
@@ -137,3 +141,45 @@ def test_generic_csv_maps_a_project_column(tmp_path):
     bad = _write(tmp_path, "bad.csv", "t,n,d,proj\n1,1,5,\"a\x1bb\"\n")
     with pytest.raises(TraceError, match=f"{bad}: line 2: column 'proj': .* is not allowed: a project"):
         read_csv(bad, parse_mapping("submit=t,gpus=n,duration=d,project=proj"))
+
+
+_RULES = policy_from_dict({"cluster": {"nodes": [{"name": "n", "count": 4, "gpus": 8}]}}).rules
+_TEAM_RULES = policy_from_dict({"cluster": {"nodes": [{"name": "n", "gpus": 8}]},
+                                "teams": {"a": {"shares": 3}, "b": {"shares": 1}}}).rules
+
+
+@settings(max_examples=300, deadline=None)
+@given(gpus=st.integers(1, 128), d1=st.floats(0, 1e8), d2=st.floats(0, 1e8), jid=st.text(min_size=1, max_size=8),
+       seed=st.integers(0, 2**32), teams=st.booleans())
+def test_the_mapping_never_reads_the_true_duration(gpus, d1, d2, jid, seed, teams):
+    """Issue 17: a job's class (and team, user, checkpointing) is the same whatever its
+    duration; only the time limit - the user's over-estimate of it - follows it."""
+    rules = _TEAM_RULES if teams else _RULES
+    a, b = (to_sim_jobs([TraceJob(jid, 0.0, gpus, d)], rules, seed=seed)[0].spec for d in (d1, d2))
+    assert replace(a, time_limit_s=0) == replace(b, time_limit_s=0)
+    assert a.workload_class == class_for(gpus, a.user, seed)
+
+
+def test_a_class_with_a_max_runtime_is_never_derived():
+    """Which jobs would fit a capped class cannot be known without their durations."""
+    rules = policy_from_dict({"cluster": {"nodes": [{"name": "n", "gpus": 8}]},
+                              "classes": {"sandbox": {"max_runtime_s": 28800}}}).rules
+    jobs = to_sim_jobs(read_philly(EXCERPT), rules)
+    assert {sj.spec.workload_class for sj in jobs} == {"batch", "research-training", "training"}
+    assert all(sj.spec.time_limit_s >= sj.duration for sj in jobs)  # nobody is stopped by a class cap
+    assert class_for(1, "u", capped=frozenset({"sandbox", "batch"})) == "research-training"
+
+
+def test_classes_come_from_size_and_user():
+    rows = read_philly(EXCERPT)
+    jobs = to_sim_jobs(rows, _RULES)
+    by_class = {}
+    for sj in jobs:
+        by_class.setdefault(sj.spec.workload_class, set()).add(sj.spec.gpus)
+    assert min(by_class["training"]) == 8 and by_class["research-training"] <= set(range(2, 8))
+    assert by_class["sandbox"] == by_class["batch"] == {1}
+    users = {}
+    for sj in jobs:
+        if sj.spec.gpus == 1:
+            users.setdefault(sj.spec.user, set()).add(sj.spec.workload_class)
+    assert all(len(v) == 1 for v in users.values())  # a user's 1-GPU jobs are all of one class
