@@ -127,7 +127,21 @@ def test_bad_trace_row_is_one_line_exit_2(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: {p}: line 2: column 'size': 'two' is not allowed: a number from 1 to 1e+09"]
+        f"error: {p}: line 2: column 'size': 'two' is not allowed: a number from 1 to 1e+09 (1 bad row in {p}, "
+        "nothing of it is used; --skip-bad-rows skips and counts them)"]
+
+
+def test_skip_bad_rows_skips_and_counts(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("job_id,submission_time,duration,num_gpu\na,1,50,1\nb,2,50,0\nc,3,50,2\nd,4,50,0.5\n")
+    res = run("simulate", "--no-progress", "--trace", str(p), "--format", "itp", "--json", str(tmp_path / "s.json"))
+    assert res.exit_code == 2 and "(2 bad rows in" in res.output and "line 3: column 'num_gpu': '0'" in res.output
+    res = run("simulate", "--no-progress", "--trace", str(p), "--format", "itp", "--skip-bad-rows",
+              "--json", str(tmp_path / "s.json"))
+    assert res.exit_code == 0, res.output
+    assert "--skip-bad-rows: skipped 2 bad rows of" in res.output and "(the first: " in res.output
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["skipped_rows"] == 2 and summary["overall"]["jobs"] == 2
 
 
 @pytest.mark.parametrize("args, fragment", [

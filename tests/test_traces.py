@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gpushepherd.policy import policy_from_dict
 from gpushepherd.sim.mapping import PHILLY_VCS, class_for, round_limit, to_sim_jobs, unit
-from gpushepherd.sim.traces import (TraceError, TraceJob, parse_days, parse_mapping, read_csv, read_philly,
+from gpushepherd.sim.traces import (TraceError, TraceJob, load_trace, parse_days, parse_mapping, read_csv, read_philly,
                                      read_trace, select)
 from builders import write_file
 
@@ -183,3 +183,30 @@ def test_classes_come_from_size_and_user():
         if sj.spec.gpus == 1:
             users.setdefault(sj.spec.user, set()).add(sj.spec.workload_class)
     assert all(len(v) == 1 for v in users.values())  # a user's 1-GPU jobs are all of one class
+
+
+def _bad_philly(tmp_path):
+    return _write(tmp_path, "t.csv", "#job id,arrival time (sec),topology,shape,size,duration (sec)\n"
+                  "0,1.0,CLOS,1,1,2.0\n1,2.0,CLOS,1,0,5.0\n2,3.0,CLOS,1,2,5.0\n0,4.0,CLOS,1,1,1.0\n3,5,CLOS,1,1\n")
+
+
+def test_bad_rows_refuse_the_file_with_their_count_and_the_first(tmp_path):
+    p = _bad_philly(tmp_path)
+    with pytest.raises(TraceError) as info:
+        read_trace(p, "philly")
+    assert str(info.value) == (f"{p}: line 3: column 'size': '0' is not allowed: a number from 1 to 1e+09 "
+                               f"(3 bad rows in {p}, nothing of it is used; --skip-bad-rows skips and counts them)")
+
+
+def test_skip_bad_rows_keeps_the_others_and_counts_the_skipped(tmp_path):
+    loaded = load_trace(_bad_philly(tmp_path), "philly", skip_bad_rows=True)
+    assert [j.id for j in loaded.rows] == ["0", "2"]
+    assert [str(e).split(": ", 2)[1] for e in loaded.skipped] == ["line 3", "line 5", "line 6"]
+    assert "ids must be unique (first at line 2)" in str(loaded.skipped[1])
+    itp = _write(tmp_path, "c.csv", "job_id,submission_time,duration,num_gpu\na,1,5,0\nb,2,5,4\nc,x,5,1\n")
+    loaded = load_trace(itp, "itp", skip_bad_rows=True)
+    assert [j.id for j in loaded.rows] == ["b"] and len(loaded.skipped) == 2
+    assert "column 'num_gpu': '0' is not allowed" in str(loaded.skipped[0])
+    with pytest.raises(TraceError, match="column 'num_gpu': '0' is not allowed.*\\(2 bad rows in"):
+        load_trace(itp, "itp")
+    assert not load_trace(EXCERPT, "philly", skip_bad_rows=True).skipped

@@ -35,7 +35,7 @@ from gpushepherd.policy.load import PolicyError, override_cluster, policy_from_d
 from gpushepherd.sim.engine import SimInterrupted, SimProgress, Simulator
 from gpushepherd.sim.mapping import to_sim_jobs
 from gpushepherd.sim.scenario import ScenarioError, expand_ids, load_scenario, run_scenario
-from gpushepherd.sim.traces import TraceError, parse_days, read_trace, select
+from gpushepherd.sim.traces import TraceError, load_trace, parse_days, select
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -273,6 +273,7 @@ def simulate(
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     stranded_every: Annotated[Optional[float], typer.Option(metavar="DURATION", parser=duration_param(lo=1), help="Sample free GPUs that no pending job can use (stranded capacity) at the first scheduling event at or after every multiple of DURATION (at least 1 s: seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS) and report them by constraint (means over samples).")] = None,
     html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, plots).")] = None,
+    skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Skip trace rows that are not valid (e.g. num_gpu=0) and count them; without it such a file is refused.")] = False,
 ) -> None:
     """Replay a job trace through the scheduler.
 
@@ -308,10 +309,14 @@ def simulate(
         bar = SimBar(err) if progress and err.is_terminal else None
         with bar or _nothing():
             read = bar.reading(f"reading {trace_path.name}") if bar else None
-            rows = read_trace(trace_path, fmt, mapping)
-            rows = select(rows, parse_days(days) if days else None, load)
+            loaded = load_trace(trace_path, fmt, mapping, skip_bad_rows=skip_bad_rows)
+            rows = select(loaded.rows, parse_days(days) if days else None, load)
             if read is not None:
                 bar.read(read, len(rows))
+        if loaded.skipped:
+            n = len(loaded.skipped)
+            err.print(f"--skip-bad-rows: skipped {_plural(n, 'bad row')} of {trace_path} (the first: "
+                      f"{loaded.skipped[0]})", soft_wrap=True)
         if not rows:
             raise UsageError("no jobs to simulate: the trace (or the --days window, counted from the trace's "
                              "first job) is empty")
@@ -349,7 +354,7 @@ def simulate(
                       f"mean JCT is {o['jct_over_lower_bound']:.2f}x that")
         payload = {"trace": str(trace_path), "policy": str(policy_path), "jobs": len(jobs),
                    "gpus": gpus, "nodes": len(pol.rules.nodes), "seed": seed, "estimates": estimates,
-                   "days": days, "load": load, **summary}
+                   "days": days, "load": load, "skipped_rows": len(loaded.skipped), **summary}
         if stopped is not None:
             payload["interrupted"] = {"t": stopped.t, "jobs_ended": stopped.finished, "jobs_submitted":
                                       stopped.submitted, "jobs": stopped.total}
