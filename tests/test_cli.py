@@ -162,6 +162,11 @@ def test_skip_bad_rows_skips_and_counts(tmp_path):
     (["--stranded-every", "0"], "'--stranded-every': '0' is not allowed: a duration > 0"),
     (["--stranded-every", "5e-324"], "'--stranded-every': '5e-324' is not allowed: SECONDS, MM:SS"),
     (["--stranded-every", "0.9"], "'--stranded-every': '0.9' is not allowed: at least 1 s"),
+    (["--scheduler", "slurmish"], "--scheduler: 'slurmish' is not allowed: one of gpushepherd, slurm-default, slurm, "
+                                  "slurm-timelimit, kueue, kueue-strict, tiresias, fifo"),
+    (["--scheduler", "kueue", "--bf-depth", "3"], "--bf-depth: 3 is not allowed"),
+    (["--scheduler", "slurm", "--bf-depth", "0"], "--bf-depth: 0 is not allowed: a depth >= 1"),
+    (["--scheduler", "tiresias", "--explain", "7558"], "--explain is not allowed with --scheduler tiresias"),
 ])
 def test_bad_options_exit_2(args, fragment):
     res = run("simulate", "--no-progress", *args)
