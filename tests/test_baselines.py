@@ -1,8 +1,10 @@
 """The baselines (gpushepherd.baselines) behave as the systems they name, run from
-`shepherd simulate --scheduler`, and the time-limit priority factor orders shortest
-limit first."""
+`shepherd simulate --scheduler` and `bench/compare.py`, and the time-limit priority
+factor orders shortest limit first."""
 
 import json
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -225,3 +227,22 @@ def test_kueue_strict_head_blocks_its_own_queue_only():
     # B's queue is not blocked by A's head; A-urgent (a higher class) is A's head on arrival
     assert start == {"B-small": 3, "A-urgent": 4, "A-big": 100, "A-small": 110}
     assert _run("kueue", raw, jobs).records["A-small"].starts[0][0] == 2  # best effort passes A-big
+
+
+def test_compare_writes_one_jsonl_row_per_scheduler(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    names = ["gpushepherd", "slurm-default", "kueue-strict", "tiresias"]
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "compare.py"), "--trace", str(EXCERPT),
+                           "--days", "45:45.1", "--cluster", "8x8", "--schedulers", ",".join(names),
+                           "--bf-depth", "2", "--jsonl", str(rows), "--out", str(tmp_path / "out"), "--jobs", "1"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert sorted(r["scheduler"] for r in got) == sorted(names)
+    assert {r["bf_depth"] for r in got if r["scheduler"] == "slurm-default"} == {2}
+    assert all(r["jobs"] == got[0]["jobs"] > 0 and r["unfinished"] == 0 for r in got)
+    assert proc.stdout.count("JCT/bound") == len(names)  # each row printed as it finished
+    assert (tmp_path / "out" / "compare.md").exists()
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "compare.py"), "--schedulers", "gpushepherd,slurmish"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "--schedulers: 'slurmish' is not allowed" in bad.stderr
