@@ -24,7 +24,9 @@ def test_simulate_default_prints_a_replay_summary(tmp_path):
     res = run("simulate", "--no-progress", "--json", str(tmp_path / "s.json"))
     assert res.exit_code == 0, res.output
     assert "bundled Philly excerpt" in res.output
-    assert "JCT avg" in res.output and "class sandbox" in res.output and "utilisation" in res.output
+    # the demo policy caps sandbox runs, so the trace mapping derives no sandbox jobs (note 024)
+    assert "JCT avg" in res.output and "class batch" in res.output and "utilisation" in res.output
+    assert "class sandbox" not in res.output
     summary = json.loads((tmp_path / "s.json").read_text())
     o = summary["overall"]
     assert o["jobs"] == 1966 and o["finished"] == 1966
@@ -33,8 +35,10 @@ def test_simulate_default_prints_a_replay_summary(tmp_path):
 
 
 def test_stranded_capacity_is_sampled_and_reported(tmp_path):
+    # philly.yaml preempts nothing: under the demo policy 8+ GPU jobs are training, its
+    # top class, and preempt instead of waiting (note 024)
     res = run("simulate", "--no-progress", "--stranded-every", "3600", "--cluster", "40x8",
-              "--json", str(tmp_path / "s.json"))
+              "--policy", str(ROOT / "examples/policies/philly.yaml"), "--json", str(tmp_path / "s.json"))
     assert res.exit_code == 0, res.output
     assert "stranded capacity (" in res.output
     st = json.loads((tmp_path / "s.json").read_text())["stranded"]
@@ -123,7 +127,21 @@ def test_bad_trace_row_is_one_line_exit_2(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: {p}: line 2: column 'size': 'two' is not allowed: a number from 1 to 1e+09"]
+        f"error: {p}: line 2: column 'size': 'two' is not allowed: a number from 1 to 1e+09 (1 bad row in {p}, "
+        "nothing of it is used; --skip-bad-rows skips and counts them)"]
+
+
+def test_skip_bad_rows_skips_and_counts(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("job_id,submission_time,duration,num_gpu\na,1,50,1\nb,2,50,0\nc,3,50,2\nd,4,50,0.5\n")
+    res = run("simulate", "--no-progress", "--trace", str(p), "--format", "itp", "--json", str(tmp_path / "s.json"))
+    assert res.exit_code == 2 and "(2 bad rows in" in res.output and "line 3: column 'num_gpu': '0'" in res.output
+    res = run("simulate", "--no-progress", "--trace", str(p), "--format", "itp", "--skip-bad-rows",
+              "--json", str(tmp_path / "s.json"))
+    assert res.exit_code == 0, res.output
+    assert "--skip-bad-rows: skipped 2 bad rows of" in res.output and "(the first: " in res.output
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["skipped_rows"] == 2 and summary["overall"]["jobs"] == 2
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -144,6 +162,11 @@ def test_bad_trace_row_is_one_line_exit_2(tmp_path):
     (["--stranded-every", "0"], "'--stranded-every': '0' is not allowed: a duration > 0"),
     (["--stranded-every", "5e-324"], "'--stranded-every': '5e-324' is not allowed: SECONDS, MM:SS"),
     (["--stranded-every", "0.9"], "'--stranded-every': '0.9' is not allowed: at least 1 s"),
+    (["--scheduler", "slurmish"], "--scheduler: 'slurmish' is not allowed: one of gpushepherd, slurm-default, slurm, "
+                                  "slurm-timelimit, kueue, kueue-strict, tiresias, fifo"),
+    (["--scheduler", "kueue", "--bf-depth", "3"], "--bf-depth: 3 is not allowed"),
+    (["--scheduler", "slurm", "--bf-depth", "0"], "--bf-depth: 0 is not allowed: a depth >= 1"),
+    (["--scheduler", "tiresias", "--explain", "7558"], "--explain is not allowed with --scheduler tiresias"),
 ])
 def test_bad_options_exit_2(args, fragment):
     res = run("simulate", "--no-progress", *args)

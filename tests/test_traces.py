@@ -1,12 +1,16 @@
 """Trace readers, the seeded mapping, and their errors."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpushepherd.policy import policy_from_dict
 from gpushepherd.sim.mapping import PHILLY_VCS, class_for, round_limit, to_sim_jobs, unit
-from gpushepherd.sim.traces import TraceError, parse_days, parse_mapping, read_csv, read_philly, read_trace, select
+from gpushepherd.sim.traces import (TraceError, TraceJob, load_trace, parse_days, parse_mapping, read_csv, read_philly,
+                                     read_trace, select)
 from builders import write_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +113,7 @@ def test_mapping_is_seeded_stable_and_documented():
     assert {j.spec.team for j in a} == vcs
     for sj in a:
         spec = sj.spec
-        assert spec.workload_class == class_for(spec.gpus, sj.duration)
+        assert spec.workload_class == class_for(spec.gpus, spec.user, seed=1)
         assert spec.time_limit_s >= sj.duration and spec.runtime_estimate_s is None
         assert spec.user.startswith(spec.team + "-u")
     assert 0 <= unit(0, "x", "1") < 1
@@ -137,3 +141,72 @@ def test_generic_csv_maps_a_project_column(tmp_path):
     bad = _write(tmp_path, "bad.csv", "t,n,d,proj\n1,1,5,\"a\x1bb\"\n")
     with pytest.raises(TraceError, match=f"{bad}: line 2: column 'proj': .* is not allowed: a project"):
         read_csv(bad, parse_mapping("submit=t,gpus=n,duration=d,project=proj"))
+
+
+_RULES = policy_from_dict({"cluster": {"nodes": [{"name": "n", "count": 4, "gpus": 8}]}}).rules
+_TEAM_RULES = policy_from_dict({"cluster": {"nodes": [{"name": "n", "gpus": 8}]},
+                                "teams": {"a": {"shares": 3}, "b": {"shares": 1}}}).rules
+
+
+@settings(max_examples=300, deadline=None)
+@given(gpus=st.integers(1, 128), d1=st.floats(0, 1e8), d2=st.floats(0, 1e8), jid=st.text(min_size=1, max_size=8),
+       seed=st.integers(0, 2**32), teams=st.booleans())
+def test_the_mapping_never_reads_the_true_duration(gpus, d1, d2, jid, seed, teams):
+    """Issue 17: a job's class (and team, user, checkpointing) is the same whatever its
+    duration; only the time limit - the user's over-estimate of it - follows it."""
+    rules = _TEAM_RULES if teams else _RULES
+    a, b = (to_sim_jobs([TraceJob(jid, 0.0, gpus, d)], rules, seed=seed)[0].spec for d in (d1, d2))
+    assert replace(a, time_limit_s=0) == replace(b, time_limit_s=0)
+    assert a.workload_class == class_for(gpus, a.user, seed)
+
+
+def test_a_class_with_a_max_runtime_is_never_derived():
+    """Which jobs would fit a capped class cannot be known without their durations."""
+    rules = policy_from_dict({"cluster": {"nodes": [{"name": "n", "gpus": 8}]},
+                              "classes": {"sandbox": {"max_runtime_s": 28800}}}).rules
+    jobs = to_sim_jobs(read_philly(EXCERPT), rules)
+    assert {sj.spec.workload_class for sj in jobs} == {"batch", "research-training", "training"}
+    assert all(sj.spec.time_limit_s >= sj.duration for sj in jobs)  # nobody is stopped by a class cap
+    assert class_for(1, "u", capped=frozenset({"sandbox", "batch"})) == "research-training"
+
+
+def test_classes_come_from_size_and_user():
+    rows = read_philly(EXCERPT)
+    jobs = to_sim_jobs(rows, _RULES)
+    by_class = {}
+    for sj in jobs:
+        by_class.setdefault(sj.spec.workload_class, set()).add(sj.spec.gpus)
+    assert min(by_class["training"]) == 8 and by_class["research-training"] <= set(range(2, 8))
+    assert by_class["sandbox"] == by_class["batch"] == {1}
+    users = {}
+    for sj in jobs:
+        if sj.spec.gpus == 1:
+            users.setdefault(sj.spec.user, set()).add(sj.spec.workload_class)
+    assert all(len(v) == 1 for v in users.values())  # a user's 1-GPU jobs are all of one class
+
+
+def _bad_philly(tmp_path):
+    return _write(tmp_path, "t.csv", "#job id,arrival time (sec),topology,shape,size,duration (sec)\n"
+                  "0,1.0,CLOS,1,1,2.0\n1,2.0,CLOS,1,0,5.0\n2,3.0,CLOS,1,2,5.0\n0,4.0,CLOS,1,1,1.0\n3,5,CLOS,1,1\n")
+
+
+def test_bad_rows_refuse_the_file_with_their_count_and_the_first(tmp_path):
+    p = _bad_philly(tmp_path)
+    with pytest.raises(TraceError) as info:
+        read_trace(p, "philly")
+    assert str(info.value) == (f"{p}: line 3: column 'size': '0' is not allowed: a number from 1 to 1e+09 "
+                               f"(3 bad rows in {p}, nothing of it is used; --skip-bad-rows skips and counts them)")
+
+
+def test_skip_bad_rows_keeps_the_others_and_counts_the_skipped(tmp_path):
+    loaded = load_trace(_bad_philly(tmp_path), "philly", skip_bad_rows=True)
+    assert [j.id for j in loaded.rows] == ["0", "2"]
+    assert [str(e).split(": ", 2)[1] for e in loaded.skipped] == ["line 3", "line 5", "line 6"]
+    assert "ids must be unique (first at line 2)" in str(loaded.skipped[1])
+    itp = _write(tmp_path, "c.csv", "job_id,submission_time,duration,num_gpu\na,1,5,0\nb,2,5,4\nc,x,5,1\n")
+    loaded = load_trace(itp, "itp", skip_bad_rows=True)
+    assert [j.id for j in loaded.rows] == ["b"] and len(loaded.skipped) == 2
+    assert "column 'num_gpu': '0' is not allowed" in str(loaded.skipped[0])
+    with pytest.raises(TraceError, match="column 'num_gpu': '0' is not allowed.*\\(2 bad rows in"):
+        load_trace(itp, "itp")
+    assert not load_trace(EXCERPT, "philly", skip_bad_rows=True).skipped

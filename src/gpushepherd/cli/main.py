@@ -29,13 +29,14 @@ from rich.table import Table
 from rich.text import Text
 
 from gpushepherd import __version__
+from gpushepherd.baselines import BASELINES, BF_DEPTH, NOT_CORE, build
 from gpushepherd.cli.daemon import duration_param
 from gpushepherd.core.scheduler import SpecError
 from gpushepherd.policy.load import PolicyError, override_cluster, policy_from_dict, read_policy_dict
 from gpushepherd.sim.engine import SimInterrupted, SimProgress, Simulator
 from gpushepherd.sim.mapping import to_sim_jobs
 from gpushepherd.sim.scenario import ScenarioError, expand_ids, load_scenario, run_scenario
-from gpushepherd.sim.traces import TraceError, parse_days, read_trace, select
+from gpushepherd.sim.traces import TraceError, load_trace, parse_days, select
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -273,6 +274,9 @@ def simulate(
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     stranded_every: Annotated[Optional[float], typer.Option(metavar="DURATION", parser=duration_param(lo=1), help="Sample free GPUs that no pending job can use (stranded capacity) at the first scheduling event at or after every multiple of DURATION (at least 1 s: seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS) and report them by constraint (means over samples).")] = None,
     html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, plots).")] = None,
+    scheduler: Annotated[str, typer.Option(metavar="NAME", help="Who decides: gpushepherd (the policy as written, default) or a baseline under the same policy's cluster and quotas: " + ", ".join(n for n in BASELINES if n != "gpushepherd") + " (src/gpushepherd/baselines/).")] = "gpushepherd",
+    bf_depth: Annotated[Optional[int], typer.Option(metavar="N", help="Backfill reservations of the Slurm baselines (Slurm's bf_max_job_test; default 1).")] = None,
+    skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Skip trace rows that are not valid (e.g. num_gpu=0) and count them; without it such a file is refused.")] = False,
 ) -> None:
     """Replay a job trace through the scheduler.
 
@@ -291,6 +295,16 @@ def simulate(
             raise UsageError(f"--map is not allowed with --format {fmt}: only with --format csv")
         if cluster is not None and not cluster.strip():
             raise UsageError("--cluster: '' is not allowed: NODESxGPUS, e.g. 192x8")
+        if scheduler not in BASELINES:
+            raise UsageError(f"--scheduler: {scheduler!r} is not allowed: one of {', '.join(BASELINES)}")
+        if bf_depth is not None and (bf_depth < 1 or scheduler not in BF_DEPTH):
+            raise UsageError(f"--bf-depth: {bf_depth!r} is not allowed: a depth >= 1, with --scheduler "
+                             f"{' or '.join(sorted(BF_DEPTH))}")
+        if scheduler in NOT_CORE:
+            for option, value in (("--explain", explain), ("--html", html), ("--stranded-every", stranded_every)):
+                if value:
+                    raise UsageError(f"{option} is not allowed with --scheduler {scheduler}: it needs a scheduler "
+                                     f"on gpushepherd's core (not {', '.join(sorted(NOT_CORE))})")
         out_file = _output_path("--out", out_path, (".csv", ".csv.gz", ".parquet"))
         json_file = None if json_path == "-" else _output_path("--json", json_path, (".json",))
         html_file = _output_path("--html", html, (".html", ".htm"))
@@ -308,10 +322,14 @@ def simulate(
         bar = SimBar(err) if progress and err.is_terminal else None
         with bar or _nothing():
             read = bar.reading(f"reading {trace_path.name}") if bar else None
-            rows = read_trace(trace_path, fmt, mapping)
-            rows = select(rows, parse_days(days) if days else None, load)
+            loaded = load_trace(trace_path, fmt, mapping, skip_bad_rows=skip_bad_rows)
+            rows = select(loaded.rows, parse_days(days) if days else None, load)
             if read is not None:
                 bar.read(read, len(rows))
+        if loaded.skipped:
+            n = len(loaded.skipped)
+            err.print(f"--skip-bad-rows: skipped {_plural(n, 'bad row')} of {trace_path} (the first: "
+                      f"{loaded.skipped[0]})", soft_wrap=True)
         if not rows:
             raise UsageError("no jobs to simulate: the trace (or the --days window, counted from the trace's "
                              "first job) is empty")
@@ -324,13 +342,17 @@ def simulate(
         what = "the bundled Philly excerpt (days 45-47)" if bundled else str(trace_path)
         banner = (f"Replaying {_plural(len(jobs), 'job')} of {what} on {_plural(len(pol.rules.nodes), 'node')} / "
                   f"{_plural(gpus, 'GPU')} under {policy_path.name}")
+        if scheduler != "gpushepherd":
+            banner += f", scheduled by the {scheduler} baseline"
+        rules, factory = build(scheduler, pol.rules, bf_depth)
         if json_path == "-":
             err.print(banner)  # stdout carries the JSON
         watch: set[str] | bool = set(explain or ()) if html_file is None else True  # the page's reasons: all jobs
         stopped: SimProgress | None = None
         try:
             with bar or _nothing():
-                result = Simulator(pol.rules, jobs, record_reasons=watch, stranded_every_s=stranded_every,
+                result = Simulator(rules, jobs, record_reasons=watch,
+                                   stranded_every_s=stranded_every, scheduler=factory,
                                    on_progress=bar.replay("simulating", len(jobs)) if bar else None).run()
         except SimInterrupted as exc:  # Ctrl-C: what ran until then is summarised and written
             result, stopped = exc.result, exc.progress
@@ -349,7 +371,8 @@ def simulate(
                       f"mean JCT is {o['jct_over_lower_bound']:.2f}x that")
         payload = {"trace": str(trace_path), "policy": str(policy_path), "jobs": len(jobs),
                    "gpus": gpus, "nodes": len(pol.rules.nodes), "seed": seed, "estimates": estimates,
-                   "days": days, "load": load, **summary}
+                   "days": days, "load": load, "scheduler": scheduler, "skipped_rows": len(loaded.skipped),
+                   **summary}
         if stopped is not None:
             payload["interrupted"] = {"t": stopped.t, "jobs_ended": stopped.finished, "jobs_submitted":
                                       stopped.submitted, "jobs": stopped.total}

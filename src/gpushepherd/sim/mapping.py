@@ -10,10 +10,19 @@ machine, and one job's mapping never depends on another's:
   ``max_gpus``, else equally); a policy without teams gets Philly's 11 main virtual
   clusters, weighted by their node counts (Helios QSSF artifact, ``philly_vc_nodes.csv``).
   The same names are used for any trace without teams (ITP included).
-* **class** - the trace's class column if any; otherwise by size and duration:
-  1 GPU for at most 15 min -> ``sandbox``; 8 GPUs or more, or 24 h or longer ->
-  ``training``; 2 GPUs or more, or 4 h or longer -> ``research-training``; the rest ->
-  ``batch``.
+* **class** - the trace's class column if any; otherwise only from what a scheduler
+  knows at submit, never the true duration (``class_for``; design note 024): 8 GPUs or
+  more -> ``training``; 2 to 7 GPUs -> ``research-training``; 1 GPU -> ``sandbox`` for
+  the users who work interactively (a quarter of users, drawn from ``(seed, user)``),
+  else ``batch``. A class with a ``max_runtime_s`` is never derived (which jobs would
+  fit it cannot be known without their durations; a derived class would stop every
+  longer job at that limit): the first of ``batch``, ``research-training``,
+  ``training`` without one is taken instead (the class as derived when all have one).
+  The time limit is left out too: it is drawn from the duration below, so a class read
+  from it would carry the duration into every class-ruled policy (the leak of issue 17:
+  long jobs became ``training``, the top class, so class order ran close to
+  longest-job-first). Policies that want the limit read it from the time-limit
+  priority factor.
 * **checkpointable** - ``training`` and ``research-training`` jobs checkpoint with
   probability 0.7; other classes keep their class default.
 * **user** - ``<team>-u<k>`` with ``k`` uniform in 0..7 (8 users a team).
@@ -50,6 +59,8 @@ ROUND_LIMITS = (5 * _M, 10 * _M, 15 * _M, 30 * _M, _H, 2 * _H, 4 * _H, 6 * _H, 8
                 3 * _D, 5 * _D, 7 * _D, 14 * _D, 30 * _D, 60 * _D, 90 * _D)
 USERS_PER_TEAM = 8
 CHECKPOINT_SHARE = 0.7
+#: the share of users whose 1-GPU jobs are interactive work (``sandbox``)
+INTERACTIVE_SHARE = 0.25
 
 
 def unit(seed: int, salt: str, job_id: str) -> float:
@@ -78,14 +89,25 @@ def _pick(weights: list[tuple[str, float]], cum: list[float], u: float) -> str:
     return weights[min(bisect_left(cum, u * cum[-1]), len(weights) - 1)][0]
 
 
-def class_for(gpus: int, duration: float) -> str:
-    if gpus == 1 and duration <= 15 * _M:
-        return "sandbox"
-    if gpus >= 8 or duration >= 24 * _H:
-        return "training"
-    if gpus >= 2 or duration >= 4 * _H:
-        return "research-training"
-    return "batch"
+def class_for(gpus: int, user: str, seed: int = 0, capped: frozenset[str] = frozenset()) -> str:
+    """The workload class of a trace job that has none, from what a scheduler knows at
+    submit: its GPU count and its user (never its duration, nor the time limit the
+    mapping draws from it; module docstring, design note 024).
+
+    ``gpus >= 8`` -> ``training``; ``2..7`` -> ``research-training``; 1 GPU ->
+    ``sandbox`` when ``unit(seed, "interactive", user) < INTERACTIVE_SHARE``, else
+    ``batch``. A class in ``capped`` (classes with a ``max_runtime_s``) gives way to
+    the first of ``batch``, ``research-training``, ``training`` not in it.
+    """
+    if gpus >= 8:
+        cls = "training"
+    elif gpus >= 2:
+        cls = "research-training"
+    else:
+        cls = "sandbox" if unit(seed, "interactive", user) < INTERACTIVE_SHARE else "batch"
+    if cls in capped:
+        cls = next((c for c in ("batch", "research-training", "training") if c not in capped), cls)
+    return cls
 
 
 def round_limit(seconds: float) -> float:
@@ -105,6 +127,7 @@ def to_sim_jobs(rows: list[TraceJob], rules: Rules, seed: int = 0, estimates: st
     if estimates not in ("limit", "perfect"):
         raise TraceError(f"--estimates: {estimates!r} is not allowed: limit or perfect")
     weights = team_weights(rules)
+    capped = frozenset(name for name, c in rules.classes.items() if c.max_runtime_s is not None)
     cum: list[float] = []
     acc = 0.0
     for _, w in weights:
@@ -118,11 +141,11 @@ def to_sim_jobs(rows: list[TraceJob], rules: Rules, seed: int = 0, estimates: st
         if rules.teams and team not in rules.teams:
             raise TraceError(f"{where}: team {team!r} is not allowed: a team of the policy "
                              f"({', '.join(sorted(rules.teams))})")
-        cls_name = row.workload_class or class_for(row.gpus, row.duration)
+        user = row.user or f"{team}-u{int(unit(seed, 'user', jid) * USERS_PER_TEAM)}"
+        cls_name = row.workload_class or class_for(row.gpus, user, seed, capped)
         cls = rules.classes.get(cls_name)
         if cls is None:
             raise TraceError(f"{where}: class {cls_name!r} is not allowed: one of {', '.join(sorted(rules.classes))}")
-        user = row.user or f"{team}-u{int(unit(seed, 'user', jid) * USERS_PER_TEAM)}"
         checkpointable = None
         if cls_name in ("training", "research-training"):
             checkpointable = unit(seed, "checkpoint", jid) < CHECKPOINT_SHARE

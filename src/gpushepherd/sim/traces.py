@@ -11,8 +11,13 @@ Formats:
   (``submit=col,gpus=col,duration=col[,id=col,team=col,class=col,user=col,project=col]``).
 
 Files ending in ``.gz`` are read compressed. Times are seconds from the trace's start.
-A malformed row raises ``TraceError`` naming the file, line, column, value and what is
-allowed; nothing of the file is used then.
+A malformed row (a value out of range such as ``num_gpu=0``, a wrong column count, an
+empty or repeated job id) makes the whole file refused: ``TraceError`` names the first
+bad row (file, line, column, value, what is allowed) and counts the bad rows; nothing
+of the file is used then. ``load_trace(..., skip_bad_rows=True)`` (``shepherd simulate
+--skip-bad-rows``) skips them instead and returns them with the rows it kept. A file
+that cannot be read at all (no such file, not CSV, a mapped column missing from the
+header) is always refused.
 """
 
 from __future__ import annotations
@@ -56,6 +61,36 @@ def _open(path: Path) -> io.TextIOBase:
         raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
 
 
+@dataclass(frozen=True, slots=True)
+class TraceFile:
+    """What ``load_trace`` read: the valid rows and, one per skipped row, the error that
+    row raised (in line order; empty unless bad rows were skipped)."""
+
+    rows: list[TraceJob]
+    skipped: tuple[TraceError, ...] = ()
+
+
+class _Bad:
+    """The bad rows of one file while it is read: ``(line, error)``."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, TraceError]] = []
+
+    def add(self, lineno: int, exc: TraceError) -> None:
+        self.rows.append((lineno, exc))
+
+    def errors(self) -> tuple[TraceError, ...]:
+        return tuple(e for _n, e in sorted(self.rows, key=lambda x: x[0]))
+
+
+def _refuse(path: Path, bad: tuple[TraceError, ...]) -> None:
+    """Raise for a file with bad rows: the first one, and how many there are."""
+    if bad:
+        n = len(bad)
+        raise TraceError(f"{bad[0]} ({n:,} bad row{'' if n == 1 else 's'} in {path}, nothing of it is used; "
+                         "--skip-bad-rows skips and counts them)")
+
+
 def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     f = _open(path)
     try:
@@ -90,30 +125,48 @@ def _gpus(path: Path, lineno: int, column: str, text: str) -> int:
 
 
 def read_philly(path: str | Path) -> list[TraceJob]:
-    """Read the RFold Philly job list (``philly_trace.csv[.gz]``)."""
-    path = Path(path)
-    jobs: list[TraceJob] = []
+    """Read the RFold Philly job list (``philly_trace.csv[.gz]``).
+
+    Raises:
+        TraceError: an unreadable file, or bad rows (the first, and their count).
+    """
+    return _strict(Path(path), _read_philly(Path(path)))
+
+
+def _read_philly(path: Path) -> TraceFile:
+    jobs: list[tuple[int, TraceJob]] = []
+    bad = _Bad()
     header = ["job id", "arrival time (sec)", "topology", "shape", "size", "duration (sec)"]
     for lineno, row in _rows(path):
         if not row or (lineno == 1 and row[0].lstrip().startswith("#")):
             continue
-        if len(row) != 6:
-            raise TraceError(f"{path}: line {lineno}: {len(row)} columns is not allowed: 6 columns ({', '.join(header)})")
-        jobs.append(TraceJob(
-            id=row[0].strip(),
-            submit=_num(path, lineno, header[1], row[1]),
-            gpus=_gpus(path, lineno, header[4], row[4]),
-            duration=_num(path, lineno, header[5], row[5]),
-            where=f"{path}: line {lineno}",
-        ))
-    _check_ids(path, jobs)
-    return jobs
+        try:
+            if len(row) != 6:
+                raise TraceError(f"{path}: line {lineno}: {len(row)} columns is not allowed: 6 columns "
+                                 f"({', '.join(header)})")
+            jobs.append((lineno, TraceJob(
+                id=row[0].strip(),
+                submit=_num(path, lineno, header[1], row[1]),
+                gpus=_gpus(path, lineno, header[4], row[4]),
+                duration=_num(path, lineno, header[5], row[5]),
+                where=f"{path}: line {lineno}",
+            )))
+        except TraceError as exc:
+            bad.add(lineno, exc)
+    return TraceFile(_check_ids(jobs, bad), bad.errors())
+
+
+def _strict(path: Path, read: TraceFile) -> list[TraceJob]:
+    _refuse(path, read.skipped)
+    return read.rows
+
+
+ITP_MAPPING = {"id": "job_id", "submit": "submission_time", "duration": "duration", "gpus": "num_gpu"}
 
 
 def read_itp(path: str | Path) -> list[TraceJob]:
     """Read a raw ITP cluster file (``clusterNN.csv[.gz]``); rows are sorted by submit time."""
-    path = Path(path)
-    return read_csv(path, {"id": "job_id", "submit": "submission_time", "duration": "duration", "gpus": "num_gpu"})
+    return read_csv(path, ITP_MAPPING)
 
 
 CSV_FIELDS = ("submit", "gpus", "duration", "id", "team", "class", "user", "project")
@@ -143,8 +196,16 @@ def parse_mapping(text: str) -> dict[str, str]:
 
 def read_csv(path: str | Path, mapping: dict[str, str]) -> list[TraceJob]:
     """Read a CSV with a header; ``mapping`` names the column of each field (see
-    ``CSV_FIELDS``). Without an ``id`` column the row number is the id."""
-    path = Path(path)
+    ``CSV_FIELDS``). Without an ``id`` column the row number is the id.
+
+    Raises:
+        TraceError: an unreadable file, a mapped column the header lacks, or bad rows
+            (the first, and their count).
+    """
+    return _strict(Path(path), _read_csv(Path(path), mapping))
+
+
+def _read_csv(path: Path, mapping: dict[str, str]) -> TraceFile:
     rows = _rows(path)
     try:
         _, header = next(rows)
@@ -156,27 +217,32 @@ def read_csv(path: str | Path, mapping: dict[str, str]) -> list[TraceJob]:
             raise TraceError(f"{path}: line 1: column {col!r} (for {field}) is not allowed: one of the header's "
                              f"columns: {', '.join(index)}")
     pos = {field: index[col] for field, col in mapping.items()}
-    jobs = []
+    jobs: list[tuple[int, TraceJob]] = []
+    bad = _Bad()
     for lineno, row in rows:
         if not row:
             continue
-        if len(row) != len(header):
-            raise TraceError(f"{path}: line {lineno}: {len(row)} columns is not allowed: {len(header)} columns as in the header")
-        get = row.__getitem__
-        jobs.append(TraceJob(
-            id=get(pos["id"]).strip() if "id" in pos else str(lineno - 1),
-            submit=_num(path, lineno, mapping["submit"], get(pos["submit"])),
-            gpus=_gpus(path, lineno, mapping["gpus"], get(pos["gpus"])),
-            duration=_num(path, lineno, mapping["duration"], get(pos["duration"])),
-            team=get(pos["team"]).strip() or None if "team" in pos else None,
-            workload_class=get(pos["class"]).strip() or None if "class" in pos else None,
-            user=get(pos["user"]).strip() or None if "user" in pos else None,
-            where=f"{path}: line {lineno}",
-            project=_project(path, lineno, mapping["project"], get(pos["project"])) if "project" in pos else "",
-        ))
-    _check_ids(path, jobs)
-    jobs.sort(key=lambda j: (j.submit, j.id))
-    return jobs
+        try:
+            if len(row) != len(header):
+                raise TraceError(f"{path}: line {lineno}: {len(row)} columns is not allowed: {len(header)} columns "
+                                 "as in the header")
+            get = row.__getitem__
+            jobs.append((lineno, TraceJob(
+                id=get(pos["id"]).strip() if "id" in pos else str(lineno - 1),
+                submit=_num(path, lineno, mapping["submit"], get(pos["submit"])),
+                gpus=_gpus(path, lineno, mapping["gpus"], get(pos["gpus"])),
+                duration=_num(path, lineno, mapping["duration"], get(pos["duration"])),
+                team=get(pos["team"]).strip() or None if "team" in pos else None,
+                workload_class=get(pos["class"]).strip() or None if "class" in pos else None,
+                user=get(pos["user"]).strip() or None if "user" in pos else None,
+                where=f"{path}: line {lineno}",
+                project=_project(path, lineno, mapping["project"], get(pos["project"])) if "project" in pos else "",
+            )))
+        except TraceError as exc:
+            bad.add(lineno, exc)
+    kept = _check_ids(jobs, bad)
+    kept.sort(key=lambda j: (j.submit, j.id))
+    return TraceFile(kept, bad.errors())
 
 
 def _project(path: Path, lineno: int, col: str, text: str) -> str:
@@ -188,29 +254,54 @@ def _project(path: Path, lineno: int, col: str, text: str) -> str:
     return text
 
 
-def _check_ids(path: Path, jobs: list[TraceJob]) -> None:
+def _check_ids(jobs: list[tuple[int, TraceJob]], bad: _Bad) -> list[TraceJob]:
+    """The rows whose id is not empty and not seen on an earlier valid row; the others
+    go to ``bad``."""
     seen: dict[str, str] = {}
-    for j in jobs:
+    kept = []
+    for lineno, j in jobs:
         if not j.id:
-            raise TraceError(f"{j.where}: an empty job id is not allowed: a non-empty id")
-        if j.id in seen:
-            raise TraceError(f"{j.where}: job id {j.id[:40]!r} is not allowed: ids must be unique "
-                             f"(first at {seen[j.id].rsplit(': ', 1)[-1]})")
-        seen[j.id] = j.where
+            bad.add(lineno, TraceError(f"{j.where}: an empty job id is not allowed: a non-empty id"))
+        elif j.id in seen:
+            bad.add(lineno, TraceError(f"{j.where}: job id {j.id[:40]!r} is not allowed: ids must be unique "
+                                       f"(first at {seen[j.id].rsplit(': ', 1)[-1]})"))
+        else:
+            seen[j.id] = j.where
+            kept.append(j)
+    return kept
 
 
 def read_trace(path: str | Path, fmt: str, mapping: str | None = None) -> list[TraceJob]:
-    """Read ``path`` in format ``fmt`` (``philly``, ``itp`` or ``csv`` with ``mapping``)."""
+    """Read ``path`` in format ``fmt`` (``philly``, ``itp`` or ``csv`` with ``mapping``).
+
+    Raises:
+        TraceError: see ``load_trace`` (without skipping bad rows).
+    """
+    return load_trace(path, fmt, mapping).rows
+
+
+def load_trace(path: str | Path, fmt: str, mapping: str | None = None, skip_bad_rows: bool = False) -> TraceFile:
+    """Read ``path`` in format ``fmt`` (``philly``, ``itp`` or ``csv`` with ``mapping``);
+    with ``skip_bad_rows`` a bad row is left out and its error returned in
+    ``TraceFile.skipped``.
+
+    Raises:
+        TraceError: an unknown format, a csv without a mapping, a file that cannot be
+            read; bad rows unless ``skip_bad_rows`` (the first one named, all counted).
+    """
+    path = Path(path)
     if fmt == "philly":
-        return read_philly(path)
-    if fmt == "itp":
-        return read_itp(path)
-    if fmt == "csv":
-        if not mapping:
+        read = _read_philly(path)
+    elif fmt in ("itp", "csv"):
+        if fmt == "csv" and not mapping:
             raise TraceError("--format csv needs --map submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,"
                              "user=COL,project=COL]")
-        return read_csv(path, parse_mapping(mapping))
-    raise TraceError(f"--format: {fmt!r} is not allowed: philly, itp or csv")
+        read = _read_csv(path, ITP_MAPPING if fmt == "itp" else parse_mapping(mapping))
+    else:
+        raise TraceError(f"--format: {fmt!r} is not allowed: philly, itp or csv")
+    if not skip_bad_rows:
+        _refuse(path, read.skipped)
+    return read
 
 
 def select(jobs: list[TraceJob], days: tuple[float, float] | None = None, load: float = 1.0) -> list[TraceJob]:
