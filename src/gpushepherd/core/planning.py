@@ -8,8 +8,11 @@ quota and other classes' reserved GPUs; the pass reserves it, the estimates plan
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+
 from gpushepherd.core.placement import Counts, place_counts
 from gpushepherd.core.profile import Claim, Key, Profile, class_slack, gpus_free_at, release_time
+from gpushepherd.core.releases import node_releases
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS
 
@@ -165,41 +168,84 @@ def _freed_whole(book, holder: Job, idx: int, mask: int, t: float) -> int:
 
 def _walk_claims(book, job: Job, nodes: list[int], totals: dict[int, int], claims: list[Claim], run: float,
                  t_min: float | None = None) -> tuple[float, Counts] | None:
-    """The earliest instant with claims on the nodes: every candidate instant checked."""
+    """The earliest instant with claims on the nodes: every candidate instant checked.
+
+    At a candidate ``t`` a node offers the least it has free at ``t`` and at each claim's
+    start inside ``[t, t + run)``. A node no claim touches only gains GPUs over time, so
+    that least is what it has free at ``t``: kept up to date as ``t`` passes its release
+    times (a merged sweep); only the nodes of claims are probed, each probe worked out
+    once (note 015, "The release index and the walk's cost")."""
     now = book.now
-    releases = {n: sorted(release_time(book, n, g) for g in range(book.ledger.slots[n].total)) for n in nodes}
+    # planned release times (cached per node; a time before now counts as now: only
+    # counts at instants >= now are read)
+    releases = {n: node_releases(book, n) for n in nodes}
+    on: dict[int, list[Claim]] = {}
+    for c in claims:
+        for n in c.gpus.keys() | c.need_now.keys():
+            on.setdefault(n, []).append(c)
+    claimed = [n for n in nodes if n in on]
     times = {now}
     for rel in releases.values():
-        times.update(t for t in rel if t != INF)
+        times.update(t for t in rel if now < t < INF)
     times.update(c.end for c in claims if c.end != INF)
     lo = now if t_min is None else max(now, t_min)
     times.add(lo)
+    starts = sorted({c.start for c in claims})
+    # the probes that can lower a claimed node's least: between its own claims' starts
+    # and its holds' exits it only gains GPUs (releases, claim ends), so of the probes
+    # (t and every claim's start in the window) only its own starts and the first probe
+    # after each of its exits can be lower than what comes before them
+    dips: dict[int, list[float]] = {}
+    for n, cs in on.items():
+        pts = {c.start for c in cs}
+        for c in cs:
+            e = c.exits.get(n) if c.hold else None
+            if e is not None:
+                j = bisect_left(starts, e)
+                if j < len(starts):
+                    pts.add(starts[j])
+        dips[n] = sorted(pts)
+    # the nodes no claim touches: free GPUs at t, advanced through their release times
+    sweep = sorted((t, n) for n in nodes if n not in on for t in releases[n] if t < INF)
+    avail = {n: 0 for n in nodes}
+    total = 0
+    i = 0
+    memo: dict[tuple[int, float], int] = {}
+    need = job.shape.k
+
+    def free(n: int, q: float) -> int:
+        v = memo.get((n, q))
+        if v is None:
+            v = memo[n, q] = bisect_right(releases[n], q) - sum(c.gpus_at(n, q) for c in on[n] if c.start <= q < c.end)
+        return v
+
     for t in sorted(times):
+        while i < len(sweep) and sweep[i][0] <= t:
+            avail[sweep[i][1]] += 1
+            total += 1
+            i += 1
         if t < lo:
             continue
         end = t + run
-        probes = [t] + [c.start for c in claims if t < c.start < end]
-        avail = {}
-        for n in nodes:
-            rel = releases[n]
-            least = None
-            for q in probes:
-                free = _count_le(rel, q) - sum(c.gpus_at(n, q) for c in claims if c.start <= q < c.end)
-                least = free if least is None else min(least, free)
-            avail[n] = max(0, least)
+        here = total
+        for n in claimed:
+            least = free(n, t)
+            for q in dips[n]:
+                if q >= end:
+                    break
+                if q > t:
+                    v = free(n, q)
+                    if v < least:
+                        least = v
+            least = max(0, least)
+            avail[n] = least
+            here += least
+        if here < need:
+            continue  # fewer GPUs than it needs, wherever they are
         counts = place_counts(avail, nodes, totals, job.shape)
         if counts is not None:
             return t, counts
     return None
-
-
-def _count_le(sorted_times: list[float], q: float) -> int:
-    n = 0
-    for t in sorted_times:
-        if t > q:
-            break
-        n += 1
-    return n
 
 
 def _holds_for_others(book, job: Job) -> bool:
