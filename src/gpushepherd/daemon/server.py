@@ -537,7 +537,8 @@ class Daemon:
         raw = read_policy_dict(self.policy_path)
         pol = policy_from_dict(raw, source=str(self.policy_path))  # refuse a bad file before logging it
         raw = json.loads(json.dumps(raw, default=str))
-        def audit(version: int) -> list[dict]:
+
+        def audit(version: int) -> list[dict]:  # note 023: the start's policy is audited too
             return [audit_row(now, "policy-apply", local_who("shepherd server --policy"), target=str(version),
                               detail={"source": str(self.policy_path)})]
         if logged is None:  # a new database: nothing to conflict with
