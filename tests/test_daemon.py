@@ -82,6 +82,7 @@ class Server:
         self.url = ""
         self.token = ""  # sent as a bearer token by the helpers below when set
         self.preexec = None  # run in the server's process before it starts (resource limits)
+        self.scheme = "http"  # https with --tls-cert (the client trusts it through $SSL_CERT_FILE)
 
     @property
     def headers(self) -> dict:
@@ -89,7 +90,7 @@ class Server:
 
     def start(self, policy: bool = True, extra: tuple[str, ...] = ()) -> "Server":
         port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{self.scheme}://127.0.0.1:{port}"
         extra = ("--sample-every", "0.5", *extra)  # GPU samples (static inventory: CPU use) for idle auto-stop
         args = [sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(self.data),
                 # static: a machine with GPUs would refuse this policy's FAKE node under NVML

@@ -23,12 +23,23 @@ LATER_TABLES = ("services", "service_decisions", "snapshots", "ended_jobs", "ide
 
 
 def pre_alembic(url: str, tables=None) -> None:
-    """A database as the code before Alembic made it: ``create_all`` and the
+    """A database as the code before Alembic made it: its tables (those of revision 0001,
+    as 0001 creates them: no column added since, such as ``api_tokens.expires``) and the
     ``schema_version`` row, with a logged policy and a token in it."""
+    import importlib.util
+
+    from alembic.operations import Operations
+
+    spec = importlib.util.spec_from_file_location("m0001", migrate.MIGRATIONS / "versions" / "0001_initial.py")
+    m0001 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m0001)
     engine = create_engine(url)
     # the tables of revision 0001 only (0002_services came after Alembic)
     tables = tables if tables is not None else [t for t in metadata.sorted_tables if t.name not in LATER_TABLES]
-    metadata.create_all(engine, tables=tables)
+    with engine.begin() as c, Operations.context(MigrationContext.configure(c)):
+        for name, create in m0001.TABLES.items():
+            if name in {t.name for t in tables}:
+                create()
     with engine.begin() as c:
         c.execute(insert(meta).values(key="schema_version", value="1"))
         c.execute(insert(events).values(batch=1, t=5.0, kind="policy", job_id=None, payload=json.dumps(POLICY)))
@@ -198,23 +209,41 @@ def test_the_migrations_ship_in_the_package():
     assert (root / "versions" / "0001_initial.py").is_file()
 
 
-def test_a_database_at_0003_gets_64_bit_run_ids_with_its_jobs_intact(db_url):
+def upgraded_from(db_url: str, revision_: str, sql: str) -> Store:
+    """A database brought to ``revision_``, ``sql`` run on it, then opened by ``Store`` (which
+    upgrades it to head): the store, its schema checked equal to the metadata."""
     from alembic import command
 
     engine = create_engine(db_url)
     with engine.begin() as c:
-        command.upgrade(migrate._config(c), "0003_daemon_faults")
-        c.execute(text("INSERT INTO jobs (id, num, spec, argv, shell, env, cwd, state, run, pid) "
-                       "VALUES ('1', 1, '{}', '[]', false, '{}', '/', 'RUNNING', 1, 41)"))
+        command.upgrade(migrate._config(c), revision_)
+        c.execute(text(sql))
     engine.dispose()
     store = Store(db_url)
+    assert (store.revision_before, store.revision) == (revision_, migrate.head())
+    with store.engine.connect() as c:
+        assert compare_metadata(MigrationContext.configure(c), metadata) == []
+    return store
+
+
+def test_a_database_at_0004_gets_token_expiry_and_scope_with_its_tokens_intact(db_url):
+    store = upgraded_from(db_url, "0004_run_ids", "INSERT INTO api_tokens (\"user\", teams, admin, hash, created) "
+                                                  "VALUES ('ana', '[\"ml\"]', false, 'ab', 1.0)")
     try:
-        assert (store.revision_before, store.revision) == ("0003_daemon_faults", migrate.head())
+        row = store.tokens()[0]
+        assert (row["user"], row["teams"], row["expires"], row["scope"]) == ("ana", ["ml"], None, "api")
+    finally:
+        store.close()
+
+
+def test_a_database_at_0003_gets_64_bit_run_ids_with_its_jobs_intact(db_url):
+    store = upgraded_from(db_url, "0003_daemon_faults",
+                          "INSERT INTO jobs (id, num, spec, argv, shell, env, cwd, state, run, pid) "
+                          "VALUES ('1', 1, '{}', '[]', false, '{}', '/', 'RUNNING', 1, 41)")
+    try:
         big = int("f" * 15, 16)
         uid = "0f3b2a9e-58c1-4d7e-9a41-3c2b1d0e9f87"
         store.update_jobs({"1": {"pid": big, "proc_start": uid}})
         assert (store.job_rows()["1"]["pid"], store.job_rows()["1"]["proc_start"]) == (big, uid)
-        with store.engine.connect() as c:
-            assert compare_metadata(MigrationContext.configure(c), metadata) == []
     finally:
         store.close()

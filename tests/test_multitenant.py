@@ -122,7 +122,8 @@ class Users:
 
 class Tenants:
     """A root server that runs jobs as their users (``SHEPHERD_RUN_AS=user``), in a data
-    directory every user may traverse, with tokens: admin, alice (team ml), bob (team cv)."""
+    directory every user may traverse, with tokens: admin, alice (team ml, which lists her
+    as its member), bob (team cv); and its Unix socket (note 025) at ``sock``."""
 
     def __init__(self, users: Users):
         self.users = users
@@ -132,11 +133,12 @@ class Tenants:
         self.work.mkdir()
         self.work.chmod(0o1777)
         self.server = Server(self.base)
-        self.server.policy.write_text(POLICY)
+        self.server.policy.write_text(POLICY.replace("  ml: {}", f"  ml: {{members: [{users.alice}]}}"))
+        self.sock = self.base / "shepherd.sock"
         saved = {k: os.environ.get(k) for k in ("SHEPHERD_RUN_AS", SECRET)}
         os.environ.update({"SHEPHERD_RUN_AS": "user", SECRET: "leaked"})
         try:
-            self.server.start()
+            self.server.start(extra=("--socket", str(self.sock)))
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -273,6 +275,30 @@ def test_a_server_that_runs_jobs_as_itself_says_so_in_its_first_line(tmp_path):
                                                      or "a single-user install" in first[0]), first[0]
     finally:
         s.stop()
+
+
+def test_a_job_submitted_over_the_socket_runs_as_the_kernels_user_and_is_audited_with_its_uid(tenants, users):
+    from test_identity import CLIENT
+
+    alice = users.ident[users.alice]
+    client = tenants.base / "client.py"
+    client.write_text(CLIENT)
+    client.chmod(0o644)
+    if users.as_user(users.alice, "/usr/bin/python3", "-c", "pass").returncode != 0:
+        pytest.skip("no Python the test users may run (/usr/bin/python3) for a socket client")
+    body = {"class": "batch", "team": "ml", "command": ["id -u"], "shell": True, "cwd": str(tenants.work)}
+    r = users.as_user(users.alice, "/usr/bin/python3", str(client), str(tenants.sock), "POST", "/jobs",
+                      json.dumps(body))
+    assert r.returncode == 0, r.stderr
+    sent = json.loads(r.stdout)
+    assert sent["status"] == 201 and sent["body"]["user"] == users.alice, sent
+    job_id = sent["body"]["id"]
+    assert tenants.server.wait_state(job_id, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert tenants.get(users.alice, f"/jobs/{job_id}/logs").text.split() == [str(alice.uid)]
+    row = wait_for("the socket submission's audit row", lambda: [
+        e for e in tenants.get("admin", "/audit", action="submit").json() if e["target"] == job_id])[0]
+    assert (row["user"], row["uid"], row["token_id"]) == (users.alice, alice.uid, None)
+    assert row["address"].startswith("unix socket (pid ")
 
 
 # -- point 3: containment -------------------------------------------------------------

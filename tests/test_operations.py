@@ -11,6 +11,7 @@ checked against bounds read from the clock before and after the scrape.
 from __future__ import annotations
 
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -371,7 +372,7 @@ def test_the_systemd_unit_runs_shepherd_server_and_its_command_line_serves(tmp_p
     # the unit's own options, with this test's data dir, policy and port: the server answers
     opts = argv[2:]
     subst = {"--data-dir": str(tmp_path / "data"), "--policy": str(tmp_path / "policy.yaml"),
-             "--port": str(free_port()), "--inventory": "static"}
+             "--port": str(free_port()), "--inventory": "static", "--socket": str(tmp_path / "shepherd.sock")}
     for i, opt in enumerate(opts[:-1]):
         if opt in subst:
             opts[i + 1] = subst[opt]
@@ -393,6 +394,10 @@ def test_the_systemd_unit_runs_shepherd_server_and_its_command_line_serves(tmp_p
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    # systemd's stop is a SIGTERM: the server saves its state and unlocks before it ends
+    # by that signal (uvicorn's re-raised SIGTERM used to end it before Daemon.stop ran)
+    assert proc.returncode == -signal.SIGTERM
+    assert "stopped: state saved, data dir unlocked" in log.read_text().splitlines()[-1]
 
 
 def test_systemd_analyze_verifies_the_unit(tmp_path):

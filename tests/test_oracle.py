@@ -33,8 +33,8 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: first blocked job was a refused preemptor, or not turned by a walk that stopped with
 #: no free GPU; 18541, 21092 - a share kept off by a claim read ReservedFor naming none -
 #: only here): they stay in the suite's batch
-FOUND = (114, 320, 353, 446, 535, 732, 773, 820, 1334, 1430, 1733, 2024, 2617, 2914, 2919, 3462, 7641,
-         10572, 13435, 13765, 18541, 19272, 21092)
+FOUND = (114, 320, 353, 446, 535, 732, 773, 820, 865, 1334, 1430, 1733, 2024, 2617, 2914, 2919, 3462, 4467, 7641,
+         9361, 10572, 13435, 13765, 14222, 15683, 17695, 18541, 18785, 19272, 20252, 21092)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

@@ -546,3 +546,59 @@ def test_a_job_of_a_reserved_class_whose_reservation_is_held_does_not_take_a_pre
     assert [t for t, _ in result.records["P"].starts] == [11.0]
     assert result.records["B2"].preempted_at == []
     assert [t for t, _ in result.records["B2"].starts] == [111.0]
+
+
+def test_behind_the_strict_orders_stop_no_job_reads_victims_that_come_of_age():
+    # seeds 4467, 14222: backfill off. A (research-training, 2 GPUs) is stopped by X
+    # (same class, never a victim): it blocks the strict order. B (batch) behind it could
+    # evict sandbox S once S has run min_runtime_s - but nothing passes A, preemption
+    # included. B read "victims eligible at t=5" and no wake-up came at 5; it must read
+    # the capacity it lacks, and S must never be preempted.
+    rules = policy(nodes=[("n1", 2)], preemption={"enabled": True, "min_runtime_s": 5.0}, backfill=False)
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("S", 1, "sandbox", "t", 0, preemptible=True)),
+                  JobSubmitted(0.0, job("X", 1, "research-training", "t", 0))])
+    sched.handle([JobSubmitted(1.0, job("A", 2, "research-training", "t", 1))])
+    out = sched.handle([JobSubmitted(2.0, job("B", 1, "batch", "t", 2))])
+    assert out == []
+    assert str(sched.pending_reason("B")) == "Resources"
+    wake = sched.next_wakeup()
+    assert wake is None or wake > 5.0
+    assert sched.handle([Tick(6.0)]) == []  # S is of age: B still may not pass A
+
+
+def test_a_window_boundary_does_not_wake_a_job_only_other_classes_reservations_keep_off():
+    # seeds 9361, 18785: production inference and training reserve a GPU each, of one;
+    # J (team b, whose limit has a night window, an MPS client) is past every limit and
+    # kept off by those reservations (n2 is lost). A window boundary cannot start it
+    # (reservations are never windowed): no wake-up for it, else the run never ends and
+    # a daemon wakes at every boundary for nothing.
+    rules = policy(nodes=[node("n1", 1, sharing={"mps": {"max_clients": 3}}), ("n2", 1)],
+                   classes={"production-inference": {"reserved_gpus": 1}, "training": {"reserved_gpus": 1}},
+                   teams={"b": {"max_gpus": 1, "windows": [{"from": "02:00", "to": "04:00", "max_gpus": 1}]}})
+    sched = Scheduler(rules)
+    sched.handle([NodeLost(0.0, "n2")])
+    # an MPS client: it could join a card a training job opens (so it is not refused
+    # for good), but not open one
+    mps = GpuShare(kind="mps", milli=100, mem_mib=4096)
+    sched.handle([JobSubmitted(1.0, job("J", 1, "research-training", "b", 1, share=mps))])
+    assert str(sched.pending_reason("J")).startswith("ReservedFor(classes.")
+    assert sched.next_wakeup() is None
+
+
+def test_a_start_that_makes_its_team_borrow_gives_its_team_mate_refused_by_a_lending_claim_its_turn_again():
+    # seed 15683: cohort of a and b (nominal 2 each) on 4 GPUs. A1 keeps a at its
+    # max_running_jobs, so R (a, 3 GPUs) waits with a reservation that lends its GPUs to
+    # the cohort's borrowers. J (b, 2 GPUs, within b's nominal quota) is refused by that
+    # claim; K (b, 1 GPU, short) starts after it in the same pass - b now borrows, and a
+    # borrower may take what R's reservation lends: J fits at that instant.
+    rules = policy(nodes=[("n1", 4)],
+                   teams={"a": {"nominal_gpus": 2, "max_running_jobs": 1},
+                          "b": {"nominal_gpus": 2, "borrowing_limit": 2}},
+                   cohorts={"co": {"members": ["a", "b"]}})
+    result = simulate(rules, [(job("A1", 1, "batch", "a", 0, runtime_estimate_s=100.0), 100.0),
+                              (job("R", 3, "batch", "a", 1, runtime_estimate_s=50.0), 50.0),
+                              (job("J", 2, "batch", "b", 2, runtime_estimate_s=500.0), 500.0),
+                              (job("K", 1, "batch", "b", 2, runtime_estimate_s=10.0), 10.0)])
+    assert [t for t, _ in result.records["K"].starts] == [2.0]
+    assert [t for t, _ in result.records["J"].starts] == [2.0]

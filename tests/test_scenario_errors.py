@@ -73,6 +73,16 @@ def _error(tmp_path, text) -> str:
     ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: abc}\nexpect: {}\n", "jobs[0].duration: 'abc'"),
     ("jobs:\n  - {id: A, class: nope, submit: 0, gpus: 1, duration: 1}\nexpect: {}\n", "class: 'nope' is not allowed"),
     ("jobs:\n" + JOB, "expect: a value is required here"),
+    # note 026: a refusal of the core's submit validation is REJECTED, but a fault of the file is not
+    ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 1, ignore_signal: true}\nexpect: {}\n",
+     "jobs[0].ignore_signal: unknown field is not allowed"),
+    ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 1, ignores_signal: true, exit_after_signal: 5}\n"
+     "expect: {}\n", "jobs[0].exit_after_signal: 5.0 is not allowed: no exit_after_signal with ignores_signal"),
+    ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 1, checkpoint_every: 0}\nexpect: {}\n",
+     "jobs[0].checkpoint_every: 0 is not allowed"),
+    ("jobs:\n" + JOB + "expect: {rejected: {ZZ: x}}\n", "expect.rejected.ZZ"),
+    ("jobs:\n" + JOB + "expect: {}\nvariants: [{name: v, jobs: {A: {class: nope}}, expect: {}}]\n",
+     "x/v: jobs.A.class: 'nope' is not allowed: a class of the policy"),
     ("scenario: [\n", "line 2 column 1: not valid YAML"),
 ])
 def test_bad_scenarios(tmp_path, body, fragment):
@@ -102,3 +112,24 @@ def test_initial_allocations_skip_shared_and_mig_gpus(tmp_path):
                  "expect: {starts: {W: {t: 0, gpus: [1]}, S: {t: 0, gpus: [2]}, G: {t: 0, gpus: [2]}}}\n")
     (outcome,) = run_scenario(load_scenario(p), str(p))
     assert outcome.passed, outcome.failures
+
+
+def test_a_team_the_policy_lacks_is_a_fault_of_the_file(tmp_path):
+    text = ("scenario: x\npolicy: {cluster: {nodes: [{name: n1, gpus: 4}]}, teams: {T: {}}}\n"
+            "jobs:\n  - {id: A, team: X, class: batch, submit: 0, gpus: 1, duration: 1}\nexpect: {}\n")
+    assert "jobs[0].team: 'X' is not allowed: a team of the policy: T" in _error(tmp_path, text)
+
+
+def test_a_refused_submission_is_rejected_and_the_run_goes_on(tmp_path):
+    """Note 026: a sharing kind the class forbids is a REJECTED job with the core's reason,
+    not a refused file; the checker fails a wrong rejection expectation both ways."""
+    p = tmp_path / "s.yaml"
+    p.write_text(HEAD + "jobs:\n  - {id: A, class: production-inference, submit: 0, gpu_fraction: 0.5, duration: 9}\n"
+                 "  - {id: B, class: batch, submit: 5, gpus: 4, duration: 10}\n"
+                 "expect: {rejected: {A: \"sharing: 'fraction' is not allowed\", B: nope}, starts: {B: {t: 5}}}\n")
+    (outcome,) = run_scenario(load_scenario(p), str(p))
+    assert outcome.failures == ["B: final state COMPLETED, expected rejected with a reason containing 'nope'"]
+    p.write_text(p.read_text().replace("sharing: 'fraction' is not allowed", "gpus=9"))
+    (outcome,) = run_scenario(load_scenario(p), str(p))
+    assert outcome.failures[0].startswith("A: rejected: job 'A': sharing: 'fraction' is not allowed for class "
+                                          "production-inference"), outcome.failures

@@ -293,3 +293,26 @@ def test_a_service_refuses_a_deadline_its_replicas_could_not_keep(served):
                                            scale_down_below=1, deadline="now+1h"))
     assert r.status_code == 422 and "a service runs until deleted" in r.json()["detail"][0]["msg"]
     assert served.get("/services").json() == []
+
+
+def test_a_per_job_grace_period_reaches_the_spec_is_shown_and_one_above_the_class_s_is_rejected(served):
+    # batch's grace is 1 s in POLICY (issue 13, point 6; note 027)
+    c = served
+    code, out, err = c.cli("submit", "-c", "batch", "-A", "ml", "--grace", "0.5", "-D", str(c.tmp),
+                           "--", *waiting(c.flag))
+    assert code == 0, err
+    job_id = out.split()[-1]
+    settled(c, job_id)
+    assert c.daemon.sched.jobs[job_id].spec.grace_period_s == 0.5
+    assert c.get(f"/jobs/{job_id}").json()["grace_period_s"] == 0.5
+    code, out, _ = c.cli("show", job_id)
+    assert "constraints: grace=0.5s" in out.splitlines()
+    r = c.post("/jobs", json=body(c, grace_period_s="5s"))
+    assert r.status_code == 422
+    d = r.json()["detail"][0]
+    assert d["loc"] == ["body", "grace_period_s"]
+    assert d["msg"] == "grace_period_s: 5.0 is not allowed: seconds from 0 to the grace period of class batch (1 s)"
+    r = c.post("/jobs", json=body(c, grace_period_s="soon"))
+    assert r.status_code == 422 and "grace_period_s" in r.json()["detail"][0]["loc"]
+    code, _, err = c.cli("submit", "-c", "batch", "-A", "ml", "--grace", "later", "--", "true")
+    assert code == 2 and "--grace" in err

@@ -4,14 +4,17 @@
 
 Client commands talk HTTP to ``--server`` (default ``$SHEPHERD_SERVER`` or
 http://127.0.0.1:8765), with ``--token`` (default ``$SHEPHERD_TOKEN``) once the
-server has tokens (``shepherd token create``). A refused request (bad field, unknown job) prints one
-``error:`` line and exits 2; an unreachable server exits 1.
+server has tokens (``shepherd token create``); without either, to the server's local
+Unix socket when one is found (``local_socket``; no token: the kernel names the user).
+A refused request (bad field, unknown job) prints one ``error:`` line and exits 2; an
+unreachable server exits 1.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -69,30 +72,61 @@ def _job_path(job_id: str, suffix: str = "") -> str:
     return f"/jobs/{quote(job_id, safe='')}{suffix}"
 
 
-ServerOpt = Annotated[Optional[str], typer.Option("--server", help="Server URL (default $SHEPHERD_SERVER or "
+ServerOpt = Annotated[Optional[str], typer.Option("--server", help="Server URL, or unix:PATH for a local "
+                                                  "socket (default $SHEPHERD_SERVER; without a token, the local "
+                                                  "socket when there is one; else "
                                                   f"http://127.0.0.1:{DEFAULT_PORT}).")]
 
 TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="SHEPHERD_TOKEN", show_envvar=True,
                                                  help="API token (shepherd token create).")]
+
+#: where the CLI looks for the server's local socket without --server or a token, after
+#: ``$SHEPHERD_SOCKET`` (``''``: never): the default --data-dir, then the systemd unit's (deploy/systemd)
+DEFAULT_SOCKETS = ("shepherd-data/shepherd.sock", "/run/gpushepherd/shepherd.sock")
 
 
 def _url(server: str | None) -> str:
     return (server or os.environ.get("SHEPHERD_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}").rstrip("/")
 
 
+def local_socket(server: str | None, token: str | None) -> Path | None:
+    """The Unix socket a client command talks to (note 025): ``--server unix:PATH`` (or
+    ``$SHEPHERD_SERVER``); else, with no server and no token, ``$SHEPHERD_SOCKET`` or the
+    first of ``DEFAULT_SOCKETS`` that is a socket; else ``None`` (HTTP)."""
+    from gpushepherd.daemon.unixsock import is_socket
+
+    named = server or os.environ.get("SHEPHERD_SERVER")
+    if named:
+        return Path(named[len("unix:"):]) if named.startswith("unix:") else None
+    if token:
+        return None
+    env = os.environ.get("SHEPHERD_SOCKET")
+    for path in ((env,) if env is not None else DEFAULT_SOCKETS):
+        if path and is_socket(Path(path)):
+            return Path(path)
+    return None
+
+
 def _request(server: str | None, method: str, path: str, token: str | None = None, **kw: Any):
     import httpx
 
     from gpushepherd.cli.main import err
-    url = _url(server)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    unix = local_socket(server, token)
+    url = f"unix:{unix}" if unix is not None else _url(server)
+    headers = {"Authorization": f"Bearer {token}"} if token and unix is None else {}
     try:
-        r = httpx.request(method, url + path, timeout=60.0, headers=headers, **kw)
+        if unix is not None:  # the kernel names the caller: no token is sent
+            from gpushepherd.daemon.unixsock import short_path
+
+            with short_path(unix) as where, httpx.Client(transport=httpx.HTTPTransport(uds=where)) as client:
+                r = client.request(method, "http://shepherd" + path, timeout=60.0, headers=headers, **kw)
+        else:
+            r = httpx.request(method, url + path, timeout=60.0, headers=headers, **kw)
     except httpx.InvalidURL as exc:
         err.print(f"error: --server: {url!r} is not allowed: {exc} (a URL like http://127.0.0.1:{DEFAULT_PORT})",
                   soft_wrap=True)
         raise typer.Exit(2) from None
-    except httpx.TransportError as exc:
+    except (httpx.TransportError, OSError) as exc:
         err.print(f"error: no gpushepherd server at {url} ({exc}); start one with `shepherd server`", soft_wrap=True)
         raise typer.Exit(1) from None
     if r.status_code >= 400:
@@ -160,6 +194,8 @@ TIME_HELP = ("Time limit, as Slurm's --time: MINUTES (a bare number is minutes),
 ESTIMATE = duration_param("minutes")
 #: what ``--help`` of a duration option whose bare number is seconds says of its forms
 SECONDS_FORMS = "seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS"
+#: ``submit --grace``: a bare number is seconds (Kubernetes' terminationGracePeriodSeconds), 0 allowed
+GRACE = duration_param("seconds", zero=True)
 
 
 def time_point(value: Any) -> float:
@@ -204,27 +240,31 @@ def selector_items(items: list[str], option: str = "--constraint") -> list[str]:
 def constraint_fields(*, constraint: list[str] = (), tolerations: list[str] = (), min_driver: str = "",
                       cache_key: str = "", cache_required: bool = False, deadline: float | None = None,
                       estimate_s: float | None = None, gpus_per_pod: int | None = None,
-                      same_node: bool = False) -> dict[str, Any]:
-    """The ``POST /jobs`` fields of a job's placement constraints, deadline (epoch seconds)
-    and runtime estimate (seconds) (note 022), each left out when not given (a server from
-    before them refuses them)."""
+                      same_node: bool = False, grace_s: float | None = None) -> dict[str, Any]:
+    """The ``POST /jobs`` fields of a job's placement constraints, deadline (epoch seconds),
+    runtime estimate and grace period (seconds) (notes 022, 027), each left out when not
+    given (a server from before them refuses them)."""
     fields: dict[str, Any] = {"node_selector": selector_items(list(constraint)), "tolerations": list(tolerations),
                               "min_driver": min_driver, "cache_key": cache_key, "cache_required": cache_required,
                               "deadline": deadline, "runtime_estimate_s": estimate_s, "gpus_per_pod": gpus_per_pod,
                               "same_node": same_node}
-    return {k: v for k, v in fields.items() if v not in (None, "", [], False)}
+    out = {k: v for k, v in fields.items() if v not in (None, "", [], False)}
+    if grace_s is not None:
+        out["grace_period_s"] = grace_s  # 0 is a grace asked for (none)
+    return out
 
 
 def job_body(*, cls: str, team: str, user: str | None, token: str | None, gpus: int, gpu_type: list[str],
              command: list[str], shell: bool, chdir: Path, time_limit_s: float | None = None, project: str = "",
              array: str | None = None, max_retries: int = 2, name: str = "", dependency: str = "",
-             begin: str | None = None, hold: bool = False) -> dict[str, Any]:
+             begin: str | None = None, hold: bool = False, server: str | None = None) -> dict[str, Any]:
     """The ``POST /jobs`` body of ``submit`` and ``sbatch``: ``user`` ``None`` is the token's
-    user with a token, else ``$USER`` (or the account this runs as); ``shell``: ``command``
-    is joined into one ``/bin/sh -c`` line; ``time_limit_s`` seconds; fields left out when
-    empty (a server from before them refuses them)."""
+    user with a token or the socket's user on the local socket (``server``: as
+    ``local_socket`` reads it), else ``$USER`` (or the account this runs as); ``shell``:
+    ``command`` is joined into one ``/bin/sh -c`` line; ``time_limit_s`` seconds; fields
+    left out when empty (a server from before them refuses them)."""
     if user is None:
-        if token:
+        if token or local_socket(server, token) is not None:
             user = ""
         else:  # $USER, else the account this runs as (a shell without USER, a container)
             import getpass
@@ -388,7 +428,7 @@ def _fmt_t(t: float | None) -> str:
 def constraints_text(j: dict) -> str:
     """A job view's placement constraints on one line (``-``: none; note 022):
     ``node_selector=zone=a,nvlink tolerations=dedicated=infer min_driver=535.104
-    cache=llama(required) gpus_per_pod=2 same_node``."""
+    cache=llama(required) gpus_per_pod=2 same_node grace=30s``."""
     parts = []
     for key in ("node_selector", "tolerations"):
         if j.get(key):
@@ -401,6 +441,8 @@ def constraints_text(j: dict) -> str:
         parts.append(f"gpus_per_pod={j['gpus_per_pod']}")
     if j.get("same_node"):
         parts.append("same_node")
+    if j.get("grace_period_s") is not None:
+        parts.append(f"grace={j['grace_period_s']:g}s")
     return " ".join(parts) or "-"
 
 
@@ -485,6 +527,91 @@ def _store(data_dir: Path, db: str | None, create: bool = False):
         raise typer.Exit(2) from None
 
 
+def _tls_files(cert: Path | None, key: Path | None, host: str, insecure_http: bool) -> dict:
+    """uvicorn's TLS options of ``--tls-cert`` / ``--tls-key`` (empty: plain HTTP), the
+    pair loaded once here so that a bad file is one ``error:`` line before anything
+    starts; plain HTTP on an address that is not loopback only with ``--insecure-http``
+    (note 025).
+
+    Raises:
+        typer.Exit: one of the pair without the other, a file that does not load as a
+            PEM certificate and its key, or a public address without TLS: exit 2.
+    """
+    import ssl
+
+    from gpushepherd.cli.main import err
+    from gpushepherd.daemon.auth import is_loopback
+
+    if (cert is None) != (key is None):
+        err.print(f"error: {'--tls-key' if key is None else '--tls-cert'}: missing: --tls-cert and --tls-key go "
+                  "together", soft_wrap=True)
+        raise typer.Exit(2)
+    if cert is None:
+        if not is_loopback(host) and not insecure_http:
+            err.print(f"error: --host {host}: plain HTTP is not allowed on an address other than loopback (tokens "
+                      "would cross the network in clear text): give --tls-cert FILE --tls-key FILE, or "
+                      "--insecure-http behind a TLS-terminating proxy", soft_wrap=True)
+            raise typer.Exit(2)
+        return {}
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        err.print(f"error: --tls-cert {cert} --tls-key {key}: cannot be loaded as a PEM certificate and its "
+                  f"private key: {getattr(exc, 'strerror', None) or exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+
+
+def _serve(config, sock, local_config, listener) -> list[int]:
+    """Serve ``config`` on the TCP socket ``sock`` and, when given, ``local_config`` on
+    the Unix socket of ``listener`` (a ``UnixListener``): two ``uvicorn.Server`` in one
+    event loop (one server applies one TLS context to all its sockets, and the Unix
+    socket has none). The TCP server takes the signals; the local one stops when it does,
+    and the socket's file is removed (note 025). Returns the signals that stopped it:
+    uvicorn would raise them again as it returns, which with the default SIGTERM action
+    ended the process before the caller's ``Daemon.stop`` (stop snapshot, lock) ran - the
+    caller raises them once it has stopped."""
+    import asyncio
+    import contextlib
+
+    import uvicorn
+
+    stopped_by: list[int] = []
+
+    class Main(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    if listener is not None:
+                        listener.unlink()
+                    stopped_by.extend(self._captured_signals)
+                    self._captured_signals.clear()  # raised by the caller, after its cleanup
+
+    class Local(uvicorn.Server):
+        def capture_signals(self):  # the TCP server's handlers stop both
+            return contextlib.nullcontext()
+
+    main = Main(config)
+    if listener is None:
+        main.run(sockets=[sock])
+        return stopped_by
+    other = Local(local_config)
+
+    async def both() -> None:
+        task = asyncio.create_task(other.serve(sockets=[listener.sock]))
+        try:
+            await main.serve(sockets=[sock])
+        finally:
+            other.should_exit = True
+            await task
+
+    asyncio.run(both())
+    return stopped_by
+
+
 def register(app: typer.Typer) -> None:
     """Add the server, client and token commands to ``app``."""
     from gpushepherd.cli.main import _console, _errors, err
@@ -495,14 +622,29 @@ def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
 
     @token_app.command("create")
-    def token_create(user: Annotated[str, typer.Option("--user", "-u", help="The user the token acts as.")],
+    def token_create(user: Annotated[str, typer.Option("--user", "-u", help="The Unix user the token acts as.")],
                      team: Annotated[list[str], typer.Option("--team", "-A", help="A team whose jobs it may "
                                                              "submit, cancel and read logs of (repeat).")] = [],
                      admin: Annotated[bool, typer.Option("--admin", help="Any team and any user.")] = False,
+                     expires: Annotated[Optional[float], typer.Option(
+                         "--expires", metavar="DURATION", parser=duration_param(None), help="Refused (401, saying "
+                         "when) after this long: 30d, 12h, 2w, or Slurm's D-HH:MM (default: never).")] = None,
+                     scope: Annotated[str, typer.Option("--scope", help="api: the API as its user and teams; "
+                                                        "metrics: GET /metrics only (a Prometheus scraper; no "
+                                                        "--team).")] = "api",
                      data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None) -> None:
         """Create a token and print it once (stdout; the database keeps only its hash)."""
-        if not team and not admin:
-            err.print("error: --team: give at least one team (or --admin)", soft_wrap=True)
+        from gpushepherd.daemon.auth import SCOPES, unix_user_exists
+
+        if scope not in SCOPES:
+            err.print(f"error: --scope: {scope!r} is not allowed: {' or '.join(SCOPES)}", soft_wrap=True)
+            raise typer.Exit(2)
+        if scope == "metrics" and (team or admin):
+            err.print(f"error: --scope metrics: not allowed with {'--admin' if admin else '--team'}: a scrape token "
+                      "reads /metrics only", soft_wrap=True)
+            raise typer.Exit(2)
+        if scope == "api" and not team and not admin:
+            err.print("error: --team: give at least one team (or --admin, or --scope metrics)", soft_wrap=True)
             raise typer.Exit(2)
         if not user.strip():
             err.print(f"error: --user: {user!r} is not allowed: a user name", soft_wrap=True)
@@ -517,19 +659,46 @@ def register(app: typer.Typer) -> None:
                 err.print(f"error: --team: {unknown[0]!r} is not allowed: a team of the policy in force "
                           f"({', '.join(sorted(teams))})", soft_wrap=True)
                 raise typer.Exit(2)
-        token_id, token = store.create_token(user, team, admin)
-        err.print(f"token {token_id}: user {user}, teams {', '.join(team) or '-'}{', admin' if admin else ''} "
+        until = None if expires is None else time.time() + expires
+        token_id, token = store.create_token(user, team, admin, expires=until, scope=scope)
+        err.print(f"token {token_id}: user {user}, teams {', '.join(team) or '-'}{', admin' if admin else ''}"
+                  f"{', scope metrics' if scope == 'metrics' else ''}, "
+                  f"{'expires ' + _fmt_t(until) if until is not None else 'never expires'} "
                   f"(database {store.engine.url.render_as_string(hide_password=True)}); it is shown once, "
                   "only its SHA-256 is stored", soft_wrap=True)
+        if scope == "api" and not admin and not unix_user_exists(user):
+            err.print(f"note: {user!r} is not a Unix user on this machine: the token acts as that name (a policy's "
+                      "teams.X.members and the socket know Unix users only)", soft_wrap=True)
+        print(token)
+
+    @token_app.command("rotate")
+    def token_rotate(token_id: Annotated[int, typer.Argument(metavar="ID")],
+                     data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None) -> None:
+        """Replace a token by a new secret (printed once) with the same user, teams, admin flag, scope and
+        lifetime (counted from now); the old one is revoked at once."""
+        store = _store(data_dir, db)
+        out_ = store.rotate_token(token_id)
+        if out_ is None:
+            err.print(f"error: token {token_id}: no such token, or already revoked (see `shepherd token list`)",
+                      soft_wrap=True)
+            raise typer.Exit(2)
+        new_id, token, row = out_
+        err.print(f"token {token_id}: revoked; token {new_id} replaces it: user {row['user']}, teams "
+                  f"{', '.join(row['teams']) or '-'}{', admin' if row['admin'] else ''}, "
+                  f"{'expires ' + _fmt_t(row['expires']) if row['expires'] is not None else 'never expires'}; "
+                  "it is shown once", soft_wrap=True)
         print(token)
 
     @token_app.command("list")
     def token_list(data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None) -> None:
-        """Tokens: id, user, teams, admin, created, revoked."""
-        table = SafeTable("ID", "USER", "TEAMS", "ADMIN", "CREATED", "REVOKED", box=None)
+        """Tokens: id, user, teams, admin, scope, created, expires, revoked."""
+        table = SafeTable("ID", "USER", "TEAMS", "ADMIN", "SCOPE", "CREATED", "EXPIRES", "REVOKED", box=None)
+        now = time.time()
         for t in _store(data_dir, db).tokens():
+            expires = _fmt_t(t["expires"]) + (" (expired)" if t["expires"] is not None and t["expires"] <= now
+                                               else "")
             table.add_row(str(t["id"]), t["user"], ",".join(t["teams"]) or "-", "yes" if t["admin"] else "no",
-                          _fmt_t(t["created"]), _fmt_t(t["revoked"]))
+                          t["scope"], _fmt_t(t["created"]), expires, _fmt_t(t["revoked"]))
         out.print(table)
 
     @token_app.command("revoke")
@@ -615,8 +784,21 @@ def register(app: typer.Typer) -> None:
                dcgm_names: Annotated[bool, typer.Option(
                    "--dcgm-names", help="/metrics: also export GPU samples under DCGM-exporter's names "
                    "(DCGM_FI_DEV_*); off by default, so a node running dcgm-exporter gets no duplicate "
-                   "series.")] = False) -> None:
-        """Run the scheduler daemon on this server (HTTP API; loopback only until tokens exist)."""
+                   "series.")] = False,
+               tls_cert: Annotated[Optional[Path], typer.Option(
+                   "--tls-cert", help="Serve HTTPS with this certificate (PEM, chain after it); with "
+                   "--tls-key.")] = None,
+               tls_key: Annotated[Optional[Path], typer.Option(
+                   "--tls-key", help="The private key (PEM) of --tls-cert.")] = None,
+               insecure_http: Annotated[bool, typer.Option(
+                   "--insecure-http", help="Allow plain HTTP on an address other than loopback (tokens cross "
+                   "the network in clear text: only behind a TLS-terminating proxy).")] = False,
+               socket_path: Annotated[Optional[str], typer.Option(
+                   "--socket", metavar="PATH", help="The local Unix socket (no token: the kernel names the "
+                   "caller's user); default <data-dir>/shepherd.sock; '' for none.")] = None) -> None:
+        """Run the scheduler daemon on this server: the HTTP(S) API (loopback only until tokens exist, HTTPS
+        or --insecure-http elsewhere) and a local Unix socket, <data-dir>/shepherd.sock, where the caller
+        is the Unix user the kernel names (design note 025)."""
         import logging
 
         import uvicorn
@@ -671,30 +853,53 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2)
             auth = "required"  # reachable from other machines: never open, even if every token is revoked
         from gpushepherd.daemon.connlimit import guarded_protocol, listen_socket
+        from gpushepherd.daemon.unixsock import SOCKET_NAME, UnixListener, peer_protocol
 
+        tls = _tls_files(tls_cert, tls_key, host, insecure_http)
+        unix = None if socket_path == "" else Path(socket_path) if socket_path else daemon.data_dir / SOCKET_NAME
         try:  # bound before the daemon starts: a port in use takes nothing, and the first log line says where
             sock, listen = listen_socket(host, port)
         except OSError as exc:
             err.print(f"error: --host {host} --port {port}: cannot listen there: {exc.strerror or exc}",
                       soft_wrap=True)
             raise typer.Exit(2) from None
+        if tls:
+            listen = "https" + listen[len("http"):]
         with _errors():
             try:
-                daemon.start(listen=listen)
+                daemon.start(listen=listen + (f"; local socket {unix}" if unix else ""))
             except (LockHeld, DaemonError, BackendError) as exc:
                 err.print(f"error: {exc}", soft_wrap=True)
                 raise typer.Exit(2) from None
             except SQLAlchemyError as exc:
                 err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
                 raise typer.Exit(2) from None
+        listener = None
         try:
-            config = uvicorn.Config(make_app(daemon, auth_required=auth == "required"), host=host, port=port,
-                                    log_level="warning", timeout_keep_alive=5,
-                                    http=guarded_protocol(header_timeout, max(30.0, header_timeout), max_connections))
-            uvicorn.Server(config).run(sockets=[sock])
+            if unix is not None:  # bound once the data dir's lock is held: a stale file is removed, never a live one
+                try:
+                    listener = UnixListener(unix)
+                except OSError as exc:
+                    err.print(f"error: --socket {unix}: cannot listen there: {exc.strerror or exc}", soft_wrap=True)
+                    raise typer.Exit(2) from None
+            app_ = make_app(daemon, auth_required=auth == "required")
+            guarded = guarded_protocol(header_timeout, max(30.0, header_timeout), max_connections)
+            config = uvicorn.Config(app_, host=host, port=port, log_level="warning", timeout_keep_alive=5,
+                                    http=guarded, **tls)
+            local = None
+            if listener is not None:
+                local = uvicorn.Config(app_, log_level="warning", timeout_keep_alive=5, lifespan="off",
+                                       http=peer_protocol(guarded))
+            stopped_by = _serve(config, sock, local, listener)
         finally:
             sock.close()
+            if listener is not None:
+                listener.close()
             daemon.stop()
+        for sig in reversed(stopped_by):  # as uvicorn would have: the exit a service manager expects
+            if sig == signal.SIGINT:
+                raise typer.Exit(130)
+            signal.raise_signal(sig)
 
     @app.command("submit", context_settings={"allow_interspersed_args": False})
     def submit(cmd: Annotated[list[str], typer.Argument(metavar="-- COMMAND [ARGS...]", help="The job's argv.")],
@@ -760,6 +965,11 @@ def register(app: typer.Typer) -> None:
                                                                     "one (Slurm's --gpus-per-task).")] = None,
                same_node: Annotated[bool, typer.Option("--same-node", help="All GPUs on one node (Slurm's "
                                                        "-N 1).")] = False,
+               grace: Annotated[Optional[float], typer.Option("--grace", metavar="DURATION", parser=GRACE,
+                                                              help="The grace period its stops get (preemption, "
+                                                              "time limit): at most its class's, which is the "
+                                                              "default; only a job that checkpoints gets one. "
+                                                              + SECONDS_FORMS + ".")] = None,
                mem: Annotated[Optional[str], typer.Option("--mem", metavar="SIZE", help="Host memory limit of the "
                                                           "job's processes together (its cgroup's memory.max): "
                                                           "100M, 4G, 1.5G, a bare number is MiB; past it the job "
@@ -774,11 +984,13 @@ def register(app: typer.Typer) -> None:
         script_not_command(cmd, chdir, shell)
         body = job_body(cls=cls, team=team, user=user, token=token, gpus=gpus, gpu_type=gpu_type, command=cmd,
                         shell=shell, chdir=chdir, time_limit_s=time_limit, project=project, array=array,
-                        max_retries=max_retries, name=name, dependency=dependency, begin=begin, hold=hold)
+                        max_retries=max_retries, name=name, dependency=dependency, begin=begin, hold=hold,
+                        server=server)
         body.update(preemptible=preemptible, checkpointable=checkpointable)
         body.update(constraint_fields(constraint=constraint, tolerations=toleration, min_driver=min_driver,
                                       cache_key=cache_key, cache_required=cache_required, deadline=deadline,
-                                      estimate_s=estimate, gpus_per_pod=gpus_per_task, same_node=same_node))
+                                      estimate_s=estimate, gpus_per_pod=gpus_per_task, same_node=same_node,
+                                      grace_s=grace))
         try:
             if share:
                 body["share"] = parse_share(share, gpu_mem)

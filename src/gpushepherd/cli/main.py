@@ -41,7 +41,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help=__doc__.split("\n\n")[0] if __doc__ else None)
 scenario_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                            help="Run scenario files: a cluster, a policy, jobs and the expected outcome.")
-policy_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Check policy files; apply, show and list the versions of a running server's policy.")
+policy_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Check policy files; apply, show and list the versions of a running server's policy; print the policy reference.")
 app.add_typer(scenario_app, name="scenario")
 app.add_typer(policy_app, name="policy")
 
@@ -382,8 +382,12 @@ def simulate(
 
 
 def _explain(result, job_id: str) -> None:
-    job = result.scheduler.jobs[job_id]
     rec = result.records[job_id]
+    job = result.scheduler.jobs.get(job_id)
+    if job is None:  # refused at submit: the core never took it (note 026)
+        out.print(Text(_safe(f"{job_id}  team {rec.spec.team}  class {rec.spec.workload_class}  refused at submit "
+                             f"(t={_num(rec.spec.submit_time)}): {rec.rejected or rec.state}"), style="bold"))
+        return
     spec = job.spec
     out.print(Text(_safe(f"{job_id}  team {spec.team}  user {spec.user}  class {spec.workload_class}  gpus "
                          f"{spec.gpus}  time limit {_hours(job.time_limit_s)}  true duration {_hours(rec.duration)}"),
@@ -448,6 +452,8 @@ def _print_timeline(outcome) -> None:
     for rec in outcome.result.records.values():
         starts = "; ".join(f"{t:g}@{p}" for t, p in rec.starts)
         waits = "; ".join(f"{a:g}-{'' if b is None else f'{b:g}'} {r}" for a, b, r in rec.reasons if b is None or b > a)
+        if rec.rejected:
+            waits = f"rejected: {rec.rejected}"
         table.add_row(rec.spec.id, rec.spec.workload_class, str(rec.spec.gpus), f"{rec.spec.submit_time:g}", starts,
                       "-" if rec.end is None else f"{rec.end:g}", rec.state,
                       ",".join(f"{t:g}" for t in rec.preempted_at), waits)

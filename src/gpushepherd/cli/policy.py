@@ -1,5 +1,5 @@
-"""``shepherd policy check | apply | show | history`` (design note 008, "Policy changes
-on a running server"). ``check`` works offline with the loader the server uses; with a
+"""``shepherd policy check | apply | show | history | export | reference`` (design note
+008, "Policy changes on a running server"; ``reference``: note 026). ``check`` works offline with the loader the server uses; with a
 server (``--server`` or ``$SHEPHERD_SERVER``) it also asks for a dry run of ``apply``."""
 
 from __future__ import annotations
@@ -154,6 +154,15 @@ def register(policy_app: typer.Typer) -> None:
         err.print(f"not expressible in Kueue ({len(cannot)}):", soft_wrap=True)
         for line in cannot:
             err.print(f"  - {line}", soft_wrap=True)
+
+    @policy_app.command("reference")
+    def reference() -> None:
+        """Print the policy file's reference (Markdown, generated from the schema: every
+        field's type, default, unit, meaning and an example; worked examples). It is
+        docs/policy.md: shepherd policy reference > docs/policy.md"""
+        from gpushepherd.policy.reference import reference as text
+
+        print(text(), end="")
 
     @policy_app.command("history")
     def history(server: ServerOpt = None, token: TokenOpt = None) -> None:

@@ -318,7 +318,8 @@ def register(app) -> None:
                         gpus=opts.get("gpus", 1), gpu_type=opts.get("gpu_type", []), command=command, shell=shell,
                         chdir=Path(opts.get("chdir") or "."), time_limit_s=opts.get("time_limit_s"),
                         project=opts.get("project", ""), array=opts.get("array"), name=opts.get("name", ""),
-                        dependency=opts.get("dependency", ""), begin=opts.get("begin"), hold=opts.get("hold", False))
+                        dependency=opts.get("dependency", ""), begin=opts.get("begin"), hold=opts.get("hold", False),
+                        server=opts["server"])
         body.update(constraint_fields(constraint=opts.get("node_selector", []), deadline=opts.get("deadline"),
                                       gpus_per_pod=opts.get("gpus_per_pod"), same_node=opts.get("same_node", False)))
         post_job(opts["server"], opts["token"], body)

@@ -63,11 +63,19 @@ class Turn:
         #: jobs that found no victims in this pass: one started later may be theirs
         #: once it comes of age (a wake-up then, ``start``)
         self.no_victims: list[Job] = []
+        #: the highest class priority of a refused whole-GPU job that could not preempt
+        #: because nothing below it was evictable yet: a lower job started later in the
+        #: pass may become its victim once it comes of age (a wake-up then, ``start``)
+        self.no_victims_prio = -INF
         #: the fast pass's memo of placements the claims refused (``Admission.decide``)
         self.memo: dict | None = None
         #: a share was refused for room (rules 4, 7, 8) in this pass: a card a later
         #: share opens on a fresh GPU may take it without a fresh GPU (``start``)
         self.share_refused = False
+        #: cohort members (teams) a job of which the claims refused in this pass: one of
+        #: their jobs started later may make the member a borrower, whom the claims that
+        #: lend or may reclaim no longer bind (``Profile.reclaimers_of``; ``start``)
+        self.claims_refused: set[str] = set()
 
     # ------------------------------------------------------------- steps
     def holds(self) -> None:
@@ -136,6 +144,8 @@ class Turn:
         also when a hard limit refuses it now (it may fit at a later instant)."""
         if job.shape.mode == "share" and rule in (A.FREE, A.CLASS_HOLD, A.CLAIMS):
             self.share_refused = True  # a card opened later in the pass may take it
+        if rule == A.CLAIMS and job.cohort is not None:
+            self.claims_refused.add(job.cohort[1].team)
         if rule not in A.RESERVABLE:
             return BLOCKED, rule
         if job.shape.mode == "share":
@@ -160,6 +170,8 @@ class Turn:
             self.no_victims.append(job)
         elif preemption.may_reclaim_later(self.book, job):
             self.no_victims.append(job)  # a borrower started later in the pass may be its victim
+        elif self.book.rules.preemption_enabled:
+            self.no_victims_prio = max(self.no_victims_prio, job.cls.priority)
         if self.first_blocked is None:
             self.first_blocked = job
         if self.n_reserved < self.depth:
@@ -262,9 +274,12 @@ class Turn:
             placement = Placement(tuple(parts))
             counts = v.counts
         book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now, covered=v.covered)
+        if job.evictable and (job.cls.priority < self.no_victims_prio
+                              or any(_may_evict(p, job) for p in self.no_victims)):
+            self.sched.wake_at(preemption.comes_of_age(book, job))
+        if job.cohort is not None and not book.repass and job.cohort[1].team in self.claims_refused:
+            book.repass = True  # its team may borrow now: the claims may bind its other jobs less (seed 15683)
         if self.no_victims:
-            if job.evictable and any(_may_evict(p, job) for p in self.no_victims):
-                self.sched.wake_at(preemption.comes_of_age(book, job))
             if (job.cohort is not None and not book.repass
                     and any(_borrows_from(p, job) for p in self.no_victims) and preemption.borrows(book, job)):
                 book.repass = True  # its team's other jobs may now be reclaimed, at once
@@ -494,6 +509,14 @@ class Walk:
                     continue
             if nxt < len(sub):
                 heapq.heappush(cont, (sub[nxt].key, sig, nxt))
+        if self.stopped and strict and turn.first_blocked is None:
+            # nothing can act any more, but the strict order's stop is still named: the
+            # first job from here refused for capacity, as a full walk would find it
+            # (the reasons of the jobs behind it depend on it)
+            for later in queue.iter_from(job.key):
+                turn.turn(later, True)
+                if turn.first_blocked is not None:
+                    break
         if self.cut:
             # positions move when the started jobs leave the queue: keep keys only
             self.cont = [(key, sig, -1) for key, sig, _idx in cont]
@@ -519,9 +542,12 @@ def pending_reason(sched, job: Job) -> PendingReason:
     profile = sched.profile_for(job)
     adm = sched.admission
     v = adm.decide(job, profile)
+    first = sched.last_turn.first_blocked if sched.last_turn is not None else None
+    behind = not book.rules.backfill_enabled and first is not None and first.key < job.key
     if v.admitted:
-        first = sched.last_turn.first_blocked if sched.last_turn is not None else None
-        if not book.rules.backfill_enabled and first is not None and first.key < job.key:
+        if behind:
             return PendingReason(ReasonCode.PRIORITY, first.id)
         return PendingReason(ReasonCode.PRIORITY, "not reached by the last pass")
-    return reasons.reason_of(book, adm, profile, job, v)
+    # behind the job that stops the strict order nothing acts, preemption included: the
+    # reason is the capacity it lacks, never victims that would come of age (seed 4467)
+    return reasons.reason_of(book, adm, profile, job, v, may_preempt=not behind)

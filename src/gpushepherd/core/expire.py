@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 
+from gpushepherd.core.admission import CLASS_HOLD
 from gpushepherd.core.lifecycle import idle_entry_live
 from gpushepherd.core.usage import declared_mib
 from gpushepherd.model.decisions import Decision
@@ -112,6 +113,10 @@ def window_matters(book, adm) -> bool:
         charges = book.charges_with(job, job.units, book.coverage_for(job, job.units))
         quota = book.quota
         if quota.never_fits(charges) is None and quota.never_together(charges) is None and not adm.never_fits(job):
+            if adm.decide(job, None).rule == CLASS_HOLD:
+                # past every limit now, kept off by other classes' reserved_gpus (static,
+                # never windowed): a boundary cannot start it, a finish or submit can
+                continue
             return True
     # a running job a closing window could stop: a windowed limit it counts in may
     # tighten below what is in use of it

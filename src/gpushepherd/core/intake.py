@@ -57,6 +57,11 @@ def validate_spec(rules: Rules, spec: JobSpec) -> None:
     if spec.preemptible and cls.name == "production-inference":
         raise SpecError(f"{where}: preemptible: True is not allowed: production inference is never preempted "
                         "(use another class for work that may be)")
+    grace = spec.grace_period_s
+    if grace is not None and (not isinstance(grace, (int, float)) or isinstance(grace, bool)
+                              or not 0 <= grace <= cls.grace_period_s):
+        raise SpecError(f"{where}: grace_period_s: {grace!r} is not allowed: seconds from 0 to the grace period of "
+                        f"class {cls.name} ({cls.grace_period_s:g} s)")
     if cls.max_runtime_s is not None and spec.time_limit_s is not None and spec.time_limit_s > cls.max_runtime_s:
         raise SpecError(f"{where}: time_limit_s: {spec.time_limit_s!r} is not allowed: at most the max runtime of "
                         f"class {cls.name} ({cls.max_runtime_s} s)")
@@ -179,7 +184,8 @@ def make_job(book, spec: JobSpec) -> Job:
         units=units,
     )
     job.evictable = evictable
-    job.stop_grace = cls.grace_period_s if checkpointable else 0.0
+    grace = cls.grace_period_s if spec.grace_period_s is None else spec.grace_period_s
+    job.stop_grace = float(grace) if checkpointable else 0.0
     job.fkey = book.filter_id(shape)
     job.key = book.order_key(job)
     return job

@@ -32,12 +32,18 @@ def plan_mig(book, adm, out: list[Decision]) -> None:
     if not waiting:
         return
     supply = {key: [p for _s, p in layout] for key, layout in sorted(book.mig_plans.items())}
+    #: idle cards a free instance of which an earlier waiting job counts on: never
+    #: re-partitioned under it (seed 17695: a 3g job's plan took the 2g card a 2g job
+    #: ahead of it was to use, and that job needed a plan of its own a pass later)
+    relied: set[tuple[int, int]] = set()
     for i, job in enumerate(waiting):
         prof = job.share.profile
         if adm.decide(job, None).rule in (A.HARD_NEVER, A.HARD_NOW, A.NEVER_FITS, A.COHORT):
             continue  # a limit, not a missing instance, keeps it waiting
         groups = book.groups_for(job)
-        if ledger.best_mig(groups, prof) is not None:
+        free = ledger.best_mig(groups, prof)
+        if free is not None:
+            relied.add(free[:2])
             continue  # an instance is free: the job waits for something else
         nodes = book.nodes_for(job)
         served = next((k for k in sorted(supply) if k[0] in nodes and prof in supply[k]), None)
@@ -52,7 +58,7 @@ def plan_mig(book, adm, out: list[Decision]) -> None:
                 continue
             for gpu in sorted(slot.migs):
                 card = slot.migs[gpu]
-                if card.idle and card.in_service:
+                if card.idle and card.in_service and (idx, gpu) not in relied:
                     target = (idx, gpu)
                     break
             if target is not None:

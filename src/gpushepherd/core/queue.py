@@ -140,6 +140,16 @@ class PendingQueue:
         return (job for _key, job in heapq.merge(*([(j.key, j) for j in sub] for sub in self.subs.values()),
                                                    key=lambda kj: kj[0]))
 
+    def iter_from(self, key: tuple) -> Iterator[Job]:
+        """The pending jobs whose order key is ``>= key``, in global order, lazily (a
+        merge of each sub-queue's tail)."""
+        def tail(sig: int):
+            sub = self.subs[sig]
+            for i in range(bisect_left(self._subkeys[sig], key), len(sub)):
+                yield sub[i].key, sub[i]
+
+        return (job for _key, job in heapq.merge(*(tail(sig) for _k, sig in self.heads), key=lambda kj: kj[0]))
+
     def check(self) -> None:
         """Raise ``AssertionError`` if the sub-queues and heads disagree."""
         assert sorted(self.heads) == self.heads, "heads out of order"

@@ -23,8 +23,10 @@ def in_progress(job: Job) -> PendingReason:
     return PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
 
 
-def reason_of(book, adm, profile, job: Job, v: A.Verdict) -> PendingReason:
-    """The reason a user reads for ``job`` refused by verdict ``v``."""
+def reason_of(book, adm, profile, job: Job, v: A.Verdict, may_preempt: bool = True) -> PendingReason:
+    """The reason a user reads for ``job`` refused by verdict ``v``; ``may_preempt``
+    False: the job may not preempt now (behind the strict order's stop), so a capacity
+    reason never names victims."""
     quota = book.quota
     rule = v.rule
     if rule == A.HARD_NEVER:
@@ -45,7 +47,7 @@ def reason_of(book, adm, profile, job: Job, v: A.Verdict) -> PendingReason:
     if rule == A.NEVER_FITS:
         return never_fits_reason(book, adm, job)
     if rule == A.FREE:
-        return unmanaged_reason(book, job) or capacity_reason(book, adm, profile, job)
+        return unmanaged_reason(book, job) or capacity_reason(book, adm, profile, job, may_preempt)
     if rule == A.COHORT:
         i, used = v.limit
         return PendingReason(R.COHORT_QUOTA, f"{quota.limits[i].path}={quota.fmt(i, quota.current[i])}, "
@@ -109,7 +111,7 @@ def unmanaged_reason(book, job: Job, capacity: bool = False) -> PendingReason | 
     return detail if place_counts(avail, cand, totals, job.shape) is not None else None
 
 
-def capacity_reason(book, adm, profile, job: Job) -> PendingReason:
+def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> PendingReason:
     """Why no free GPUs take the job: ``NoPreemptibleVictims`` when evicting lower
     classes would make room but none of that work may be evicted now (saying when a
     too-young victim comes of age), else the shape that does not fit, else ``Resources``."""
@@ -117,7 +119,7 @@ def capacity_reason(book, adm, profile, job: Job) -> PendingReason:
     groups = book.groups_for(job)
     if job.shape.mode == "share":
         return share_reason(book, job)
-    if (book.rules.preemption_enabled and any(q < job.cls.priority for q in book.running_prio)
+    if (may_preempt and book.rules.preemption_enabled and any(q < job.cls.priority for q in book.running_prio)
             and lower_jobs_would_make_room(book, job)):
         found, until = preemption_plan(book, adm, profile, job)
         if found is None:

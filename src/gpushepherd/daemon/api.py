@@ -5,16 +5,19 @@ Errors: a malformed body is 422 with FastAPI's ``detail`` list, whose ``loc`` na
 the field; a spec the policy refuses is 422 with ``detail`` a list of one entry whose
 ``msg`` names the field, the value and what is allowed; an unknown job is 404.
 Auth: when the database has a token (or the server runs with ``--auth required``),
-every request needs ``Authorization: Bearer TOKEN`` (401 without one or with a wrong
-one); a token may submit as its user for its teams and cancel or read the logs of its
-teams' jobs only (403 otherwise; an admin token may do all); reads are open to every
-valid token; ``/healthz`` and ``/readyz`` need none (Kubernetes probes send none; note
-019). A server that runs jobs as their Unix users (root, note 023) takes a submission
-only from a caller who says who it is (a token). Every submission, cancel, job action,
-policy apply and token use is in the audit log (``GET /audit``, note 023). Handlers are
-plain functions (FastAPI runs them in its thread pool): they read the core under the
-daemon's lock and hand changes to the reconcile loop; ``POST /jobs`` and the token check
-run on the event loop instead (no thread hops on the submission path).
+every request needs ``Authorization: Bearer TOKEN`` (401 without one or with a wrong or
+expired one); a token may submit as its user for its teams and cancel or read the logs
+of its teams' jobs only (403 otherwise; an admin token may do all); reads are open to
+every valid token; ``/healthz`` and ``/readyz`` need none (Kubernetes probes send none;
+note 019). On the local Unix socket the caller is the Unix user the kernel names, no
+token; a policy's ``teams.X.members`` limits team X to its members on both paths
+(``gpushepherd.daemon.auth``, note 025). A server that runs jobs as their Unix users
+(root, note 023) takes a submission only from a caller who says who it is (a token, or
+the socket). Every submission, cancel, job action, policy apply and token use is in the
+audit log (``GET /audit``, note 023). Handlers are plain functions (FastAPI runs them
+in its thread pool): they read the core under the daemon's lock and hand changes to the
+reconcile loop; ``POST /jobs`` and the token check run on the event loop instead (no
+thread hops on the submission path).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import re
 import threading
 import time
+from dataclasses import replace
 from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
@@ -40,7 +44,8 @@ from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
 from gpushepherd.durations import api_seconds
 from gpushepherd.daemon.arrays import parse_array
-from gpushepherd.daemon.auth import Principal
+from gpushepherd.daemon.auth import (METRICS_PATH, NO_MEMBERS, Membership, Principal, is_member, membership_of,
+                                    socket_principal)
 from gpushepherd.daemon.cgroups import MIN_MEM_MIB
 from gpushepherd.daemon.deps import BEGIN_RULE, DEPENDENCY_RULE, parse_begin, parse_dependency
 from gpushepherd.daemon.jobquery import JOB_NAME_RULE, JobFilter, QueryError, check_job_name
@@ -49,6 +54,7 @@ from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.server import Daemon, IdempotencyConflict, JobActionRefused
 from gpushepherd.daemon.store import StorageUnavailable, audit_row, storage_reason
 from gpushepherd.daemon.ui import mount_ui
+from gpushepherd.daemon.unixsock import PEER_KEY
 from gpushepherd.model.job import GpuShare, JobSpec, first_control_char
 from gpushepherd.policy.load import PolicyError, policy_from_dict
 from gpushepherd.timepoints import FORMS as TIME_FORMS, api_time_point
@@ -260,6 +266,9 @@ class SubmitBody(BaseModel):
                                      "many GPUs each (a divisor of gpus; each pod on one node, pods may share one; "
                                      "Slurm's --gpus-per-task)")
     same_node: bool = Field(False, description="every GPU on one node (Slurm's -N 1)")
+    grace_period_s: Seconds | None = Field(None, ge=0, le=MAX_SECONDS, allow_inf_nan=False,
+                                           description="the grace its stops get, at most its class's (the default; "
+                                           "only a job that checkpoints gets one): " + SECONDS_DOC)
     # -- cgroup limits (note 023): enforced, never scheduled on
     mem_mib: int | None = Field(None, ge=MIN_MEM_MIB, le=MAX_HOST_MEM_MIB, strict=True, description="host memory "
                                 "(RAM) limit of all the job's processes together, MiB (its cgroup's memory.max, no "
@@ -354,7 +363,7 @@ class SubmitBody(BaseModel):
                        name=self.name, node_selector=tuple(self.node_selector), tolerations=tuple(self.tolerations),
                        min_driver=self.min_driver, cache_key=self.cache_key, cache_required=self.cache_required,
                        deadline=self.deadline, gpus_per_pod=self.gpus_per_pod, same_node=self.same_node,
-                       mem_mib=self.mem_mib or 0, cpus=self.cpus or 0.0)
+                       grace_period_s=self.grace_period_s, mem_mib=self.mem_mib or 0, cpus=self.cpus or 0.0)
 
 
 class UpdateBody(BaseModel):
@@ -401,8 +410,9 @@ class ErrorBody(BaseModel):
 #: the error answers every route may give, declared in the OpenAPI schema (issue 19)
 ERROR_RESPONSES = {code: {"model": ErrorBody, "description": what} for code, what in (
     (400, "A malformed request (HTTP syntax)."),
-    (401, "No token, or an unknown or revoked one (once the server has tokens)."),
-    (403, "The token may not do this (another team's job, another user, not an admin)."),
+    (401, "No token, or an unknown, revoked or expired one (once the server has tokens)."),
+    (403, ("The token or socket user may not do this (another team's job, not a member of the team, another "
+           "user, not an admin; a metrics token off /metrics).")),
     (404, "No such job, service or route."),
     (409, "Not possible in the job's state (hold, release, update, requeue); the detail says what works."),
     (408, "Headers or body not received in time (--header-timeout)."),
@@ -495,11 +505,13 @@ def unavailable(exc: BaseException, applied: bool = False) -> JSONResponse:
 
 
 def check_submitter(p: Principal | None, body, per_user: bool = False) -> None:
-    """With auth, a submission's ``user`` must be the token's (unless admin) and its
-    ``team`` one of the token's; ``user`` defaults to the token's. The same rule for
-    jobs and services (note 017: ``POST /services`` skipped the user check). ``per_user``:
-    the server runs jobs as their Unix users (note 023), so a caller who does not say who
-    it is (no token) may not submit: it could name any user, root too.
+    """With auth, a submission's ``user`` must be the principal's (the token's, or the
+    socket caller's; unless admin) and its ``team`` one it may act for
+    (``Principal.refusal``: the token's teams, the policy's members; note 025);
+    ``user`` defaults to the principal's. The same rule for jobs and services (note 017:
+    ``POST /services`` skipped the user check). ``per_user``: the server runs jobs as
+    their Unix users (note 023), so a caller who does not say who it is (no token, not
+    the socket) may not submit: it could name any user, root too.
 
     Raises:
         HTTPException: 403 naming the field, the value and what the token allows.
@@ -507,24 +519,31 @@ def check_submitter(p: Principal | None, body, per_user: bool = False) -> None:
     if p is None:
         if per_user:
             raise HTTPException(403, f"user: {body.user!r} is not allowed without a token: this server runs each "
-                                     "job as its Unix user, so it must know who submits (shepherd token create "
-                                     "--user U, then --token or $SHEPHERD_TOKEN)")
+                                     "job as its Unix user, so it must know who submits (its Unix socket, or "
+                                     "shepherd token create --user U, then --token or $SHEPHERD_TOKEN)")
         return
     if body.user and body.user != p.user and not p.admin:
-        raise HTTPException(403, f"user: {body.user!r} is not allowed: this token is user {p.user!r}")
-    if not p.may_act_for(body.team):
-        raise HTTPException(403, f"team: {body.team!r} is not allowed: this token's teams are {p.teams_text()}")
+        who = f"the socket's caller is Unix user {p.user!r}" if p.via_socket else f"this token is user {p.user!r}"
+        raise HTTPException(403, f"user: {body.user!r} is not allowed: {who}")
+    why = p.refusal(body.team)
+    if why is not None:
+        raise HTTPException(403, f"team: {body.team!r} is not allowed: {why}")
     body.user = body.user or p.user
 
 
 def who_of(request: Request, p: Principal | None, claimed: str = "") -> dict:
-    """``who`` of an audit row (note 023): the token's user and id, or - without auth -
-    the user the request claims (``claimed``, unverified); the client's ``HOST:PORT``. The
-    uid the kernel vouches for is not known over TCP (``None``)."""
+    """``who`` of an audit row (note 023): the principal's user and token id, or -
+    without auth - the user the request claims (``claimed``, unverified); ``uid``: the
+    Unix uid the kernel vouches for (the local socket's caller, note 025; ``None`` over
+    TCP); ``address``: the client's ``HOST:PORT``, or ``unix socket (pid N)``."""
+    peer = request.scope.get(PEER_KEY)
     client = request.client
-    address = f"{client.host}:{client.port}" if client is not None and client.host else None
+    if peer is not None:
+        address = f"unix socket (pid {peer.pid})"
+    else:
+        address = f"{client.host}:{client.port}" if client is not None and client.host else None
     return {"user": p.user if p is not None else claimed, "token_id": p.token_id if p is not None else None,
-            "uid": None, "address": address}
+            "uid": p.uid if p is not None else None, "address": address}
 
 
 def _spec_field(msg: str) -> str:
@@ -566,16 +585,37 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         daemon.audit_later(audit_row(now, "token-refused", who_of(request, None), "denied",
                                      detail={**what, "error": why}))
 
+    members_cache: list = [None, NO_MEMBERS]  # [version, Membership] of the policy in force
+
+    def membership() -> Membership:
+        """The members lists of the policy in force, parsed once per version (read
+        without the daemon's lock, as on the event loop: an apply only appends to the
+        history, or replaces the list; note 025)."""
+        cur = daemon.policy_view()
+        if members_cache[0] != cur["version"]:
+            members_cache[:] = [cur["version"], membership_of(cur.get("policy"), cur["version"])]
+        return members_cache[1]
+
     async def principal(request: Request,
                         cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal | None:
         """The request's principal; ``None`` when auth is off (the database never had a
         token, and not ``auth_required``) and for the probes (``PROBE_PATHS``). On the
-        event loop, no thread: one primary-key read (``Store.active_tokens_cached``),
-        the tokens read again only after one was created or revoked."""
+        Unix socket, the kernel's user (never a token; note 025). On the event loop, no
+        thread: one primary-key read (``Store.active_tokens_cached``), the tokens read
+        again only after one was created or revoked.
+
+        Raises:
+            HTTPException: 401 without a token, with an unknown, revoked or expired one
+                (saying when it expired); 403 for a metrics token off ``/metrics``.
+        """
         if request.url.path in PROBE_PATHS:
             return None  # a probe reads no job and sends no token
         active = daemon.store.active_tokens_cached()
-        if not active and not auth_required and not daemon.store.had_tokens_cached():
+        auth_on = bool(active) or auth_required or daemon.store.had_tokens_cached()
+        peer = request.scope.get(PEER_KEY)
+        if peer is not None:
+            return replace(socket_principal(peer.uid, open_teams=not auth_on), membership=membership())
+        if not auth_on:
             return None  # never had a token: open (loopback only); revoking every token never reopens it
         p = daemon.store.authenticate(cred.credentials, active) if cred is not None else None
         if p is None:
@@ -584,8 +624,17 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             if cred is not None:
                 audit_token(request, None, why)
             raise HTTPException(401, why, headers={"WWW-Authenticate": "Bearer"})
+        if p.expired():
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(p.expires))
+            why = (f"the token expired at {when} (token {p.token_id}, user {p.user!r}): ask an admin for a new one "
+                   "(shepherd token rotate ID, or token create)")
+            audit_token(request, None, why)
+            raise HTTPException(401, why, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        if p.scope == "metrics" and request.url.path != METRICS_PATH:
+            raise HTTPException(403, f"this token is a metrics scrape token (token {p.token_id}): valid on "
+                                     f"{METRICS_PATH} only")
         audit_token(request, p, None)
-        return p
+        return replace(p, membership=membership())
 
     def job_team(job_id: str) -> str:
         with daemon.lock:
@@ -597,9 +646,11 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     def may_act_on(p: Principal | None, job_id: str, what: str, request: Request | None = None,
                    action: str = "") -> None:
         team = job_team(job_id)
-        if p is not None and not p.may_act_for(team):
-            denied = HTTPException(403, f"job {job_id!r} is team {team!r}'s: user {p.user!r} may {what} jobs of "
-                                        f"teams {p.teams_text()} only")
+        why = p.refusal(team) if p is not None else None
+        if why is not None:
+            if why.startswith("this token's teams"):  # a token's own teams: the message as before note 025
+                why = f"user {p.user!r} may {what} jobs of teams {p.teams_text()} only"
+            denied = HTTPException(403, f"job {job_id!r} is team {team!r}'s: {why}")
             if action:
                 deny(request, p, action, denied, team=team, target=job_id)
             raise denied
@@ -679,7 +730,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                     {"loc": ["header", "Idempotency-Key"], "type": "value_error",
                      "msg": f"{idempotency_key[:80]!r} is not allowed: 1-{MAX_IDEMPOTENCY_KEY} printable ASCII "
                             "characters"}]})
-            scope = f"token:{p.token_id}" if p is not None else f"user:{body.user}"
+            scope = (f"uid:{p.uid}" if p.via_socket else f"token:{p.token_id}") if p is not None \
+                else f"user:{body.user}"
             digest = hashlib.sha256(json.dumps(body.model_dump(by_alias=True), sort_keys=True,
                                                default=str).encode()).hexdigest()
             idem = (scope, idempotency_key, digest)
@@ -725,9 +777,14 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     def whoami(p: Principal | None = Depends(principal)) -> dict:
         """Who this request's token is: ``user``, ``teams``, ``admin``; ``auth`` false
         (and ``user`` null) on a server without tokens, where anyone may act as any
-        user (``shepherd queue --me`` then means ``$USER``)."""
+        user (``shepherd queue --me`` then means ``$USER``). On the Unix socket: the
+        kernel's user, ``via`` ``"socket"``, its ``uid``, and as ``teams`` those whose
+        policy members list it (note 025)."""
         if p is None:
             return {"auth": False, "user": None, "teams": [], "admin": False}
+        if p.via_socket:  # the kernel's user (note 025): its teams are those whose members list it
+            teams = [t for t, entries in p.membership.teams.items() if p.admin or is_member(p.user, entries)]
+            return {"auth": True, "user": p.user, "teams": teams, "admin": p.admin, "via": "socket", "uid": p.uid}
         return {"auth": True, "user": p.user, "teams": list(p.teams), "admin": p.admin}
 
     @app.get("/jobs/{job_id}")
@@ -837,7 +894,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         node below the GPUs in use (naming each job and field). Identical to the policy
         in force: ``applied`` false. ``dry_run``: any valid token; changes nothing."""
         if p is not None and not p.admin and not dry_run:
-            denied = HTTPException(403, f"applying a policy needs an admin token: user {p.user!r} is not an admin")
+            denied = HTTPException(403, f"applying a policy needs an admin token (or, on the Unix socket, root or "
+                                        f"the server's own user): user {p.user!r} is not an admin")
             deny(request, p, "policy-apply", denied, target=None)
             raise denied
         by = p.user if p is not None else body.user
@@ -882,7 +940,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                                        "acted), a comma list"),
               action: str | None = Query(None, max_length=4096, description="only these actions, a comma list: "
                                          "submit, cancel, hold, release, update, requeue, policy-apply, "
-                                         "token-create, token-revoke, token-use, token-refused"),
+                                         "token-create, token-rotate, token-revoke, token-use, token-refused"),
               limit: int = Query(AUDIT_LIMIT, ge=1, le=MAX_AUDIT_LIMIT, description="the newest this many"),
               p: Principal | None = Depends(principal)) -> list:
         """The audit log (note 023), oldest first: who (``user``: the token's, or the one a
@@ -910,7 +968,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         """Prometheus metrics in the text exposition format (design note 011): queue
         length, GPUs allocated / allocated-but-idle / stranded, quotas and fair-share per
         team, job counters and histograms, per-GPU samples (DCGM-exporter names too).
-        With auth: any valid token, like every read."""
+        With auth: any valid token, like every read, or a metrics scrape token
+        (``token create --scope metrics``: valid here only; note 025)."""
         return Response(daemon.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/healthz")

@@ -71,8 +71,9 @@ def mount_services(app: FastAPI, daemon: Daemon, principal) -> None:
     """Add the services' routes to ``app`` (``principal``: the app's auth dependency)."""
 
     def may_act(p: Principal | None, team: str) -> None:
-        if p is not None and not p.may_act_for(team):
-            raise HTTPException(403, f"team: {team!r} is not allowed: this token's teams are {p.teams_text()}")
+        why = p.refusal(team) if p is not None else None
+        if why is not None:
+            raise HTTPException(403, f"team: {team!r} is not allowed: {why}")
 
     def found(name: str):
         svc = daemon.services.live(name)

@@ -4,9 +4,10 @@ server lock, through SQLAlchemy Core.
 The event log is the state: every event the daemon feeds the core is appended here
 (and committed) before it is applied. The ``jobs`` table keeps what the core does not
 know (command, environment, processes). ``server_lock`` keeps a second server off the
-same database. ``api_tokens`` maps the SHA-256 of each API token to a user, teams and
-an admin flag (the tokens themselves are never stored). ``audit`` keeps who did what
-from where (note 023): each row is committed in the transaction of what it records.
+same database. ``api_tokens`` maps the SHA-256 of each API token to a user, teams, an
+admin flag, a scope and an expiry (the tokens themselves are never stored). ``audit``
+keeps who did what from where (note 023): each row is committed in the transaction of
+what it records.
 """
 
 from __future__ import annotations
@@ -201,6 +202,8 @@ api_tokens = Table(
     Column("hash", String(64), nullable=False, unique=True),  # SHA-256 hex of the token; never the token
     Column("created", Float, nullable=False),
     Column("revoked", Float, nullable=True),
+    Column("expires", Float, nullable=True),  # epoch seconds; NULL: never (Alembic 0006, note 025)
+    Column("scope", String(16), nullable=False, server_default="api"),  # api | metrics
 )
 
 
@@ -209,7 +212,7 @@ audit = Table(
     Column("seq", Integer, primary_key=True, autoincrement=True),
     Column("t", Float, nullable=False, index=True),  # epoch seconds
     # submit | cancel | hold | release | update | requeue | policy-apply | token-create |
-    # token-revoke | token-use | token-refused
+    # token-rotate | token-revoke | token-use | token-refused
     Column("action", String(32), nullable=False),
     Column("user", String(255), nullable=False, index=True),  # who: the token's user (or claimed without tokens)
     Column("token_id", Integer, nullable=True),
@@ -934,24 +937,58 @@ class Store:
             c.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
 
     # -- API tokens (gpushepherd.daemon.auth) -------------------------------------
-    def create_token(self, user: str, teams: list[str], admin: bool = False,
-                     who: dict | None = None) -> tuple[int, str]:
-        """A new token for ``user``; returns ``(id, token)``. Only the token's hash is
-        stored: the caller shows the token once. Bumps the tokens version and writes its
-        ``token-create`` audit row (``who`` made it: ``local_who`` of this process by
-        default) in the same transaction (``tokens_version``)."""
+    def create_token(self, user: str, teams: list[str], admin: bool = False, expires: float | None = None,
+                     scope: str = "api", who: dict | None = None) -> tuple[int, str]:
+        """A new token for ``user``; returns ``(id, token)``. ``expires``: epoch seconds
+        (``None``: never); ``scope``: ``api`` or ``metrics`` (``/metrics`` only). Only the
+        token's hash is stored: the caller shows the token once. Bumps the tokens
+        version and writes its ``token-create`` audit row (``who`` made it: ``local_who``
+        of this process by default; note 023) in the same transaction (``tokens_version``)."""
         token = new_token()
         who = who or local_who("shepherd token create")
 
         def write(c):
-            now = time.time()
-            res = c.execute(insert(api_tokens).values(user=user, teams=json.dumps(list(teams)), admin=admin,
-                                                      hash=token_hash(token), created=now))
-            token_id = res.inserted_primary_key[0]
-            c.execute(insert(audit).values(**audit_row(now, "token-create", who, target=str(token_id), detail={
-                "token": token_id, "for_user": user, "teams": list(teams), "admin": bool(admin)})))
+            token_id = self._insert_token(c, token, user, teams, admin, expires, scope)
+            c.execute(insert(audit).values(**audit_row(time.time(), "token-create", who, target=str(token_id), detail={
+                "token": token_id, "for_user": user, "teams": list(teams), "admin": bool(admin), "scope": scope,
+                "expires": expires})))
             return token_id
         return self._token_change(write), token
+
+    @staticmethod
+    def _insert_token(c, token: str, user: str, teams, admin: bool, expires: float | None, scope: str) -> int:
+        res = c.execute(insert(api_tokens).values(user=user, teams=json.dumps(list(teams)), admin=admin,
+                                                  hash=token_hash(token), created=time.time(), expires=expires,
+                                                  scope=scope))
+        return res.inserted_primary_key[0]
+
+    def rotate_token(self, token_id: int, who: dict | None = None) -> tuple[int, str, dict] | None:
+        """Replace token ``token_id`` by a new secret with the same user, teams, admin
+        flag, scope and lifetime (``expires - created``, counted from now; none: none),
+        and revoke it, in one transaction with its ``token-rotate`` audit row (``who``:
+        ``local_who`` by default; note 023). Returns ``(new id, token, new row without
+        the hash)``, or ``None`` when there is no such token or it was revoked (note 025)."""
+        token = new_token()
+        who = who or local_who("shepherd token rotate")
+
+        def write(c):
+            old = c.execute(select(api_tokens).where(api_tokens.c.id == token_id, api_tokens.c.revoked.is_(None))
+                            ).mappings().first()
+            if old is None:
+                return False
+            now = time.time()
+            if c.execute(update(api_tokens).where(api_tokens.c.id == token_id, api_tokens.c.revoked.is_(None))
+                         .values(revoked=now)).rowcount != 1:
+                return False  # revoked in between
+            expires = None if old["expires"] is None else now + (old["expires"] - old["created"])
+            new_id = self._insert_token(c, token, old["user"], json.loads(old["teams"]), bool(old["admin"]),
+                                        expires, old["scope"])
+            c.execute(insert(audit).values(**audit_row(now, "token-rotate", who, target=str(new_id), detail={
+                "token": new_id, "replaces": token_id, "for_user": old["user"]})))
+            return new_id, {"id": new_id, "user": old["user"], "teams": json.loads(old["teams"]),
+                            "admin": bool(old["admin"]), "scope": old["scope"], "expires": expires}
+        out = self._token_change(write)
+        return None if out is False else (out[0], token, out[1])
 
     def tokens(self) -> list[dict]:
         """Every token's row (revoked ones too), without the hashes."""
@@ -1021,14 +1058,16 @@ class Store:
                     if attempt:
                         raise
 
-    def active_tokens(self) -> list[tuple[int, str, str, bool, str]]:
-        """``(id, user, teams JSON, admin, hash)`` of the tokens not revoked."""
+    def active_tokens(self) -> list[tuple[int, str, str, bool, str, float | None, str]]:
+        """``(id, user, teams JSON, admin, hash, expires, scope)`` of the tokens not
+        revoked (expired ones too: a request with one is told it expired)."""
         with self.engine.connect() as c:
             return [tuple(r) for r in c.execute(
-                select(api_tokens.c.id, api_tokens.c.user, api_tokens.c.teams, api_tokens.c.admin, api_tokens.c.hash)
+                select(api_tokens.c.id, api_tokens.c.user, api_tokens.c.teams, api_tokens.c.admin, api_tokens.c.hash,
+                       api_tokens.c.expires, api_tokens.c.scope)
                 .where(api_tokens.c.revoked.is_(None)))]
 
-    def active_tokens_cached(self) -> list[tuple[int, str, str, bool, str]]:
+    def active_tokens_cached(self) -> list[tuple[int, str, str, bool, str, float | None, str]]:
         """``active_tokens`` as of now, read again only when ``tokens_version`` changed
         since the last call: one primary-key read per call instead of the table's.
         A token created or revoked (by ``create_token`` / ``revoke_token``, any
@@ -1053,12 +1092,15 @@ class Store:
             return c.execute(select(api_tokens.c.id).limit(1)).first() is not None
 
     def authenticate(self, token: str, active: list | None = None) -> Principal | None:
-        """The principal of ``token``, or ``None`` (unknown or revoked). Every active
+        """The principal of ``token``, or ``None`` (unknown or revoked); an expired one
+        too (``Principal.expired``: the caller refuses it, saying when). Every active
         hash is compared in constant time."""
         found = None
-        for token_id, user, teams, admin, stored in (self.active_tokens() if active is None else active):
+        for token_id, user, teams, admin, stored, expires, scope in (self.active_tokens() if active is None
+                                                                     else active):
             if digest_matches(token, stored):
-                found = Principal(token_id, user, tuple(json.loads(teams)), bool(admin))
+                found = Principal(token_id, user, tuple(json.loads(teams)), bool(admin), scope=scope or "api",
+                                  expires=expires)
         return found
 
     def update_jobs(self, values: dict[str, dict[str, Any]]) -> None:

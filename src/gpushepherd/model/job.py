@@ -177,6 +177,10 @@ class JobSpec:
             none); ``cpus``: their CPU limit in CPUs (0.0: none). Enforced by the local
             backend's cgroup (``memory.max`` / ``cpu.max``, note 023); the core carries
             them and never reads them (no host memory or CPU scheduling).
+        grace_period_s: the grace its stops get, seconds: at most its class's
+            ``grace_period_s``, which is the default (``None``); as the class's, only a
+            job that checkpoints gets one (Kubernetes' ``terminationGracePeriodSeconds``
+            per pod; note 027).
     """
 
     id: str
@@ -204,6 +208,7 @@ class JobSpec:
     name: str = ""
     mem_mib: int = 0
     cpus: float = 0.0
+    grace_period_s: float | None = None
 
     @property
     def pods(self) -> int:

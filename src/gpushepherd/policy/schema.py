@@ -9,13 +9,18 @@ The five standard workload classes of requirement R1 exist in every policy with 
 defaults below; a policy's ``classes`` entry for one of them overrides only the fields
 it names. Numeric priorities follow the public scenario conventions: 400 / 300 / 250 /
 200 / 100.
+
+Every field has a ``description`` (what it means, its unit, the rule of Slurm, Kueue,
+Kubernetes or KAI it follows) and an example; ``docs/policy.md`` is generated from them
+(``shepherd policy reference``, ``gpushepherd.policy.reference``; a test keeps it current).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]
@@ -24,6 +29,19 @@ PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
 
+#: units the reference names
+SECONDS, GPUS, MIB, PERCENT, JOBS, GPU_HOUR = "seconds", "GPUs", "MiB", "percent", "jobs", "currency per GPU-hour"
+
+
+def doc(description: str, example: Any, unit: str = "") -> dict[str, Any]:
+    """``Field`` keywords that document a field for the policy reference
+    (``docs/policy.md``): what it means, one example value (validated by the tests) and
+    its unit (``SECONDS``, ``GPUS``, ``MIB``, ...; '' for none)."""
+    out: dict[str, Any] = {"description": description, "examples": [example]}
+    if unit:
+        out["json_schema_extra"] = {"unit": unit}
+    return out
+
 
 class _Strict(BaseModel):
     # strict: YAML's `true` is no 1 and "8" is no 8 (ints still pass as floats)
@@ -31,11 +49,22 @@ class _Strict(BaseModel):
 
 
 class TimeSlicingSpec(_Strict):
-    replicas: Annotated[int, Field(ge=1, le=64)]
+    """Time-slicing (R10; the NVIDIA device plugin's ``sharing.timeSlicing``): each GPU
+    is offered as ``replicas`` virtual GPUs, with no memory isolation."""
+
+    replicas: Annotated[int, Field(ge=1, le=64)] = Field(**doc(
+        "Replicas each GPU is offered as (the device plugin's `replicas`); a time-sliced job takes `ts_replicas` "
+        "of them and must declare the GPU memory it uses, which is accounted so that neighbours cannot run out "
+        "of memory.", 4, "replicas"))
 
 
 class MpsSpec(_Strict):
-    max_clients: Annotated[int, Field(ge=1, le=48)]
+    """CUDA MPS (R10; the NVIDIA device plugin's ``sharing.mps``): several processes
+    share a GPU's SMs, each client limited to an SM percentage."""
+
+    max_clients: Annotated[int, Field(ge=1, le=48)] = Field(**doc(
+        "MPS client processes per GPU (at most 48, CUDA's limit); the clients on one GPU get at most 100 % of its "
+        "SMs in all (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`).", 8, "clients"))
 
 
 class SharingSpec(_Strict):
@@ -43,17 +72,25 @@ class SharingSpec(_Strict):
     (a compute fraction and/or declared GPU memory, Ray/KAI style; on by default),
     ``time_slicing`` replicas per GPU (NVIDIA device plugin), MPS clients per GPU."""
 
-    fractions: bool = True
-    time_slicing: TimeSlicingSpec | None = None
-    mps: MpsSpec | None = None
+    fractions: bool = Field(True, **doc(
+        "Whether a GPU may hold several jobs that each ask for a compute fraction and/or GPU memory (Ray's "
+        "`num_gpus: 0.5`, KAI's `gpu-fraction` / `gpu-memory`); the declared memory on a card never exceeds its "
+        "memory.", True))
+    time_slicing: TimeSlicingSpec | None = Field(None, **doc(
+        "Time-sliced replicas per GPU; unset: no time-slicing on this node.", {"replicas": 4}))
+    mps: MpsSpec | None = Field(None, **doc("MPS clients per GPU; unset: no MPS on this node.", {"max_clients": 8}))
 
 
 class MigGpuSpec(_Strict):
     """One GPU's MIG mode: ``layout`` lists profile names (``1g.10gb``) of NVIDIA's MIG
     user guide for the node's GPU type; they are placed at valid starts."""
 
-    enabled: bool = True
-    layout: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(default_factory=list)
+    enabled: bool = Field(True, **doc("Whether the GPU is in MIG mode (`nvidia-smi -mig 1`); a GPU in MIG mode is "
+                                      "never handed out whole.", True))
+    layout: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(default_factory=list, **doc(
+        "Its MIG instances by profile name, as NVIDIA's MIG user guide names them for the GPU type (lower case); "
+        "placed at valid starts in the order given. Required when enabled.", ["3g.40gb", "2g.20gb", "1g.10gb",
+                                                                               "1g.10gb"]))
 
     @model_validator(mode="after")
     def _layout_only_when_enabled(self) -> "MigGpuSpec":
@@ -75,22 +112,48 @@ class NodeGroupSpec(_Strict):
     or ``gN`` -> layout).
     """
 
-    name: Name
-    count: Annotated[int, Field(ge=1, le=100_000)] = 1
-    gpus: Annotated[int, Field(ge=1, le=256)]
-    gpu_type: Name = "generic"
-    gpu_mem_mib: Annotated[int, Field(ge=0, le=2**31)] = 0
-    pool: Name = "default"
-    labels: dict[Name, Annotated[str, Field(strict=False, coerce_numbers_to_str=True)]] = Field(default_factory=dict)
-    nvlink_islands: list[list[NonNegInt]] = Field(default_factory=list)
-    gpu_uuids: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default_factory=list)
-    driver: Annotated[str, Field(max_length=32, pattern=r"^(\d+(\.\d+)*)?$")] = ""
-    cuda: Annotated[str, Field(max_length=32, pattern=r"^(\d+(\.\d+)*)?$")] = ""
+    name: Name = Field(**doc("The node's name (with `count` > 1, the group's: nodes `<name>-001`, ...); unique. "
+                             "With a backend, the engine's node name (Slurm, Kubernetes, Ray).", "gpu-server-1"))
+    count: Annotated[int, Field(ge=1, le=100_000)] = Field(1, **doc("Identical nodes in the group.", 16, "nodes"))
+    gpus: Annotated[int, Field(ge=1, le=256)] = Field(**doc("GPUs per node.", 8, GPUS))
+    gpu_type: Name = Field("generic", **doc(
+        "The GPU model, as jobs ask for it (`gpu_types`) and prices name it (`pricing.gpu_hour`); Kubernetes' "
+        "`nvidia.com/gpu.product`, a Slurm GRES type.", "H100-80GB"))
+    gpu_mem_mib: Annotated[int, Field(ge=0, le=2**31)] = Field(0, **doc(
+        "Memory of each GPU; jobs asking for more per GPU do not run here, shares' declared memory adds up to at "
+        "most this. 0: unknown (memory is not checked).", 81920, MIB))
+    pool: Name = Field("default", **doc(
+        "The node pool (Kubernetes node pool, Slurm partition, Kueue ResourceFlavor); classes may be confined to "
+        "pools (`classes.<name>.pools`), cohorts count per pool. Must be one of `cluster.pools` when that is given.",
+        "inference"))
+    labels: dict[Name, Annotated[str, Field(strict=False, coerce_numbers_to_str=True)]] = Field(
+        default_factory=dict, **doc("Node labels jobs may select (`node_selector`, Kubernetes' nodeSelector; a "
+                                    "Slurm feature is a label with value '').", {"zone": "a", "nvlink": ""}))
+    nvlink_islands: list[list[NonNegInt]] = Field(default_factory=list, **doc(
+        "Groups of GPU indices joined by NVLink; a multi-GPU job is placed inside one island when it can (a "
+        "preference, R11).", [[0, 1, 2, 3], [4, 5, 6, 7]]))
+    gpu_uuids: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default_factory=list, **doc(
+        "The GPUs' UUIDs in index order (`nvidia-smi -L`), one per GPU, for a single node: the daemon checks them "
+        "against NVML and sets `CUDA_VISIBLE_DEVICES` by UUID.", ["GPU-5f2a1c0e-0000-4000-8000-000000000000"]))
+    driver: Annotated[str, Field(max_length=32, pattern=r"^(\d+(\.\d+)*)?$")] = Field("", **doc(
+        "The NVIDIA driver version; jobs with a higher `min_driver` do not run here ('': unknown).", "535.104.05"))
+    cuda: Annotated[str, Field(max_length=32, pattern=r"^(\d+(\.\d+)*)?$")] = Field("", **doc(
+        "The CUDA version the driver supports ('': unknown); shown, not yet matched.", "12.2"))
     taints: list[Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][^\s]*$")]] = Field(
-        default_factory=list)
-    cached: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(default_factory=list)
-    sharing: SharingSpec = Field(default_factory=SharingSpec)
-    mig: dict[Annotated[str, Field(pattern=r"^g?[0-9]+$")], MigGpuSpec] = Field(default_factory=dict)
+        default_factory=list, **doc(
+            "Kubernetes-style taints, `key=value[:Effect]` or `key`: only jobs that tolerate every one "
+            "(`tolerations`: the taint, `key=value` or `key`) run here (NoSchedule) - e.g. keep experiments off "
+            "an inference node (R1, R11).", ["dedicated=inference:NoSchedule"]))
+    cached: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(default_factory=list, **doc(
+        "Models or datasets already on the node's disk; a job with that `cache_key` prefers the node (requires it "
+        "with `cache_required`), R11's locality.", ["llama-70b"]))
+    sharing: SharingSpec = Field(default_factory=SharingSpec, **doc(
+        "How its non-MIG GPUs may be shared besides whole-GPU jobs: a mapping, or the shorthand `fractions` / "
+        "`memory_slices` (fractions on, the default) or `exclusive` (whole GPUs only).",
+        {"fractions": True, "time_slicing": {"replicas": 4}, "mps": {"max_clients": 8}}))
+    mig: dict[Annotated[str, Field(pattern=r"^g?[0-9]+$")], MigGpuSpec] = Field(default_factory=dict, **doc(
+        "Which GPUs are in MIG mode and their instances: GPU index (`0`, `\"0\"` or `g0`) -> MIG layout; the "
+        "other GPUs are not in MIG mode.", {"g0": {"layout": ["3g.40gb", "3g.40gb"]}}))
 
     @field_validator("mig", mode="before")
     @classmethod
@@ -150,14 +213,22 @@ class WindowSpec(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 
-    name: str = ""
-    days: list[Weekday] | None = None
-    from_: HHMM = Field(default="00:00", alias="from")
-    to: HHMM = "24:00"
-    max_gpus: NonNegInt | None = None
-    max_gpus_per_user: NonNegInt | None = None
-    max_running_jobs: NonNegInt | None = None
-    max_running_jobs_per_user: NonNegInt | None = None
+    name: str = Field("", **doc("A label shown in reasons (`WindowLimit(night)`) and `policy check`; '': its "
+                                "times.", "night"))
+    days: list[Weekday] | None = Field(None, **doc("The days it starts on; unset: every day.", ["sat", "sun"]))
+    from_: HHMM = Field(default="00:00", alias="from", **doc(
+        "Local start time `HH:MM` (`clock.timezone`); a window with `from` later than `to` runs past midnight. "
+        "Quote it: YAML reads an unquoted `20:00` as the number 1200.", "20:00"))
+    to: HHMM = Field("24:00", **doc("Local end time `HH:MM`, exclusive (`24:00`: midnight); quoted, as `from`.",
+                                    "08:00"))
+    max_gpus: NonNegInt | None = Field(None, **doc("`max_gpus` while the window is open (GPUs held at once).", 6,
+                                                   GPUS))
+    max_gpus_per_user: NonNegInt | None = Field(None, **doc("`max_gpus_per_user` while the window is open.", 2,
+                                                            GPUS))
+    max_running_jobs: NonNegInt | None = Field(None, **doc(
+        "`max_running_jobs` while the window is open (teams only).", 10, JOBS))
+    max_running_jobs_per_user: NonNegInt | None = Field(None, **doc(
+        "`max_running_jobs_per_user` while the window is open.", 2, JOBS))
 
     @model_validator(mode="after")
     def _sets_a_limit(self) -> "WindowSpec":
@@ -170,18 +241,30 @@ class ClockSpec(_Strict):
     """How the scheduler's seconds map to local time: ``start`` is the local wall time
     of ``t = 0`` (trace replays; ISO 8601); without it ``t`` is Unix time."""
 
-    timezone: str = "UTC"
-    start: str | None = None
+    timezone: str = Field("UTC", **doc("The IANA time zone windows are read in (daylight saving included).",
+                                       "Europe/Berlin"))
+    start: str | None = Field(None, **doc(
+        "ISO 8601 local time of `t = 0` (trace replays, scenarios); unset: `t` is Unix time (the daemon).",
+        "2026-11-30T00:00:00"))
 
 
 class PoolSpec(_Strict):
-    name: Name
-    description: str = ""
+    """A node pool (Kubernetes node pool, Slurm partition): a name nodes and classes use."""
+
+    name: Name = Field(**doc("The pool's name.", "inference"))
+    description: str = Field("", **doc("Free text.", "H100 nodes for production inference"))
 
 
 class ClusterSpec(_Strict):
-    pools: list[PoolSpec] = Field(default_factory=list)
-    nodes: list[NodeGroupSpec] = Field(min_length=1)
+    """The GPUs: nodes (or groups of identical nodes) and, optionally, the pools they
+    belong to. With a backend, the policy's nodes must be the engine's."""
+
+    pools: list[PoolSpec] = Field(default_factory=list, **doc(
+        "The pools, declared; when given, every node's `pool` must be one of them. Unset: the pools the nodes name.",
+        [{"name": "inference"}, {"name": "training"}]))
+    nodes: list[NodeGroupSpec] = Field(min_length=1, **doc(
+        "The nodes; at least one.", [{"name": "gpu-server-1", "gpus": 8, "gpu_type": "H100-80GB",
+                                      "gpu_mem_mib": 81920}]))
 
 
 class IdleStopSpec(_Strict):
@@ -190,13 +273,16 @@ class IdleStopSpec(_Strict):
     grace period when it checkpoints); the first ``setup_s`` seconds of each run count
     as activity. A job without samples (no NVML) is never idle."""
 
-    below_util_pct: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 5.0
-    after_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1800.0
-    setup_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 300.0
+    below_util_pct: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = Field(5.0, **doc(
+        "GPU utilisation below which a sample counts as idle.", 5.0, PERCENT))
+    after_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(1800.0, **doc(
+        "How long a job must stay idle before it is stopped.", 1800.0, SECONDS))
+    setup_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(300.0, **doc(
+        "The first seconds of each run count as activity (loading a model).", 300.0, SECONDS))
 
 
 class ClassSpec(_Strict):
-    """A workload class (R1). ``None`` fields inherit the standard class's default.
+    """A workload class (R1). Unset (``null``) fields take the standard class's default.
 
     ``max_gpus`` caps the GPUs the whole class holds at once (cluster-wide);
     ``max_gpus_per_user`` caps one user's GPUs in the class; ``reserved_gpus`` are
@@ -205,46 +291,94 @@ class ClassSpec(_Strict):
     unused part of every reservation.
     """
 
-    priority: int | None = None
-    preemptible: bool | None = None
-    checkpointable: bool | None = None
-    #: preempt only jobs of this class that checkpoint (training, R6)
-    preempt_only_if_checkpointable: bool | None = None
-    max_runtime_s: PosFloat | None = None
-    default_time_limit_s: PosFloat | None = None
-    grace_period_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    pools: list[Name] | None = None
-    max_gpus: NonNegInt | None = None
-    max_gpus_per_user: NonNegInt | None = None
-    max_running_jobs_per_user: NonNegInt | None = None
-    reserved_gpus: NonNegInt | None = None
-    #: limits that change with the time of day and week (R4, R8)
-    windows: list[WindowSpec] = Field(default_factory=list)
-    #: what happens to running jobs over a limit when a window closes
-    on_window_close: Literal["drain", "checkpoint-and-stop"] | None = None
-    #: the kinds of GPU its jobs may take (R10): e.g. production inference
-    #: ``[whole, mig]``, sandbox ``[time_slice, mig]``; unset: any
-    sharing: list[Literal["whole", "fraction", "time_slice", "mps", "mig"]] | None = Field(default=None, min_length=1)
-    #: anti-affinity (R11): jobs of this class do not start on a node where a job of
-    #: one of these classes holds GPUs, nor those on one where this class does
-    avoid_nodes_with: list[Name] = Field(default_factory=list)
-    #: idle auto-stop (R16); the standard sandbox class has it on (5 %, 1800 s, 300 s
-    #: of setup); ``null`` turns it off. Only for preemptible classes.
-    idle_stop: IdleStopSpec | None = None
-    #: a job whose peak GPU memory exceeds what it declared: ``warn`` (flag it) or
-    #: ``stop`` it - on a shared card (fraction, time-slicing, MPS) only; a whole GPU
-    #: or MIG instance is only flagged. ``stop`` only for preemptible classes.
-    memory_overrun: Literal["warn", "stop"] | None = None
-    #: the signal a job of this class gets when it is preempted or stopped (time
-    #: limit, window, idle), before SIGKILL at the end of the grace period (Slurm's
-    #: ``--signal``, Docker's ``STOPSIGNAL``); default SIGTERM
-    stop_signal: Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"] | None = None
-    description: str | None = None
+    priority: int | None = Field(None, **doc(
+        "Class priority: higher classes are ordered first and may preempt lower ones (Kueue "
+        "WorkloadPriorityClass, Slurm QOS priority). Required for a class that is not a standard one.", 350))
+    preemptible: bool | None = Field(None, **doc(
+        "Whether its jobs may be preempted by higher classes and reclaimed by cohort lenders (R6); production "
+        "inference never is.", True))
+    checkpointable: bool | None = Field(None, **doc(
+        "Whether its jobs checkpoint by default (a job may say otherwise): a preempted one resumes with the work "
+        "done before the signal, one that does not restarts from zero; only checkpointing jobs get the grace "
+        "period.", True))
+    preempt_only_if_checkpointable: bool | None = Field(None, **doc(
+        "Preempt only the jobs of this class that checkpoint (R6, R13: training without checkpoints is never "
+        "preempted).", True))
+    max_runtime_s: PosFloat | None = Field(None, **doc(
+        "The longest time limit a job may ask for; a job runs at most this long (Slurm's partition `MaxTime`). A "
+        "job asking for more is refused at submit.", 28800.0, SECONDS))
+    default_time_limit_s: PosFloat | None = Field(None, **doc(
+        "The time limit of a job that gives none (Slurm's `DefaultTime`); at most `max_runtime_s`.", 86400.0,
+        SECONDS))
+    grace_period_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(None, **doc(
+        "Seconds a signalled checkpointing job keeps its GPUs to checkpoint and exit before SIGKILL (Kubernetes' "
+        "`terminationGracePeriodSeconds`, Slurm's `GraceTime`); 0 when unset. Jobs that do not checkpoint get 0.",
+        120.0, SECONDS))
+    pools: list[Name] | None = Field(None, **doc(
+        "The node pools its jobs may run in (R1: production inference never shares a pool with sandbox work); "
+        "unset: any.", ["inference"]))
+    max_gpus: NonNegInt | None = Field(None, **doc(
+        "The most GPUs the whole class holds at once, cluster-wide (R4: training at most 4; Slurm QOS "
+        "`GrpTRES=gres/gpu`).", 4, GPUS))
+    max_gpus_per_user: NonNegInt | None = Field(None, **doc(
+        "The most GPUs one user holds in the class (R16: sandbox 1 per user; Slurm QOS `MaxTRESPerUser`).", 1, GPUS))
+    max_running_jobs_per_user: NonNegInt | None = Field(None, **doc(
+        "The most running jobs of one user in the class (Slurm QOS `MaxJobsPerUser`).", 2, JOBS))
+    reserved_gpus: NonNegInt | None = Field(None, **doc(
+        "GPUs guaranteed to the class and never lent to other classes (R4: reserve 2 for production inference); "
+        "other classes may use at most the capacity minus the unused part of every reservation.", 2, GPUS))
+    windows: list[WindowSpec] = Field(default_factory=list, **doc(
+        "Limits that change with the time of day and week (R4: batch 2 GPUs by day, 6 by night; R8); outside "
+        "every window the class's own limits hold.", [{"name": "night", "from": "20:00", "to": "08:00",
+                                                        "max_gpus": 6}]))
+    on_window_close: Literal["drain", "checkpoint-and-stop"] | None = Field(None, **doc(
+        "What happens to running jobs over a limit when a window closes: `drain` (they run to their end; the "
+        "default) or `checkpoint-and-stop` (preempted with their grace period and requeued, R8).",
+        "checkpoint-and-stop"))
+    sharing: list[Literal["whole", "fraction", "time_slice", "mps", "mig"]] | None = Field(default=None, min_length=1,
+                                                                                           **doc(
+        "The kinds of GPU its jobs may take (R10): whole GPUs, fractions / memory slices, time-slice replicas, MPS "
+        "clients, MIG instances; a job asking for another kind is refused at submit. Unset: any (production "
+        "inference: whole and MIG).", ["whole", "mig"]))
+    avoid_nodes_with: list[Name] = Field(default_factory=list, **doc(
+        "Anti-affinity (R11): its jobs do not start on a node where a job of one of these classes holds GPUs, nor "
+        "theirs on one where this class does.", ["production-inference"]))
+    idle_stop: IdleStopSpec | None = Field(None, **doc(
+        "Idle auto-stop (R16): a job idle by its GPU utilisation samples is stopped; the standard sandbox class "
+        "has it on (5 %, 1800 s, 300 s of setup); `null` turns it off. Only for preemptible classes.",
+        {"below_util_pct": 5, "after_s": 1800, "setup_s": 300}))
+    memory_overrun: Literal["warn", "stop"] | None = Field(None, **doc(
+        "A job whose peak GPU memory exceeds what it declared: `warn` (flag it; the default) or `stop` it - on a "
+        "shared card (fraction, time-slicing, MPS) only; a whole GPU or MIG instance is only flagged. `stop` only "
+        "for preemptible classes.", "stop"))
+    stop_signal: Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"] | None = Field(None, **doc(
+        "The signal its jobs get when preempted or stopped (time limit, window, idle), before SIGKILL at the end "
+        "of the grace period (Slurm's `--signal`, Docker's `STOPSIGNAL`); SIGTERM when unset.", "SIGUSR1"))
+    description: str | None = Field(None, **doc("Free text (`policy check` shows it).", "exploratory runs"))
+
+
+#: a ``teams.X.members`` entry: a user name or ``@group`` (POSIX portable names, as useradd takes)
+_MEMBER = re.compile(r"@?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}\$?")
+MAX_MEMBERS = 10_000
+
+
+def _member(v: str) -> str:
+    if not _MEMBER.fullmatch(v):
+        raise ValueError("a Unix user name (alice) or @ and a Unix group (@ml-users): letters, digits, _ . - (a "
+                         "trailing $ too), 1-64 characters, not starting with - or .")
+    return v
+
+
+Member = Annotated[str, AfterValidator(_member)]
 
 
 class TeamClassLimit(_Strict):
-    max_gpus: NonNegInt | None = None
-    max_running_jobs: NonNegInt | None = None
+    """A team's limits for one workload class (Slurm: an association's QOS limits)."""
+
+    max_gpus: NonNegInt | None = Field(None, **doc("The most GPUs the team's jobs of the class hold at once.", 2,
+                                                   GPUS))
+    max_running_jobs: NonNegInt | None = Field(None, **doc("The most running jobs of the team in the class.", 4,
+                                                           JOBS))
 
 
 class TeamSpec(_Strict):
@@ -255,32 +389,54 @@ class TeamSpec(_Strict):
     count against its parent's limits too (hierarchical queues).
     """
 
-    nominal_gpus: NonNegInt | None = None
-    max_gpus: NonNegInt | None = None
-    #: in a cohort: how many GPUs beyond ``nominal_gpus`` the team may borrow (unset: any)
-    borrowing_limit: NonNegInt | None = None
-    #: in a cohort: how much of ``nominal_gpus`` others may borrow (unset: all of it)
-    lending_limit: NonNegInt | None = None
-    #: the team's relative weight (Slurm's ``Fairshare=`` shares); the trace mapping
-    #: spreads mapped jobs over teams by it
-    shares: PosInt | None = None
-    max_gpus_per_user: NonNegInt | None = None
-    max_running_jobs: NonNegInt | None = None
-    max_running_jobs_per_user: NonNegInt | None = None
-    parent: Name | None = None
-    classes: dict[Name, TeamClassLimit] = Field(default_factory=dict)
-    windows: list[WindowSpec] = Field(default_factory=list)
-    description: str = ""
+    nominal_gpus: NonNegInt | None = Field(None, **doc(
+        "The team's guaranteed GPUs (Kueue ClusterQueue `nominalQuota`); top-level teams' nominal GPUs plus the "
+        "classes' `reserved_gpus` add up to at most the cluster, a child's to at most its parent's. In a cohort "
+        "it is what the team lends and may reclaim.", 4, GPUS))
+    max_gpus: NonNegInt | None = Field(None, **doc(
+        "The most GPUs the team holds at once (Slurm association `GrpTRES=gres/gpu`; Kueue nominalQuota + "
+        "borrowingLimit); at least `nominal_gpus`.", 6, GPUS))
+    borrowing_limit: NonNegInt | None = Field(None, **doc(
+        "In a cohort: how many GPUs beyond `nominal_gpus` the team may borrow (Kueue `borrowingLimit`); unset: "
+        "any. Only for a team in a cohort.", 2, GPUS))
+    lending_limit: NonNegInt | None = Field(None, **doc(
+        "In a cohort: how much of `nominal_gpus` others may borrow (Kueue `lendingLimit`); the rest stays the "
+        "team's even while idle. Unset: all of it. At most `nominal_gpus`; only for a team in a cohort.", 2, GPUS))
+    shares: PosInt | None = Field(None, **doc(
+        "The team's relative weight in fair-share (Slurm's `Fairshare=` shares): its factor is 2^(-usage share / "
+        "shares share); 1 when unset. The trace mapping spreads mapped jobs over teams by it.", 2))
+    max_gpus_per_user: NonNegInt | None = Field(None, **doc(
+        "The most GPUs one user of the team holds at once (Slurm `MaxTRESPerUser`).", 2, GPUS))
+    max_running_jobs: NonNegInt | None = Field(None, **doc(
+        "The most running jobs of the team (R4's concurrent experiments; Slurm `GrpJobs`).", 10, JOBS))
+    max_running_jobs_per_user: NonNegInt | None = Field(None, **doc(
+        "The most running jobs of one user of the team (Slurm `MaxJobsPerUser`).", 2, JOBS))
+    parent: Name | None = Field(None, **doc(
+        "The parent team (Slurm's parent account, a hierarchical queue): the team's jobs count against its "
+        "parent's limits too; no cycles.", "ml"))
+    classes: dict[Name, TeamClassLimit] = Field(default_factory=dict, **doc(
+        "Limits of the team per workload class.", {"training": {"max_gpus": 2}}))
+    windows: list[WindowSpec] = Field(default_factory=list, **doc(
+        "The team's limits that change with the time of day and week.", [{"days": ["sat", "sun"], "max_gpus": 8}]))
+    description: str = Field("", **doc("Free text (the team's owner, ...).", "owned by the ML platform team"))
+    members: Annotated[list[Member], Field(max_length=MAX_MEMBERS)] | None = Field(None, **doc(
+        "Who may submit for the team, cancel its jobs and read their logs (note 025): Unix user names, or "
+        "`@group` for a Unix group (resolved at each check). Unset: the tokens' teams decide; `[]`: admins only.",
+        ["alice", "@ml-team"]))
 
 
 
 class CohortMemberSpec(_Strict):
     """A team's quota in one cohort (overrides the team's own fields)."""
 
-    team: Name
-    nominal_gpus: NonNegInt | None = None
-    borrowing_limit: NonNegInt | None = None
-    lending_limit: NonNegInt | None = None
+    team: Name = Field(**doc("A team of `teams`; in at most one cohort per pool (and one without a pool).", "ml"))
+    nominal_gpus: NonNegInt | None = Field(None, **doc(
+        "The team's nominal GPUs in this cohort (Kueue: the ClusterQueue's `nominalQuota` of the flavor); unset: "
+        "the team's `nominal_gpus`.", 4, GPUS))
+    borrowing_limit: NonNegInt | None = Field(None, **doc(
+        "What it may borrow in this cohort; unset: the team's `borrowing_limit`.", 2, GPUS))
+    lending_limit: NonNegInt | None = Field(None, **doc(
+        "What it lends in this cohort; unset: the team's `lending_limit`.", 1, GPUS))
 
 
 class CohortSpec(_Strict):
@@ -289,16 +445,17 @@ class CohortSpec(_Strict):
     use (within its ``borrowing_limit`` and their ``lending_limit``), and a member that
     needs its nominal quota back preempts borrowers (``reclaim``)."""
 
-    #: team names (their nominal_gpus, borrowing_limit and lending_limit apply), or
-    #: entries that give the team's quota in this cohort (per pool)
-    members: Annotated[list[CohortMemberSpec], Field(min_length=1, max_length=1000)]
-    #: the pool the cohort's quota is for: it counts the jobs whose class may run only
-    #: in this pool (classes.X.pools); unset: every job of its members, anywhere
-    pool: Name | None = None
-    #: any: borrowers of any class are preempted to give nominal quota back (Kueue's
-    #: reclaimWithinCohort: Any); lower_priority: only of lower classes; never
-    reclaim: Literal["any", "lower_priority", "never"] = "any"
-    description: str = ""
+    members: Annotated[list[CohortMemberSpec], Field(min_length=1, max_length=1000)] = Field(**doc(
+        "Team names (their `nominal_gpus`, `borrowing_limit` and `lending_limit` apply), or entries giving the "
+        "team's quota in this cohort; members are not each other's ancestors. The cohort's capacity is the sum of "
+        "its members' nominal GPUs.", ["ml", {"team": "vision", "nominal_gpus": 2, "lending_limit": 1}]))
+    pool: Name | None = Field(None, **doc(
+        "The pool the cohort's quota is for (Kueue ResourceFlavor): it counts the jobs whose class may run only in "
+        "this pool (`classes.<name>.pools`); unset: every job of its members, anywhere.", "training"))
+    reclaim: Literal["any", "lower_priority", "never"] = Field("any", **doc(
+        "Reclaim (Kueue `reclaimWithinCohort`): a member that needs its nominal quota back preempts borrowers of "
+        "any class (`any`), only of lower classes (`lower_priority`), or never (`never`).", "lower_priority"))
+    description: str = Field("", **doc("Free text.", "the research groups lend each other idle GPUs"))
 
     @field_validator("members", mode="before")
     @classmethod
@@ -315,10 +472,13 @@ class PredictionSpec(_Strict):
     the ratios run time / time limit of the last ``history`` completed jobs (Tsafrir
     et al., TPDS 2007). Used for reservations, backfill and the time_limit factor."""
 
-    enabled: bool = False
-    quantile: Annotated[float, Field(gt=0, le=1)] = 0.9
-    history: Annotated[int, Field(ge=1, le=1000)] = 20
-    min_jobs: Annotated[int, Field(ge=1, le=1000)] = 3
+    enabled: bool = Field(False, **doc("Whether runtimes are predicted.", True))
+    quantile: Annotated[float, Field(gt=0, le=1)] = Field(0.9, **doc(
+        "The quantile of the ratios run time / time limit used (0.9: a 90 % chance to end in time).", 0.9))
+    history: Annotated[int, Field(ge=1, le=1000)] = Field(20, **doc("Completed jobs remembered per user and team.",
+                                                                    20, JOBS))
+    min_jobs: Annotated[int, Field(ge=1, le=1000)] = Field(3, **doc(
+        "Completed jobs needed before predicting (at most `history`).", 3, JOBS))
 
     @model_validator(mode="after")
     def _min_jobs_within_history(self) -> "PredictionSpec":
@@ -329,9 +489,15 @@ class PredictionSpec(_Strict):
 
 
 class PreemptionSpec(_Strict):
-    enabled: bool = True
-    #: a running job younger than this is not preempted (no thrash)
-    min_runtime_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    """Preemption (R6): a pending job of a higher class evicts preemptible jobs of lower
+    classes - the fewest victims, lowest class first, most recently started first - only
+    when it then fits; victims get their class's grace period and are requeued. Cohort
+    reclaim is preemption too."""
+
+    enabled: bool = Field(True, **doc("Whether jobs are preempted at all (priority and cohort reclaim).", True))
+    min_runtime_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(0.0, **doc(
+        "A running job younger than this is not preempted (no thrash; Kueue's and KAI's minimum runtime).", 300.0,
+        SECONDS))
 
 
 class MigSpec(_Strict):
@@ -339,19 +505,21 @@ class MigSpec(_Strict):
     offers, the core may re-partition an idle MIG GPU (``ReconfigureMig``); the GPU is
     out of service for ``delay_s`` while the driver applies it."""
 
-    reconfigure: bool = False
-    delay_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 60.0
+    reconfigure: bool = Field(False, **doc("Whether idle MIG GPUs may be re-partitioned for pending jobs.", True))
+    delay_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(60.0, **doc(
+        "How long a GPU is out of service while the driver applies a new layout.", 60.0, SECONDS))
 
 
 class BackfillSpec(_Strict):
     """EASY-style backfill (Lifka 1995; Slurm's sched/backfill): the top blocked jobs
     get reservations; a later job may start now only if it cannot delay them."""
 
-    enabled: bool = True
-    #: how many blocked jobs get a reservation each pass (Slurm: bf_max_job_test ~ depth)
-    reservations: PosInt = 1
-    #: how many pending jobs one pass examines at most for backfill
-    max_job_test: PosInt = 1000
+    enabled: bool = Field(True, **doc("Whether later jobs may start before blocked ones (R7).", True))
+    reservations: PosInt = Field(1, **doc(
+        "How many blocked jobs get a reservation (an earliest start from the running jobs' estimates) each pass.",
+        2, JOBS))
+    max_job_test: PosInt = Field(1000, **doc(
+        "How many pending jobs one pass examines at most for backfill (Slurm's `bf_max_job_test`).", 500, JOBS))
 
 
 class WeightsSpec(_Strict):
@@ -359,33 +527,40 @@ class WeightsSpec(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 
-    class_: Weight = Field(default=1_000_000.0, alias="class")
-    fair_share: Weight = 0.0
-    age: Weight = 0.0
-    size: Weight = 0.0
-    #: shorter time limits rank higher (factor 1 - limit / max_time_limit_s)
-    time_limit: Weight = 0.0
+    class_: Weight = Field(default=1_000_000.0, alias="class", **doc(
+        "Weight of the class factor (class priority / the highest class priority); the default makes class "
+        "decide first (Slurm's `PriorityWeightQOS`).", 1000000.0))
+    fair_share: Weight = Field(0.0, **doc(
+        "Weight of the fair-share factor 2^(-usage/shares) (R5; Slurm's `PriorityWeightFairshare`).", 10000.0))
+    age: Weight = Field(0.0, **doc("Weight of the age factor (wait / `max_age_s`, at most 1; Slurm's "
+                                   "`PriorityWeightAge`).", 1000.0))
+    size: Weight = Field(0.0, **doc("Weight of the size factor (GPUs / cluster GPUs; Slurm's "
+                                    "`PriorityWeightJobSize`).", 100.0))
+    time_limit: Weight = Field(0.0, **doc(
+        "Weight of the short-limit factor 1 - limit / `max_time_limit_s`: shorter time limits rank higher.", 500.0))
 
 
 class PrioritySpec(_Strict):
     """Multifactor priority (Slurm's priority/multifactor): jobs are ordered by the
     weighted sum of their factors, then submit time, then job id."""
 
-    weights: WeightsSpec = Field(default_factory=WeightsSpec)
-    #: the wait at which the age factor reaches 1 (Slurm's PriorityMaxAge)
-    max_age_s: PosFloat = 7 * 86400.0
-    #: the time limit at which the time_limit factor reaches 0 (longer limits: 0 too)
-    max_time_limit_s: PosFloat = 7 * 86400.0
-    #: how often scores are recomputed, seconds (Slurm's PriorityCalcPeriod)
-    recalc_s: PosFloat = 300.0
+    weights: WeightsSpec = Field(default_factory=WeightsSpec, **doc(
+        "The factors' weights.", {"class": 1000000, "fair_share": 10000, "age": 1000}))
+    max_age_s: PosFloat = Field(7 * 86400.0, **doc("The wait at which the age factor reaches 1 (Slurm's "
+                                                   "`PriorityMaxAge`).", 86400.0, SECONDS))
+    max_time_limit_s: PosFloat = Field(7 * 86400.0, **doc(
+        "The time limit at which the time_limit factor reaches 0 (longer limits: 0 too).", 172800.0, SECONDS))
+    recalc_s: PosFloat = Field(300.0, **doc("How often scores are recomputed (Slurm's `PriorityCalcPeriod`).",
+                                            300.0, SECONDS))
 
 
 class FairShareSpec(_Strict):
     """Decayed usage: GPU-seconds held, halving every ``half_life_s`` seconds."""
 
-    half_life_s: Annotated[float, Field(allow_inf_nan=False)] = 7 * 86400.0
-    #: rank teams (``team``) or also users within their team (``user``)
-    level: Literal["team", "user"] = "team"
+    half_life_s: Annotated[float, Field(allow_inf_nan=False)] = Field(7 * 86400.0, **doc(
+        "Usage halves every this many seconds (Slurm's `PriorityDecayHalfLife`); > 0.", 604800.0, SECONDS))
+    level: Literal["team", "user"] = Field("team", **doc(
+        "Rank teams (`team`) or also users within their team (`user`).", "user"))
 
     @field_validator("half_life_s")
     @classmethod
@@ -401,26 +576,44 @@ class PricingSpec(_Strict):
     cluster (``cluster.nodes[].gpu_type``) or ``default`` to a price per GPU-hour in
     ``currency``. A MIG instance or a share is priced pro rata (its GPU units / 7000)."""
 
-    currency: Annotated[str, Field(min_length=1, max_length=16)] = "EUR"
+    currency: Annotated[str, Field(min_length=1, max_length=16)] = Field("EUR", **doc("The currency's name.",
+                                                                                      "USD"))
     gpu_hour: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)],
-                             Annotated[float, Field(ge=0, allow_inf_nan=False)]], Field(min_length=1)]
+                             Annotated[float, Field(ge=0, allow_inf_nan=False)]], Field(min_length=1)] = Field(**doc(
+        "GPU type (or `default`) -> price of one GPU-hour; every GPU type of the cluster needs one (its own or "
+        "`default`).", {"H100-80GB": 2.5, "default": 1.0}, GPU_HOUR))
 
 
 class PolicySpec(_Strict):
-    version: Literal[1] = 1
-    name: str = ""
-    cluster: ClusterSpec
-    classes: dict[Name, ClassSpec] = Field(default_factory=dict)
-    teams: dict[Name, TeamSpec] = Field(default_factory=dict)
-    cohorts: dict[Name, CohortSpec] = Field(default_factory=dict)
-    prediction: PredictionSpec = Field(default_factory=PredictionSpec)
-    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
-    backfill: BackfillSpec = Field(default_factory=BackfillSpec)
-    mig: MigSpec = Field(default_factory=MigSpec)
-    #: team for jobs that name none
-    default_team: Name | None = None
-    clock: ClockSpec = Field(default_factory=ClockSpec)
-    priority: PrioritySpec = Field(default_factory=PrioritySpec)
-    fair_share: FairShareSpec = Field(default_factory=FairShareSpec)
-    #: prices per GPU-hour for the report (optional; the core never reads them)
-    pricing: PricingSpec | None = None
+    """The policy file: only ``cluster`` is required."""
+
+    version: Literal[1] = Field(1, **doc("The format's version.", 1))
+    name: str = Field("", **doc("A name shown by `policy check` and the server.", "small-team"))
+    cluster: ClusterSpec = Field(**doc("The GPUs.", {"nodes": [{"name": "gpu-server-1", "gpus": 8}]}))
+    classes: dict[Name, ClassSpec] = Field(default_factory=dict, **doc(
+        "Workload classes by name: the five standard ones (see below) always exist and an entry changes only the "
+        "fields it names; other names are new classes (with a `priority`).",
+        {"batch": {"max_gpus": 2, "grace_period_s": 60}}))
+    teams: dict[Name, TeamSpec] = Field(default_factory=dict, **doc(
+        "Teams by name (Slurm accounts, Kueue ClusterQueues); with teams, every job names one of them.",
+        {"research": {"nominal_gpus": 4, "max_gpus": 6}}))
+    cohorts: dict[Name, CohortSpec] = Field(default_factory=dict, **doc(
+        "Cohorts by name: teams that lend each other idle nominal quota (Kueue cohorts).",
+        {"research": {"members": ["ml", "vision"], "reclaim": "any"}}))
+    prediction: PredictionSpec = Field(default_factory=PredictionSpec, **doc(
+        "Runtime predictions from completed jobs.", {"enabled": True}))
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec, **doc(
+        "Preemption and reclaim.", {"enabled": True, "min_runtime_s": 300}))
+    backfill: BackfillSpec = Field(default_factory=BackfillSpec, **doc("Backfill and reservations.",
+                                                                       {"enabled": True, "reservations": 1}))
+    mig: MigSpec = Field(default_factory=MigSpec, **doc("MIG reconfiguration.", {"reconfigure": True}))
+    default_team: Name | None = Field(None, **doc("The team of jobs that name none; a team of `teams`.", "research"))
+    clock: ClockSpec = Field(default_factory=ClockSpec, **doc("Local time for windows.",
+                                                              {"timezone": "Europe/Berlin"}))
+    priority: PrioritySpec = Field(default_factory=PrioritySpec, **doc("The order of pending jobs.",
+                                                                       {"weights": {"fair_share": 10000}}))
+    fair_share: FairShareSpec = Field(default_factory=FairShareSpec, **doc("Decayed usage for fair-share.",
+                                                                           {"half_life_s": 604800}))
+    pricing: PricingSpec | None = Field(None, **doc(
+        "Prices per GPU-hour for the report (showback, R15); the core never reads them.",
+        {"currency": "EUR", "gpu_hour": {"default": 1.0}}))

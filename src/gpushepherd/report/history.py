@@ -16,9 +16,9 @@ import pandas as pd
 
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.core.state import Transition
-from gpushepherd.model.decisions import Start
-from gpushepherd.model.events import UsageSample
-from gpushepherd.model.job import JobSpec
+from gpushepherd.model.decisions import Preempt, Start
+from gpushepherd.model.events import JobFinished, UsageSample
+from gpushepherd.model.job import JobSpec, JobState
 from gpushepherd.model.placement import Placement
 from gpushepherd.model.rules import Rules
 from gpushepherd.policy.load import policy_from_dict
@@ -103,6 +103,12 @@ class Recorder:
     node_types: dict[str, str] = field(default_factory=dict)
     cursor: dict[str, int] = field(default_factory=dict)
     open_reasons: dict[str, tuple[float, str]] = field(default_factory=dict)
+    #: per job, its preemption signals: ``(t, grace period in s)`` (``Preempt`` decisions)
+    signals: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: per job, the exits of its runs while it was being preempted: ``(t, ExitStatus
+    #: value)`` as logged (``PREEMPTED``: it saved and asked to be requeued, exit 85;
+    #: ``FAILED``: killed at the end of its grace period, or died on the signal)
+    victim_exits: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
 
     def harvest(self, sched: Scheduler) -> None:
         """Take the transitions added since the last harvest."""
@@ -116,6 +122,17 @@ class Recorder:
             if len(job.history) > seen:
                 self.transitions.setdefault(job_id, []).extend(job.history[seen:])
             self.cursor[job_id] = len(job.history)
+
+    def note(self, states: dict[str, JobState], exits: list[JobFinished], decisions: list) -> None:
+        """Keep what the what-if needs of victims (note 026): the status of each exit
+        (``exits``) of a job that was being preempted (``states``: the jobs' states
+        before the batch) and each ``Preempt`` among the batch's ``decisions``."""
+        for e in exits:
+            if states.get(e.job_id) is JobState.PREEMPTING:
+                self.victim_exits.setdefault(e.job_id, []).append((e.t, e.status.value))
+        for d in decisions:
+            if isinstance(d, Preempt):
+                self.signals.setdefault(d.job_id, []).append((d.t, d.grace_s))
 
     def restored(self, sched: Scheduler) -> None:
         """After ``Scheduler.restore``: its "restored" lines are not news."""
@@ -268,9 +285,13 @@ def replay(batches: Iterable[tuple[float, str, object]]) -> Replay:
             raise HistoryError("the event log has events before any policy: not a gpushepherd log")
         events = list(item)
         rec.samples.extend(e for e in events if isinstance(e, UsageSample))
-        for d in sched.handle(events):
+        exits = [e for e in events if isinstance(e, JobFinished)]
+        states = {e.job_id: sched.jobs[e.job_id].state for e in exits if e.job_id in sched.jobs}
+        decisions = sched.handle(events)
+        for d in decisions:
             if isinstance(d, Start):
                 rec.placements.setdefault(d.job_id, []).append(d.placement)
+        rec.note(states, exits, decisions)
         rec.sample_reasons(sched, t)
         t_first = t if t_first is None else t_first
         t_last = t

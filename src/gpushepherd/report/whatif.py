@@ -4,7 +4,7 @@ through the simulator under the policy they ran under and under a proposed one."
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -13,19 +13,22 @@ from gpushepherd.core.scheduler import SpecError, validate_spec
 from gpushepherd.model.events import Event, JobCancelled
 from gpushepherd.model.rules import Rules
 from gpushepherd.report.history import History, Replay
-from gpushepherd.sim.engine import SimJob, SimProgress, SimResult, Simulator
+from gpushepherd.sim.engine import SignalAnswer, SimJob, SimProgress, SimResult, Simulator
 
 H = 3600.0
+INF = float("inf")
 RAN = ("COMPLETED", "FAILED", "TIMEOUT")
 
 
 def workload(rp: Replay, t_from: float, t_to: float) -> tuple[list[SimJob], list[Event]]:
     """The jobs submitted in ``[t_from, t_to)`` with their true run time, and the cancels
     to replay (note 010): a job that ran to its end (completed, failed, stopped) runs
-    as long as it did - all its runs if it checkpoints, else its last run; a cancelled
-    job is cancelled at the same time after its submit; a job not ended by the last
-    event, or rejected, is cancelled at ``t_to``, or at the last event if that is earlier
-    (censored: the log knows nothing later; review issue 9b)."""
+    as long as it did - if it checkpoints, its last run plus the work its earlier runs
+    kept (``victim_answers``), else its last run; a cancelled job is cancelled at the
+    same time after its submit; a job not ended by the last event, or rejected, is
+    cancelled at ``t_to``, or at the last event if that is earlier (censored: the log
+    knows nothing later; review issue 9b). Each job answers preemption signals as its
+    victims' exits in the log did (note 026)."""
     hist = rp.history()
     rec = rp.recorder
     runs = {job_id: g for job_id, g in hist.held.groupby("job_id")}
@@ -35,16 +38,74 @@ def workload(rp: Replay, t_from: float, t_to: float) -> tuple[list[SimJob], list
     for row in sel.itertuples(index=False):
         spec = rec.specs[row.job_id]
         g = runs.get(row.job_id)
-        lengths = [] if g is None else list((g["end"] - g["start"]).to_numpy(dtype=float))
+        spans = [] if g is None else list(zip(g["start"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)))
+        last = float(spans[-1][1] - spans[-1][0]) if row.state in RAN and spans else None
+        answers, kept = victim_answers(spans, rec.signals.get(row.job_id, []), rec.victim_exits.get(row.job_id, []),
+                                       last)
         duration = None
-        if row.state in RAN and lengths:
-            duration = float(sum(lengths)) if rec.checkpointable[row.job_id] else float(lengths[-1])
+        if last is not None:
+            duration = kept + last if rec.checkpointable[row.job_id] else last
         elif row.state == "CANCELLED" and not np.isnan(row.end):
             events.append(JobCancelled(row.end, row.job_id))
         else:
             events.append(JobCancelled(max(min(t_to, rp.t_last), spec.submit_time), row.job_id))
-        jobs.append(SimJob(spec, duration))
+        jobs.append(SimJob(spec, duration, signal_answers=answers))
     return jobs, events
+
+
+def victim_answers(spans: list[tuple[float, float]], signals: list[tuple[float, float]],
+                   exits: list[tuple[float, str]], last_s: float | None) -> tuple[tuple[SignalAnswer, ...], float]:
+    """How a job answered each preemption signal the log shows, and the seconds of work
+    its runs before the last one kept (note 026).
+
+    Args:
+        spans: its runs, ``(start, end)`` in order (``end`` NaN: still running).
+        signals: its ``Preempt`` signals, ``(t, grace period s)`` (``Recorder.signals``).
+        exits: its exits while preempted, ``(t, ExitStatus value)`` (``Recorder.victim_exits``).
+        last_s: the length of its last run when it ran to its end, else ``None``.
+
+    A run signalled at ``p`` with grace ``g`` that ended at ``e`` answers with an exit
+    ``e - p`` after the signal - a save if it exited ``PREEMPTED`` (exit 85) - or, past
+    ``g``, with a kill ``e - p - g`` late (the daemon's loop step); one that completed
+    inside its grace is a victim not killed before it completes. The work a run kept is
+    what the simulator keeps for the same answer: the run up to the signal after a save,
+    the whole run after an operator's requeue; after a kill or a death, its last
+    checkpoint, which the log does not show: the run up to the signal, but at least
+    enough that the job could not have completed in that run (the runs after it needed
+    only ``r`` more seconds, so it kept more than its length minus ``r``: half of ``r``
+    is the margin) and at most the run. So the baseline's runs last as long as the log's.
+    """
+    answers: list[SignalAnswer] = []
+    ended = {t: status for t, status in exits}
+    runs: list[tuple[float, float, tuple[float, float] | None]] = []  # (start, end, signal)
+    for a, b in spans:
+        sig = next(((p, g) for p, g in signals if a <= p and (np.isnan(b) or p <= b)), None)
+        runs.append((a, b, sig))
+        if sig is None or np.isnan(b):
+            continue  # not preempted, or still inside its grace period at the end of the log
+        p, g = sig
+        d, status = float(b - p), ended.get(b)
+        if status == "COMPLETED":  # it finished inside its grace period: no kill came before
+            answers.append(SignalAnswer(None, False, late_s=max(0.0, d - g)))
+        else:
+            answers.append(SignalAnswer(d if d <= g else None, status == "PREEMPTED", late_s=max(0.0, d - g)))
+    kept, after = 0.0, INF if last_s is None else last_s  # after: work the later runs needed
+    k = len(answers)
+    for a, b, sig in reversed(runs[:-1]):
+        if sig is None:
+            run_kept = float(b - a)
+        else:
+            k -= 1
+            p, g = sig
+            if answers[k].outcome(g)[1]:
+                run_kept = float(p - a)
+            else:
+                run_kept = float(p - a) if after == INF else min(float(b - a), max(float(p - a),
+                                                                                     float(b - a) - after / 2))
+                answers[k] = replace(answers[k], kept_s=run_kept)
+        kept += run_kept
+        after += run_kept
+    return tuple(answers), kept
 
 
 def split_workload(rules: Rules, jobs: list[SimJob], source: str) -> tuple[list[SimJob], list[tuple[str, str]]]:

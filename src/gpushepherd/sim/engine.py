@@ -8,6 +8,12 @@ finishes inside its grace period completes) and feeds them back, one instant at 
 Work model (the public scenario conventions): a checkpointable job that is preempted or
 requeued by an operator keeps the work it did before the signal; one that does not
 checkpoint restarts from zero; a run lost with its node or GPU is lost.
+
+Victims (design note 026): by default a victim checkpoints at the signal and holds its
+GPUs for its whole grace period. A job may answer preemption signals otherwise
+(``SimJob.signal_answers``): exit sooner, or not exit at all - then it is killed at the
+end of its grace period and keeps only the work of its last periodic checkpoint
+(``SimJob.checkpoint_every_s``), not the seconds it ran.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpushepherd.core.scheduler import Scheduler
+from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.model.decisions import Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import Event, JobAdopted, JobFinished, JobSubmitted, MigReconfigured, Tick
 from gpushepherd.model.job import ExitStatus, JobSpec, JobState
@@ -31,12 +37,56 @@ PROGRESS_EVERY_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
+class SignalAnswer:
+    """How a job answers one preemption signal (design note 026).
+
+    Attributes:
+        exit_after_s: seconds from the signal to its exit; ``None``: it does not exit by
+            itself (it ignores the signal). One that has not exited when its grace
+            period ends is killed then: ``None`` and any value above the grace period
+            mean a kill at ``signal + grace + late_s``.
+        checkpointed: on an exit of its own, it saved its work at the signal (the
+            daemon's exit code 85); ``False``: it died without saving (SIGTERM's
+            default action). A killed job never saved at the signal.
+        late_s: seconds between the kill and the exit its driver saw (the daemon notices
+            exits at its next loop step); kills only.
+        kept_s: a run that ends without a save at the signal keeps this many seconds of
+            its work (its last checkpoint, as ``whatif`` infers it from a log; never more
+            than the run's length); ``None``: its last periodic checkpoint
+            (``SimJob.checkpoint_every_s``), or nothing.
+    """
+
+    exit_after_s: float | None = None
+    checkpointed: bool = True
+    late_s: float = 0.0
+    kept_s: float | None = None
+
+    def outcome(self, grace_s: float) -> tuple[float, bool]:
+        """``(seconds from the signal to the exit, whether the work done before the
+        signal is kept)`` under a grace period of ``grace_s`` seconds. A job that is
+        killed, or exits without saving, keeps only its last periodic checkpoint."""
+        d = self.exit_after_s
+        if d is None or d > grace_s:
+            return grace_s + self.late_s, False
+        return d, self.checkpointed
+
+
+@dataclass(frozen=True, slots=True)
 class SimJob:
     """A job to replay: what the user submits and how long it really runs (``None``:
-    until cancelled)."""
+    until cancelled).
+
+    ``signal_answers``: how it answers its 1st, 2nd, ... preemption signal (the last
+    one repeats; none: it saves at the signal and holds its GPUs for the whole grace
+    period). ``checkpoint_every_s``: it also checkpoints by itself every this many
+    seconds of a run, which is what a run ended without a save at the signal keeps
+    (``None``: never: such a run's work is lost).
+    """
 
     spec: JobSpec
     duration: float | None
+    signal_answers: tuple[SignalAnswer, ...] = ()
+    checkpoint_every_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +118,16 @@ class JobRecord:
     signal_t: float | None = None
     #: times a MIG reconfiguration was requested for this job
     reconfigurations: list[float] = field(default_factory=list)
+    #: why it was refused at submit (state ``REJECTED``): the core's ``Reject`` reason,
+    #: or the ``SpecError`` of its submit validation; '' otherwise
+    rejected: str = ""
+    signal_answers: tuple[SignalAnswer, ...] = ()
+    checkpoint_every_s: float | None = None
+    #: the current run keeps the work before its signal when it exits (False: a kill,
+    #: or an exit without a save: only its last checkpoint)
+    keeps_signal_work: bool = True
+    #: the answer's ``kept_s`` for the current run
+    kept_s: float | None = None
 
     @property
     def first_start(self) -> float | None:
@@ -158,6 +218,11 @@ class Simulator:
         stranded_every_s: sample free and stranded GPU capacity after the first
             instant at or past every multiple of this many seconds (>= 1; ``None``:
             never).
+        reject_invalid: a submission the core's submit validation refuses
+            (``validate_spec``: a time limit above the class's maximum, a sharing kind
+            the class forbids, ...) is recorded as ``REJECTED`` with the ``SpecError``
+            text in ``JobRecord.rejected``, and the run goes on - what the daemon's
+            submitter sees as a refusal (note 026). Default: ``SpecError`` ends the run.
     """
 
     def __init__(self, rules: Rules, jobs: list[SimJob], events: list[Event | Restart] | None = None, *,
@@ -167,10 +232,11 @@ class Simulator:
                  track_usage: Callable[[JobSpec], str | None] | None = None,
                  probe_times: tuple[float, ...] = (),
                  scheduler: Callable[[Rules], Scheduler] | None = None,
-                 stranded_every_s: float | None = None):
+                 stranded_every_s: float | None = None, reject_invalid: bool = False):
         if stranded_every_s is not None and not 1 <= stranded_every_s < float("inf"):
             raise ValueError(f"stranded_every_s: {stranded_every_s!r} is not allowed: seconds >= 1")
         self.stranded_every_s = stranded_every_s
+        self.reject_invalid = reject_invalid
         self.stranded: list[tuple[float, float, float, dict[str, float]]] = []
         self.rules = rules
         self.sched = (scheduler or Scheduler)(rules)
@@ -199,7 +265,8 @@ class Simulator:
         for sj in self.jobs:
             if sj.spec.id in self.records:
                 raise ValueError(f"job id {sj.spec.id!r} appears twice")
-            self.records[sj.spec.id] = JobRecord(sj.spec, sj.duration)
+            self.records[sj.spec.id] = JobRecord(sj.spec, sj.duration, signal_answers=sj.signal_answers,
+                                                 checkpoint_every_s=sj.checkpoint_every_s)
             if sj.spec.id not in adopted:
                 self._push(sj.spec.submit_time, 2, sj.spec)
         for e in self.events:
@@ -247,8 +314,14 @@ class Simulator:
                         else:
                             batch.append(payload)
                     elif kind == 2:
-                        batch.append(JobSubmitted(t, payload))
                         submitted += 1
+                        refused = self._refusal(payload) if self.reject_invalid else ""
+                        if refused:
+                            rec = records[payload.id]
+                            rec.state, rec.end, rec.rejected = "REJECTED", t, refused
+                            finished += 1
+                        else:
+                            batch.append(JobSubmitted(t, payload))
                     else:
                         ticks.discard(t)
                         batch.append(Tick(t))
@@ -279,7 +352,7 @@ class Simulator:
                             self._usage(usage, timeline, rec.spec, d.placement.gpu_count, t)
                     elif isinstance(d, Preempt):
                         rec.preempted_at.append(t)
-                        self._signal(rec, t, d.grace_s, ExitStatus.PREEMPTED)
+                        self._preempt(rec, t, d.grace_s)
                     elif isinstance(d, Stop):
                         if d.requeue or d.reason == "cancelled":
                             held -= self._close_run(rec, t, bank=d.reason == "requeue")
@@ -294,6 +367,7 @@ class Simulator:
                     elif isinstance(d, Reject):
                         rec.end = t
                         rec.state = "REJECTED"
+                        rec.rejected = d.reason
                         finished += 1
                 # jobs that ended in this instant (an exit, or a cancel while pending)
                 for e in batch:
@@ -350,6 +424,14 @@ class Simulator:
             self._report(SimProgress(t, t_first, t_last_submit, submitted, finished, total, instants))
         return result
 
+    def _refusal(self, spec: JobSpec) -> str:
+        """The core's submit validation's refusal of ``spec`` ('' when it takes it)."""
+        try:
+            validate_spec(self.rules, spec)
+        except SpecError as exc:
+            return str(exc)
+        return ""
+
     def _report(self, p: SimProgress) -> None:
         if self.progress is not None:
             self.progress(p.finished, p.total)
@@ -379,6 +461,19 @@ class Simulator:
             rec.signal_t = t
             self._push(rec.exit_at, 0, (rec.spec.id, rec.run))
 
+    def _preempt(self, rec: JobRecord, t: float, grace: float) -> None:
+        """The victim answers its k-th signal with ``signal_answers[k]`` (the last one
+        repeats); without answers it saves and exits when its grace period ends."""
+        answers = rec.signal_answers
+        if not answers:
+            rec.keeps_signal_work = True
+            self._signal(rec, t, grace, ExitStatus.PREEMPTED)
+            return
+        answer = answers[min(len(rec.preempted_at), len(answers)) - 1]
+        after, rec.keeps_signal_work = answer.outcome(grace)
+        rec.kept_s = answer.kept_s
+        self._signal(rec, t, after, ExitStatus.PREEMPTED)
+
     def _close_run(self, rec: JobRecord, t: float, bank: bool) -> int:
         """A run ends at ``t``; returns the GPUs it held. With ``bank`` the work done
         before the signal is kept (checkpointable jobs only)."""
@@ -388,13 +483,33 @@ class Simulator:
         rec.state = "ENDED"
         if bank and job.checkpointable:
             signal_t = rec.signal_t
-            rec.work_done += (signal_t if signal_t is not None and signal_t >= rec.run_start else t) - rec.run_start
+            if signal_t is not None and signal_t >= rec.run_start and not rec.keeps_signal_work:
+                rec.work_done += self._last_checkpoint(rec, t)  # killed, or exited without a save
+            else:
+                rec.work_done += (signal_t if signal_t is not None and signal_t >= rec.run_start else t) - rec.run_start
         elif not job.checkpointable:
             rec.work_done = 0.0
         rec.signal_t = None
+        rec.keeps_signal_work, rec.kept_s = True, None
         rec.exit_at = INF
         rec.run += 1  # any exit still queued for the closed run is stale now
         return gpus
+
+    @staticmethod
+    def _last_checkpoint(rec: JobRecord, t: float) -> float:
+        """Seconds of the run ending at ``t`` that its last checkpoint saved: the
+        answer's ``kept_s``, else by ``checkpoint_every_s`` (none: 0); never more than
+        the run's length or the work left."""
+        ran = t - rec.run_start
+        every = rec.checkpoint_every_s
+        if rec.kept_s is not None:
+            saved = min(rec.kept_s, ran)
+        elif every is not None:
+            saved = ran // every * every
+        else:
+            return 0.0
+        left = INF if rec.duration is None else rec.duration - rec.work_done
+        return max(0.0, min(saved, left))
 
     def _gpus_of(self, rec: JobRecord) -> float:
         """GPUs a run holds: whole GPUs, or a share's fraction of one (quota units)."""

@@ -33,7 +33,7 @@ from gpushepherd.model.events import (
 from gpushepherd.model.job import GpuShare, JobSpec
 from gpushepherd.model.placement import Placement
 from gpushepherd.policy.load import Policy, PolicyError, policy_from_dict
-from gpushepherd.sim.engine import Restart, SimJob, SimResult, Simulator
+from gpushepherd.sim.engine import Restart, SignalAnswer, SimJob, SimResult, Simulator
 from gpushepherd.yamlio import YamlError, load_yaml, read_text
 
 #: the most jobs a scenario may expand to (ranges included)
@@ -86,6 +86,16 @@ class JobEntry(_Strict):
     min_driver: str = ""
     cache_key: str = ""
     cache_required: bool = False
+    #: the grace its stops get (seconds; at most its class's, the default)
+    grace_period: Annotated[float, Field(ge=0)] | None = None
+    #: how it answers a preemption signal (note 026): it exits this many seconds after
+    #: it, having saved its work (unset: when its grace period ends) ...
+    exit_after_signal: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    #: ... or it ignores it: killed at the end of its grace period, it keeps only the
+    #: work of its last periodic checkpoint
+    ignores_signal: bool = False
+    #: it checkpoints by itself every this many seconds of a run (what a killed run keeps)
+    checkpoint_every: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
 
 class EventEntry(_Strict):
@@ -155,6 +165,8 @@ class UsageAt(_Strict):
 
 class Expect(_Strict):
     starts: dict[str, StartExpect | list[StartExpect]] = Field(default_factory=dict)
+    #: jobs refused at submit (state REJECTED) and a text their reason contains
+    rejected: dict[str, str] = Field(default_factory=dict)
     ends: dict[str, float] = Field(default_factory=dict)
     preempted: dict[str, list[float]] = Field(default_factory=dict)
     never_preempted: list[str] = Field(default_factory=list)
@@ -297,6 +309,9 @@ def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
             ids[job_id] = f"jobs[{i}]"
         teams.add(entry.team)
         _check_share_fields(entry, f"jobs[{i}]", fail)
+        if entry.ignores_signal and entry.exit_after_signal is not None:
+            fail(f"jobs[{i}].exit_after_signal", entry.exit_after_signal, "no exit_after_signal with "
+                 "ignores_signal: true (a job that ignores the signal does not exit by itself)")
     try:
         node_list = policy_from_dict(spec.policy, f"{source}#policy").rules.nodes
     except PolicyError as exc:
@@ -389,7 +404,7 @@ def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
 
 
 def _check_expect(expect: Expect, where: str, ids: dict, teams: set, nodes: dict, fail) -> None:
-    for name in ("starts", "ends", "preempted", "pending", "final_state"):
+    for name in ("starts", "ends", "preempted", "pending", "final_state", "rejected"):
         for job_id in getattr(expect, name):
             if job_id not in ids:
                 fail(f"{where}.{name}.{job_id}", job_id, "a job of the scenario")
@@ -436,14 +451,27 @@ def _run_one(spec: ScenarioSpec, name: str, policy_raw: dict, job_changes: dict,
     except PolicyError as exc:
         raise ScenarioError(str(exc)) from None
     jobs: list[SimJob] = []
-    for entry in spec.jobs:
+    rules = policy.rules
+    for i, entry in enumerate(spec.jobs):
         for job_id in expand_ids(entry.id):
-            data = entry
+            data, where = entry, f"jobs[{i}]"
             if job_id in job_changes:
                 try:
                     data = JobEntry.model_validate({**entry.model_dump(by_alias=True), **job_changes[job_id]})
                 except ValidationError as exc:
                     raise ScenarioError(f"{source}: {_pydantic_line(exc, f'{name}: jobs.{job_id}.')}") from None
+                where = f"{name}: jobs.{job_id}"
+            # a class or team the policy lacks is a fault of the file (like an unknown job
+            # in events), not a submission the core refuses: nothing would run it
+            if data.workload_class not in rules.classes:
+                raise ScenarioError(f"{source}: {where}.class: {data.workload_class!r} is not allowed: a class of "
+                                    f"the policy: {', '.join(sorted(rules.classes))}")
+            if rules.teams and data.team not in rules.teams:
+                raise ScenarioError(f"{source}: {where}.team: {data.team!r} is not allowed: a team of the "
+                                    f"policy: {', '.join(sorted(rules.teams))}")
+            if data.ignores_signal and data.exit_after_signal is not None:
+                raise ScenarioError(f"{source}: {where}.exit_after_signal: {data.exit_after_signal!r} is not "
+                                    "allowed: no exit_after_signal with ignores_signal: true")
             jobs.append(_sim_job(job_id, data.model_dump(by_alias=False)))
     events: list[Event | Restart] = []
     for i, alloc in enumerate(spec.initial_allocations):
@@ -457,8 +485,10 @@ def _run_one(spec: ScenarioSpec, name: str, policy_raw: dict, job_changes: dict,
                                       e.gpu_util_pct, e.mem_used_mib) for k in range(n + 1))
         else:
             events.append(_event(e, known))
+    # a job the core refuses at submit is REJECTED with its reason, the run goes on (note 026)
     sim = Simulator(policy.rules, jobs, events, record_reasons=True, check_invariants=True,
-                    track_usage=lambda s: s.team, probe_times=tuple(u.t for u in expect.usage_at))
+                    track_usage=lambda s: s.team, probe_times=tuple(u.t for u in expect.usage_at),
+                    reject_invalid=True)
     try:
         result = sim.run()
     except (SpecError, ValueError) as exc:
@@ -486,7 +516,7 @@ def _sim_job(job_id: str, data: dict) -> SimJob:
         node_selector=tuple(sorted((data.get("node_selector") or {}).items())),
         tolerations=tuple(data.get("tolerations") or ()), min_driver=data.get("min_driver") or "",
         cache_key=data.get("cache_key") or "", cache_required=bool(data.get("cache_required")),
-        time_limit_s=data.get("time_limit"),
+        time_limit_s=data.get("time_limit"), grace_period_s=data.get("grace_period"),
         # the conventions: the duration is the runtime estimate unless a time limit is given
         runtime_estimate_s=data.get("estimate") or (
             None if data.get("time_limit") or duration == "unbounded" else float(duration) or None),
@@ -494,7 +524,14 @@ def _sim_job(job_id: str, data: dict) -> SimJob:
         submit_time=float(data["submit"]),
         deadline=data.get("deadline"),
     )
-    return SimJob(spec, None if duration == "unbounded" else float(duration))
+    if data.get("ignores_signal"):
+        answers: tuple[SignalAnswer, ...] = (SignalAnswer(None),)
+    elif data.get("exit_after_signal") is not None:
+        answers = (SignalAnswer(float(data["exit_after_signal"])),)
+    else:
+        answers = ()
+    return SimJob(spec, None if duration == "unbounded" else float(duration), signal_answers=answers,
+                  checkpoint_every_s=data.get("checkpoint_every"))
 
 
 def _exact(value: float, scale: int, path: str, allowed: str, fail) -> int:
@@ -661,6 +698,11 @@ def check_expect(result: SimResult, expect: Expect) -> list[str]:
         r = rec(job_id)
         if r is not None and r.starts:
             fails.append(f"{job_id}: started at {r.starts[0][0]:g}, expected never")
+    for job_id, text in expect.rejected.items():
+        r = rec(job_id)
+        if r is not None and (r.state != "REJECTED" or text not in r.rejected):
+            got = f"rejected: {r.rejected}" if r.state == "REJECTED" else f"final state {r.state}"
+            fails.append(f"{job_id}: {got}, expected rejected with a reason containing {text!r}")
     for job_id, state in expect.final_state.items():
         r = rec(job_id)
         if r is not None and r.state.lower() != state.lower():
