@@ -436,14 +436,21 @@ class LocalBackend(RunFiles):
         if proc.cgroup is not None:
             cgroups.kill_all(proc.cgroup)
 
+    def _drained(self, proc: Proc) -> bool:
+        """Whether nothing is left of an ended or killed run: no process, and its cgroup
+        removed (an empty cgroup the kernel still refuses to remove, EBUSY while its last
+        tasks are released, is waited for too)."""
+        if self._remains(proc):
+            return False
+        return proc.cgroup is None or cgroups.remove(proc.cgroup)
+
     def _drain(self, proc: Proc) -> None:
         """A run that ended or was replaced: what is left of it is killed, and its GPUs
-        stay held (``gpus_held``) until nothing is; an empty cgroup is removed."""
+        stay held (``gpus_held``) until nothing is (its cgroup removed)."""
         if self._remains(proc):
             self._kill_all(proc)
+        if not self._drained(proc):
             self.draining[(proc.job_id, proc.run)] = proc
-        elif proc.cgroup is not None:
-            cgroups.remove(proc.cgroup)
 
     def _retire(self, job_id: str) -> None:
         """Before a new run of a job: its earlier run, if still tracked, drains."""
@@ -456,19 +463,17 @@ class LocalBackend(RunFiles):
         empty``): a run that ended or was killed while processes of it are left; ``None``:
         the GPUs may be handed on. Empty cgroups of ended runs are removed here."""
         for key, proc in sorted(self.draining.items()):
-            if not self._remains(proc):
+            if self._drained(proc):
                 del self.draining[key]
-                if proc.cgroup is not None:
-                    cgroups.remove(proc.cgroup)
         want = {(n, g) for n, gs in placement.parts for g in gs}
         holders = list(self.draining.values()) + [p for p in self.procs.values() if p.killed]
         for proc in sorted(holders, key=lambda p: (p.job_id, p.run)):
             pl = proc.placement
             if pl is None or not want & {(n, g) for n, gs in pl.parts for g in gs}:
                 continue
-            if proc.killed and (proc.job_id, proc.run) not in self.draining and not self._remains(proc):
-                continue
-            where = f"its cgroup {proc.cgroup} is not empty" if proc.cgroup is not None else \
+            if proc.killed and (proc.job_id, proc.run) not in self.draining and self._drained(proc):
+                continue  # killed in this step and already gone (exits() reports it next)
+            where = f"its cgroup {proc.cgroup} is not empty or not removed yet" if proc.cgroup is not None else \
                 f"its process group {proc.pid} still runs"
             return f"job {proc.job_id} run {proc.run}: {where}"
         return None
