@@ -202,6 +202,9 @@ def small_tmpfs(tmp_path):
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     yield mnt
+    from conftest import kill_leftovers
+
+    kill_leftovers(mnt)  # its jobs and their cgroups (note 023): the data dir is gone with the mount
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 

@@ -19,7 +19,7 @@ from gpushepherd.daemon.store import LockHeld, Store, api_tokens, events, meta, 
 
 POLICY = {"cluster": {"nodes": [{"name": "n", "gpus": 2}]}}
 #: tables added by revisions after 0001
-LATER_TABLES = ("services", "service_decisions", "snapshots", "ended_jobs", "idempotency_keys")
+LATER_TABLES = ("services", "service_decisions", "snapshots", "ended_jobs", "idempotency_keys", "audit")
 
 
 def pre_alembic(url: str, tables=None) -> None:

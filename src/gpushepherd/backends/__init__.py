@@ -142,21 +142,28 @@ def read_exit_code(exit_file: Path) -> int | None:
         return None
 
 
-def contract_env(job_id: str, run: int, ckpt: Path, share: str, env: dict[str, str]) -> dict[str, str]:
+def package_root() -> str:
+    """The directory that holds the ``gpushepherd`` package (what the runner's
+    ``PYTHONPATH`` starts with)."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def contract_env(job_id: str, run: int, ckpt: Path, share: str, env: dict[str, str],
+                 inherit: bool = True) -> dict[str, str]:
     """The variables of the checkpoint contract (note 008) every backend gives a job, and
     the ``PYTHONPATH`` that lets the runner import gpushepherd (this package's root
-    first, then the job's own or the server's)."""
+    first, then the job's own or - ``inherit`` - the server's)."""
     from gpushepherd.daemon.local import REQUEUE_EXIT_CODE
 
-    pkg_root = str(Path(__file__).resolve().parents[2])
+    pkg_root = package_root()
+    theirs = env.get("PYTHONPATH") or (os.environ.get("PYTHONPATH") if inherit else None)
     return {
         "SHEPHERD_JOB_ID": job_id,
         "SHEPHERD_RUN": str(run),
         "SHEPHERD_CHECKPOINT_DIR": str(ckpt),
         "SHEPHERD_REQUEUE_EXIT_CODE": str(REQUEUE_EXIT_CODE),
         "SHEPHERD_GPU_SHARE": share,
-        "PYTHONPATH": os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH") or os.environ.get("PYTHONPATH"))
-                                      if p),
+        "PYTHONPATH": os.pathsep.join(p for p in (pkg_root, theirs) if p),
     }
 
 

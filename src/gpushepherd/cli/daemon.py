@@ -364,6 +364,48 @@ def parse_share(text: str, mem_mib: int) -> dict:
                              "mps:N[:PERCENT]")
 
 
+_MEM = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_MEM_UNIT = {"k": 1 / 1024, "": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def mem_mib(text: str) -> int:
+    """``--mem``: a size as Slurm writes it, ``100M``, ``4G``, ``1.5G``, ``512MiB``, a bare
+    number being MiB, as MiB (rounded up).
+
+    Raises:
+        typer.BadParameter: another form, or zero.
+    """
+    import math
+
+    m = _MEM.fullmatch(text.strip())
+    mib = math.ceil(float(m[1]) * _MEM_UNIT[m[2].lower()]) if m else 0
+    if mib <= 0:
+        raise typer.BadParameter(f"{text!r} is not allowed: a size such as 100M, 4G, 1.5G or 512 (MiB), more "
+                                 "than 0", param_hint="--mem")
+    return mib
+
+
+def since_epoch(text: str) -> float:
+    """``audit --since``: a duration back from now (``report --since``'s forms: 1h, 7d) or
+    a time (``report --from``'s: an ISO date or date-time, local time, or epoch seconds),
+    as epoch seconds.
+
+    Raises:
+        typer.BadParameter: neither, naming both forms.
+    """
+    from gpushepherd.cli.report import parse_since, parse_when
+
+    try:
+        return time.time() - parse_since(text)
+    except ValueError:
+        pass
+    try:
+        return parse_when(text, "--since", None)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not allowed: a duration back from now (1h, 7d, 90m) or a time "
+                                 "(2026-11-30, 2026-11-30T08:00, epoch seconds)", param_hint="--since") from None
+
+
 def env_pairs(items: list[str]) -> dict[str, str]:
     """``--env KEY=VALUE`` options as a dict.
 
@@ -797,7 +839,7 @@ def register(app: typer.Typer) -> None:
                             max_requeues=max_requeues, requeue_backoff_s=requeue_backoff,
                             busy_timeout_s=db_busy_timeout, scrape_allow=scrape_allow,
                             ready_max_step_age_s=ready_max_step_age, dcgm_names=dcgm_names)
-        except SchemaError as exc:
+        except (SchemaError, ValueError) as exc:  # ValueError: SHEPHERD_RUN_AS, SHEPHERD_CGROUP (note 023)
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
         except (SQLAlchemyError, OSError) as exc:
@@ -928,6 +970,14 @@ def register(app: typer.Typer) -> None:
                                                               "time limit): at most its class's, which is the "
                                                               "default; only a job that checkpoints gets one. "
                                                               + SECONDS_FORMS + ".")] = None,
+               mem: Annotated[Optional[str], typer.Option("--mem", metavar="SIZE", help="Host memory limit of the "
+                                                          "job's processes together (its cgroup's memory.max): "
+                                                          "100M, 4G, 1.5G, a bare number is MiB; past it the job "
+                                                          "ends OUT_OF_MEMORY. A limit, not scheduled on.")]
+               = None,
+               cpus: Annotated[Optional[float], typer.Option("--cpus", min=0.01, help="CPU limit of the job's "
+                                                             "processes together, in CPUs (its cgroup's "
+                                                             "cpu.max).")] = None,
                server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py` (a batch
         script with #SBATCH lines: `shepherd sbatch FILE`)."""
@@ -949,6 +999,10 @@ def register(app: typer.Typer) -> None:
         except typer.BadParameter as exc:
             raise typer.BadParameter(str(exc), param_hint="--share") from None
         body["env"] = env_pairs(env)
+        if mem is not None:
+            body["mem_mib"] = mem_mib(mem)
+        if cpus is not None:
+            body["cpus"] = cpus
         post_job(server, token, body)
 
     @app.command("queue", help=QUEUE_HELP)
@@ -1116,7 +1170,8 @@ def register(app: typer.Typer) -> None:
         table = SafeTable("NODE", "GPU TYPE", "GPUS", "FREE", "JOBS BY GPU", box=None)
         engine = SafeTable("NODE", "ENGINE", "STATE", "GRES", "MEMORY MiB", "LABELS", box=None)
         gpus = SafeTable("NODE", "GPU", "UTIL", "MEMORY MiB", "TEMP", "POWER", "JOBS", "UNMANAGED BY", box=None)
-        for n in _request(server, "GET", "/nodes", token=token).json():
+        listed = _request(server, "GET", "/nodes", token=token).json()
+        for n in listed:
             held = " ".join(f"{g['index']}:{','.join(g['jobs'])}" for g in n["gpu"] if g["jobs"])
             table.add_row(n["name"], n["gpu_type"], str(n["gpus"]), str(n["free"]), held or "-")
             if "engine" in n:
@@ -1141,6 +1196,47 @@ def register(app: typer.Typer) -> None:
             out.print(engine)
         if gpus.row_count:
             out.print(gpus)
+        for detail, run_as in dict.fromkeys((n["containment"]["detail"], n["containment"]["run_as"])
+                                            for n in listed if n.get("containment")):
+            out.print(_safe(f"containment: {detail}"), markup=False, soft_wrap=True)
+            out.print(_safe(f"jobs: {run_as}"), markup=False, soft_wrap=True)
+
+    @app.command("audit")
+    def audit(since: Annotated[Optional[str], typer.Option("--since", metavar="WHEN", help="Only entries since "
+                                                           "then: a duration back from now (1h, 7d, 90m) or a "
+                                                           "time (2026-11-30, 2026-11-30T08:00, epoch "
+                                                           "seconds).")] = None,
+              user: Annotated[Optional[str], typer.Option("--user", "-u", help="Only these users' entries (who "
+                                                          "acted), a comma list.")] = None,
+              action: Annotated[Optional[str], typer.Option("--action", help="Only these actions, a comma list "
+                                                            "(submit, cancel, policy-apply, token-create, "
+                                                            "token-use, ...).")] = None,
+              limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=100_000, help="The newest this "
+                                                 "many.")] = 1000,
+              as_json: Annotated[bool, typer.Option("--json", help="A JSON list of the entries (raw values: "
+                                                    "epoch seconds).")] = False,
+              server: ServerOpt = None, token: TokenOpt = None) -> None:
+        """The audit log: who (user, uid, address) did what (submit, cancel, policy apply, token create and use),
+        and how it ended. An admin token sees every entry, a team token its teams' (design note 023)."""
+        import json
+
+        params: dict[str, Any] = {"limit": limit}
+        if since is not None:
+            params["since"] = since_epoch(since)
+        if user is not None:
+            params["user"] = user
+        if action is not None:
+            params["action"] = action
+        entries = _request(server, "GET", "/audit", token=token, params=params).json()
+        if as_json:
+            sys.stdout.write(json.dumps(entries, indent=2) + "\n")
+            return
+        table = SafeTable("TIME", "ACTION", "OUTCOME", "USER", "UID", "FROM", "TEAM", "TARGET", "DETAIL", box=None)
+        for e in entries:
+            detail = " ".join(f"{k}={v}" for k, v in e["detail"].items())
+            table.add_row(_fmt_t(e["t"]), e["action"], e["outcome"], e["user"] or "-", _num(e["uid"]),
+                          e["address"] or "-", e["team"] or "-", e["target"] or "-", detail or "-")
+        out.print(table)
 
     @app.command("usage")
     def usage(server: ServerOpt = None, token: TokenOpt = None) -> None:

@@ -11,7 +11,10 @@ of its teams' jobs only (403 otherwise; an admin token may do all); reads are op
 every valid token; ``/healthz`` and ``/readyz`` need none (Kubernetes probes send none;
 note 019). On the local Unix socket the caller is the Unix user the kernel names, no
 token; a policy's ``teams.X.members`` limits team X to its members on both paths
-(``gpushepherd.daemon.auth``, note 025). Handlers are plain functions (FastAPI runs them
+(``gpushepherd.daemon.auth``, note 025). A server that runs jobs as their Unix users
+(root, note 023) takes a submission only from a caller who says who it is (a token, or
+the socket). Every submission, cancel, job action, policy apply and token use is in the
+audit log (``GET /audit``, note 023). Handlers are plain functions (FastAPI runs them
 in its thread pool): they read the core under the daemon's lock and hand changes to the
 reconcile loop; ``POST /jobs`` and the token check run on the event loop instead (no
 thread hops on the submission path).
@@ -43,12 +46,13 @@ from gpushepherd.durations import api_seconds
 from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import (METRICS_PATH, NO_MEMBERS, Membership, Principal, is_member, membership_of,
                                     socket_principal)
+from gpushepherd.daemon.cgroups import MIN_MEM_MIB
 from gpushepherd.daemon.deps import BEGIN_RULE, DEPENDENCY_RULE, parse_begin, parse_dependency
 from gpushepherd.daemon.jobquery import JOB_NAME_RULE, JobFilter, QueryError, check_job_name
 from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.server import Daemon, IdempotencyConflict, JobActionRefused
-from gpushepherd.daemon.store import StorageUnavailable, storage_reason
+from gpushepherd.daemon.store import StorageUnavailable, audit_row, storage_reason
 from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.daemon.unixsock import PEER_KEY
 from gpushepherd.model.job import GpuShare, JobSpec, first_control_char
@@ -79,6 +83,13 @@ _IDEM_KEY = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_IDEMPOTENCY_KEY)
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 #: seconds ``/readyz`` waits for its database read (then the store check fails)
 READY_STORE_TIMEOUT_S = 5.0
+#: the largest host memory limit of a job, MiB (1 PiB), and CPU limit
+MAX_HOST_MEM_MIB = 1024 ** 3
+MAX_CPUS = 65536.0
+#: audit rows ``GET /audit`` returns by default, and at most
+AUDIT_LIMIT, MAX_AUDIT_LIMIT = 1000, 100_000
+#: clients whose refused tokens are remembered (one audit row a minute each, note 023)
+MAX_REFUSED_CLIENTS = 10_000
 
 
 def _no_control(field: str, v: str) -> str:
@@ -258,6 +269,15 @@ class SubmitBody(BaseModel):
     grace_period_s: Seconds | None = Field(None, ge=0, le=MAX_SECONDS, allow_inf_nan=False,
                                            description="the grace its stops get, at most its class's (the default; "
                                            "only a job that checkpoints gets one): " + SECONDS_DOC)
+    # -- cgroup limits (note 023): enforced, never scheduled on
+    mem_mib: int | None = Field(None, ge=MIN_MEM_MIB, le=MAX_HOST_MEM_MIB, strict=True, description="host memory "
+                                "(RAM) limit of all the job's processes together, MiB (its cgroup's memory.max, no "
+                                f"swap past it; at least {MIN_MEM_MIB}: the runner counts too); past it the kernel "
+                                "kills a process and the job ends OUT_OF_MEMORY. Refused where the server has no "
+                                "cgroup memory controller")
+    cpus: float | None = Field(None, gt=0, le=MAX_CPUS, allow_inf_nan=False, description="CPU limit of the job's "
+                               "processes together, in CPUs (1.5: one and a half; its cgroup's cpu.max). Refused "
+                               "where the server has no cgroup cpu controller")
 
     @field_validator("min_driver")
     @classmethod
@@ -343,7 +363,7 @@ class SubmitBody(BaseModel):
                        name=self.name, node_selector=tuple(self.node_selector), tolerations=tuple(self.tolerations),
                        min_driver=self.min_driver, cache_key=self.cache_key, cache_required=self.cache_required,
                        deadline=self.deadline, gpus_per_pod=self.gpus_per_pod, same_node=self.same_node,
-                       grace_period_s=self.grace_period_s)
+                       grace_period_s=self.grace_period_s, mem_mib=self.mem_mib or 0, cpus=self.cpus or 0.0)
 
 
 class UpdateBody(BaseModel):
@@ -484,17 +504,23 @@ def unavailable(exc: BaseException, applied: bool = False) -> JSONResponse:
                         headers={"Retry-After": str(StorageUnavailable.RETRY_AFTER_S)})
 
 
-def check_submitter(p: Principal | None, body) -> None:
+def check_submitter(p: Principal | None, body, per_user: bool = False) -> None:
     """With auth, a submission's ``user`` must be the principal's (the token's, or the
     socket caller's; unless admin) and its ``team`` one it may act for
     (``Principal.refusal``: the token's teams, the policy's members; note 025);
     ``user`` defaults to the principal's. The same rule for jobs and services (note 017:
-    ``POST /services`` skipped the user check).
+    ``POST /services`` skipped the user check). ``per_user``: the server runs jobs as
+    their Unix users (note 023), so a caller who does not say who it is (no token, not
+    the socket) may not submit: it could name any user, root too.
 
     Raises:
         HTTPException: 403 naming the field, the value and what the token allows.
     """
     if p is None:
+        if per_user:
+            raise HTTPException(403, f"user: {body.user!r} is not allowed without a token: this server runs each "
+                                     "job as its Unix user, so it must know who submits (its Unix socket, or "
+                                     "shepherd token create --user U, then --token or $SHEPHERD_TOKEN)")
         return
     if body.user and body.user != p.user and not p.admin:
         who = f"the socket's caller is Unix user {p.user!r}" if p.via_socket else f"this token is user {p.user!r}"
@@ -503,6 +529,21 @@ def check_submitter(p: Principal | None, body) -> None:
     if why is not None:
         raise HTTPException(403, f"team: {body.team!r} is not allowed: {why}")
     body.user = body.user or p.user
+
+
+def who_of(request: Request, p: Principal | None, claimed: str = "") -> dict:
+    """``who`` of an audit row (note 023): the principal's user and token id, or -
+    without auth - the user the request claims (``claimed``, unverified); ``uid``: the
+    Unix uid the kernel vouches for (the local socket's caller, note 025; ``None`` over
+    TCP); ``address``: the client's ``HOST:PORT``, or ``unix socket (pid N)``."""
+    peer = request.scope.get(PEER_KEY)
+    client = request.client
+    if peer is not None:
+        address = f"unix socket (pid {peer.pid})"
+    else:
+        address = f"{client.host}:{client.port}" if client is not None and client.host else None
+    return {"user": p.user if p is not None else claimed, "token_id": p.token_id if p is not None else None,
+            "uid": p.uid if p is not None else None, "address": address}
 
 
 def _spec_field(msg: str) -> str:
@@ -520,6 +561,29 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             (revoking the last one does not turn auth off).
     """
     bearer = HTTPBearer(auto_error=False, description="An API token from `shepherd token create`.")
+    per_user = daemon.backend.kind == "local" and daemon.backend.run_as.per_user
+    used: set[tuple[int, str]] = set()  # (token id, client host) seen this server's life: token-use rows
+    refused_at: dict[str, float] = {}  # client host -> time of its last token-refused row
+
+    def audit_token(request: Request, p: Principal | None, why: str | None) -> None:
+        """The first use of a token from a client host in this server's life, and refused
+        tokens (one row a minute per host), in the audit log (note 023)."""
+        host = request.client.host if request.client is not None else ""
+        what = {"request": f"{request.method} {request.url.path}"}
+        if p is not None:
+            if (p.token_id, host) not in used:
+                used.add((p.token_id, host))
+                daemon.audit_later(audit_row(time.time(), "token-use", who_of(request, p), target=str(p.token_id),
+                                             detail={**what, "first": True}))
+            return
+        now = time.time()
+        if now - refused_at.get(host, float("-inf")) < 60.0:
+            return
+        if len(refused_at) >= MAX_REFUSED_CLIENTS:
+            refused_at.clear()
+        refused_at[host] = now
+        daemon.audit_later(audit_row(now, "token-refused", who_of(request, None), "denied",
+                                     detail={**what, "error": why}))
 
     members_cache: list = [None, NO_MEMBERS]  # [version, Membership] of the policy in force
 
@@ -557,15 +621,19 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         if p is None:
             why = "no token: send 'Authorization: Bearer TOKEN' (shepherd ... --token, or $SHEPHERD_TOKEN)" \
                 if cred is None else "the token is unknown or revoked"
+            if cred is not None:
+                audit_token(request, None, why)
             raise HTTPException(401, why, headers={"WWW-Authenticate": "Bearer"})
         if p.expired():
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(p.expires))
-            raise HTTPException(401, f"the token expired at {when} (token {p.token_id}, user {p.user!r}): ask an "
-                                     "admin for a new one (shepherd token rotate ID, or token create)",
-                                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+            why = (f"the token expired at {when} (token {p.token_id}, user {p.user!r}): ask an admin for a new one "
+                   "(shepherd token rotate ID, or token create)")
+            audit_token(request, None, why)
+            raise HTTPException(401, why, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
         if p.scope == "metrics" and request.url.path != METRICS_PATH:
             raise HTTPException(403, f"this token is a metrics scrape token (token {p.token_id}): valid on "
                                      f"{METRICS_PATH} only")
+        audit_token(request, p, None)
         return replace(p, membership=membership())
 
     def job_team(job_id: str) -> str:
@@ -575,13 +643,23 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             raise HTTPException(404, f"job {job_id!r}: no such job")
         return team
 
-    def may_act_on(p: Principal | None, job_id: str, what: str) -> None:
+    def may_act_on(p: Principal | None, job_id: str, what: str, request: Request | None = None,
+                   action: str = "") -> None:
         team = job_team(job_id)
         why = p.refusal(team) if p is not None else None
         if why is not None:
             if why.startswith("this token's teams"):  # a token's own teams: the message as before note 025
                 why = f"user {p.user!r} may {what} jobs of teams {p.teams_text()} only"
-            raise HTTPException(403, f"job {job_id!r} is team {team!r}'s: {why}")
+            denied = HTTPException(403, f"job {job_id!r} is team {team!r}'s: {why}")
+            if action:
+                deny(request, p, action, denied, team=team, target=job_id)
+            raise denied
+
+    def deny(request: Request, p: Principal | None, action: str, exc: HTTPException, claimed: str = "",
+             **row) -> None:
+        """An audit row for an action refused by the API itself (403)."""
+        daemon.audit_later(audit_row(time.time(), action, who_of(request, p, claimed), "denied",
+                                     detail={"error": exc.detail}, **row))
 
     policy_gate = threading.Semaphore(1)  # one policy validation at a time (note 017)
     app = FastAPI(title="gpushepherd", version=__version__, dependencies=[Depends(principal)],
@@ -629,7 +707,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     @app.post("/jobs", status_code=201, responses={200: {"description": "An Idempotency-Key seen before with this "
                                                          "body: the job it made (header Idempotent-Replayed)"}})
-    async def submit(body: SubmitBody, p: Principal | None = Depends(principal),
+    async def submit(body: SubmitBody, request: Request, p: Principal | None = Depends(principal),
                      idempotency_key: str | None = Header(None, alias="Idempotency-Key", description=(
                          "Makes a retried submission safe (IETF draft-ietf-httpapi-idempotency-key-header): the "
                          "same key and body again within 24 h answer the job the first made (200, "
@@ -639,7 +717,12 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         auth, ``user`` is the token's (another needs an admin token) and ``team`` one
         of the token's teams. On the event loop: the loop thread completes the
         submission's future (note 008, "Submission throughput")."""
-        check_submitter(p, body)
+        try:
+            check_submitter(p, body, per_user)
+        except HTTPException as exc:
+            deny(request, p, "submit", exc, claimed=body.user, team=body.team)
+            raise
+        who = who_of(request, p, body.user)
         idem = None
         if idempotency_key is not None:
             if not _IDEM_KEY.fullmatch(idempotency_key):
@@ -655,7 +738,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         try:
             array = (body.array, *parse_array(body.array), body.max_retries) if body.array is not None else None
             fut = daemon.submit_future(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
-                                       array=array, idempotency=idem, defer=body.defer())
+                                       array=array, idempotency=idem, defer=body.defer(), who=who)
             # shielded: a timeout must not cancel the future the loop will complete
             out = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), SUBMIT_TIMEOUT_S)
         except SpecError as exc:
@@ -710,27 +793,30 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         return view(job_id, history=True)
 
     @app.post("/jobs/{job_id}/cancel")
-    def cancel(job_id: str, p: Principal | None = Depends(principal)) -> dict:
-        """Cancel a job (pending or running); its GPUs are free at once. With auth:
-        a job of the token's teams only."""
-        may_act_on(p, job_id, "cancel")
+    def cancel(job_id: str, request: Request, p: Principal | None = Depends(principal)) -> dict:
+        """Cancel a job (pending or running); its GPUs are handed on once none of its
+        processes is left. With auth: a job of the token's teams only."""
+        may_act_on(p, job_id, "cancel", request, "cancel")
         try:
-            state = daemon.cancel(job_id)
+            state = daemon.cancel(job_id, who=who_of(request, p))
         except KeyError:
             raise HTTPException(404, f"job {job_id!r}: no such job") from None
         return {"id": job_id, "state": state}
 
-    def act(kind: str, job_id: str, p: Principal | None, changes: dict | None = None) -> dict:
+    def act(kind: str, job_id: str, p: Principal | None, changes: dict | None = None,
+            request: Request | None = None) -> dict:
         """A hold, release, update or requeue (note 021): the job's user or an admin only."""
         with daemon.lock:
-            user = daemon.job_user(job_id)
+            user, team = daemon.job_user(job_id), daemon.job_team(job_id)
         if user is None:
             raise HTTPException(404, f"job {job_id!r}: no such job")
         if p is not None and not p.admin and p.user != user:
-            raise HTTPException(403, f"job {job_id!r} is user {user!r}'s: only its user or an admin token may "
-                                     f"{kind} it (this token is user {p.user!r})")
+            denied = HTTPException(403, f"job {job_id!r} is user {user!r}'s: only its user or an admin token may "
+                                        f"{kind} it (this token is user {p.user!r})")
+            deny(request, p, kind, denied, team=team, target=job_id)
+            raise denied
         try:
-            return daemon.job_action(kind, job_id, changes)
+            return daemon.job_action(kind, job_id, changes, who=who_of(request, p))
         except KeyError:
             raise HTTPException(404, f"job {job_id!r}: no such job") from None
         except JobActionRefused as exc:
@@ -741,33 +827,33 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                 {"loc": ["body", field], "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})
 
     @app.post("/jobs/{job_id}/hold", responses={409: {"description": "Not a pending job the server keeps"}})
-    def hold(job_id: str, p: Principal | None = Depends(principal)) -> dict:
+    def hold(job_id: str, request: Request, p: Principal | None = Depends(principal)) -> dict:
         """Hold a pending job (``scontrol hold``): not scheduled until released; its reason is
         ``JobHeldUser``. Only a job the server keeps from the scheduler (waiting for a
         dependency or begin time, or submitted with ``hold``): one queued in the scheduler
         already is 409 (note 021). Returns the job's view."""
-        return act("hold", job_id, p)
+        return act("hold", job_id, p, request=request)
 
     @app.post("/jobs/{job_id}/release", responses={409: {"description": "Not a held job"}})
-    def release(job_id: str, p: Principal | None = Depends(principal)) -> dict:
+    def release(job_id: str, request: Request, p: Principal | None = Depends(principal)) -> dict:
         """Release a held job (``scontrol release``); a kept job that is not held is
         unchanged. Returns the job's view."""
-        return act("release", job_id, p)
+        return act("release", job_id, p, request=request)
 
     @app.post("/jobs/{job_id}/requeue", responses={409: {"description": "Not a running job"}})
-    def requeue(job_id: str, p: Principal | None = Depends(principal)) -> dict:
+    def requeue(job_id: str, request: Request, p: Principal | None = Depends(principal)) -> dict:
         """Requeue a running job (``scontrol requeue``): it is stopped (its class's stop
         signal and grace period) and queued again, keeping its id and submit time.
         Returns the job's view."""
-        return act("requeue", job_id, p)
+        return act("requeue", job_id, p, request=request)
 
     @app.patch("/jobs/{job_id}", responses={409: {"description": "Not a pending job the server keeps"}})
-    def update(job_id: str, body: UpdateBody, p: Principal | None = Depends(principal)) -> dict:
+    def update(job_id: str, body: UpdateBody, request: Request, p: Principal | None = Depends(principal)) -> dict:
         """Change a pending job (``scontrol update``): ``time_limit_s`` (checked against its
         class as at submit), ``name``, ``begin``; any other field is 422. Only a job the
         server keeps from the scheduler (held, waiting for a dependency or begin time):
         one queued in the scheduler already is 409 (note 021)."""
-        return act("update", job_id, p, body.model_dump(exclude_unset=True))
+        return act("update", job_id, p, body.model_dump(exclude_unset=True), request=request)
 
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
     def logs(job_id: str, stream: Literal["stdout", "stderr"] = "stdout", run: int | None = Query(None, ge=1, le=2**31),
@@ -798,8 +884,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                                  headers={"X-Next-Offset": str(offset + len(data)), "X-Log-Size": str(size)})
 
     @app.post("/policy")
-    def apply_policy(body: PolicyBody, dry_run: bool = Query(False, description="only check: could it be "
-                                                             "applied now?"),
+    def apply_policy(body: PolicyBody, request: Request, dry_run: bool = Query(False, description="only check: "
+                                                                               "could it be applied now?"),
                      p: Principal | None = Depends(principal)):
         """Apply a policy on the running server, atomically, as the next version
         (admin token once tokens exist; 403 otherwise). Refused with 422 and nothing
@@ -808,9 +894,12 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         node below the GPUs in use (naming each job and field). Identical to the policy
         in force: ``applied`` false. ``dry_run``: any valid token; changes nothing."""
         if p is not None and not p.admin and not dry_run:
-            raise HTTPException(403, f"applying a policy needs an admin token (or, on the Unix socket, root or the "
-                                     f"server's own user): user {p.user!r} is not an admin")
+            denied = HTTPException(403, f"applying a policy needs an admin token (or, on the Unix socket, root or "
+                                        f"the server's own user): user {p.user!r} is not an admin")
+            deny(request, p, "policy-apply", denied, target=None)
+            raise denied
         by = p.user if p is not None else body.user
+        who = who_of(request, p, body.user)
         try:
             # validated here, in this request's thread, outside the daemon's lock and one at
             # a time (note 017): the loop only checks it against the live jobs
@@ -824,8 +913,11 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                         "message": f"version {cur['version']} is in force; " + (
                             f"this policy could be applied now as version {cur['version'] + 1}" if new is not None
                             else "this policy is identical to it: nothing to apply")}
-            return daemon.apply_policy(body.policy, body.source, by, pol=pol)
+            return daemon.apply_policy(body.policy, body.source, by, pol=pol, who=who)
         except (PolicyError, PolicyConflict) as exc:
+            if not dry_run and isinstance(exc, PolicyError):  # the loop audits what it refuses itself
+                daemon.audit_later(audit_row(time.time(), "policy-apply", who, "refused",
+                                             detail={"source": body.source, "error": str(exc)[:2000]}))
             return _policy_refused(exc)
 
     @app.get("/policy")
@@ -840,6 +932,30 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         """Every version, oldest first: version, t, by, source."""
         with daemon.lock:
             return [{k: v for k, v in x.items() if k != "policy"} for x in daemon.policies]
+
+    @app.get("/audit")
+    def audit(since: float | None = Query(None, ge=0, le=MAX_EPOCH, allow_inf_nan=False,
+                                          description="only entries at or after this time, epoch seconds"),
+              user: str | None = Query(None, max_length=65536, description="only entries of these users (who "
+                                       "acted), a comma list"),
+              action: str | None = Query(None, max_length=4096, description="only these actions, a comma list: "
+                                         "submit, cancel, hold, release, update, requeue, policy-apply, "
+                                         "token-create, token-rotate, token-revoke, token-use, token-refused"),
+              limit: int = Query(AUDIT_LIMIT, ge=1, le=MAX_AUDIT_LIMIT, description="the newest this many"),
+              p: Principal | None = Depends(principal)) -> list:
+        """The audit log (note 023), oldest first: who (``user``: the token's, or the one a
+        request without tokens claimed; ``token_id``; ``uid``: the Unix uid the kernel vouches
+        for, for local commands; ``address``: the client's HOST:PORT, or ``local (COMMAND)``),
+        ``action``, ``team``, ``target`` (job id, token id, policy version), ``outcome`` (ok,
+        denied: 403, refused: 422/409, failed: storage) and ``detail`` (what). An admin token
+        sees every entry; another token only the entries about jobs of its teams (submits,
+        cancels and job actions of its teams, its teams' 403s) - never policy or token
+        entries; without tokens, everything."""
+        def items(v: str | None) -> list[str] | None:
+            return None if v is None else [x.strip() for x in v.split(",") if x.strip()]
+        teams = None if p is None or p.admin else list(p.teams)
+        return daemon.store.audit_entries(since=since, users=items(user), teams=teams, actions=items(action),
+                                          limit=limit)
 
     @app.get("/nodes")
     def nodes() -> list:

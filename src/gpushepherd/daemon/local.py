@@ -1,4 +1,5 @@
-"""Local backend: each job runs as its own process group on this server.
+"""Local backend: each job runs as its own process group - and, where cgroup v2 is
+writable, in its own cgroup - on this server (design notes 008, 023).
 
 Layout under the data directory:
 
@@ -9,8 +10,19 @@ Layout under the data directory:
 The checkpoint contract: a job that saved its state into ``SHEPHERD_CHECKPOINT_DIR``
 and exits with ``REQUEUE_EXIT_CODE`` (85) is requeued (``ExitStatus.PREEMPTED``) and
 finds the directory again on its next run. Preemption and stops (time limit, window,
-idle) send the class's ``stop_signal`` (SIGTERM by default) to the group, then
-SIGKILL after the grace period.
+idle) send the class's ``stop_signal`` (SIGTERM by default) to the group (to every
+process of the run's cgroup), then SIGKILL after the grace period.
+
+Run as root (note 023), a job runs as its user (``gpushepherd.daemon.runas``): its
+stdout, stderr and exit file are the user's, mode 0600, in a run directory of root's
+(mode 0711: the user reaches them by path, nobody else can open them, and the user
+cannot plant a link or a FIFO where root writes); its checkpoint directory is the
+user's, mode 0700; the data directory and ``runs/``, ``checkpoints/`` are root's, 0711.
+A server that is not root keeps them 0700/0600 as its own.
+
+Containment (``gpushepherd.daemon.cgroups``): a stop kills the run's cgroup, and the
+GPUs of an ended or killed run are handed on only once its cgroup is empty
+(``gpus_held``); an out-of-memory kill ends the job ``OUT_OF_MEMORY`` (``end_causes``).
 """
 
 from __future__ import annotations
@@ -20,12 +32,14 @@ import logging
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpushepherd.backends import EngineNode, RunFiles, contract_env
+from gpushepherd.backends import EngineNode, RunFiles, contract_env, package_root
+from gpushepherd.daemon import cgroups, runas
 from gpushepherd.gpu.inventory import Discovery
 from gpushepherd.gpu.procs import stat_fields as _stat
 from gpushepherd.model.job import ExitStatus
@@ -35,6 +49,10 @@ log = logging.getLogger("gpushepherd.daemon")
 
 #: "checkpointed, requeue me" (the number Slurm users know from ``--requeue`` scripts)
 REQUEUE_EXIT_CODE = 85
+#: the reason of a run the kernel's OOM killer ended in its cgroup (Slurm's job state)
+OUT_OF_MEMORY = "OUT_OF_MEMORY"
+#: the most of an exit file that is read (it is the job user's file)
+EXIT_FILE_MAX = 4096
 
 
 def proc_start_time(pid: int) -> str | None:
@@ -158,7 +176,9 @@ def unresolved_mig(placement: Placement, node: str = "", found: Discovery | None
 
 @dataclass(slots=True)
 class Proc:
-    """One run's process group: ``pid`` (the runner, the group leader) == ``pgid``."""
+    """One run's process group: ``pid`` (the runner, the group leader) == ``pgid``;
+    ``cgroup``: its cgroup v2 (``None``: the process group only); ``placement``: the
+    GPUs it holds until every process of it is gone; ``killed``: a kill was sent."""
 
     job_id: str
     run: int
@@ -166,6 +186,55 @@ class Proc:
     start: str | None
     exit_file: Path
     popen: subprocess.Popen | None = None  # None: re-attached after a restart (not our child)
+    cgroup: Path | None = None
+    placement: Placement | None = None
+    killed: bool = False
+
+
+def _exit_code(exit_file: Path) -> int | None:
+    """The code in a run's exit file (``None``: none, or unreadable). At most
+    ``EXIT_FILE_MAX`` bytes of a plain file are read: the file is the job user's."""
+    try:
+        fd = os.open(exit_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return int(json.loads(os.read(fd, EXIT_FILE_MAX))["code"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _private_dir(path: Path, mode: int, owner: runas.Identity | None = None) -> None:
+    """Make ``path`` (its parents as needed) and give it ``mode`` and, with ``owner``,
+    that user and primary group."""
+    path.mkdir(parents=True, exist_ok=True)
+    if owner is not None:
+        os.chown(path, owner.uid, owner.gid, follow_symlinks=False)
+    os.chmod(path, mode)
+
+
+def _open_log(path: Path, owner: runas.Identity | None) -> int:
+    """A run's stdout or stderr, opened to append: mode 0600, given to ``owner``.
+
+    Raises:
+        OSError: it cannot be opened, or is not a plain file with one link.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise OSError(f"{path}: not a plain file with one link")
+        if owner is not None:
+            os.fchown(fd, owner.uid, owner.gid)
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class LocalBackend(RunFiles):
@@ -173,19 +242,60 @@ class LocalBackend(RunFiles):
 
     Args:
         data_dir: the server's data directory (logs, exit files, checkpoints).
+        run_as: how jobs run (``runas.run_as()``, from the process and
+            ``SHEPHERD_RUN_AS``, by default).
+        containment: the runs' cgroups (``cgroups.open_containment``, from
+            ``SHEPHERD_CGROUP``, by default; opened at the first run).
     """
 
     kind = "local"
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, run_as: runas.RunAs | None = None,
+                 containment: cgroups.Containment | None = None):
         self.data_dir = Path(data_dir)
         self.procs: dict[str, Proc] = {}
         #: job -> why its last run ended without an exit code (``exits`` returned ``None``)
         self.lost_causes: dict[str, str] = {}
+        #: job -> ``(reason, detail)`` of its last run when the exit code alone does not say
+        #: why it ended (``OUT_OF_MEMORY``); the daemon takes them when it records the exit
+        self.end_causes: dict[str, tuple[str, str]] = {}
+        #: ended or replaced runs with processes left, (job, run) -> Proc: their GPUs are held
+        self.draining: dict[tuple[str, int], Proc] = {}
         #: this server's node and what its inventory found (GPU and MIG UUIDs for
         #: ``CUDA_VISIBLE_DEVICES``); set by the daemon, ``None``: indices
         self.node = ""
         self.found: Discovery | None = None
+        self.run_as = run_as if run_as is not None else runas.run_as()
+        if containment is None:
+            cgroups.instance_dir(self.data_dir)  # a bad SHEPHERD_CGROUP is refused now (ValueError), not at a run
+        self._containment = containment
+        self._dirs_done = False
+
+    @property
+    def containment(self) -> cgroups.Containment:
+        """Where the runs are contained (opened on first use)."""
+        if self._containment is None:
+            self._containment = cgroups.open_containment(self.data_dir)
+        return self._containment
+
+    def describe(self) -> str:
+        """How jobs run here, for the log: as whom, and their containment."""
+        return f"{self.run_as.text()}; containment: {self.containment.text()}"
+
+    def containment_view(self) -> dict:
+        """``GET /nodes``' ``containment`` of this server (``Containment.view``) and
+        ``run_as`` (``RunAs.text``)."""
+        return {**self.containment.view(), "run_as": self.run_as.text()}
+
+    def check_job(self, user: str, mem_mib: int = 0, cpus: float = 0.0) -> str | None:
+        """Why a job of ``user`` with these limits cannot run here (an unknown Unix user
+        when jobs run as their users; limits without their cgroup controller), or ``None``."""
+        if self.run_as.per_user:
+            try:
+                runas.identity(user)
+            except runas.UnknownUser as exc:
+                return str(exc)
+        return self.containment.refusal(mem_mib, cpus)
 
     def discover(self) -> list[EngineNode]:
         """This server's node as its inventory found it (set by the daemon); ``[]``
@@ -196,80 +306,200 @@ class LocalBackend(RunFiles):
         return [EngineNode(self.node, self.found.gpus[0].name if self.found.gpus else "", len(self.found.gpus),
                            mem, (), "up")]
 
+    def _prepare(self, job_id: str, run: int, owner: runas.Identity | None) -> tuple[Path, Path, Path]:
+        """``prepare_run`` with the modes and owners of the module's docstring."""
+        shared = 0o711 if owner is not None else 0o700
+        if not self._dirs_done or owner is not None:
+            for d in (self.data_dir, self.data_dir / "runs", self.data_dir / "checkpoints"):
+                _private_dir(d, shared)
+            self._dirs_done = owner is None
+        rdir, ckpt = self.run_dir(job_id, run), self.checkpoint_dir(job_id)
+        _private_dir(rdir.parent, shared)
+        _private_dir(rdir, shared)  # root's: its user cannot put a link where root writes
+        _private_dir(ckpt, 0o700, owner)
+        exit_file = rdir / "exit"
+        exit_file.unlink(missing_ok=True)
+        return rdir, ckpt, exit_file
+
     def start(self, job_id: str, run: int, argv: list[str], *, shell: bool, env: dict[str, str], cwd: str,
-              placement: Placement, time_limit_s: float | None = None) -> Proc:
+              placement: Placement, time_limit_s: float | None = None, user: str = "", mem_mib: int = 0,
+              cpus: float = 0.0) -> Proc:
         """Start run ``run`` of a job on ``placement``; returns its process
-        (``time_limit_s`` is unused: the core's stop is the only limit here).
+        (``time_limit_s`` is unused: the core's stop is the only limit here). ``user``:
+        the Unix user it runs as when jobs run as their users; ``mem_mib`` / ``cpus``:
+        its cgroup's ``memory.max`` / ``cpu.max`` (0: none).
 
         Raises:
-            OSError: the runner could not be started (the job's own command failing to
-                start is an exit code 127, reported like any exit).
+            OSError: the runner, the run's files or its cgroup could not be made (the
+                job's own command failing to start is an exit code 127, reported like any
+                exit); runas.UnknownUser (a ValueError): no such Unix user.
         """
-        rdir, ckpt, exit_file = self.prepare_run(job_id, run)
-        full_env = dict(os.environ)
-        full_env.update(env)
+        owner = runas.identity(user) if self.run_as.per_user else None
+        self._retire(job_id)
+        rdir, ckpt, exit_file = self._prepare(job_id, run, owner)
+        cg = self.containment.create(job_id, run, mem_mib, cpus)
+        job_env = runas.clean_env(owner, env) if owner is not None else {**os.environ, **env}
         unresolved = unresolved_mig(placement, self.node, self.found)
         if unresolved:
             log.warning("job %s: MIG device %s has no known UUID (static inventory?): it sees its whole GPU; "
                         "SHEPHERD_MIG_DEVICE names the device", job_id, unresolved)
-            full_env["SHEPHERD_MIG_DEVICE"] = unresolved
-        full_env["CUDA_VISIBLE_DEVICES"] = visible_devices(placement, self.node, self.found)
+            job_env["SHEPHERD_MIG_DEVICE"] = unresolved
+        job_env["CUDA_VISIBLE_DEVICES"] = visible_devices(placement, self.node, self.found)
         # the runner must import gpushepherd even when the job's cwd or env differ
-        full_env.update(contract_env(job_id, run, ckpt, placement.share, env))
+        job_env.update(contract_env(job_id, run, ckpt, placement.share, env, inherit=owner is None))
         cmd = [sys.executable, "-m", "gpushepherd.daemon.runner"] + (["--shell"] if shell else [])
+        if cg is not None:
+            cmd += ["--cgroup", str(cg)]
+        runner_env = job_env
+        if owner is not None:
+            # the runner is root: it gets only what it needs (never the job's PYTHONPATH,
+            # LD_PRELOAD ...); the job's environment goes to it in a file of root's
+            env_file = rdir / "env.json"
+            env_file.unlink(missing_ok=True)
+            fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(job_env, f)
+            cmd += ["--user", owner.runner_arg(), "--cwd", cwd, "--env-file", str(env_file)]
+            runner_env = {"PATH": runas.DEFAULT_PATH, "PYTHONPATH": package_root(),
+                          **{k: job_env[k] for k in ("SHEPHERD_JOB_ID", "SHEPHERD_RUN")}}
         cmd += [str(exit_file), "--", *argv]
-        with open(rdir / "stdout", "ab") as out, open(rdir / "stderr", "ab") as err:
-            popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd,
-                                     env=full_env, start_new_session=True, close_fds=True)
-        proc = Proc(job_id, run, popen.pid, proc_start_time(popen.pid), exit_file, popen)
+        out = _open_log(rdir / "stdout", owner)
+        try:
+            err = _open_log(rdir / "stderr", owner)
+            try:
+                popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                         cwd="/" if owner is not None else cwd, env=runner_env,
+                                         start_new_session=True, close_fds=True)
+            finally:
+                os.close(err)
+        finally:
+            os.close(out)
+        proc = Proc(job_id, run, popen.pid, proc_start_time(popen.pid), exit_file, popen, cg, placement)
         self.procs[job_id] = proc
         return proc
 
-    def attach(self, job_id: str, run: int, pid: int | None, start: str | None) -> Proc | None:
+    def attach(self, job_id: str, run: int, pid: int | None, start: str | None,
+               placement: Placement | None = None) -> Proc | None:
         """Re-attach to a run started by an earlier server (``pid``: its runner, ``None``
-        when it was never recorded: looked up by its environment). Returns ``None`` if
-        its process group is gone and it left no exit file (the run is lost)."""
+        when it was never recorded: looked up by its environment; ``placement``: the GPUs
+        it holds), and to its cgroup when it has one. Returns ``None`` if no process of
+        it is left and it left no exit file (the run is lost)."""
         exit_file = self.run_dir(job_id, run) / "exit"
+        # the cgroup it was started in, if any (a run of a server before cgroups has none);
+        # looked up without making this server's cgroup
+        base = self._containment.base if self._containment is not None else cgroups.instance_dir(self.data_dir)
+        cg = cgroups.Containment(base).path(job_id, run) if base is not None else None
+        cg = cg if cg is not None and cg.is_dir() else None
         if pid is None:
             found = find_runner(job_id, run, exit_file)
-            if found is None and not exit_file.exists():
+            if found is None and not exit_file.exists() and not (cg is not None and cgroups.populated(cg)):
                 return None
             pid, start = found or (0, None)
-        proc = Proc(job_id, run, pid, start, exit_file)
+        proc = Proc(job_id, run, pid, start, exit_file, cgroup=cg, placement=placement)
         if exit_file.exists() or self._alive(proc):
             self.procs[job_id] = proc
             return proc
         self.lost_causes[job_id] = (f"no process of its group and no exit file when this server started; stderr: "
                                     f"{self.run_dir(job_id, run) / 'stderr'}")
+        if cg is not None:
+            cgroups.remove(cg)
         return None
 
     def _alive(self, proc: Proc) -> bool:
-        """Whether the run still runs: its runner, or else any process of its group (the
-        keeper and the job outlive a killed runner and record the exit, note 017)."""
+        """Whether the run still runs: a process in its cgroup, its runner, or else any
+        process of its group (the keeper and the job outlive a killed runner and record
+        the exit, note 017)."""
+        if proc.cgroup is not None and cgroups.populated(proc.cgroup):
+            return True
         if proc.popen is not None:
-            return proc.popen.poll() is None or group_running(proc.pid)
+            # with a cgroup the runner is in it from its start: the group is not looked up
+            return proc.popen.poll() is None or (proc.cgroup is None and group_running(proc.pid))
         if proc.pid <= 0:
             return False
         fields = _stat(proc.pid)
         if fields is None or fields[0] in "ZX" or (proc.start is not None and fields[19] != proc.start):
-            return group_running(proc.pid)  # the leader is gone (or its pid reused): is its group?
+            # the leader is gone (or its pid reused): is its group?
+            return proc.cgroup is None and group_running(proc.pid)
         return True
+
+    def _remains(self, proc: Proc) -> bool:
+        """Whether any process of an ended or killed run is left."""
+        if proc.cgroup is not None:
+            return cgroups.populated(proc.cgroup)
+        return proc.pid > 0 and group_running(proc.pid)
+
+    def _kill_all(self, proc: Proc) -> None:
+        """SIGKILL every process of a run: its process group (the runner before it entered
+        its cgroup) and its cgroup."""
+        if proc.pid > 0:
+            self.kill_group(proc.pid)
+        if proc.cgroup is not None:
+            cgroups.kill_all(proc.cgroup)
+
+    def _drained(self, proc: Proc) -> bool:
+        """Whether nothing is left of an ended or killed run: no process, and its cgroup
+        removed (an empty cgroup the kernel still refuses to remove, EBUSY while its last
+        tasks are released, is waited for too)."""
+        if self._remains(proc):
+            return False
+        return proc.cgroup is None or cgroups.remove(proc.cgroup)
+
+    def _drain(self, proc: Proc) -> None:
+        """A run that ended or was replaced: what is left of it is killed, and its GPUs
+        stay held (``gpus_held``) until nothing is (its cgroup removed)."""
+        if self._remains(proc):
+            self._kill_all(proc)
+        if not self._drained(proc):
+            self.draining[(proc.job_id, proc.run)] = proc
+
+    def _retire(self, job_id: str) -> None:
+        """Before a new run of a job: its earlier run, if still tracked, drains."""
+        old = self.procs.pop(job_id, None)
+        if old is not None:
+            self._drain(old)
+
+    def gpus_held(self, placement: Placement) -> str | None:
+        """What still holds a GPU of ``placement`` (``job 5 run 1: its cgroup is not
+        empty``): a run that ended or was killed while processes of it are left; ``None``:
+        the GPUs may be handed on. Empty cgroups of ended runs are removed here."""
+        for key, proc in sorted(self.draining.items()):
+            if self._drained(proc):
+                del self.draining[key]
+        want = {(n, g) for n, gs in placement.parts for g in gs}
+        holders = list(self.draining.values()) + [p for p in self.procs.values() if p.killed]
+        for proc in sorted(holders, key=lambda p: (p.job_id, p.run)):
+            pl = proc.placement
+            if pl is None or not want & {(n, g) for n, gs in pl.parts for g in gs}:
+                continue
+            if proc.killed and (proc.job_id, proc.run) not in self.draining and self._drained(proc):
+                continue  # killed in this step and already gone (exits() reports it next)
+            where = f"its cgroup {proc.cgroup} is not empty or not removed yet" if proc.cgroup is not None else \
+                f"its process group {proc.pid} still runs"
+            return f"job {proc.job_id} run {proc.run}: {where}"
+        return None
 
     def exits(self) -> list[tuple[str, int | None]]:
         """Runs that ended since the last call: ``(job id, exit code)``, ``None`` for
-        a run that ended without an exit code (lost)."""
+        a run that ended without an exit code (lost). A run whose cgroup saw an
+        out-of-memory kill is reported with its code (-9 when it left none) and
+        ``end_causes[job]`` = ``(OUT_OF_MEMORY, how)``."""
         out = []
         for job_id, proc in list(self.procs.items()):
             if not proc.exit_file.exists() and self._alive(proc):
                 continue
             if proc.popen is not None:
                 proc.popen.wait()  # reap the runner
-            if proc.pid > 0 and group_running(proc.pid):
-                self.kill_group(proc.pid)  # the job ended: what it left behind in its group goes too
-            code = None
-            try:
-                code = int(json.loads(proc.exit_file.read_text())["code"])
-            except (OSError, ValueError, KeyError):
+            code = _exit_code(proc.exit_file)
+            oom = cgroups.oom_kills(proc.cgroup) if proc.cgroup is not None else 0
+            if oom:
+                limit = (proc.cgroup / "memory.max").read_text().strip() if (proc.cgroup / "memory.max").exists() \
+                    else "?"
+                self.end_causes[job_id] = (OUT_OF_MEMORY, f"the kernel killed {oom} process{'es' * (oom != 1)} of "
+                                           f"it at its memory limit (memory.max {limit} bytes, submit --mem)")
+                log.warning("job %s: run %d: %s: %s", job_id, proc.run, *self.end_causes[job_id])
+                if code is None:
+                    code = -signal.SIGKILL
+            if code is None:
                 status = proc.popen.returncode if proc.popen is not None else None
                 cause = (f"its runner exited with status {status} without an exit code" if status is not None
                          else "its process group ended without an exit code (not this server's child)")
@@ -279,22 +509,37 @@ class LocalBackend(RunFiles):
                 log.warning("job %s: run %d ended without an exit code: %s", job_id, proc.run,
                             self.lost_causes[job_id])
             del self.procs[job_id]
+            self._drain(proc)  # the job ended: what it left behind goes too, then its GPUs
             out.append((job_id, code))
         return out
 
     def signal(self, job_id: str, sig: int) -> None:
-        """Send ``sig`` to the job's process group (nothing if it is gone)."""
+        """Send ``sig`` to every process of the job's cgroup - or, before its runner is in
+        it and without one, to its process group (nothing if it is gone)."""
         proc = self.procs.get(job_id)
         if proc is None or proc.pid <= 0:
             return
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        members = cgroups.pids(proc.cgroup) if proc.cgroup is not None else []
+        if proc.pid not in members:
+            members = []
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in members:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill(self, job_id: str) -> None:
-        """SIGKILL the job's process group (nothing if it is gone)."""
-        self.signal(job_id, signal.SIGKILL)
+        """SIGKILL every process of the job's run (nothing if it is gone); its GPUs stay
+        held (``gpus_held``) until none is left."""
+        proc = self.procs.get(job_id)
+        if proc is None or proc.pid <= 0:
+            return
+        proc.killed = True
+        self._kill_all(proc)
 
     def running(self, job_id: str) -> bool:
         """Whether the job's tracked run has not ended (no exit file yet and alive)."""

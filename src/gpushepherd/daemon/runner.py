@@ -1,10 +1,18 @@
 """The leader of one job's process group: runs the job, waits, records its exit.
 
-``python -m gpushepherd.daemon.runner EXIT_FILE -- ARGV...`` runs ``ARGV`` (with
-``--shell``: ``/bin/sh -c ARGV[0]``), waits for it and writes its exit code to
+``python -m gpushepherd.daemon.runner [OPTIONS] EXIT_FILE -- ARGV...`` runs ``ARGV``
+(with ``--shell``: ``/bin/sh -c ARGV[0]``), waits for it and writes its exit code to
 ``EXIT_FILE`` (``{"code": N}``; a signal ``S`` is ``-S``) atomically, so that a
 server that restarted - and is no longer the job's parent - still learns how it
 ended; it then exits with that code (a signal S: ``128+S``).
+
+Options (design note 023): ``--cgroup DIR``: first of all, move into that cgroup v2
+(every process of the job is then in it); ``--user UID:GID:G1,G2``: start the job with
+that uid, gid and supplementary groups (``Popen(user=, group=, extra_groups=)``: no
+shell or other program runs as root in between) and give it the exit file (mode 0600);
+``--cwd DIR``: the job's directory, entered as that user; ``--env-file FILE``: the job's
+environment (a JSON object, the file removed once read) instead of the runner's own,
+which then holds only what the runner needs.
 
 Two processes record the exit (design note 017, "Runs that are lost"): the runner forks
 a *keeper*, which starts the job, waits for it and writes the exit file; the runner
@@ -32,13 +40,21 @@ PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def write_exit(exit_file: str, code: int) -> bool:
-    """Write ``{"code": code}`` to ``exit_file`` atomically (a temporary file, fsync,
-    rename); ``False`` (and a line on stderr) when it cannot be written (disk full,
-    read-only): the server then counts the run as lost."""
+def write_exit(exit_file: str, code: int, owner: tuple[int, int] | None = None) -> bool:
+    """Write ``{"code": code}`` to ``exit_file`` atomically (a temporary file of mode 0600
+    - given to ``owner`` ``(uid, gid)`` when set -, fsync, rename); ``False`` (and a line
+    on stderr) when it cannot be written (disk full, read-only): the server then counts
+    the run as lost."""
     tmp = f"{exit_file}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as f:
+        try:
+            os.unlink(tmp)  # a stale one of a reused pid
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            if owner is not None:
+                os.fchown(fd, *owner)
             json.dump({"code": code}, f)
             f.flush()
             os.fsync(f.fileno())
@@ -66,30 +82,86 @@ def _as_exit(code: int) -> int:
     return code if 0 <= code < 256 else 128 - code if code < 0 else 1
 
 
-def _keeper(argv: list[str], shell: bool, exit_file: str, pid_w: int) -> int:
+class Options:
+    """The runner's command line: ``[--shell] [--cgroup DIR] [--user UID:GID:GROUPS]
+    [--cwd DIR] [--env-file FILE] EXIT_FILE -- ARGV...``."""
+
+    def __init__(self, args: list[str]):
+        self.shell, self.cgroup, self.user, self.cwd, self.env_file = False, None, None, None, None
+        valued = {"--cgroup": "cgroup", "--user": "user", "--cwd": "cwd", "--env-file": "env_file"}
+        while args and args[0].startswith("--") and args[0] != "--":
+            if args[0] == "--shell":
+                self.shell, args = True, args[1:]
+            elif args[0] in valued and len(args) > 1:
+                setattr(self, valued[args[0]], args[1])
+                args = args[2:]
+            else:
+                raise ValueError(f"unknown option {args[0]!r}")
+        if len(args) < 3 or args[1] != "--":
+            raise ValueError("EXIT_FILE -- ARGV... expected")
+        self.exit_file, self.argv = args[0], args[2:]
+        self.uid = self.gid = None
+        self.groups: list[int] = []
+        if self.user is not None:
+            uid, gid, groups = self.user.split(":")
+            self.uid, self.gid = int(uid), int(gid)
+            self.groups = [int(g) for g in groups.split(",") if g]
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        return None if self.uid is None else (self.uid, self.gid)
+
+
+def _keeper(opts: Options, env: dict[str, str] | None, pid_w: int) -> int:
     """In the forked keeper: start the job, tell the runner its pid, wait, write the exit file."""
+    argv, kw = opts.argv, {}
+    if opts.uid is not None:
+        kw = dict(user=opts.uid, group=opts.gid, extra_groups=opts.groups)
+    cwd = opts.cwd
+    # entered after the uid change (Popen's cwd= is entered before it, as root); the keeper
+    # is one thread, so a preexec_fn is safe here
+    preexec = (lambda: os.chdir(cwd)) if cwd is not None else None
     try:
-        proc = subprocess.Popen(argv[0] if shell else argv, shell=shell)
-    except OSError as exc:  # the command does not exist or cannot run
-        print(f"shepherd: cannot run {argv[0]!r}: {exc}", file=sys.stderr)
+        proc = subprocess.Popen(argv[0] if opts.shell else argv, shell=opts.shell, env=env, preexec_fn=preexec, **kw)
+    except (OSError, subprocess.SubprocessError) as exc:  # the command does not exist or cannot run
+        why = exc if isinstance(exc, OSError) else f"cannot enter its directory {cwd!r} as uid {opts.uid}"
+        print(f"shepherd: cannot run {argv[0]!r}: {why}", file=sys.stderr)
         os.close(pid_w)
-        return 127 if write_exit(exit_file, 127) else 3
+        return 127 if write_exit(opts.exit_file, 127, opts.owner) else 3
     os.write(pid_w, f"{proc.pid}\n".encode())
     os.close(pid_w)
     code = proc.wait()
-    return _as_exit(code) if write_exit(exit_file, code) else 3
+    return _as_exit(code) if write_exit(opts.exit_file, code, opts.owner) else 3
 
 
 def main(args: list[str]) -> int:
-    """Run ``args`` (``[--shell] EXIT_FILE -- ARGV...``), record the exit code in
-    ``EXIT_FILE`` and return it (a signal S as ``128+S``); 2 for a bad command line."""
-    shell = False
-    if args and args[0] == "--shell":
-        shell, args = True, args[1:]
-    if len(args) < 3 or args[1] != "--":
-        print("usage: python -m gpushepherd.daemon.runner [--shell] EXIT_FILE -- ARGV...", file=sys.stderr)
+    """Run ``args`` (``[OPTIONS] EXIT_FILE -- ARGV...``, see the module), record the exit
+    code in ``EXIT_FILE`` and return it (a signal S as ``128+S``); 2 for a bad command
+    line, a cgroup it cannot enter or an environment file it cannot read (nothing was
+    started: the server counts the run as lost)."""
+    try:
+        opts = Options(list(args))
+    except ValueError as exc:
+        print(f"usage: python -m gpushepherd.daemon.runner [--shell] [--cgroup DIR] [--user UID:GID:GROUPS] "
+              f"[--cwd DIR] [--env-file FILE] EXIT_FILE -- ARGV... ({exc})", file=sys.stderr)
         return 2
-    exit_file, argv = args[0], args[2:]
+    if opts.cgroup is not None:  # first: every process started from here on is in the job's cgroup
+        try:
+            with open(os.path.join(opts.cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as exc:
+            print(f"shepherd: cannot enter the job's cgroup {opts.cgroup}: {exc}", file=sys.stderr)
+            return 2
+    env = None
+    if opts.env_file is not None:
+        try:
+            with open(opts.env_file) as f:
+                env = json.load(f)
+            os.unlink(opts.env_file)
+        except (OSError, ValueError) as exc:
+            print(f"shepherd: cannot read the job's environment {opts.env_file}: {exc}", file=sys.stderr)
+            return 2
+    exit_file = opts.exit_file
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda *_: None)
     try:  # the job is re-parented to the runner if the keeper dies
@@ -102,7 +174,7 @@ def main(args: list[str]) -> int:
         os.close(pid_r)
         code = 1
         try:
-            code = _keeper(argv, shell, exit_file, pid_w)
+            code = _keeper(opts, env, pid_w)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -131,7 +203,7 @@ def main(args: list[str]) -> int:
             break
     if code is None:
         return 1  # no exit code to record: the server counts the run as lost
-    write_exit(exit_file, code)
+    write_exit(exit_file, code, opts.owner)
     return _as_exit(code)
 
 

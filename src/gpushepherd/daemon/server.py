@@ -49,6 +49,7 @@ from gpushepherd.daemon.deps import (
     parse_begin,
     parse_dependency,
 )
+from gpushepherd.daemon import cgroups
 from gpushepherd.daemon.local import exit_status, mig_uuid
 from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
@@ -61,9 +62,12 @@ from gpushepherd.daemon.store import (
     JobKept,
     LaunchFailed,
     LockHeld,
+    RunEnded,
     RunLost,
     StorageUnavailable,
     Store,
+    audit_row,
+    local_who,
     spec_from_dict,
     spec_to_dict,
     storage_reason,
@@ -166,6 +170,28 @@ class DaemonError(RuntimeError):
     """The server cannot start; ``str()`` says why and what to do."""
 
 
+def audit_outcome(exc: BaseException | None) -> str:
+    """The ``outcome`` of an audit row for a command that raised ``exc``: ``ok`` (none),
+    ``failed`` (storage, time-out: it may not be applied), else ``refused``."""
+    if exc is None:
+        return "ok"
+    return "failed" if isinstance(exc, (StorageUnavailable, TimeoutError)) else "refused"
+
+
+#: the most characters of a submission's command an audit row keeps
+AUDIT_COMMAND_CHARS = 1000
+
+
+class Command(Future):
+    """The future of an API command to the loop, carrying ``who`` asked for it (``{"user",
+    "token_id", "uid", "address"}``; ``None``: not audited, e.g. an engine's own cancel):
+    the loop writes the command's audit row (note 023) in the transaction of the command."""
+
+    def __init__(self, who: dict | None = None):
+        super().__init__()
+        self.who = who
+
+
 class IdempotencyConflict(ValueError):
     """An ``Idempotency-Key`` already used by this caller for another request body (the
     IETF draft's 422); ``job_id`` is the job the first request made."""
@@ -190,11 +216,13 @@ def constraints_view(spec: JobSpec) -> dict[str, Any]:
     022): ``node_selector`` as ``["zone=a", "nvlink"]`` (a Slurm feature without ``=``),
     ``tolerations``, ``min_driver``, ``cache_key``, ``cache_required``, ``deadline`` (epoch
     seconds or ``None``), ``gpus_per_pod``, ``same_node`` and ``grace_period_s`` (``None``: the
-    class's)."""
+    class's); and its cgroup limits (note 023): ``mem_mib`` (host memory, MiB) and
+    ``cpus``, ``None`` when not set."""
     return {"node_selector": [f"{k}={v}" if v else k for k, v in spec.node_selector],
             "tolerations": list(spec.tolerations), "min_driver": spec.min_driver, "cache_key": spec.cache_key,
             "cache_required": spec.cache_required, "deadline": spec.deadline, "gpus_per_pod": spec.gpus_per_pod,
-            "same_node": spec.same_node, "grace_period_s": spec.grace_period_s}
+            "same_node": spec.same_node, "grace_period_s": spec.grace_period_s, "mem_mib": spec.mem_mib or None,
+            "cpus": spec.cpus or None}
 
 
 class Daemon:
@@ -257,11 +285,19 @@ class Daemon:
         self.data_dir = Path(data_dir).resolve()
         if db_url is None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._private_db()
         # a --db that fails leaves no folder
         self.store = Store(db_url or Store.sqlite_url(self.data_dir), busy_timeout_s=busy_timeout_s)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.backend: Backend = make_backend(backend, self.data_dir, partition=slurm_partition,
                                              ray_address=ray_address, k8s=k8s)
+        if self.backend.kind == "local":  # jobs of other users reach their files through it (note 023)
+            mode = 0o711 if self.backend.run_as.per_user else 0o700
+            try:
+                os.chmod(self.data_dir, mode)
+            except PermissionError as exc:
+                log.warning("data dir %s: cannot make it mode %o (%s): other local users may list it", self.data_dir,
+                            mode, exc.strerror)
         self.policy_path = policy_path
         self.poll_s = poll_s
         self.clock = clock
@@ -299,6 +335,12 @@ class Daemon:
         self.next_num = 1
         #: job -> why its last launch failed (E2BIG, ...): this server's life only, not logged
         self.launch_errors: dict[str, str] = {}
+        #: job -> (run, reason, detail) of a run that ended for a reason its exit code does not
+        #: say (``OUT_OF_MEMORY``; logged as ``RunEnded``, note 023)
+        self.end_reasons: dict[str, tuple[int, str, str]] = {}
+        #: audit rows of the API's own (403s, token uses), committed with the next step (note 023)
+        self._audit_later: list[dict] = []
+        self._audit_lock = threading.Lock()
         self.arrays: dict[str, ArrayRec] = {}  # job arrays by id (gpushepherd.daemon.arrays)
         # jobs kept from the core (dependency, begin time, hold; note 021): committed records,
         # this step's changes (None: handed to the core), why the policy refuses one now,
@@ -369,9 +411,10 @@ class Daemon:
         cur = self.policy_view(with_policy=False) if self.policies else {}
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cur["t"])) if cur.get("t") is not None else "?"
         where = f"serving {listen}" if listen else "started (no HTTP listener of its own)"
+        runs = f"; {self.backend.run_as.text()}" if self.backend.kind == "local" else ""
         return (f"gpushepherd {__version__} {where}; policy version {cur.get('version', '?')} from "
                 f"{cur.get('source') or '?'} (applied {when} by {cur.get('by') or '?'}); data dir {self.data_dir}, "
-                f"database {self.store.display_url}, backend {self.backend.kind}, pid {os.getpid()}")
+                f"database {self.store.display_url}, backend {self.backend.kind}, pid {os.getpid()}{runs}")
 
     def _start(self, now: float) -> None:
         self._lock_data_dir()
@@ -383,6 +426,8 @@ class Daemon:
         self._beat = now
         try:
             self._load_policy(now)
+            if self.backend.kind == "local":  # note 023: as whom jobs run, and how they are contained
+                log.info("jobs: %s", self.backend.describe())
             self._open_inventory()
             self.next_num = self.store.next_job_number()
             self.store.idempotency_prune(now - IDEMPOTENCY_TTL_S)
@@ -415,6 +460,12 @@ class Daemon:
         if self._thread is not None:
             self._thread.join(timeout=30)
             with self.lock:  # the next start reads this instead of the log since the last one
+                rows = self._take_audit_later()
+                if rows:
+                    try:
+                        self.store.write_audit(rows)
+                    except Exception as exc:
+                        log.error("%d audit rows not written at stop: %s", len(rows), storage_reason(exc) or exc)
                 if self.store.last_batch != self._snap_batch or self._snapshot_due:
                     for _ in range(len(self.sched.jobs) // ARCHIVE_CHUNK + 2):
                         if self.take_snapshot(max(self.clock(), self.sched.now)):
@@ -437,7 +488,7 @@ class Daemon:
         import fcntl
 
         path = self.data_dir / "server.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -449,6 +500,21 @@ class Daemon:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._dir_lock = fd
+
+    def _private_db(self) -> None:
+        """Create the SQLite database file with mode 0600 before SQLite does (with the
+        process's umask), so that it - and its ``-wal``/``-shm``, which take its mode - is
+        the server's alone (note 023); an existing one is made 0600 too."""
+        path = self.data_dir / "shepherd.db"
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
+        for p in (path, path.with_name("shepherd.db-wal"), path.with_name("shepherd.db-shm")):
+            try:
+                os.chmod(p, 0o600)
+            except FileNotFoundError:
+                pass
 
     def _unlock_data_dir(self) -> None:
         fd, self._dir_lock = self._dir_lock, None
@@ -474,8 +540,13 @@ class Daemon:
         raw = read_policy_dict(self.policy_path)
         pol = policy_from_dict(raw, source=str(self.policy_path))  # refuse a bad file before logging it
         raw = json.loads(json.dumps(raw, default=str))
+
+        def audit(version: int) -> list[dict]:  # note 023: the start's policy is audited too
+            return [audit_row(now, "policy-apply", local_who("shepherd server --policy"), target=str(version),
+                              detail={"source": str(self.policy_path)})]
         if logged is None:  # a new database: nothing to conflict with
-            self.store.append_policy(now, raw, by="server --policy", source=str(self.policy_path))
+            self.store.append_policy(now, raw, by="server --policy", source=str(self.policy_path),
+                                     audit_rows=audit(1))
             self._replay()
             return
         self._replay()
@@ -487,7 +558,8 @@ class Daemon:
         if new is None:
             return
         t = max(now, self.sched.now)
-        self.store.append_policy(t, raw, by="server --policy", source=str(self.policy_path))
+        self.store.append_policy(t, raw, by="server --policy", source=str(self.policy_path),
+                                 audit_rows=audit(len(self.policies) + 1))
         self.sched, self.rules = new, pol.rules
         self.policies = self.store.policy_history()
 
@@ -539,6 +611,8 @@ class Daemon:
                     self.lost.setdefault(e.job_id, []).append(e)
                 elif isinstance(e, LaunchFailed):
                     self.launch_errors[e.job_id] = e.error
+                elif isinstance(e, RunEnded):
+                    self.end_reasons[e.job_id] = (e.run, e.reason, e.detail)
                 elif isinstance(e, JobKept):
                     self.kept[e.job_id] = kept_from_dict(e.data, spec_from_dict)
                 elif isinstance(e, JobSubmitted) and e.spec.id in self.kept:
@@ -579,6 +653,7 @@ class Daemon:
         self.unmanaged_flag = {(n, int(g)): bool(f) for n, g, f in payload["unmanaged"]}
         self.metrics.load(payload["metrics"])
         self.kept = {j: kept_from_dict(d, spec_from_dict) for j, d in payload.get("kept", {}).items()}
+        self.end_reasons = {j: (int(r), why, detail) for j, (r, why, detail) in payload.get("end_reasons", {}).items()}
         self.ended_states = self.store.ended_states()
         return sched, version
 
@@ -621,6 +696,7 @@ class Daemon:
                 "unmanaged": [[n, g, f] for (n, g), f in sorted(self.unmanaged_flag.items())],
                 "metrics": self.metrics.state(),
                 "kept": {j: kept_to_dict(k, spec_to_dict) for j, k in self.kept.items() if k.state == "PENDING"},
+                "end_reasons": {j: list(r) for j, r in self.end_reasons.items() if j in live},
             }
             rows = [{"id": j, "state": sched.jobs[j].state.value, "record": json.dumps(self._record(sched.jobs[j]))}
                     for j in ended]
@@ -663,7 +739,8 @@ class Daemon:
                 "usage": self._usage_view(job),
                 "lost": [[r.t, r.job_id, r.run, r.cause, r.final, r.reason] for r in self.lost.get(job.id, ())],
                 "launch_error": self.launch_errors.get(job.id),
-                "deadline_at_risk": [list(f) for f in job.deadline_flags]}
+                "deadline_at_risk": [list(f) for f in job.deadline_flags],
+                "end_reason": self._end_reason(job.id)}
 
     @staticmethod
     def _kept_record(k: Kept) -> dict:
@@ -840,7 +917,7 @@ class Daemon:
             job = sched.jobs.get(job_id)
             if job is None:  # archived (ended before the snapshot): only its processes matter
                 if job_id in self.ended_states and row["run"]:
-                    proc = backend.attach(job_id, row["run"], row["pid"], row["proc_start"])
+                    proc = self._attach(job_id, row["run"], row)
                     if proc is not None and backend.running(job_id):
                         log.warning("job %s is %s but its processes live: killing them", job_id,
                                     self.ended_states[job_id])
@@ -853,7 +930,7 @@ class Daemon:
                     log.warning("job %s: run %d was never launched; launching it now", job_id, run)
                     self._launches.append((job_id, run, self.placements[job_id], row))
                     continue
-                proc = backend.attach(job_id, run, row["pid"], row["proc_start"])
+                proc = self._attach(job_id, run, row)
                 if proc is None:
                     log.warning("job %s: run %d is gone without an exit code: lost", job_id, run)
                     self._exits[job_id] = None  # fed as a lost run in the first step
@@ -862,7 +939,7 @@ class Daemon:
                     if row["kill_at"] is not None:
                         self.kills[job_id] = (run, row["kill_at"])
             elif row["run"]:
-                proc = backend.attach(job_id, row["run"], row["pid"], row["proc_start"])
+                proc = self._attach(job_id, row["run"], row)
                 if proc is not None and backend.running(job_id):
                     log.warning("job %s is %s but its processes live: killing them", job_id, job.state.value)
                     backend.kill(job_id)
@@ -873,6 +950,14 @@ class Daemon:
             last = records[-1]
             if job is not None and job.state.holds_gpus and self.runs[job_id] == last.run and not last.final:
                 self._lost_due[job_id] = (last.run, last.t + self._backoff(len(records)))
+
+    def _attach(self, job_id: str, run: int, row: dict):
+        """``backend.attach`` of a run an earlier server started; the local backend also
+        learns the GPUs it holds (note 023: handed on once nothing of it is left)."""
+        if self.backend.kind == "local":
+            return self.backend.attach(job_id, run, row["pid"], row["proc_start"],
+                                       placement=self.placements.get(job_id))
+        return self.backend.attach(job_id, run, row["pid"], row["proc_start"])
 
     def _backoff(self, k: int) -> float:
         """Seconds between the ``k``-th lost run of a job (1, 2, ...) and its requeue."""
@@ -941,7 +1026,8 @@ class Daemon:
     def submit_future(self, spec: JobSpec, argv: list[str], *, shell: bool = False,
                       env: dict[str, str] | None = None, cwd: str,
                       array: tuple[str, list[int], int, int] | None = None,
-                      idempotency: tuple[str, str, str] | None = None, defer: dict | None = None) -> Future:
+                      idempotency: tuple[str, str, str] | None = None, defer: dict | None = None,
+                      who: dict | None = None) -> Future:
         """Queue a submission for the loop and return at once: the future gets
         ``submit_view``'s result or its ``SpecError`` when the loop step that took it
         ends (the API awaits it through ``asyncio.wrap_future``, without a thread).
@@ -954,24 +1040,29 @@ class Daemon:
 
         ``defer``: ``{"dependency": TEXT, "begin": VALUE, "held": BOOL}`` (note 021): the
         job is kept from the core until they hold; an unknown job id in the dependency or
-        a ``singleton`` without a name is a ``SpecError``."""
-        fut: Future = Future()
+        a ``singleton`` without a name is a ``SpecError``.
+
+        ``who``: who submits (``Command.who``): its audit row (note 023) is committed with
+        the submission, or - refused - on its own."""
+        fut: Future = Command(who)
         self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array, idempotency, defer), fut))
         self.wake.set()
         return fut
 
-    def cancel(self, job_id: str, timeout: float = 60.0) -> str:
-        """Cancel a job; returns its state after the cancel is applied.
+    def cancel(self, job_id: str, timeout: float = 60.0, who: dict | None = None) -> str:
+        """Cancel a job; returns its state after the cancel is applied (``who``: audited
+        as its canceller, ``Command.who``).
 
         Raises:
             KeyError: no such job.
         """
-        fut: Future = Future()
+        fut: Future = Command(who)
         self.commands.put(("cancel", job_id, fut))
         self.wake.set()
         return fut.result(timeout=timeout)
 
-    def job_action(self, kind: str, job_id: str, changes: dict | None = None, timeout: float = 60.0) -> dict:
+    def job_action(self, kind: str, job_id: str, changes: dict | None = None, timeout: float = 60.0,
+                   who: dict | None = None) -> dict:
         """``hold``, ``release``, ``update`` (``changes``: ``time_limit_s``, ``name``,
         ``begin``) or ``requeue`` a job in the loop (note 021); returns its view after.
 
@@ -980,8 +1071,10 @@ class Daemon:
             JobActionRefused: not possible in the job's state (why, and what works).
             SpecError: an update the policy refuses (field, value, what is allowed).
             TimeoutError: the loop did not answer within ``timeout`` seconds.
+
+        ``who``: audited as who asked (``Command.who``).
         """
-        fut: Future = Future()
+        fut: Future = Command(who)
         self.commands.put((kind, (job_id, dict(changes or {})), fut))
         self.wake.set()
         return fut.result(timeout=timeout)
@@ -1013,7 +1106,7 @@ class Daemon:
         return pol, raw, new
 
     def apply_policy(self, raw: Any, source: str = "", by: str = "", timeout: float = 60.0,
-                     pol: Policy | None = None) -> dict:
+                     pol: Policy | None = None, who: dict | None = None) -> dict:
         """Apply a policy in the loop, atomically (see ``check_policy``): logged as the
         next version, then the core restored under it; jobs it now admits start in
         the same step. Returns ``policy_view``'s fields plus ``applied`` (``False``:
@@ -1022,8 +1115,10 @@ class Daemon:
         Raises:
             PolicyError, PolicyConflict: as ``check_policy``; nothing is applied.
             TimeoutError: the loop did not answer within ``timeout`` seconds.
+
+        ``who``: audited as who applied it (note 023), in the policy's own transaction.
         """
-        fut: Future = Future()
+        fut: Future = Command(who)
         self.policy_queue.put((raw, source, by, pol, fut))
         self.wake.set()
         return fut.result(timeout=timeout)
@@ -1042,8 +1137,13 @@ class Daemon:
                                     "message": f"identical to version {was}, in force: nothing applied"})
                     continue
                 now = max(self.clock(), self.sched.now)
-                self.store.append_policy(now, raw, by=by, source=source)
+                rows = [] if getattr(fut, "who", None) is None else [audit_row(
+                    now, "policy-apply", fut.who, target=str(version + 1), detail={"source": source, "was": was})]
+                self.store.append_policy(now, raw, by=by, source=source, audit_rows=rows)
             except Exception as exc:  # refused or not logged: nothing changed
+                if getattr(fut, "who", None) is not None:
+                    self.audit_later(audit_row(self.clock(), "policy-apply", fut.who, audit_outcome(exc),
+                                               detail={"source": source, "error": str(exc)[:2000]}))
                 fut.set_exception(exc)
                 continue
             self.sched, self.rules = new, pol.rules
@@ -1063,6 +1163,49 @@ class Daemon:
         and (``with_policy``) ``policy``, the parsed YAML."""
         cur = self._in_force()
         return {k: v for k, v in cur.items() if with_policy or k != "policy"}
+
+    def audit_later(self, row: dict) -> None:
+        """Queue an audit row (``store.audit_row``) of the API's own - a 403, a token used
+        or refused - for the loop to commit with its next step (note 023). Thread-safe."""
+        with self._audit_lock:
+            self._audit_later.append(row)
+        self.wake.set()
+
+    def _take_audit_later(self) -> list[dict]:
+        with self._audit_lock:
+            rows, self._audit_later = self._audit_later, []
+        return rows
+
+    def _audit_command(self, now: float, kind: str, arg: Any, fut: Future, before: int) -> dict | None:
+        """The audit row of one API command the loop took (``None``: not audited): who
+        (``Command.who``), what, and how it ended (``audit_outcome`` of the future's
+        exception; a submission's target is its new job id)."""
+        who = getattr(fut, "who", None)
+        if who is None:
+            return None
+        exc = fut.exception() if fut.done() else None
+        detail: dict[str, Any] = {}
+        if kind == "submit":
+            spec, argv, shell, _env, cwd, array, _idem, defer = arg
+            target = str(before) if self.next_num != before else None
+            team = spec.team
+            command = json.dumps(argv)
+            detail = {"as_user": spec.user, "class": spec.workload_class, "gpus": spec.gpus,
+                      "share": str(spec.share) if spec.share else None, "name": spec.name or None,
+                      "command": command[:AUDIT_COMMAND_CHARS] + ("..." if len(command) > AUDIT_COMMAND_CHARS else ""),
+                      "shell": shell, "cwd": cwd, "array": array[0] if array else None,
+                      "mem_mib": spec.mem_mib or None, "cpus": spec.cpus or None}
+            if target is None and exc is None:
+                detail["replayed"] = True  # an Idempotency-Key seen before: no new job
+            detail = {k: v for k, v in detail.items() if v not in (None, False)}
+        else:
+            target = arg if kind == "cancel" else arg[0]
+            team = self.job_team(target)
+            if kind == "update":
+                detail = {"changes": arg[1]}
+        if exc is not None:
+            detail["error"] = str(exc)[:2000]
+        return audit_row(now, kind, who, audit_outcome(exc), team=team, target=target, detail=detail)
 
     # ------------------------------------------------------------ the loop
     def _loop(self) -> None:
@@ -1172,6 +1315,8 @@ class Daemon:
             self.live_run.pop(job_id, None)
             self.kills.pop(job_id, None)
         lost: list[RunLost] = []
+        ended: list[RunEnded] = []
+        causes = getattr(backend, "end_causes", {})
         exit_rows = {}
         for job_id, code in self._exits.items():
             exit_rows[job_id] = dict(exit_code=code, kill_at=None)
@@ -1184,7 +1329,13 @@ class Daemon:
                 if rec is not None:
                     lost.append(rec)
             else:
-                batch.append(JobFinished(now, job_id, exit_status(code)))
+                status = exit_status(code)
+                if job_id in causes:  # OUT_OF_MEMORY (note 023): a failure whatever the code
+                    rec = RunEnded(now, job_id, self.runs[job_id], *causes[job_id])
+                    batch.append(rec)
+                    ended.append(rec)
+                    status = ExitStatus.FAILED
+                batch.append(JobFinished(now, job_id, status))
         engine_events = getattr(backend, "events", None)  # nodes lost / back, GPU health (note 016)
         if engine_events is not None:
             batch.extend(replace(e, t=now) for e in engine_events())
@@ -1202,13 +1353,19 @@ class Daemon:
                     backend.kill(job_id)
                 del self.kills[job_id]
         rows, replies, new_arrays, keys = [], [], [], []
+        later = self._take_audit_later()
+        audits: list[dict] = []  # the rows of this step's commands (note 023)
         self._kept_staged, self._busy = {}, None
         while True:
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 break
+            before = self.next_num
             self._command(now, cmd, batch, rows, replies, new_arrays, keys)
+            row = self._audit_command(now, cmd[0], cmd[1], cmd[2], before)
+            if row is not None:
+                audits.append(row)
         self._release_kept(now, batch)
         children = self._array_children(now, batch, rows, new_arrays)
         replicas = self.services.reconcile(now, batch, rows)
@@ -1225,13 +1382,21 @@ class Daemon:
         if not any(not isinstance(e, DAEMON_EVENTS) for e in batch) and wake is not None and wake <= now:
             batch.append(Tick(now))
         if not batch and not new_arrays and not exit_rows and not keys:
+            if later or audits:  # refused commands, 403s, token uses: the audit log alone
+                try:
+                    self.store.write_audit(later + audits)
+                except Exception as exc:
+                    self.ratelog.error(f"audit:{storage_reason(exc) or type(exc).__name__}", "audit rows not "
+                                       "written yet: %s; retried", storage_reason(exc) or exc)
+                    with self._audit_lock:
+                        self._audit_later[:0] = later + audits
             for fut, value in replies:  # nothing to commit (an idempotent replay): answered now
                 if not fut.done():
                     fut.set_result(value() if callable(value) else value)
             return []
         try:  # committed before it is applied or acknowledged
             self.store.append(now, batch, rows, [self._array_row(a) for a in new_arrays], job_updates=exit_rows,
-                              idempotency=keys)
+                              idempotency=keys, audit_rows=later + audits)
         except Exception as exc:
             reason = storage_reason(exc) or f"{type(exc).__name__}: {exc}"
             for fut, _ in replies:
@@ -1241,8 +1406,17 @@ class Daemon:
             # derived again); never the API's submissions and cancels, answered 503 above
             self.deferred = carry + [e for e in batch if isinstance(e, (UsageSample, GpuUnmanaged))]
             self._kept_staged = {}
+            for r in audits:  # answered 503 above: nothing of them was applied
+                if r["outcome"] == "ok":
+                    r["outcome"] = "failed"
+            with self._audit_lock:  # retried with the next step
+                self._audit_later[:0] = later + audits
             raise
+        for job_id in self._exits:
+            causes.pop(job_id, None)
         self._exits.clear()
+        for rec in ended:
+            self.end_reasons[rec.job_id] = (rec.run, rec.reason, rec.detail)
         for job_id, k in self._kept_staged.items():  # committed: kept jobs' changes apply
             if k is None:
                 self.kept.pop(job_id, None)
@@ -1325,10 +1499,17 @@ class Daemon:
         runs queued for the next step - a fork never comes before its attempt is in the
         database, so a restart never launches a run twice. A run whose job no longer
         holds GPUs for it (cancelled meanwhile) is dropped."""
-        launches = []
+        launches, waiting = [], []
+        held = getattr(self.backend, "gpus_held", None)
         for job_id, run, placement, row in self._launches:
             job = self.sched.jobs.get(job_id)
             if job is not None and job.state.holds_gpus and self.runs[job_id] == run:
+                holder = held(placement) if held is not None else None
+                if holder is not None:  # note 023: GPUs are handed on once every process of the last run is gone
+                    self.ratelog.log(logging.INFO, f"held:{job_id}", "job %s: start deferred until nothing is left "
+                                     "of %s (its GPUs are handed on then)", job_id, holder)
+                    waiting.append((job_id, run, placement, row))
+                    continue
                 launches.append((job_id, run, placement, row))
         values = {j: dict(v) for j, v in self._pending_rows.items()}
         for job_id, run, _placement, _row in launches:
@@ -1340,18 +1521,21 @@ class Daemon:
         except Exception as exc:
             self.ratelog.error(f"launch:{storage_reason(exc) or type(exc).__name__}", "runs not launched yet (their "
                                "attempts cannot be committed: %s); retried", storage_reason(exc) or exc)
-            self._launches = launches
+            self._launches = launches + waiting
             return
-        self._launches, self._pending_rows = [], {}
+        self._launches, self._pending_rows = waiting, {}
         started = {}
         for job_id, run, placement, row in launches:
             if self.live_run.get(job_id) is not None and self.backend.running(job_id):
                 self.backend.kill(job_id)  # an earlier run still tracked: its GPUs were released already
             self.kills.pop(job_id, None)  # a kill armed for an earlier run never reaches this one
+            job = self.sched.jobs[job_id]
+            local = dict(user=job.spec.user, mem_mib=job.spec.mem_mib, cpus=job.spec.cpus) \
+                if self.backend.kind == "local" else {}
             try:
                 proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
                                           env=json.loads(row["env"]), cwd=row["cwd"], placement=placement,
-                                          time_limit_s=self._limit_s(job_id))
+                                          time_limit_s=self._limit_s(job_id), **local)
             except (OSError, ValueError, TypeError, BackendError) as exc:  # e.g. an environment the OS refuses
                 log.error("job %s: cannot start its runner: %s", job_id, exc)
                 self.launch_errors[job_id] = f"run {run}: cannot start: {exc}"
@@ -1384,6 +1568,9 @@ class Daemon:
             kept = None
             try:
                 validate_spec(self.rules, spec)
+                why = self._unrunnable(spec)
+                if why is not None:
+                    raise SpecError(f"job {job_id!r}: {why}")
                 if defer is not None:
                     if array is not None:
                         raise SpecError(f"job {job_id!r}: array: {array[0]!r} is not allowed with a dependency, "
@@ -1459,6 +1646,19 @@ class Daemon:
             else:
                 batch.append(JobCancelled(now, arg))
                 replies.append((fut, lambda j=job: j.state.value))
+
+    def _unrunnable(self, spec: JobSpec) -> str | None:
+        """Why the backend could never run ``spec`` (note 023): a user that is no Unix user
+        where jobs run as their users, ``mem_mib``/``cpus`` without their cgroup controller
+        or under another backend; ``None``: it can."""
+        check = getattr(self.backend, "check_job", None)
+        if check is not None:
+            return check(spec.user, spec.mem_mib, spec.cpus)
+        if spec.mem_mib or spec.cpus:
+            name = "mem_mib" if spec.mem_mib else "cpus"
+            return (f"{name}: {getattr(spec, name):g} is not allowed with the {self.backend.kind} backend: host memory "
+                    "and CPU limits are the local backend's (cgroup v2)")
+        return None
 
     def _kept_now(self, job_id: str) -> Kept | None:
         """A kept job as this step has it (its staged change first); ``None``: not kept."""
@@ -1685,6 +1885,9 @@ class Daemon:
         node = self.node
         tracked = self.backend.procs
         members = procs.group_members(p.pid for p in tracked.values())
+        for p in tracked.values():  # a job's processes that left its group are still in its cgroup (note 023)
+            if getattr(p, "cgroup", None) is not None:
+                members[p.pid] = members.get(p.pid, frozenset()) | frozenset(cgroups.pids(p.cgroup))
         pids_now = frozenset().union(*members.values()) if members else frozenset()
         # a process of a job that just ended may linger in NVML's list for a moment: ours
         managed, self._last_pids = pids_now | self._last_pids, pids_now
@@ -1789,7 +1992,7 @@ class Daemon:
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
             "launch_error": self.launch_errors.get(job_id),
             "lost_runs": len(self.lost.get(job_id, ())),
-            "failure": next((r.reason for r in self.lost.get(job_id, ()) if r.final), None),
+            **self._failure_view(job_id, next((r.reason for r in self.lost.get(job_id, ()) if r.final), None)),
             **self._usage_view(job), **constraints_view(spec),
             "deadline_at_risk": [list(f) for f in job.deadline_flags],
         }
@@ -1801,6 +2004,18 @@ class Daemon:
             view["stdout"], view["stderr"] = row["stdout"], row["stderr"]
             view["checkpoint_dir"] = str(self.backend.checkpoint_dir(job_id))
         return view
+
+    def _end_reason(self, job_id: str) -> list | None:
+        """``[reason, detail]`` of the job's last run when it ended for a reason its exit
+        code does not say (``OUT_OF_MEMORY``, note 023), else ``None``."""
+        rec = self.end_reasons.get(job_id)
+        return [rec[1], rec[2]] if rec is not None and rec[0] == self.runs[job_id] else None
+
+    def _failure_view(self, job_id: str, lost: str | None, archived: dict | None = None) -> dict[str, Any]:
+        """``end_reason`` (``OUT_OF_MEMORY``; ``None``) and ``failure`` (its detail, else
+        the requeue limit's ``lost`` reason) of a job's view; ``archived``: its record."""
+        end = archived.get("end_reason") if archived is not None else self._end_reason(job_id)
+        return {"end_reason": end[0] if end else None, "failure": f"{end[0]}: {end[1]}" if end else lost}
 
     def kept_why(self, k: Kept, now: float | None = None) -> str | None:
         """Why kept job ``k`` is not in the core yet (``deps.kept_reason``, or
@@ -1831,7 +2046,7 @@ class Daemon:
             "reason": self.kept_why(k) if k.state == "PENDING" else None,
             "estimated_start": None, "estimated_start_basis": None, "priority": None,
             "command": json.loads(row["argv"]), "exit_code": None, "launch_error": None, "lost_runs": 0,
-            "failure": None, **NO_USAGE, **constraints_view(spec), "deadline_at_risk": [],
+            "failure": None, "end_reason": None, **NO_USAGE, **constraints_view(spec), "deadline_at_risk": [],
             "dependency": k.dependency or None, "begin_time": k.begin, "held": k.held,
             "time_limit_s": spec.time_limit_s,
         }
@@ -1866,7 +2081,7 @@ class Daemon:
             "priority": rec["priority"],
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
             "launch_error": rec.get("launch_error") or self.launch_errors.get(job_id), "lost_runs": len(lost),
-            "failure": next((r.reason for r in lost if r.final), None), **rec["usage"],
+            **self._failure_view(job_id, next((r.reason for r in lost if r.final), None), rec), **rec["usage"],
             **constraints_view(spec_from_dict(spec)), "deadline_at_risk": rec.get("deadline_at_risk", []),
         }
         if history:
@@ -1960,6 +2175,8 @@ class Daemon:
                     for g in range(node.gpus)]
             view = {"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
                     "free": sum(1 for g in gpus if not g["jobs"]), "gpu": gpus}
+            if self.backend.kind == "local":  # this server runs the jobs of every node it has (note 023)
+                view["containment"] = self.backend.containment_view()
             if self.node is not None and node.name == self.node.name and self.found is not None:
                 view.update(inventory=self.found.source, driver=self.found.driver or None,
                             cuda=self.found.cuda or None)

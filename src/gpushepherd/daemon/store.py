@@ -5,7 +5,9 @@ The event log is the state: every event the daemon feeds the core is appended he
 (and committed) before it is applied. The ``jobs`` table keeps what the core does not
 know (command, environment, processes). ``server_lock`` keeps a second server off the
 same database. ``api_tokens`` maps the SHA-256 of each API token to a user, teams, an
-admin flag, a scope and an expiry (the tokens themselves are never stored).
+admin flag, a scope and an expiry (the tokens themselves are never stored). ``audit``
+keeps who did what from where (note 023): each row is committed in the transaction of
+what it records.
 """
 
 from __future__ import annotations
@@ -205,6 +207,51 @@ api_tokens = Table(
 )
 
 
+audit = Table(
+    "audit", metadata,  # who did what, from where (note 023, Alembic 0005_audit)
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("t", Float, nullable=False, index=True),  # epoch seconds
+    # submit | cancel | hold | release | update | requeue | policy-apply | token-create |
+    # token-rotate | token-revoke | token-use | token-refused
+    Column("action", String(32), nullable=False),
+    Column("user", String(255), nullable=False, index=True),  # who: the token's user (or claimed without tokens)
+    Column("token_id", Integer, nullable=True),
+    Column("uid", Integer, nullable=True),  # the Unix uid the kernel vouches for (a local command, a local socket)
+    Column("address", String(255), nullable=True),  # HOST:PORT of an HTTP client, "local" for a local command
+    Column("team", String(255), nullable=True),  # the team the action is about (what a team token may read)
+    Column("target", String(255), nullable=True),  # a job id, token id, policy version
+    Column("outcome", String(16), nullable=False),  # ok | denied (403) | refused (422, 409) | failed
+    Column("detail", Text, nullable=False, default="{}"),  # JSON: what (class, gpus, command, why refused ...)
+)
+
+#: the columns of an audit row a caller gives (``seq`` is the database's)
+AUDIT_FIELDS = ("t", "action", "user", "token_id", "uid", "address", "team", "target", "outcome", "detail")
+
+
+def audit_row(t: float, action: str, who: dict | None, outcome: str = "ok", *, team: str | None = None,
+              target: str | None = None, detail: dict | None = None) -> dict:
+    """An ``audit`` row: ``who`` is ``{"user", "token_id", "uid", "address"}`` (missing
+    keys are ``None``/''), ``detail`` any JSON-ready dict."""
+    who = who or {}
+    return {"t": t, "action": action, "user": str(who.get("user") or "")[:255], "token_id": who.get("token_id"),
+            "uid": who.get("uid"), "address": (str(who["address"])[:255] if who.get("address") else None),
+            "team": team, "target": None if target is None else str(target)[:255], "outcome": outcome,
+            "detail": json.dumps(detail or {}, default=str, separators=(",", ":"))}
+
+
+def local_who(command: str) -> dict:
+    """``who`` of a command run on this machine (``shepherd token create``): the Unix
+    user and uid it runs as, address ``local (COMMAND)``."""
+    import pwd
+
+    uid = os.getuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return {"user": name, "uid": uid, "address": f"local ({command})"}
+
+
 class LockHeld(RuntimeError):
     """Another server holds the database; ``str()`` names it and what to do."""
 
@@ -285,10 +332,23 @@ class JobKept:
     data: dict
 
 
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    """A daemon event, logged but never fed to the core (kind ``ended``): run ``run`` of a
+    job ended for ``reason`` (``OUT_OF_MEMORY``), ``detail`` saying how; logged in the
+    batch of the exit it explains (note 023)."""
+
+    t: float
+    job_id: str
+    run: int
+    reason: str
+    detail: str = ""
+
+
 #: event kinds only the daemon reads (``Store.batches(daemon=True)``)
-DAEMON_KINDS = ("lost", "launch-error", "keep")
+DAEMON_KINDS = ("lost", "launch-error", "keep", "ended")
 #: their events: logged, never handed to the core
-DAEMON_EVENTS = (RunLost, LaunchFailed, JobKept)
+DAEMON_EVENTS = (RunLost, LaunchFailed, JobKept, RunEnded)
 
 
 # -- events <-> rows -------------------------------------------------------------
@@ -347,6 +407,9 @@ def event_row(e: Event) -> dict:
         return {"kind": "launch-error", "job_id": e.job_id, "payload": json.dumps({"run": e.run, "error": e.error})}
     if isinstance(e, JobKept):  # a kept job's record (note 021)
         return {"kind": "keep", "job_id": e.job_id, "payload": json.dumps(e.data)}
+    if isinstance(e, RunEnded):  # why a run ended (note 023)
+        return {"kind": "ended", "job_id": e.job_id,
+                "payload": json.dumps({"run": e.run, "reason": e.reason, "detail": e.detail})}
     raise TypeError(f"event {type(e).__name__} is not logged by the daemon")
 
 
@@ -402,8 +465,10 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
         return LaunchFailed(t, job_id, int(data["run"]), str(data.get("error", "")))
     if kind == "keep":
         return JobKept(t, job_id, data)
+    if kind == "ended":
+        return RunEnded(t, job_id, int(data["run"]), str(data.get("reason", "")), str(data.get("detail", "")))
     raise ValueError(f"event log: kind {kind!r} is not allowed: policy, submit, exit, cancel, requeue, tick, usage, "
-                     f"unmanaged, node-lost, node-added, gpu-health, lost, launch-error or keep")
+                     f"unmanaged, node-lost, node-added, gpu-health, lost, launch-error, keep or ended")
 
 
 def _sqlite_pragmas(synchronous: str, busy_timeout_s: float = 30.0):
@@ -593,12 +658,14 @@ class Store:
             return c.execute(select(func.max(events.c.batch))).scalar() or 0
 
     def append(self, t: float, batch: list[Event], jobs_rows: list[dict] = (), array_rows: list[dict] = (),
-               job_updates: dict[str, dict[str, Any]] | None = None, idempotency: list[dict] = ()) -> int:
+               job_updates: dict[str, dict[str, Any]] | None = None, idempotency: list[dict] = (),
+               audit_rows: list[dict] = ()) -> int:
         """Commit one batch (the events of one ``Scheduler.handle`` call at ``t``, and
         daemon events such as ``RunLost``) and, in the same transaction, new rows of the
         jobs and arrays tables, updates of jobs rows (``job_updates``: job id -> column
-        values, e.g. the exit codes the batch's exit events report) and the
-        ``idempotency_keys`` rows of its submissions. Returns the batch number.
+        values, e.g. the exit codes the batch's exit events report), the
+        ``idempotency_keys`` rows of its submissions and the ``audit`` rows of what it
+        records (``audit_row``). Returns the batch number.
 
         Raises:
             SQLAlchemyError: the commit failed; nothing of it is in the database.
@@ -609,6 +676,8 @@ class Store:
                 c.execute(insert(arrays), list(array_rows))
             if idempotency:
                 c.execute(insert(idempotency_keys), list(idempotency))
+            if audit_rows:
+                c.execute(insert(audit), list(audit_rows))
             cur = c.connection.cursor()  # the hot inserts: statements compiled once (note 008)
             try:
                 if jobs_rows:
@@ -639,14 +708,47 @@ class Store:
         sql, order = compiled
         cur.executemany(sql, [tuple(p[k] for k in order) for p in params] if order is not None else params)
 
-    def append_policy(self, t: float, raw: dict, by: str = "", source: str = "") -> None:
+    def append_policy(self, t: float, raw: dict, by: str = "", source: str = "", audit_rows: list[dict] = ()) -> None:
         """Log a policy (parsed YAML) taking effect at ``t``, applied by user ``by`` from
-        file ``source``. Its version is its ordinal among the logged policies."""
+        file ``source``, with its ``audit`` rows in the same transaction. Its version is
+        its ordinal among the logged policies."""
         self._batch += 1
         payload = {"policy": raw, "applied": {"by": by, "source": source}}
         with self.engine.begin() as c:
             c.execute(insert(events).values(batch=self._batch, t=t, kind="policy", job_id=None,
                                             payload=json.dumps(payload, sort_keys=True)))
+            if audit_rows:
+                c.execute(insert(audit), list(audit_rows))
+
+    # -- the audit log (note 023) -----------------------------------------------------
+    def write_audit(self, rows: list[dict]) -> None:
+        """Commit ``audit`` rows of their own (``audit_row``; no other write to join).
+
+        Raises:
+            SQLAlchemyError: none of them was written.
+        """
+        if rows:
+            with self.engine.begin() as c:
+                c.execute(insert(audit), list(rows))
+
+    def audit_entries(self, since: float | None = None, users: list[str] | None = None,
+                      teams: list[str] | None = None, actions: list[str] | None = None,
+                      limit: int = 1000) -> list[dict]:
+        """The newest ``limit`` audit rows at or after ``since`` (epoch seconds), of
+        ``users`` (who acted), about ``teams`` and of ``actions`` (``None``: any), oldest
+        first; ``detail`` decoded."""
+        q = select(audit)
+        if since is not None:
+            q = q.where(audit.c.t >= since)
+        if users is not None:
+            q = q.where(audit.c.user.in_(users))
+        if teams is not None:
+            q = q.where(audit.c.team.in_(teams))
+        if actions is not None:
+            q = q.where(audit.c.action.in_(actions))
+        with self.engine.connect() as c:
+            rows = c.execute(q.order_by(audit.c.seq.desc()).limit(limit)).mappings().all()
+        return [{**dict(r), "detail": json.loads(r["detail"] or "{}")} for r in reversed(rows)]
 
     def last_policy(self) -> dict | None:
         """The last logged policy (parsed YAML as a dict), or ``None`` when none is logged."""
@@ -836,15 +938,21 @@ class Store:
 
     # -- API tokens (gpushepherd.daemon.auth) -------------------------------------
     def create_token(self, user: str, teams: list[str], admin: bool = False, expires: float | None = None,
-                     scope: str = "api") -> tuple[int, str]:
+                     scope: str = "api", who: dict | None = None) -> tuple[int, str]:
         """A new token for ``user``; returns ``(id, token)``. ``expires``: epoch seconds
         (``None``: never); ``scope``: ``api`` or ``metrics`` (``/metrics`` only). Only the
         token's hash is stored: the caller shows the token once. Bumps the tokens
-        version in the same transaction (``tokens_version``)."""
+        version and writes its ``token-create`` audit row (``who`` made it: ``local_who``
+        of this process by default; note 023) in the same transaction (``tokens_version``)."""
         token = new_token()
+        who = who or local_who("shepherd token create")
 
         def write(c):
-            return self._insert_token(c, token, user, teams, admin, expires, scope)
+            token_id = self._insert_token(c, token, user, teams, admin, expires, scope)
+            c.execute(insert(audit).values(**audit_row(time.time(), "token-create", who, target=str(token_id), detail={
+                "token": token_id, "for_user": user, "teams": list(teams), "admin": bool(admin), "scope": scope,
+                "expires": expires})))
+            return token_id
         return self._token_change(write), token
 
     @staticmethod
@@ -854,12 +962,14 @@ class Store:
                                                   scope=scope))
         return res.inserted_primary_key[0]
 
-    def rotate_token(self, token_id: int) -> tuple[int, str, dict] | None:
+    def rotate_token(self, token_id: int, who: dict | None = None) -> tuple[int, str, dict] | None:
         """Replace token ``token_id`` by a new secret with the same user, teams, admin
         flag, scope and lifetime (``expires - created``, counted from now; none: none),
-        and revoke it, in one transaction. Returns ``(new id, token, new row without the
-        hash)``, or ``None`` when there is no such token or it was revoked (note 025)."""
+        and revoke it, in one transaction with its ``token-rotate`` audit row (``who``:
+        ``local_who`` by default; note 023). Returns ``(new id, token, new row without
+        the hash)``, or ``None`` when there is no such token or it was revoked (note 025)."""
         token = new_token()
+        who = who or local_who("shepherd token rotate")
 
         def write(c):
             old = c.execute(select(api_tokens).where(api_tokens.c.id == token_id, api_tokens.c.revoked.is_(None))
@@ -873,6 +983,8 @@ class Store:
             expires = None if old["expires"] is None else now + (old["expires"] - old["created"])
             new_id = self._insert_token(c, token, old["user"], json.loads(old["teams"]), bool(old["admin"]),
                                         expires, old["scope"])
+            c.execute(insert(audit).values(**audit_row(now, "token-rotate", who, target=str(new_id), detail={
+                "token": new_id, "replaces": token_id, "for_user": old["user"]})))
             return new_id, {"id": new_id, "user": old["user"], "teams": json.loads(old["teams"]),
                             "admin": bool(old["admin"]), "scope": old["scope"], "expires": expires}
         out = self._token_change(write)
@@ -884,13 +996,21 @@ class Store:
             rows = c.execute(select(api_tokens).order_by(api_tokens.c.id)).mappings().all()
         return [{**{k: v for k, v in r.items() if k != "hash"}, "teams": json.loads(r["teams"])} for r in rows]
 
-    def revoke_token(self, token_id: int) -> bool:
+    def revoke_token(self, token_id: int, who: dict | None = None) -> bool:
         """Revoke a token; ``False`` if there is no such token (or it was revoked).
-        Bumps the tokens version in the same transaction."""
+        Bumps the tokens version and writes its ``token-revoke`` audit row (``who``:
+        ``local_who`` by default) in the same transaction."""
+        who = who or local_who("shepherd token revoke")
+
         def write(c):
+            now = time.time()
             res = c.execute(update(api_tokens).where(api_tokens.c.id == token_id, api_tokens.c.revoked.is_(None))
-                            .values(revoked=time.time()))
-            return res.rowcount == 1
+                            .values(revoked=now))
+            if res.rowcount != 1:
+                return False
+            c.execute(insert(audit).values(**audit_row(now, "token-revoke", who, target=str(token_id),
+                                                       detail={"token": token_id})))
+            return True
         return self._token_change(write)
 
     def _token_change(self, write):

@@ -173,6 +173,10 @@ class JobSpec:
             the core carries it and never reads it (note 010, "A project on every job").
         name: the job's name (Slurm's ``--job-name``; '': none, shown as ``-``). Shown
             only: the core carries it and never reads it (note 020).
+        mem_mib: host memory (RAM) limit in MiB of the job's processes together (0:
+            none); ``cpus``: their CPU limit in CPUs (0.0: none). Enforced by the local
+            backend's cgroup (``memory.max`` / ``cpu.max``, note 023); the core carries
+            them and never reads them (no host memory or CPU scheduling).
         grace_period_s: the grace its stops get, seconds: at most its class's
             ``grace_period_s``, which is the default (``None``); as the class's, only a
             job that checkpoints gets one (Kubernetes' ``terminationGracePeriodSeconds``
@@ -202,6 +206,8 @@ class JobSpec:
     cache_required: bool = False
     project: str = ""
     name: str = ""
+    mem_mib: int = 0
+    cpus: float = 0.0
     grace_period_s: float | None = None
 
     @property

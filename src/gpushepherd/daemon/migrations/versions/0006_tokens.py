@@ -3,14 +3,14 @@
 existing token is ``api``).
 
 Revision ID: 0006_tokens
-Revises: 0004_run_ids (to be re-chained after 0005_audit at merge)
+Revises: 0005_audit
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0006_tokens"
-down_revision = "0004_run_ids"
+down_revision = "0005_audit"
 branch_labels = None
 depends_on = None
 

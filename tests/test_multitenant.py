@@ -1,0 +1,525 @@
+"""Several teams on one server (issue 14 points 2, 3, 5; design note 023): jobs run as
+their Unix user, contained in a cgroup v2 each, and every action is in the audit log.
+
+Real servers (tests/test_daemon.py's helper) running real processes. The per-user tests
+need root and ``useradd`` (CI runs as root): they create two Unix users and a group, and
+remove them after; they skip, saying why, elsewhere. The containment tests need a
+writable cgroup v2, the out-of-memory test its memory controller; each skips saying why.
+No timed assertions: every wait is a poll with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from gpushepherd.cli.main import app
+from conftest import kill_leftovers
+from gpushepherd.daemon import cgroups, runas
+from test_daemon import Server, gone, wait_for
+
+POLICY = """\
+name: multitenant-test
+cluster:
+  nodes:
+    - {name: local, gpus: 4, gpu_type: FAKE, gpu_mem_mib: 16384}
+classes:
+  batch: {grace_period_s: 30}
+teams:
+  ml: {}
+  cv: {}
+preemption: {enabled: false}
+"""
+#: a variable of the server's environment that a per-user job must not see
+SECRET = "GS_SERVER_ONLY_SECRET"
+
+
+def why_not_per_user() -> str | None:
+    if os.geteuid() != 0:
+        return "jobs run as their Unix users only under a root server, and creating users needs root"
+    missing = [t for t in ("useradd", "userdel", "groupadd", "groupdel") if shutil.which(t) is None]
+    return f"{', '.join(missing)} not on PATH: cannot create test users" if missing else None
+
+
+def _probe() -> cgroups.Containment:
+    """What a server would get here (its cgroup made, then removed)."""
+    probe = Path(tempfile.mkdtemp(prefix="gs-probe-"))
+    try:
+        c = cgroups.open_containment(probe, {})
+        cgroups.remove_instance(probe, {})
+        return c
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+def why_not_cgroups() -> str | None:
+    c = _probe()
+    return f"no writable cgroup v2 here: {c.why}" if c.base is None else None
+
+
+def memory_limits() -> str | None:
+    """Why ``--mem`` cannot be tested here (``None``: it can)."""
+    c = _probe()
+    return None if "memory" in c.limits else f"the memory controller is not enabled for our cgroups: {c.why}"
+
+
+class Users:
+    """Two Unix users (alice, bob) and a group both are in, with unique names; removed by ``remove``."""
+
+    def __init__(self):
+        tag = f"{os.getpid() % 100000}"
+        self.group = f"gsteam{tag}"
+        self.alice, self.bob = f"gsalice{tag}", f"gsbob{tag}"
+        self.made: list[str] = []
+        subprocess.run(["groupadd", self.group], check=True, capture_output=True)
+        for name in (self.alice, self.bob):
+            subprocess.run(["useradd", "-m", "-s", "/bin/sh", "-G", self.group, name], check=True,
+                           capture_output=True)
+            self.made.append(name)
+        self.ident = {n: runas.identity(n) for n in self.made}
+        import grp
+        self.gid = grp.getgrnam(self.group).gr_gid
+
+    def as_user(self, name: str, *argv: str) -> subprocess.CompletedProcess:
+        """``argv`` run as ``name`` (its uid, gid and groups), output captured."""
+        i = self.ident[name]
+        return subprocess.run(list(argv), user=i.uid, group=i.gid, extra_groups=list(i.groups), capture_output=True,
+                              text=True, cwd="/")
+
+    def remove(self) -> None:
+        """End what the tests left running as these users (by pid: the users are this
+        module's own), then remove them and their group; a user ``userdel`` keeps is named."""
+        uids = {self.ident[n].uid for n in self.made}
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid in uids:
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+        left = []
+        for name in self.made:
+            for _ in range(50):  # userdel refuses a user with a process still exiting
+                if subprocess.run(["userdel", "-r", name], check=False, capture_output=True).returncode in (0, 6):
+                    break
+                time.sleep(0.1)
+            else:
+                left.append(name)
+        subprocess.run(["groupdel", self.group], check=False, capture_output=True)
+        assert not left, f"test users not removed: {left} (userdel -r them)"
+
+
+class Tenants:
+    """A root server that runs jobs as their users (``SHEPHERD_RUN_AS=user``), in a data
+    directory every user may traverse, with tokens: admin, alice (team ml, which lists her
+    as its member), bob (team cv); and its Unix socket (note 025) at ``sock``."""
+
+    def __init__(self, users: Users):
+        self.users = users
+        self.base = Path(tempfile.mkdtemp(prefix="gs-mt-", dir="/tmp"))
+        self.base.chmod(0o755)
+        self.work = self.base / "work"  # the jobs' directory, where they leave their pid files
+        self.work.mkdir()
+        self.work.chmod(0o1777)
+        self.server = Server(self.base)
+        self.server.policy.write_text(POLICY.replace("  ml: {}", f"  ml: {{members: [{users.alice}]}}"))
+        self.sock = self.base / "shepherd.sock"
+        saved = {k: os.environ.get(k) for k in ("SHEPHERD_RUN_AS", SECRET)}
+        os.environ.update({"SHEPHERD_RUN_AS": "user", SECRET: "leaked"})
+        try:
+            self.server.start(extra=("--socket", str(self.sock)))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        # before any token exists: a submission without one, naming root
+        self.open_submit = httpx.post(self.server.url + "/jobs", timeout=60, json={
+            "class": "batch", "team": "ml", "user": "root", "command": ["id"], "cwd": str(self.work)})
+        self.tokens = {"admin": self.token("root", "--admin"), users.alice: self.token(users.alice, "--team", "ml"),
+                       users.bob: self.token(users.bob, "--team", "cv")}
+        self.server.token = self.tokens["admin"]
+
+    @property
+    def data(self) -> Path:
+        return self.server.data
+
+    def token(self, user: str, *extra: str) -> str:
+        r = CliRunner().invoke(app, ["token", "create", "--user", user, *extra, "--data-dir", str(self.data)])
+        assert r.exit_code == 0, r.output
+        return r.stdout.strip().splitlines()[-1]
+
+    def post(self, who: str, script: str, team: str | None = None, **extra) -> httpx.Response:
+        """``POST /jobs`` of ``/bin/sh -c script`` with ``who``'s token (``who`` a user, or ``admin``)."""
+        body = {"class": "batch", "team": team or ("ml" if who != self.users.bob else "cv"), "gpus": 1,
+                "command": [script], "shell": True, "cwd": str(self.work), **extra}
+        return httpx.post(self.server.url + "/jobs", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {self.tokens[who]}"})
+
+    def submit(self, who: str, script: str, **extra) -> str:
+        r = self.post(who, script, **extra)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def get(self, who: str, path: str, **params) -> httpx.Response:
+        return httpx.get(self.server.url + path, params=params, timeout=60,
+                         headers={"Authorization": f"Bearer {self.tokens[who]}"})
+
+    def close(self) -> None:
+        self.server.stop()
+        kill_leftovers(self.base)  # the data dir lies outside pytest's tmp, which conftest cleans
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def users():
+    why = why_not_per_user()
+    if why:
+        pytest.skip(why)
+    u = Users()
+    yield u
+    u.remove()
+
+
+@pytest.fixture(scope="module")
+def tenants(users):
+    t = Tenants(users)
+    yield t
+    t.close()
+
+
+def _pid_file(path: Path) -> list[int]:
+    return wait_for(f"{path.name}", lambda: path.exists() and path.read_text().split() and
+                    [int(x) for x in path.read_text().split()])
+
+
+# -- point 2: jobs run as their user --------------------------------------------------
+def test_a_job_runs_as_its_user_with_its_groups_home_and_a_clean_environment(tenants, users):
+    alice = users.ident[users.alice]
+    job_id = tenants.submit(users.alice, "id -u; id -g; id -G; echo HOME=$HOME USER=$USER; env; pwd; "
+                            "echo saved > $SHEPHERD_CHECKPOINT_DIR/state", env={"MINE": "yes"})
+    job = tenants.server.wait_state(job_id, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED", tenants.get("admin", f"/jobs/{job_id}/logs", stream="stderr").text
+    out = tenants.get(users.alice, f"/jobs/{job_id}/logs").text.splitlines()
+    assert out[0] == str(alice.uid) and out[1] == str(alice.gid)
+    assert str(users.gid) in out[2].split()  # its supplementary group
+    assert out[3] == f"HOME={alice.home} USER={users.alice}"
+    env = dict(line.split("=", 1) for line in out[4:] if "=" in line)
+    assert env["MINE"] == "yes" and env["CUDA_VISIBLE_DEVICES"] == "0" and env["SHEPHERD_JOB_ID"] == job_id
+    assert SECRET not in env and env["PATH"] == runas.DEFAULT_PATH  # nothing of root's environment
+    assert out[-1] == str(tenants.work)  # its directory, entered as alice
+
+    # its files are alice's, 0600 in root's 0711 directories; its checkpoint directory alice's, 0700
+    rdir = tenants.data / "runs" / job_id / "1"
+    for f in ("stdout", "stderr", "exit"):
+        st = (rdir / f).stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice.uid, 0o600), f
+    for d in (tenants.data, tenants.data / "runs", rdir):
+        st = d.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o711), d
+    ckpt = tenants.data / "checkpoints" / job_id
+    assert (ckpt.stat().st_uid, stat.S_IMODE(ckpt.stat().st_mode)) == (alice.uid, 0o700)
+    assert not (rdir / "env.json").exists()  # the job's environment, handed to the root runner, is gone
+    for f in ("shepherd.db", "server.lock"):
+        st = (tenants.data / f).stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600), f
+
+    # alice reads her files by path; bob gets "permission denied" for each
+    for path in (rdir / "stdout", rdir / "exit", ckpt / "state"):
+        assert users.as_user(users.alice, "cat", str(path)).returncode == 0, path
+        denied = users.as_user(users.bob, "cat", str(path))
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, (path, denied)
+    assert "Permission denied" in users.as_user(users.bob, "ls", str(ckpt)).stderr
+    # ... nor through the API: another team's job
+    assert tenants.get(users.bob, f"/jobs/{job_id}/logs").status_code == 403
+
+
+def test_an_unknown_unix_user_is_refused_naming_it_and_a_submission_needs_a_token(tenants):
+    r = tenants.post("admin", "true", user="gsnosuchuser")
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "user"]
+    assert "'gsnosuchuser' is not allowed: no Unix user of that name" in r.json()["detail"][0]["msg"]
+    # a server that runs jobs as users takes no submission from a caller who does not say who it is
+    assert tenants.open_submit.status_code == 403, tenants.open_submit.text
+    assert "'root' is not allowed without a token: this server runs each job as its Unix user" in \
+        tenants.open_submit.json()["detail"]
+
+
+def test_run_as_mode_follows_the_uid_and_the_knob():
+    assert runas.run_as({"SHEPHERD_RUN_AS": "server"}).per_user is False
+    with pytest.raises(ValueError, match=r"SHEPHERD_RUN_AS: 'nobody' is not allowed: user .* or server"):
+        runas.run_as({"SHEPHERD_RUN_AS": "nobody"})
+    mode = runas.run_as({})
+    assert mode.per_user is (os.geteuid() == 0)
+    if not mode.per_user:
+        assert "a single-user install (the server is not root)" in mode.text()
+
+
+def test_a_server_that_runs_jobs_as_itself_says_so_in_its_first_line(tmp_path):
+    s = Server(tmp_path).start()  # SHEPHERD_RUN_AS=server (conftest)
+    try:
+        first = wait_for("the first line", lambda: [ln for ln in s.log.read_text().splitlines() if "serving" in ln])
+        assert "every job runs as" in first[0] and ("SHEPHERD_RUN_AS=server" in first[0]
+                                                     or "a single-user install" in first[0]), first[0]
+    finally:
+        s.stop()
+
+
+def test_a_job_submitted_over_the_socket_runs_as_the_kernels_user_and_is_audited_with_its_uid(tenants, users):
+    from test_identity import CLIENT
+
+    alice = users.ident[users.alice]
+    client = tenants.base / "client.py"
+    client.write_text(CLIENT)
+    client.chmod(0o644)
+    if users.as_user(users.alice, "/usr/bin/python3", "-c", "pass").returncode != 0:
+        pytest.skip("no Python the test users may run (/usr/bin/python3) for a socket client")
+    body = {"class": "batch", "team": "ml", "command": ["id -u"], "shell": True, "cwd": str(tenants.work)}
+    r = users.as_user(users.alice, "/usr/bin/python3", str(client), str(tenants.sock), "POST", "/jobs",
+                      json.dumps(body))
+    assert r.returncode == 0, r.stderr
+    sent = json.loads(r.stdout)
+    assert sent["status"] == 201 and sent["body"]["user"] == users.alice, sent
+    job_id = sent["body"]["id"]
+    assert tenants.server.wait_state(job_id, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert tenants.get(users.alice, f"/jobs/{job_id}/logs").text.split() == [str(alice.uid)]
+    row = wait_for("the socket submission's audit row", lambda: [
+        e for e in tenants.get("admin", "/audit", action="submit").json() if e["target"] == job_id])[0]
+    assert (row["user"], row["uid"], row["token_id"]) == (users.alice, alice.uid, None)
+    assert row["address"].startswith("unix socket (pid ")
+
+
+# -- point 3: containment -------------------------------------------------------------
+DOUBLE_FORK = """trap '' TERM
+setsid sh -c 'trap "" TERM; echo $$ > {w}/{j}.setsid; exec sleep 600' &
+( sh -c 'trap "" TERM; echo $$ > {w}/{j}.orphan; exec sleep 600' & ) &
+echo $$ > {w}/{j}.main
+while true; do sleep 1; done
+"""
+#: the next job: which processes of the first one live when it starts (zombies do not
+#: count), and whether the first one's cgroup is still there (it is removed once empty,
+#: before its GPUs are handed on)
+WHO_LIVES = """for f in {w}/{j}.main {w}/{j}.setsid {w}/{j}.orphan; do
+  p=$(cat $f)
+  if [ -e /proc/$p/stat ] && [ "$(cut -d' ' -f3 /proc/$p/stat)" != Z ]; then echo "$p alive"; fi
+done > {w}/{j}.seen-by-next
+if [ -e {cg} ]; then echo "cgroup still there" >> {w}/{j}.seen-by-next; fi
+echo checked >> {w}/{j}.seen-by-next
+"""
+
+
+def test_a_double_forking_job_ignoring_sigterm_is_gone_after_cancel_before_the_next_job_starts(tenants, users):
+    why = why_not_cgroups()
+    if why:
+        pytest.skip(why)
+    w = tenants.work
+    first = tenants.submit(users.alice, DOUBLE_FORK.format(w=w, j="a"), gpus=4)
+    tenants.server.wait_state(first, "RUNNING")
+    pids = [_pid_file(w / f"a.{k}")[0] for k in ("main", "setsid", "orphan")]
+    assert not any(gone(p) for p in pids)
+    assert len({os.getpgid(p) for p in pids}) > 1  # the setsid'd one left the job's process group
+    cg = cgroups.instance_dir(tenants.data) / f"job-{first}-run-1"
+    assert set(pids) <= set(cgroups.pids(cg))  # ... but not its cgroup
+    # bob's job needs the same 4 GPUs: it starts once alice's are handed on
+    second = tenants.submit(users.bob, WHO_LIVES.format(w=w, j="a", cg=cg), gpus=4)
+    assert tenants.server.job(second)["state"] == "PENDING"
+    r = httpx.post(f"{tenants.server.url}/jobs/{first}/cancel", timeout=60,
+                   headers={"Authorization": f"Bearer {tenants.tokens[users.alice]}"})
+    assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
+    assert tenants.server.wait_state(second, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    # when bob's job started, none of them lived and their cgroup was emptied and removed
+    assert (w / "a.seen-by-next").read_text() == "checked\n"
+    assert all(gone(p) for p in pids)
+
+
+def test_a_restarted_server_finds_a_runs_cgroup_and_a_cancel_still_kills_what_left_its_group(tmp_path):
+    why = why_not_cgroups()
+    if why:
+        pytest.skip(why)
+    s = Server(tmp_path)
+    s.start()
+    try:
+        w = tmp_path
+        job_id = s.submit(f"import subprocess; subprocess.run(['/bin/sh', '-c', {DOUBLE_FORK.format(w=w, j='r')!r}])")
+        s.wait_state(job_id, "RUNNING")
+        escaped = _pid_file(w / "r.setsid")[0]
+        s.kill9()
+        s.start(policy=False)
+        assert s.wait_state(job_id, "RUNNING")["runs"] == 1  # re-attached, not relaunched
+        assert not gone(escaped)
+        assert httpx.post(f"{s.url}/jobs/{job_id}/cancel", timeout=60).json()["state"] == "CANCELLED"
+        wait_for("the setsid'd process to be killed with its cgroup", lambda: gone(escaped))
+    finally:
+        s.stop()
+
+
+def test_with_100m_a_job_allocating_1_gib_ends_out_of_memory(tenants, users):
+    why = memory_limits()
+    if why:
+        pytest.skip(why)
+    job_id = tenants.submit(users.alice, "x=$(head -c 1073741824 /dev/zero | tr '\\0' a); echo survived", mem_mib=100)
+    job = tenants.server.wait_state(job_id, "COMPLETED", "FAILED")
+    assert (job["state"], job["end_reason"]) == ("FAILED", "OUT_OF_MEMORY"), job
+    assert "memory.max 104857600 bytes" in job["failure"] and job["mem_mib"] == 100
+    assert "survived" not in tenants.get(users.alice, f"/jobs/{job_id}/logs").text
+
+
+def test_an_oom_kill_its_cgroup_reports_fails_the_job_out_of_memory_also_after_a_restart(tmp_path):
+    """The daemon's side of an OOM kill, where no memory controller is at hand (CI's is
+    cgroup v1's): the kernel's files of the run's cgroup are imitated in a plain
+    directory - ``cgroup.events`` empty, ``memory.events`` with one ``oom_kill`` - and the
+    job itself exits 0."""
+    from gpushepherd.daemon.server import Daemon
+    from gpushepherd.model.job import JobSpec
+
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    fake = tmp_path / "cgroupfs"
+    (fake / "job-1-run-1").mkdir(parents=True)  # the first job's cgroup, as the kernel would fill it
+    (fake / "job-1-run-1" / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+    (fake / "job-1-run-1" / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    d = Daemon(tmp_path / "data", policy_path=tmp_path / "policy.yaml", poll_s=0.05)
+    d.backend._containment = cgroups.Containment(fake, frozenset({"memory"}))
+    d.start()
+    try:
+        job_id = d.submit(JobSpec(id="", team="ml", workload_class="batch", gpus=1, user="ana", mem_mib=100),
+                          [sys.executable, "-c", "print('fine')"], cwd=str(tmp_path))
+        assert job_id == "1"
+
+        def view():
+            with d.lock:
+                return d.job_view(job_id)
+        job = wait_for("the job to end", lambda: (v := view())["state"] in ("COMPLETED", "FAILED") and v)
+        assert (fake / "job-1-run-1" / "memory.max").read_text() == str(100 * 1024 * 1024)
+    finally:
+        d.stop()
+    assert (job["state"], job["end_reason"], job["exit_code"]) == ("FAILED", "OUT_OF_MEMORY", 0)
+    assert job["failure"].startswith("OUT_OF_MEMORY: the kernel killed 1 process of it at its memory limit "
+                                     "(memory.max 104857600 bytes"), job["failure"]
+    again = Daemon(tmp_path / "data", poll_s=0.05)
+    again.start()
+    try:
+        with again.lock:
+            after = again.job_view(job_id)
+    finally:
+        again.stop()
+    assert (after["state"], after["end_reason"], after["failure"]) == ("FAILED", "OUT_OF_MEMORY", job["failure"])
+
+
+def test_limits_are_refused_naming_the_field_where_they_cannot_be_enforced(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHEPHERD_CGROUP", "off")
+    s = Server(tmp_path).start()
+    try:
+        log = s.log.read_text()
+        assert "containment: process groups (SHEPHERD_CGROUP=off)" in log, log
+        node = httpx.get(s.url + "/nodes", timeout=60).json()[0]
+        assert node["containment"]["kind"] == "process-group"
+        r = CliRunner().invoke(app, ["nodes", "--server", s.url])
+        assert "containment: process groups (SHEPHERD_CGROUP=off)" in r.stdout, r.stdout
+        for field, value in (("mem_mib", 100), ("cpus", 1.5)):
+            body = {"class": "batch", "team": "ml", "user": "ana", "command": ["true"], "cwd": str(tmp_path),
+                    field: value}
+            r = httpx.post(s.url + "/jobs", json=body, timeout=60)
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field], r.text
+            assert "jobs are not in cgroups here" in r.json()["detail"][0]["msg"]
+        small = httpx.post(s.url + "/jobs", timeout=60, json={"class": "batch", "team": "ml", "user": "ana",
+                                                               "command": ["true"], "cwd": str(tmp_path), "mem_mib": 8})
+        assert small.status_code == 422 and small.json()["detail"][0]["loc"] == ["body", "mem_mib"]
+    finally:
+        s.stop()
+
+
+def test_mem_sizes_read_as_slurm_writes_them():
+    from gpushepherd.cli.daemon import mem_mib
+
+    assert [mem_mib(t) for t in ("100M", "4G", "1.5G", "512", "512MiB", "2g", "1536K")] == \
+        [100, 4096, 1536, 512, 512, 2048, 2]
+    import typer
+    for bad in ("", "0", "ten", "-5M", "4X"):
+        with pytest.raises(typer.BadParameter, match="is not allowed: a size such as 100M"):
+            mem_mib(bad)
+
+
+def test_a_cgroup_v2_is_found_from_mountinfo_and_the_processes_own_cgroup(tmp_path):
+    (tmp_path / "mountinfo").write_text(
+        "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+        "25 31 0:22 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n")
+    assert cgroups.cgroup2_mount(str(tmp_path / "mountinfo")) == Path("/sys/fs/cgroup/unified")
+    (tmp_path / "cgroup").write_text("4:memory:/x\n0::/system.slice/gpushepherd.service\n")
+    assert cgroups.own_cgroup(str(tmp_path / "cgroup")) == "/system.slice/gpushepherd.service"
+    with pytest.raises(ValueError, match="SHEPHERD_CGROUP: 'relative' is not allowed"):
+        cgroups.open_containment(tmp_path, {"SHEPHERD_CGROUP": "relative"})
+
+
+# -- point 5: the audit log -------------------------------------------------------------
+def test_every_action_is_in_the_audit_log_with_who_and_from_where(tenants, users):
+    a, b = users.alice, users.bob
+    job_id = tenants.submit(a, "sleep 600")
+    assert tenants.post(b, "true", team="ml").status_code == 403  # bob is not team ml
+    assert tenants.post("admin", "true", user="gsnosuchuser").status_code == 422
+    bob_cancel = httpx.post(f"{tenants.server.url}/jobs/{job_id}/cancel", timeout=60,
+                            headers={"Authorization": f"Bearer {tenants.tokens[b]}"})
+    assert bob_cancel.status_code == 403
+    assert httpx.post(f"{tenants.server.url}/jobs/{job_id}/cancel", timeout=60,
+                      headers={"Authorization": f"Bearer {tenants.tokens[a]}"}).json()["state"] == "CANCELLED"
+    policy = httpx.get(tenants.server.url + "/policy", headers=tenants.server.headers, timeout=60).json()["policy"]
+    policy["classes"]["batch"]["grace_period_s"] = 31
+    assert httpx.post(tenants.server.url + "/policy", json={"policy": policy, "source": "edited"}, timeout=60,
+                      headers=tenants.server.headers).json()["applied"]
+    assert httpx.get(tenants.server.url + "/jobs", headers={"Authorization": "Bearer shp_wrong"},
+                     timeout=60).status_code == 401
+
+    def entries():
+        return tenants.get("admin", "/audit", since=time.time() - 3600).json()
+
+    def has(action, outcome, **kw):
+        return [e for e in entries() if e["action"] == action and e["outcome"] == outcome
+                and all(e[k] == v for k, v in kw.items())]
+
+    host = "127.0.0.1"
+    sub = wait_for("alice's submission", lambda: has("submit", "ok", user=a, target=job_id))[0]
+    assert sub["team"] == "ml" and sub["address"].startswith(host + ":") and sub["token_id"] is not None
+    assert sub["detail"]["command"] == json.dumps(["sleep 600"]) and sub["detail"]["class"] == "batch"
+    assert wait_for("bob's refused submission", lambda: has("submit", "denied", user=b, team="ml"))
+    refused = has("submit", "refused", user="root")[0]
+    assert "gsnosuchuser" in refused["detail"]["error"] and refused["target"] is None
+    assert wait_for("bob's refused cancel", lambda: has("cancel", "denied", user=b, target=job_id))
+    assert has("cancel", "ok", user=a, target=job_id)[0]["team"] == "ml"
+    assert has("policy-apply", "ok", user="root")[-1]["detail"]["source"] == "edited"
+    made = has("token-create", "ok")
+    assert {e["detail"]["for_user"] for e in made} >= {"root", a, b}
+    assert all(e["uid"] == os.getuid() and e["address"] == "local (shepherd token create)" for e in made)
+    assert wait_for("a token's first use", lambda: has("token-use", "ok", user=a))
+    assert wait_for("the wrong token", lambda: has("token-refused", "denied"))[0]["address"].startswith(host)
+
+    # a team token sees its teams' entries only, never policy or token ones
+    mine = tenants.get(a, "/audit").json()
+    assert mine and {e["team"] for e in mine} == {"ml"}
+    assert not {e["action"] for e in mine} & {"policy-apply", "token-create", "token-use"}
+    assert {e["team"] for e in tenants.get(b, "/audit").json()} <= {"cv"}
+
+    # shepherd audit: a table, --json, --user, --since
+    cli = CliRunner()
+    r = cli.invoke(app, ["audit", "--server", tenants.server.url, "--token", tenants.tokens["admin"], "--json",
+                         "--user", a, "--since", "1h"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got and {e["user"] for e in got} == {a} and {"submit", "cancel"} <= {e["action"] for e in got}
+    r = cli.invoke(app, ["audit", "--server", tenants.server.url, "--token", tenants.tokens["admin"],
+                         "--action", "cancel"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and "denied" in r.stdout and a in r.stdout and b in r.stdout, r.stdout
+    r = cli.invoke(app, ["audit", "--server", tenants.server.url, "--token", tenants.tokens["admin"],
+                         "--since", "yesterday-ish"])
+    assert r.exit_code == 2 and "--since" in r.output
+
