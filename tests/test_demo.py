@@ -83,3 +83,17 @@ def test_demo_refuses_an_unknown_backend_naming_the_allowed_ones(tmp_path):
         run_demo(tmp_path, backend="ray")
     r = CliRunner().invoke(app, ["demo", "--backend", "ray"])
     assert r.exit_code == 2 and "'ray' is not allowed: local or slurm" in r.output
+
+
+def test_the_demo_s_server_runs_every_job_as_its_own_user_even_as_root(tmp_path, monkeypatch):
+    # the README's first command runs the demo, in CI as root: a root server without
+    # SHEPHERD_RUN_AS=server (the tests' setting) runs jobs as their Unix users and refuses
+    # a submission without a token - the demo's users (alice, bob) are names only
+    from gpushepherd.daemon.demo import DemoServer, demo_policy_path
+
+    monkeypatch.delenv("SHEPHERD_RUN_AS", raising=False)
+    server = DemoServer(tmp_path / "data", demo_policy_path())
+    try:
+        assert server.daemon.backend.run_as.per_user is False
+    finally:
+        server.daemon.store.close()

@@ -154,6 +154,12 @@ class DemoServer:
         from gpushepherd.daemon.server import Daemon
 
         self.daemon = Daemon(data_dir, None, policy, poll_s=poll_s, **daemon_kw)
+        if self.daemon.backend.kind == "local":
+            # a demo on this machine: its users are names, not Unix users - every job runs
+            # as whoever runs the demo, root too (a single-user server, note 023)
+            from gpushepherd.daemon import runas
+
+            self.daemon.backend.run_as = runas.run_as({runas.RUN_AS_ENV: "server"})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = None
