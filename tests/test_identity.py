@@ -372,3 +372,16 @@ def test_tls_serves_https_with_a_self_signed_certificate(tmp_path, monkeypatch):
         assert " serving https://0.0.0.0:" in s.log.read_text()
     finally:
         s.stop()
+
+
+def test_a_socket_named_by_shepherd_socket_is_used_and_named_when_it_is_missing(tmp_path, monkeypatch):
+    # set explicitly, it is never passed over for HTTP to a default port (newcomer report)
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    missing = tmp_path / "nope.sock"
+    monkeypatch.delenv("SHEPHERD_SERVER", raising=False)
+    r = CliRunner().invoke(app, ["queue"], env={"SHEPHERD_SOCKET": str(missing)})
+    assert r.exit_code != 0
+    assert f"no gpushepherd server at unix:{missing}" in r.output

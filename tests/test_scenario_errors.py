@@ -81,6 +81,8 @@ def _error(tmp_path, text) -> str:
     ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 1, checkpoint_every: 0}\nexpect: {}\n",
      "jobs[0].checkpoint_every: 0 is not allowed"),
     ("jobs:\n" + JOB + "expect: {rejected: {ZZ: x}}\n", "expect.rejected.ZZ"),
+    ("jobs:\n" + JOB + "expect: {final_state: {A: REFUSED}}\n",
+     "expect.final_state.A: 'REFUSED' is not allowed: one of PENDING, RUNNING"),
     ("jobs:\n" + JOB + "expect: {}\nvariants: [{name: v, jobs: {A: {class: nope}}, expect: {}}]\n",
      "x/v: jobs.A.class: 'nope' is not allowed: a class of the policy"),
     ("scenario: [\n", "line 2 column 1: not valid YAML"),

@@ -91,8 +91,9 @@ def _url(server: str | None) -> str:
 
 def local_socket(server: str | None, token: str | None) -> Path | None:
     """The Unix socket a client command talks to (note 025): ``--server unix:PATH`` (or
-    ``$SHEPHERD_SERVER``); else, with no server and no token, ``$SHEPHERD_SOCKET`` or the
-    first of ``DEFAULT_SOCKETS`` that is a socket; else ``None`` (HTTP)."""
+    ``$SHEPHERD_SERVER``); else, with no server and no token, ``$SHEPHERD_SOCKET`` (set:
+    that path, a socket or not; ``''``: none) or the first of ``DEFAULT_SOCKETS`` that is a
+    socket; else ``None`` (HTTP)."""
     from gpushepherd.daemon.unixsock import is_socket
 
     named = server or os.environ.get("SHEPHERD_SERVER")
@@ -101,8 +102,12 @@ def local_socket(server: str | None, token: str | None) -> Path | None:
     if token:
         return None
     env = os.environ.get("SHEPHERD_SOCKET")
-    for path in ((env,) if env is not None else DEFAULT_SOCKETS):
-        if path and is_socket(Path(path)):
+    if env:
+        return Path(env)  # asked for: used (a missing one is named by the error), never passed over for HTTP
+    if env is not None:
+        return None  # '': never a socket
+    for path in DEFAULT_SOCKETS:
+        if is_socket(Path(path)):
             return Path(path)
     return None
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from gpushepherd.core.scheduler import SpecError
 from gpushepherd.model.cluster import Node
@@ -163,6 +163,16 @@ class UsageAt(_Strict):
     tolerance: Annotated[float, Field(ge=0)] = 0.5
 
 
+
+def _job_state(value: str) -> str:
+    """A job state an expectation names (any case): one of ``JobState``'s."""
+    from gpushepherd.model.job import JobState
+
+    names = [st.value for st in JobState]
+    if value.upper() not in names:
+        raise ValueError(f"one of {', '.join(names)}")
+    return value
+
 class Expect(_Strict):
     starts: dict[str, StartExpect | list[StartExpect]] = Field(default_factory=dict)
     #: jobs refused at submit (state REJECTED) and a text their reason contains
@@ -172,7 +182,7 @@ class Expect(_Strict):
     never_preempted: list[str] = Field(default_factory=list)
     pending: dict[str, PendingExpect | list[PendingExpect]] = Field(default_factory=dict)
     never_starts: list[str] = Field(default_factory=list)
-    final_state: dict[str, str] = Field(default_factory=dict)
+    final_state: dict[str, Annotated[str, AfterValidator(_job_state)]] = Field(default_factory=dict)
     team_usage: dict[str, list[Annotated[tuple[float, int], Field(strict=False)]]] = Field(default_factory=dict)
     max_team_usage: dict[str, int] = Field(default_factory=dict)
     gpu_never_used: list[GpuUnused] = Field(default_factory=list)
