@@ -184,5 +184,6 @@ def test_on_a_public_address_auth_stays_required_after_every_token_is_revoked(pl
     plain.token = token
     plain.start(extra=("--host", "0.0.0.0", "--insecure-http"))  # plain HTTP off loopback: note 025
     assert call(plain, "GET", "/jobs", token).status_code == 200
+    assert "warning: --host 0.0.0.0 --insecure-http: plain HTTP on a network address" in plain.log.read_text()
     assert shepherd("token", "revoke", "1", "--data-dir", str(plain.data)).exit_code == 0
     assert call(plain, "GET", "/jobs", None).status_code == 401  # never open while reachable from outside

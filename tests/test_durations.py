@@ -33,6 +33,9 @@ def test_a_bare_number_is_what_the_caller_says():
     with pytest.raises(ValueError, match=r"^'600' is not allowed: give its unit \(600s, 600m, 600h\)"):
         parse_duration("600", bare=None)
     assert parse_duration("10:00", bare=None) == 600  # colon forms mean the same everywhere
+    # a bare 0 where a unit is needed is refused for being 0, not pointed at 0s (refused too)
+    with pytest.raises(ValueError, match=r"^'0' is not allowed: a duration > 0 \(MM:SS"):
+        parse_duration("0", bare=None)
 
 
 @pytest.mark.parametrize("text, message", [

@@ -56,6 +56,9 @@ def parse_duration(text: str, *, bare: Bare = "minutes", unlimited: bool = False
         if unlimited:
             return math.inf
         raise ValueError(f"{text!r} is not allowed here: a finite duration ({allowed_forms(bare)})")
+    if bare is None and not zero and re.fullmatch(_NUM, s) and float(s) == 0:
+        # a bare 0 with no unit: say what is wrong with it, not that a unit is missing
+        raise ValueError(f"{text!r} is not allowed: a duration > 0 ({allowed_forms(bare)})")
     seconds = _seconds(text, s, bare)
     if seconds == 0 and not zero:
         raise ValueError(f"{text!r} is not allowed: a duration > 0 ({allowed_forms(bare)})")

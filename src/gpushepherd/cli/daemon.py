@@ -557,6 +557,9 @@ def _tls_files(cert: Path | None, key: Path | None, host: str, insecure_http: bo
                       "would cross the network in clear text): give --tls-cert FILE --tls-key FILE, or "
                       "--insecure-http behind a TLS-terminating proxy", soft_wrap=True)
             raise typer.Exit(2)
+        if not is_loopback(host):
+            err.print(f"warning: --host {host} --insecure-http: plain HTTP on a network address; tokens cross "
+                      "the network in clear text unless a TLS-terminating proxy is in front", soft_wrap=True)
         return {}
     try:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)

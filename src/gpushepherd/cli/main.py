@@ -261,7 +261,7 @@ def _write_atomically(path: Path, option: str, write: Callable[[Path], None]) ->
 def simulate(
     trace: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Trace file; default: the bundled Philly excerpt (days 45-47 of Philly).")] = None,
     fmt: Annotated[Optional[str], typer.Option("--format", metavar="FORMAT", help="Format of --trace: philly (default), itp or csv.")] = None,
-    mapping: Annotated[Optional[str], typer.Option("--map", metavar="MAP", help="For --format csv: submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL].")] = None,
+    mapping: Annotated[Optional[str], typer.Option("--map", metavar="MAP", help="For --format csv: submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL,project=COL].")] = None,
     policy: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Policy file; default: the bundled demo policy (96 nodes x 8 GPUs).")] = None,
     cluster: Annotated[Optional[str], typer.Option(metavar="NxG[:TYPE[:MIB]]", help="Replace the policy's nodes, e.g. 192x8.")] = None,
     days: Annotated[Optional[str], typer.Option(metavar="N|A:B", help="Only jobs submitted in the trace's first N days, or in days [A, B), counted from the trace's first job.")] = None,
