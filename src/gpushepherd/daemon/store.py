@@ -12,6 +12,7 @@ what it records.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -471,6 +472,29 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
                      f"unmanaged, node-lost, node-added, gpu-health, lost, launch-error, keep or ended")
 
 
+@contextlib.contextmanager
+def _opening(sqlite_url: str | None):
+    """Serialise the first connection and migration of one SQLite file across threads and
+    processes (``flock`` on ``<file>.open-lock`` beside it): two at once could both try to
+    switch a fresh file to WAL, and one got "database is locked" past its busy timeout
+    (seen in CI: tests/test_migrations.py, four openers at once). No-op for PostgreSQL and
+    in-memory SQLite."""
+    from sqlalchemy.engine import make_url
+
+    path = make_url(sqlite_url).database if sqlite_url else None
+    if not path or path == ":memory:" or path.startswith("file:"):
+        yield
+        return
+    import fcntl
+
+    with open(f"{path}.open-lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _sqlite_pragmas(synchronous: str, busy_timeout_s: float = 30.0):
     """A connect hook: a busy timeout (seconds), WAL, ``synchronous`` (FULL: an acknowledged event survives a
     power cut; NORMAL: a commit survives a crash of the process, and the next FULL
@@ -546,7 +570,8 @@ class Store:
         from gpushepherd.daemon.migrate import upgrade
 
         try:
-            self.revision_before, self.revision = upgrade(self.engine, self.display_url, LOCK_STALE_S)
+            with _opening(url if sqlite else None):
+                self.revision_before, self.revision = upgrade(self.engine, self.display_url, LOCK_STALE_S)
         except BaseException:
             self.engine.dispose()
             self._lazy.dispose()
