@@ -74,6 +74,8 @@ def srv(tmp_path):
 
 def test_a_foreign_process_makes_its_gpu_unmanaged_shown_and_logged_until_it_is_gone(srv, tmp_path):
     foreign = subprocess.Popen(["sleep", "120"])
+    # until it has exec'd, /proc shows the forked python (seen in CI: command '[python]')
+    wait_for("the foreign process exec'd", lambda: Path(f"/proc/{foreign.pid}/cmdline").read_bytes().startswith(b"sleep"))
     try:
         script(srv.data, {"gpus": {"0": {"util_pct": 80, "mem_used_mib": 900, "temperature_c": 55, "power_w": 210,
                                          "processes": [{"pid": foreign.pid, "used_mib": 900}]}}})
