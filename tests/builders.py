@@ -126,3 +126,27 @@ def route_cli_to(client, monkeypatch):
         r = CliRunner().invoke(app, list(args), env=env)
         return r.exit_code, r.stdout, r.stderr
     return cli
+
+
+def remove_unix_users(names: Iterable[str], group: str, home: bool = False) -> None:
+    """Remove test-made Unix users and their group (``userdel``, ``-r`` with ``home``),
+    trying each again for 5 s while a process of theirs still exits (``userdel`` refuses
+    then); a user still there is named.
+
+    Raises:
+        AssertionError: a user could not be removed.
+    """
+    import subprocess
+    import time
+
+    left = []
+    for name in names:
+        for _ in range(50):
+            done = subprocess.run(["userdel", *(["-r"] if home else []), name], check=False, capture_output=True)
+            if done.returncode in (0, 6):  # removed, or not there
+                break
+            time.sleep(0.1)
+        else:
+            left.append(name)
+    subprocess.run(["groupdel", group], check=False, capture_output=True)
+    assert not left, f"test users not removed: {left} (userdel them)"

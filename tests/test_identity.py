@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from builders import remove_unix_users
 from test_auth import create_token, shepherd
 from test_daemon import POLICY, Server, free_port
 
@@ -107,18 +108,8 @@ class Users:
         return out["status"], out["body"]
 
     def remove(self) -> None:
-        """Remove the users and their group; a user ``userdel`` keeps (a client of theirs
-        still exiting) is tried again, then named."""
-        left = []
-        for name in (self.alice, self.bob):
-            for _ in range(50):
-                if subprocess.run(["userdel", name], capture_output=True, check=False).returncode in (0, 6):
-                    break
-                time.sleep(0.1)
-            else:
-                left.append(name)
-        subprocess.run(["groupdel", self.group], capture_output=True, check=False)
-        assert not left, f"test users not removed: {left} (userdel them)"
+        """Remove the users and their group (``builders.remove_unix_users``)."""
+        remove_unix_users((self.alice, self.bob), self.group)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpushepherd.cli.main import app
+from builders import remove_unix_users
 from conftest import kill_leftovers
 from gpushepherd.daemon import cgroups, runas
 from test_daemon import Server, gone, wait_for
@@ -108,16 +109,7 @@ class Users:
                     os.kill(int(entry), signal.SIGKILL)
             except OSError:
                 pass
-        left = []
-        for name in self.made:
-            for _ in range(50):  # userdel refuses a user with a process still exiting
-                if subprocess.run(["userdel", "-r", name], check=False, capture_output=True).returncode in (0, 6):
-                    break
-                time.sleep(0.1)
-            else:
-                left.append(name)
-        subprocess.run(["groupdel", self.group], check=False, capture_output=True)
-        assert not left, f"test users not removed: {left} (userdel -r them)"
+        remove_unix_users(self.made, self.group, home=True)
 
 
 class Tenants:
