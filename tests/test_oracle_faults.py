@@ -617,3 +617,61 @@ def test_a_share_kept_off_fresh_gpus_by_class_reservations_does_not_stop_the_str
                               (job("B", 1, "batch", "t", 1, share=quarter), 50.0)])
     assert [t for t, _ in result.records["B"].starts] == [1.0]
     assert [t for t, _ in result.records["S"].starts] == [1.0]
+
+
+def test_a_preemptor_whose_victims_left_is_not_charged_its_own_hold_against_another_holds_class_slack():
+    # seed 12010 (not shrunk: the fault needs two holds, a class reservation and MPS):
+    # production inference reserves 2 GPUs; j11 (batch, 6 GPUs) preempts j6 at 5 and
+    # holds n2's 4 GPUs and 2 of n1's; j5 (production inference) preempts j2 at 12. When
+    # j6 is gone at 17, j11 must start on its plan. j5's hold's class-hold slack had
+    # counted j11's plan as taken, and j11 was charged those GPUs again: refused, its
+    # hold dropped, and j1 took n2 - j6 lost its work for nothing.
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from oracle_checks import drive
+    from oracle_workloads import workload_from_seed
+
+    result, _calls = drive(workload_from_seed(12010), restarts=False, record_reasons=False)
+    assert result.records["j6"].preempted_at == [5.0]
+    assert [t for t, _ in result.records["j11"].starts][:1] == [17.0]
+
+
+def test_a_job_backfilled_beside_a_reservation_that_moves_its_best_fit_gets_a_second_pass():
+    # seed 12903: R (2 GPUs on one node) is reserved at 48, when X1 leaves n1's GPUs 0-1
+    # and X2 n2's GPU 0: n1 would have 3 free then, n2 2, so the best fit is n2. K (1
+    # GPU, long) is backfilled on n1's free GPU 3 - that delays nobody, but now n1 has
+    # 2 free at 48 too and a full pass reserves R there (the lower index), which leaves
+    # n2's free GPU to L. The pass the core ran left L waiting for R until 48; a restart
+    # or a policy apply at 1 would have started it. The decisions of an instant are those
+    # of a full pass on its final state: L starts at 1, and R still at 48.
+    a, b = (("zone", "a"),), (("zone", "b"),)
+    rules = policy(nodes=[{"name": "n1", "gpus": 4, "labels": {"zone": "a"}},
+                          {"name": "n2", "gpus": 2, "labels": {"zone": "b"}}], preemption=False)
+    result = simulate(rules, [(job("X1", 2, "batch", "t", 0, node_selector=a, runtime_estimate_s=48.0), 48.0),
+                              (job("Y", 1, "batch", "t", 0, node_selector=a, runtime_estimate_s=100.0), 100.0),
+                              (job("X2", 1, "batch", "t", 0, node_selector=b, runtime_estimate_s=48.0), 48.0),
+                              (job("R", 2, "training", "t", 1, runtime_estimate_s=50.0), 50.0),
+                              (job("K", 1, "batch", "t", 1, runtime_estimate_s=200.0), 200.0),
+                              (job("L", 1, "batch", "t", 1, runtime_estimate_s=200.0), 200.0)])
+    assert [(t, str(p)) for t, p in result.records["K"].starts] == [(1.0, "n1:3")]
+    assert [(t, str(p)) for t, p in result.records["L"].starts] == [(1.0, "n2:1")]
+    assert [t for t, _ in result.records["R"].starts] == [48.0]
+
+
+def test_a_reserved_classs_mig_start_lets_a_share_it_kept_off_start_in_the_strict_order():
+    # seed 12899: backfill off; production inference and training reserve a GPU each of
+    # n1's 2 plain GPUs (GPU 0 is a MIG card). S (research-training, a quarter of a card)
+    # may not open a card. At 1, P (production inference) takes the MIG slice: its
+    # class's reservation is filled without a plain GPU, and S may take one of the two.
+    # The pass at 1 gave only the new job its turn (nothing but a submission changed, and
+    # a start only takes GPUs - except this one, which loosens a class hold): S waited.
+    rules = policy(nodes=[{"name": "n1", "gpus": 3, "gpu_type": "H100-80GB", "gpu_mem_mib": 81920,
+                           "mig": {"g0": {"layout": ["7g.80gb"]}}}], backfill=False,
+                   classes={"production-inference": {"reserved_gpus": 1}, "training": {"reserved_gpus": 1}})
+    result = simulate(rules, [(job("S", 1, "research-training", "t", 0, share=GpuShare("fraction", milli=250)), 50.0),
+                              (job("P", 1, "production-inference", "t", 1, share=GpuShare("mig", profile="7g.80gb")),
+                               100.0)])
+    assert [t for t, _ in result.records["P"].starts] == [1.0]
+    assert [t for t, _ in result.records["S"].starts] == [1.0]

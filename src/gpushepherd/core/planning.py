@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 
-from gpushepherd.core.placement import Counts, place_counts
+from gpushepherd.core.placement import Counts, members_of, place_counts
 from gpushepherd.core.profile import Claim, Key, Profile, class_slack, gpus_free_at, release_time
 from gpushepherd.core.releases import node_releases
 from gpushepherd.core.state import INF, Job
@@ -55,6 +55,30 @@ def earliest_start(book, profile: Profile, job: Job, nodes: list[int], totals: d
             return later
         return earliest_start_from(book, profile, job, nodes, totals, later[0])
     return t_q, _place_at(book, job, nodes, totals, t_q)
+
+
+def reservation_for(book, profile: Profile, job: Job) -> tuple[float, Counts, dict[int, int]] | None:
+    """The reservation a pass gives ``job`` against ``profile``'s claims: ``(start,
+    counts, {node: GPUs free at start}``, the last possibly empty) or ``None`` (a share,
+    or no start can be planned). Nodes the job's class avoids now are its too once the
+    jobs it avoids there are planned to be gone (a start there may come sooner)."""
+    if job.shape.mode == "share":
+        return None  # shares wait for a card; they hold no reservation
+    nodes, totals = book.nodes_and_totals(job)
+    free_at: dict[int, int] = {}
+    found = earliest_start(book, profile, job, nodes, totals, free_out=free_at)
+    avoided = book.avoided_nodes(job) if book.anti and job.cls.avoid else frozenset()
+    if avoided:
+        clear = book.avoidance_end(job, avoided)
+        if clear < INF and (found is None or clear < found[0]):
+            every = members_of(book.ledger, book.groups_for(job))
+            later = earliest_start_from(book, profile, job, every,
+                                        {i: book.ledger.slots[i].healthy for i in every}, clear)
+            if later is not None and (found is None or later[0] < found[0]):
+                found, free_at = later, {}
+    if found is None:
+        return None
+    return found[0], found[1], free_at
 
 
 def earliest_start_from(book, profile, job, nodes, totals, t_min: float):

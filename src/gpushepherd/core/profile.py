@@ -214,12 +214,28 @@ class Profile:
         a run ending at ``end`` would break (``takes``)."""
         if not self.book.reserved:
             return None
+        own = next((c for c in self.claims if c.hold and c.job_id == job.id), None)
         for c in self.claims:
             if c.gslack is None or c.job_id == job.id or c in exempt:
                 continue
-            if (c.hold or c.start < end) and self.takes(c, job, x)[0] > c.gslack:
+            if (c.hold or c.start < end) and self.takes(c, job, x - self._counted(own, c))[0] > c.gslack:
                 return c
         return None
+
+    def _counted(self, own: Claim | None, c: Claim) -> int:
+        """What a preemptor's own hold ``own`` already took from claim ``c``'s class-hold
+        slack: its start gives that back, so only the rest of its GPUs count against the
+        slack (seed 12010: a batch preemptor starting on its plan, once its victims were
+        gone, was refused by a production-inference preemptor's hold whose slack had
+        counted the plan's GPUs taken, and lost its GPUs)."""
+        if own is None:
+            return 0
+        if not c.hold:
+            return own.total_at(c.start)
+        book = self.book
+        coming = sum((m & book.ledger.slots[i].healthy_mask).bit_count()
+                     for vid in book.jobs[own.job_id].victims for i, m in book.jobs[vid].alloc)
+        return sum(own.gpus.values()) - coming
 
     def takes(self, c: Claim, job: Job, x: int) -> tuple[int, int]:
         """``(GPUs, units)``: what ``job`` taking ``x`` whole GPUs takes from claim ``c``'s

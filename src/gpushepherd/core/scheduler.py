@@ -159,12 +159,13 @@ class Scheduler:
         decisions of an instant are those of a full pass on its final state (the oracle's
         incremental == full pass == ``restore``). Likewise when a job of a cohort member
         made it borrow after a job that could reclaim from it found no victims
-        (``book.repass``). Each repeat needs victims not signalled before or a job not
-        started before, so it ends."""
+        (``book.repass``), and when a job started after a reservation made another
+        placement of it the best (``Turn.claims_stand``). Each repeat needs victims not
+        signalled before or a job not started before, so it ends."""
         book = self.book
         book.repass = False
         self._pass(out)
-        while book.repass:
+        while book.repass or (self.last_turn is not None and not self.last_turn.claims_stand()):
             book.repass = False
             book.dirty = True
             self._pass(out)
