@@ -61,8 +61,8 @@ MAX_CALLS = 3000  # a dozen jobs need a few dozen instants; many more is a livel
 IDLE_S = 8 * 86400.0
 BIG = 10 ** 12
 RULE_NAMES = {A.ADMITTED: "admitted", A.HARD_NEVER: "1 hard-never", A.HARD_NOW: "2 hard-now",
-              A.NEVER_FITS: "3 never-fits", A.FREE: "4 free", A.COHORT: "5 cohort", A.ANTI: "6 anti-affinity",
-              A.CLASS_HOLD: "7 class-hold", A.CLAIMS: "8 claims"}
+              A.NEVER_FITS: "3 never-fits", A.ORDER: "4 strict-fifo", A.FREE: "5 free", A.COHORT: "6 cohort",
+              A.ANTI: "7 anti-affinity", A.CLASS_HOLD: "8 class-hold", A.CLAIMS: "9 claims"}
 
 
 @dataclass
@@ -287,6 +287,11 @@ class Checker:
             at = float(detail.rsplit("t=", 1)[1].rstrip(")"))
             if not at > t or wake is None or wake > at:
                 bad = f"eligible at {at:g}, next_wakeup() {wake}"
+        elif code is ReasonCode.PRIORITY and v.rule == A.ORDER:
+            h = book.jobs.get(detail)
+            if (h is None or h.state is not JobState.PENDING or h.strict_q != job.strict_q or not h.key < job.key
+                    or book.nodes_for(h).isdisjoint(book.nodes_for(job))):
+                bad = f"{detail} is not ahead of it in its strict FIFO queue for the same nodes"
         elif code is ReasonCode.PRIORITY:
             bad = "a job the admission rule refuses reads Priority"
         if bad is not None:
@@ -303,6 +308,11 @@ class Checker:
         rep = self.report
 
         def later(w, same_ok) -> bool:
+            if w.rule == A.ORDER and rule > A.ORDER:
+                # the lift let a head of its strict FIFO queue start some day, which the
+                # rules as they are never let (it holds back nobody then): not the reason
+                head = book.jobs[w.head]
+                return not adm.may_ever_start(head, head.charges)
             return w.admitted or w.rule > rule or (w.rule == rule and same_ok(w))
 
         if rule in (A.HARD_NEVER, A.HARD_NOW, A.COHORT):
@@ -331,6 +341,16 @@ class Checker:
                              f"{lim.loosest} and it asks {quota.fmt(i, amount)}")
         elif rule == A.NEVER_FITS:
             self.never_fits(sched, job, text)
+        elif rule == A.ORDER:
+            # out of its strict queue it starts, or a later rule refuses it; and the head it
+            # names could start some day (a head that never can holds back nobody)
+            head = book.jobs[v.head]
+            w = _decide_with(adm, job, profile, job, "strict_q", None)
+            if not later(w, lambda w: False):
+                rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; out of its strict FIFO queue it is refused "
+                         f"by rule {RULE_NAMES[w.rule]}")
+            if not adm.may_ever_start(head, head.charges):
+                rep.fail("c_reason", f"t={t:g}: {job.id} reads {text} but {head.id} can never start")
         elif rule == A.FREE:
             if job.shape.mode != "share":
                 nodes = book.nodes_for(job)
@@ -338,21 +358,13 @@ class Checker:
                 if fits(job.shape, avail, {n: book.ledger.slots[n].healthy for n in nodes}):
                     rep.fail("c_reason", f"t={t:g}: {job.id} reads {text} but fits the free GPUs {avail}")
         elif rule == A.ANTI:
-            book.anti = False
-            try:
-                w = adm.decide(job, profile)
-            finally:
-                book.anti = True
+            w = _decide_with(adm, job, profile, book, "anti", False)
             if not later(w, lambda w: False):
                 rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; without anti-affinity it is refused by "
                          f"rule {RULE_NAMES[w.rule]}")
         elif rule == A.CLASS_HOLD:
-            reserved = book.reserved
-            book.reserved = {c: r for c, r in reserved.items() if c != v.holder}
-            try:
-                w = adm.decide(job, profile)
-            finally:
-                book.reserved = reserved
+            others = {c: r for c, r in book.reserved.items() if c != v.holder}
+            w = _decide_with(adm, job, profile, book, "reserved", others)
             if not later(w, lambda w: w.holder != v.holder):
                 rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; without {v.holder}'s reserved_gpus it is "
                          f"refused by rule {RULE_NAMES[w.rule]}")
@@ -493,6 +505,17 @@ class Checker:
                 continue
             self.report.fail("g_live", f"the run ends with {job.id} pending, refused by rule {RULE_NAMES[v.rule]} "
                              f"({sched.pending_reason(job.id)}): it could start later")
+
+
+def _decide_with(adm, job, profile, obj, attr: str, value):
+    """The admission rule's verdict for ``job`` with ``obj.attr`` set to ``value`` for the
+    question (a rule lifted), restored after."""
+    old = getattr(obj, attr)
+    setattr(obj, attr, value)
+    try:
+        return adm.decide(job, profile)
+    finally:
+        setattr(obj, attr, old)
 
 
 def _takes_gpu(book, job) -> bool:

@@ -197,7 +197,25 @@ def build(src) -> Workload:
     rules = policy_from_dict(raw).rules
     jobs = _jobs(src, scale, raw, rules)
     events = _events(src, scale, raw, rules, len(jobs))
+    # drawn last, so that the seeds found before strict FIFO queues keep their workloads
+    if _queueing(src, raw):
+        rules = policy_from_dict(raw).rules
     return Workload(raw, jobs, events, rules=rules)
+
+
+def _queueing(src, raw: dict) -> bool:
+    """Strict FIFO queues (note 031): a class's, or a team's own of a class."""
+    changed = False
+    if src.chance(0.15):
+        name = src.choice(["batch", "sandbox", "research-training", "training"])
+        raw.setdefault("classes", {}).setdefault(name, {})["queueing"] = "strict_fifo"
+        changed = True
+    if src.chance(0.15):
+        team = src.choice(sorted(raw["teams"]))
+        name = src.choice(["batch", "sandbox", "research-training", "training"])
+        raw["teams"][team].setdefault("classes", {}).setdefault(name, {})["queueing"] = "strict_fifo"
+        changed = True
+    return changed
 
 
 def _nodes(src) -> list[dict]:

@@ -332,7 +332,7 @@ def test_a_job_with_no_time_left_is_not_started_for_a_run_of_zero_seconds():
 
 def test_a_share_joining_a_card_does_not_delay_a_reservation():
     # seed 622 (a share the admission rule admits waits "Priority(not reached by the
-    # last pass)"): rule 8 is checked for a share only when it opens a fresh GPU
+    # last pass)"): rule 9 (claims) is checked for a share only when it opens a fresh GPU
     # (admission._decide_share); a share joining a card keeps that card from freeing
     # for as long as it runs. X holds n1 until 100; R (2 GPUs: n1 and n2 whole) is
     # reserved at 100. S2 (estimate 10) opens a card on n2 - it ends before 100. S1
@@ -421,7 +421,7 @@ def test_a_mig_share_whose_only_card_with_its_profile_is_unhealthy_never_fits():
 def test_a_share_joining_a_card_does_not_leave_a_reservation_only_reserved_gpus():
     # seed 2919: GPU 1 is production inference's (reserved_gpus 1); R (batch) is
     # reserved at 100 on GPU 0, X's card, when X ends. S (estimate 1000) joining the card
-    # at 5 keeps it until 1005: the node still has a GPU at 100 (rule 8's node check
+    # at 5 keeps it until 1005: the node still has a GPU at 100 (rule 9's node check
     # passes) but it is the reserved one. S must wait and R start at 100.
     rules = policy(nodes=[("n1", 2)], classes={"production-inference": {"reserved_gpus": 1}}, preemption=False)
     half = GpuShare("fraction", milli=500)

@@ -10,13 +10,16 @@ precedence order (the first that refuses is the reason):
 2. ``HARD_NOW``     a hard limit now (team, user, class, parent, running jobs, window);
 3. ``NEVER_FITS``   the healthy nodes it may use, all empty, minus other classes'
                     ``reserved_gpus``;
-4. ``FREE``         a placement on the free GPUs;
-5. ``COHORT``       the cohort's capacity;
-6. ``ANTI``         class anti-affinity (``avoid_nodes_with``);
-7. ``CLASS_HOLD``   other classes' ``reserved_gpus`` left free;
-8. ``CLAIMS``       holds of preemptors and reservations it would delay (GPUs, quota).
+4. ``ORDER``        an earlier pending job of its strict FIFO queue that may use the
+                    same nodes (``queueing: strict_fifo``, note 031);
+5. ``FREE``         a placement on the free GPUs;
+6. ``COHORT``       the cohort's capacity;
+7. ``ANTI``         class anti-affinity (``avoid_nodes_with``);
+8. ``CLASS_HOLD``   other classes' ``reserved_gpus`` left free;
+9. ``CLAIMS``       holds of preemptors and reservations it would delay (GPUs, quota).
 
-A job that passes all eight starts on the best placement satisfying all of them at once
+(Notes before 031 number the rules from ``FREE`` one lower: rule 4 there is ``FREE``.)
+A job that passes all nine starts on the best placement satisfying all of them at once
 (best fit, NVLink islands, model-cache locality; shares on the tightest card).
 """
 
@@ -29,7 +32,9 @@ from gpushepherd.core.profile import Claim, Profile
 from gpushepherd.core.state import INF, Job
 from gpushepherd.core.shares import ShareRules
 from gpushepherd.core.verdict import (ADMITTED, ANTI, CAPACITY_RULES, CLAIMS, CLASS_HOLD, COHORT, FREE,  # noqa: F401
-                                      HARD_NEVER, HARD_NOW, NEVER_FITS, RESERVABLE, Verdict, stops_strict_order)
+                                      HARD_NEVER, HARD_NOW, NEVER_FITS, ORDER, RESERVABLE, Verdict,
+                                      stops_strict_order)
+from gpushepherd.model.job import JobState
 from gpushepherd.model.job import GPU_UNITS
 
 
@@ -98,9 +103,9 @@ class Admission(ShareRules):
     def decide(self, job: Job, profile: Profile | None, scratch: Scratch | None = None,
                before_claims=None, no_room: bool = False, memo: dict | None = None,
                within: dict[int, int] | None = None) -> Verdict:
-        """Apply rules 1-8 to ``job`` now (on ``scratch`` when given). ``before_claims``
-        is called once rules 1-7 admit it, before rule 8 reads ``profile`` (the pass
-        computes its deferred reservations then). ``no_room``: the caller knows rule 4
+        """Apply rules 1-9 to ``job`` now (on ``scratch`` when given). ``before_claims``
+        is called once rules 1-8 admit it, before rule 9 reads ``profile`` (the pass
+        computes its deferred reservations then). ``no_room``: the caller knows rule 5
         refuses it (a pass's memo), so no placement is tried. ``memo``: a pass's record
         of placements the claims refused (``(filter, binding points, class) -> least
         GPUs refused``; claims only grow during a pass, so more GPUs are refused too).
@@ -113,7 +118,7 @@ class Admission(ShareRules):
         units = job.units
         covered = self._coverage(job, units, scratch, profile)
         charges = book.charges_with(job, units, covered) if covered else job.charges
-        v = self._rules_1_to_3(job, charges, scratch)
+        v = self._rules_1_to_4(job, charges, scratch)
         if v is not None:
             return v
         counts = None if no_room else self._place(job, scratch, within=within)
@@ -172,22 +177,59 @@ class Admission(ShareRules):
         return Verdict(ADMITTED, counts=counts, units=units, charges=charges, covered=covered)
 
     def blocker_of(self, job: Job, profile: Profile, charges: tuple | None = None) -> Claim | None:
-        """The claim a user is told a job refused by rule 8 (now, live) waits for: the
+        """The claim a user is told a job refused by rule 9 (now, live) waits for: the
         first (holds first, then reservations in order) that its best placement without
         claims would delay, else the first claiming a node it may use."""
         end = self.book.now + job.planned_run()
         self._exempt = profile.reclaimers_of(job)
         return self._blocker(job, profile, None, job.charges if charges is None else charges, end, None)
 
-    # ----------------------------------------------------------- rules 1-3
-    def _rules_1_to_3(self, job: Job, charges: tuple, scratch: Scratch | None) -> Verdict | None:
-        """The refusal of rules 1-3 (hard limits, never fits), else ``None``. A hard limit
-        that binds now is no reason for a job that can never fit: that is."""
+    # ----------------------------------------------------------- rules 1-4
+    def _rules_1_to_4(self, job: Job, charges: tuple, scratch: Scratch | None) -> Verdict | None:
+        """The refusal of rules 1-4 (hard limits, never fits, a strict FIFO queue's
+        order), else ``None``. A hard limit that binds now is no reason for a job that
+        can never fit: that is."""
         if charges:
             v = self._hard(charges, scratch)
             if v is not None:
                 return Verdict(NEVER_FITS) if v.rule == HARD_NOW and self.never_fits(job) else v
-        return Verdict(NEVER_FITS) if self.never_fits(job) else None
+        if self.never_fits(job):
+            return Verdict(NEVER_FITS)
+        if job.strict_q is not None and job.id not in self.book.preemptors:
+            # a preemptor passed its queue's order when it preempted: its victims' work
+            # is spent on it, whoever has come ahead of it since
+            head = self.head_ahead(job)
+            if head is not None:
+                return Verdict(ORDER, charges=charges, head=head.id)
+        return None
+
+    def head_ahead(self, job: Job) -> Job | None:
+        """Rule 4: the earliest pending job ahead of ``job`` in its strict FIFO queue
+        (Kueue's ``StrictFIFO``) that may use a node ``job`` may use and could ever start;
+        ``None``: nobody holds it back. A head waiting for other GPU types or pools, or
+        one no limit or node could ever take, holds back nobody; a preemptor whose
+        victims are leaving for it is held back by nobody (note 031)."""
+        book = self.book
+        mine = None
+        for key, head in book.queue.strict.get(job.strict_q, ()):
+            if key >= job.key:
+                break
+            if head.state is not JobState.PENDING:
+                continue  # started earlier in this pass
+            if mine is None:
+                mine = book.nodes_for(job)
+            if mine.isdisjoint(book.nodes_for(head)) or not self.may_ever_start(head, head.charges):
+                continue
+            return head
+        return None
+
+    def may_ever_start(self, job: Job, charges: tuple) -> bool:
+        """Whether some time of the week and the healthy nodes allow ``job`` charged
+        ``charges``: no limit it exceeds at its loosest, no windowed limits that never
+        open together for it, and a placement on the nodes all empty (``never_fits``)."""
+        quota = self.book.quota
+        return (quota.never_fits(charges) is None and quota.never_together(charges) is None
+                and not self.never_fits(job))
 
     def _hard(self, charges: tuple, scratch: Scratch | None) -> Verdict | None:
         quota = self.book.quota
@@ -252,7 +294,7 @@ class Admission(ShareRules):
                     never = not any(share_can_join(ledger.groups[g].node, job.share) for g in book.groups_for(job))
         return never
 
-    # ----------------------------------------------------------- rules 5-7
+    # ----------------------------------------------------------- rules 6-8
     def _coverage(self, job: Job, units: int, scratch: Scratch | None, profile: Profile | None = None) -> int:
         """Units of a run of ``units`` starting now its class's ``reserved_gpus`` would
         cover: what running jobs and preemptors' holds (other than the job's own) leave."""
@@ -287,7 +329,7 @@ class Admission(ShareRules):
             return holder
         return ""
 
-    # ------------------------------------------------------------ rule 8
+    # ------------------------------------------------------------ rule 9
     def _caps(self, job: Job, profile: Profile, counts: Counts, end: float,
               scratch: Scratch | None) -> dict[int, int] | None:
         """Per candidate node, the GPUs the claims leave the job; ``None`` when the

@@ -265,13 +265,16 @@ class Book:
         job.history.append(Transition(self.now, old_s, new.value, reason, self.event_no))
 
     def enqueue(self, job: Job) -> None:
-        """Put a job in its sub-queue (signature: shape, class, charges, estimate band)."""
+        """Put a job in its sub-queue (signature: shape, class, charges, estimate band,
+        strict FIFO queue)."""
         job.pend_est = job.planned_run()
         shape = job.shape
         # failures are monotone in the GPU count within one filter and layout (and pod
         # size), so the memo key leaves the count out
         job.fkey = self.filter_id(shape)
-        sig = (shape, job.cls.name, job.charges, estimate_band(None if job.pend_est == INF else job.pend_est))
+        job.strict_q = self.rules.strict_queue(job.spec.team, job.cls.name)
+        sig = (shape, job.cls.name, job.charges, estimate_band(None if job.pend_est == INF else job.pend_est),
+               job.strict_q)
         job.sig = self.sig_ids.setdefault(sig, len(self.sig_ids))
         self.queue.add(job)
         if job.share is not None:

@@ -72,7 +72,7 @@ class Turn:
         self.no_victims_prio = -INF
         #: the fast pass's memo of placements the claims refused (``Admission.decide``)
         self.memo: dict | None = None
-        #: a share was refused for room (rules 4, 7, 8) in this pass: a card a later
+        #: a share was refused for room (rules 5, 8, 9) in this pass: a card a later
         #: share opens on a fresh GPU may take it without a fresh GPU (``start``)
         self.share_refused = False
         #: cohort members (teams) a job of which the claims refused in this pass: one of
@@ -109,7 +109,7 @@ class Turn:
     def turn(self, job: Job, no_room: bool = False) -> tuple[int, int]:
         """Steps 4-6 for one pending job: ``(outcome, rule)``; ``rule`` is the first
         admission rule that refused it (``ADMITTED`` when it started). ``no_room``: the
-        walk knows no free GPUs take it (rule 4).
+        walk knows no free GPUs take it (rule 5).
 
         A preemptor starts if admitted (its own hold is free for it); it keeps its hold
         while its victims are still exiting (``HELD``); else its hold is dropped and it
@@ -416,14 +416,14 @@ class Walk:
     grow; so a job refused at some point stays refused later in the pass):
 
     * a job of a sub-queue (same shape, filter, class, charges) refused by a rule that
-      does not look at its planned run (rules 1-7) proves every later job of its
+      does not look at its planned run (rules 1-8) proves every later job of its
       sub-queue refused, for starting, preempting and - once the depth is reached -
       reserving: they are not looked at;
-    * refused by the claims (rule 8), it proves refused every later job of its
+    * refused by the claims (rule 9), it proves refused every later job of its
       sub-queue whose planned run is not shorter (a longer run covers more claim
       points): the walk jumps to the next shorter one (``PendingQueue.next_shorter``);
     * a failed placement of ``k`` GPUs for a node filter proves every job of that filter
-      asking ``>= k`` refused at rule 4 for the rest of the pass;
+      asking ``>= k`` refused at rule 5 for the rest of the pass;
     * with no free GPU, no share pending, no preemption possible for any pending job and
       the depth reached, nothing more can happen (the walk stops).
 
@@ -499,7 +499,7 @@ class Walk:
             shape = job.shape
             no_room = fail_fit.get(job.fkey, INF) <= shape.k
             if full and no_room and not strict and not turn.can_preempt(job) and job.id not in book.preemptors:
-                continue  # rule 4 (or an earlier one) refuses it and its sub-queue: nothing to do
+                continue  # rule 5 (or an earlier one) refuses it and its sub-queue: nothing to do
             if full and self.budget <= 0:
                 heapq.heappush(cont, (job.key, sig, idx))
                 self.cut = True

@@ -111,8 +111,7 @@ def window_matters(book, adm) -> bool:
         if not any(i in windowed for i, _u, _a in job.charges):
             continue
         charges = book.charges_with(job, job.units, book.coverage_for(job, job.units))
-        quota = book.quota
-        if quota.never_fits(charges) is None and quota.never_together(charges) is None and not adm.never_fits(job):
+        if adm.may_ever_start(job, charges):
             if book.reserved and adm.decide(job, None).rule == CLASS_HOLD:
                 # past every limit now, kept off by other classes' reserved_gpus (static,
                 # never windowed): a boundary cannot start it, a finish or submit can

@@ -32,6 +32,10 @@ def band_floor(band: int) -> float:
     return INF if band < 0 else float(2**band)
 
 
+def _first(pair: tuple) -> tuple:
+    return pair[0]
+
+
 class PendingQueue:
     """Pending jobs by signature.
 
@@ -39,6 +43,8 @@ class PendingQueue:
         subs: ``{signature: [job, ...]}``, each list sorted by the jobs' order keys.
         heads: ``[(order key of the head job, signature), ...]`` sorted: the global
             order of the sub-queues.
+        strict: ``{strict FIFO queue: [(order key, job), ...]}`` ascending, for the
+            jobs that wait in one (``Job.strict_q``; admission rule 4, note 031).
     """
 
     def __init__(self) -> None:
@@ -49,6 +55,8 @@ class PendingQueue:
         self._version: dict[int, int] = {}
         self.heads: list[tuple[tuple, int]] = []
         self.count = 0
+        #: strict FIFO queue -> ``[(order key, job), ...]`` ascending (note 031)
+        self.strict: dict[tuple, list[tuple[tuple, Job]]] = {}
 
     def __len__(self) -> int:
         return self.count
@@ -71,6 +79,9 @@ class PendingQueue:
             self._subests[sig].insert(i, job.pend_est)
         self._version[sig] = self._version.get(sig, 0) + 1
         self.count += 1
+        if job.strict_q is not None:
+            fifo = self.strict.setdefault(job.strict_q, [])
+            fifo.insert(bisect_left(fifo, job.key, key=_first), (job.key, job))
 
     def remove(self, job: Job) -> None:
         sig = job.sig
@@ -93,6 +104,14 @@ class PendingQueue:
                 del self._subests[sig]
                 self._mins.pop(sig, None)
         self.count -= 1
+        if job.strict_q is not None:
+            fifo = self.strict[job.strict_q]
+            i = bisect_left(fifo, job.key, key=_first)
+            while fifo[i][1] is not job:
+                i += 1
+            del fifo[i]
+            if not fifo:
+                del self.strict[job.strict_q]
 
     def keys_of(self, sig: int) -> list[tuple]:
         """The order keys of sub-queue ``sig``, ascending (a read-only view)."""

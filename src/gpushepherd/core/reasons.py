@@ -46,6 +46,8 @@ def reason_of(book, adm, profile, job: Job, v: A.Verdict, may_preempt: bool = Tr
         return PendingReason(R.QUOTA_EXCEEDED, f"{lim.path}={quota.fmt(i, now_max)}, in use {quota.fmt(i, used)}")
     if rule == A.NEVER_FITS:
         return never_fits_reason(book, adm, job)
+    if rule == A.ORDER:
+        return PendingReason(R.PRIORITY, v.head)
     if rule == A.FREE:
         return unmanaged_reason(book, job) or capacity_reason(book, adm, profile, job, may_preempt)
     if rule == A.COHORT:

@@ -1,7 +1,7 @@
 """The admission rule for GPU shares (design note 015, section 1; note 008 for the
 kinds): fractions, memory slices, time-slice replicas, MPS clients and MIG instances.
 
-``ShareRules`` is a part of ``Admission``: rules 1-8 for a share, where it lands (the
+``ShareRules`` is a part of ``Admission``: rules 1-9 for a share, where it lands (the
 tightest card that fits, else a fresh GPU by best fit), what it is charged, and whether
 it would delay a claim.
 """
@@ -53,13 +53,13 @@ class ShareRules:
 
     def _decide_share(self, job: Job, profile: Profile | None, scratch: Scratch | None,
                       before_claims=None) -> Verdict:
-        """Rules 1-8 for a share: hard limits, a card that fits (the tightest shared card,
+        """Rules 1-9 for a share: hard limits, a strict queue's order, a card that fits (the tightest shared card,
         else a fresh GPU), the cohort, anti-affinity, class holds for a fresh GPU,
         claims. A memory-only share is charged by the card it lands on."""
         book = self.book
         self._exempt = ()
         covered, charges = self._charged(job, job.units, scratch, profile)
-        v = self._rules_1_to_3(job, charges, scratch)
+        v = self._rules_1_to_4(job, charges, scratch)
         if v is not None:
             return v
         groups = book.groups_for(job)

@@ -59,7 +59,8 @@ class Job:
     plan: list[tuple[int, int]] = field(default_factory=list)  # counts the victims free, per node
     history: list[Transition] = field(default_factory=list)
     vkey: tuple = ()  # victim order key of the current run (set when it starts)
-    sig: int = -1  # sub-queue signature (shape, class, charges, estimate band)
+    sig: int = -1  # sub-queue signature (shape, class, charges, estimate band, strict queue)
+    strict_q: tuple | None = None  # its strict FIFO queue (``Rules.strict_queue``), if any
     fkey: int = -1  # id of (node filter, layout mode, pod size): placement memos key on it
     pend_est: float = INF  # remaining estimate while pending (INF: none)
     #: deadline flags: (time, "submit" | "start", earliest end by the estimate)

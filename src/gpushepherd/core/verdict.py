@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gpushepherd.core.placement import Counts
 from gpushepherd.core.profile import Claim
 
-ADMITTED, HARD_NEVER, HARD_NOW, NEVER_FITS, FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS = range(9)
+ADMITTED, HARD_NEVER, HARD_NOW, NEVER_FITS, ORDER, FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS = range(10)
 #: rules whose refusal is about capacity: preemption, reclaim and reservations may help
 CAPACITY_RULES = frozenset({FREE, COHORT, ANTI, CLASS_HOLD, CLAIMS})
 #: rules after whose refusal a job may hold a reservation (a hard limit now may free)
@@ -36,6 +36,7 @@ class Verdict:
         limit: for quota rules, ``(limit index, usage)`` of the limit that refused.
         blocker: for ``CLAIMS``, the claim it would delay.
         holder: for ``CLASS_HOLD``, the class whose reservation binds.
+        head: for ``ORDER``, the job ahead of it in its strict FIFO queue.
     """
 
     rule: int
@@ -47,6 +48,7 @@ class Verdict:
     blocker: Claim | None = None
     holder: str = ""
     covered: int = 0
+    head: str = ""
 
     @property
     def admitted(self) -> bool:

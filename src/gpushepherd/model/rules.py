@@ -54,6 +54,8 @@ class ClassRules:
     #: the signal sent first when a job is preempted or stopped (then SIGKILL after
     #: the grace period): a name such as ``SIGTERM``
     stop_signal: str = "SIGTERM"
+    #: ``queueing: strict_fifo``: the class is one strict FIFO queue (note 031)
+    strict_fifo: bool = False
 
 
 class LimitUnit(str, enum.Enum):
@@ -254,6 +256,8 @@ class Rules:
     cohorts: dict[str, Cohort] = field(default_factory=dict)
     prediction: PredictionRules = field(default_factory=PredictionRules)
     pricing: Pricing | None = None
+    #: ``(team, class)`` queues that are strict FIFO by ``teams.T.classes.C.queueing``
+    strict_queues: frozenset[tuple[str, str]] = frozenset()
 
     def cohort_of(self, team: str, class_pools: tuple[str, ...] | None = None) -> tuple[Cohort, CohortMember] | None:
         """The cohort a job of ``team`` (through itself or an ancestor) whose class may
@@ -267,6 +271,17 @@ class Rules:
             if m is not None and (found is None or (found[0].pools is None and cohort.pools is not None)):
                 found = (cohort, m)
         return found
+
+    def strict_queue(self, team: str, cls: str) -> tuple | None:
+        """The strict FIFO queue a job of ``team`` and class ``cls`` waits in: the class
+        (``("class", cls)``), the team's class (``("team", team, cls)``), or ``None``
+        when its queue is best-effort (note 031)."""
+        c = self.classes.get(cls)
+        if c is not None and c.strict_fifo:
+            return ("class", cls)
+        if (team, cls) in self.strict_queues:
+            return ("team", team, cls)
+        return None
 
     def window_boundaries(self) -> tuple[float, ...]:
         """Seconds of the local day at which some window opens or closes."""

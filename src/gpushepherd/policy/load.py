@@ -345,6 +345,7 @@ def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
         if idle is not None else None,
         memory_overrun=base.get("memory_overrun") or "warn",
         stop_signal=base.get("stop_signal") or "SIGTERM",
+        strict_fifo=base.get("queueing") == "strict_fifo",
     )
 
 
@@ -501,6 +502,8 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
             fair_share_level=spec.fair_share.level,
         ),
         pricing=pricing,
+        strict_queues=frozenset((name, cname) for name, team in spec.teams.items()
+                                for cname, lim in team.classes.items() if lim.queueing == "strict_fifo"),
     )
 
 

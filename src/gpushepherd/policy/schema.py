@@ -351,6 +351,12 @@ class ClassSpec(_Strict):
         "A job whose peak GPU memory exceeds what it declared: `warn` (flag it; the default) or `stop` it - on a "
         "shared card (fraction, time-slicing, MPS) only; a whole GPU or MIG instance is only flagged. `stop` only "
         "for preemptible classes.", "stop"))
+    queueing: Literal["best_effort_fifo", "strict_fifo"] | None = Field(None, **doc(
+        "How the class's queue is ordered (Kueue `queueingStrategy`): `best_effort_fifo` (the default: a job "
+        "that cannot start yet lets later ones that can start or backfill) or `strict_fifo` (`StrictFIFO`: no "
+        "job of the class starts before an earlier pending one of the class that may use the same nodes - a head "
+        "waiting for H100s does not hold back jobs for A100s; a head that can never start holds back nobody). "
+        "Waiting jobs read `Priority(<head>)` (note 031).", "strict_fifo"))
     stop_signal: Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"] | None = Field(None, **doc(
         "The signal its jobs get when preempted or stopped (time limit, window, idle), before SIGKILL at the end "
         "of the grace period (Slurm's `--signal`, Docker's `STOPSIGNAL`); SIGTERM when unset.", "SIGUSR1"))
@@ -379,6 +385,10 @@ class TeamClassLimit(_Strict):
                                                    GPUS))
     max_running_jobs: NonNegInt | None = Field(None, **doc("The most running jobs of the team in the class.", 4,
                                                            JOBS))
+    queueing: Literal["best_effort_fifo", "strict_fifo"] | None = Field(None, **doc(
+        "The order of the team's own queue of the class (Kueue: a ClusterQueue's `queueingStrategy`): "
+        "`strict_fifo` holds the team's later jobs of the class behind its earliest pending one that may use the "
+        "same nodes (other teams' jobs are not held back); unset: the class's `queueing`.", "strict_fifo"))
 
 
 class TeamSpec(_Strict):
