@@ -249,3 +249,26 @@ def test_scenario_run_explains_a_job_per_variant_and_rejects_unknown_jobs():
     bad = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "scenario", "run", "--explain", "nope", path],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--explain: 'nope' is not allowed" in bad.stderr, bad.stderr
+
+
+def test_size_class_tails_recompute_from_the_per_job_file(tmp_path):
+    out = tmp_path / "jobs.csv"
+    res = run("simulate", "--no-progress", "--cluster", "24x8", "--out", str(out), "--json", str(tmp_path / "s.json"))
+    assert res.exit_code == 0, res.output
+    assert "Per size class (GPUs)" in res.output and "fairness across users (Jain's index" in res.output
+    summary = json.loads((tmp_path / "s.json").read_text())
+    df = pd.read_csv(out)
+    bins = pd.cut(df["gpus"], [0, 1, 4, 8, 15, float("inf")], labels=["1", "2-4", "5-8", "9-15", "16+"])
+    sizes = summary["size_classes"]
+    assert set(sizes) == {"1", "2-4", "5-8", "9-15", "16+"}  # --json sorts its keys
+    assert sum(f["jobs"] for f in sizes.values()) == len(df)
+    for label, g in df.groupby(bins, observed=True):
+        f = sizes[label]
+        wait = (g["start"] - g["submit"]).dropna()
+        assert f["jobs"] == len(g) and f["started"] == len(wait)
+        assert f["wait_s"]["max"] == pytest.approx(wait.max()) and f["wait_s"]["mean"] == pytest.approx(wait.mean())
+        slow = ((g["end"] - g["submit"]) / g["duration"].clip(lower=10)).clip(lower=1).dropna()
+        assert f["slowdown"]["max"] == pytest.approx(slow.max())
+    assert sizes["5-8"]["wait_s"]["max"] > 0  # 24 x 8 GPUs: gangs wait
+    fair = summary["fairness"]
+    assert fair["index"] == "jain_user_mean_slowdown" and 0 < fair["value"] <= 1 and fair["users"] > 10

@@ -169,6 +169,26 @@ LEGEND = ("JCT = end - submit of jobs that ended; wait = queueing delay, first s
           "preemptions = preemption events; times in s/m/h/d.")
 
 
+def _size_table(summary: dict) -> Table:
+    """The tails per size class (``gpushepherd.tails``, design note 030)."""
+    from gpushepherd.tails import tail_rows
+
+    table = Table(title="Per size class (GPUs): wait of the jobs that started, slowdown of those that ended",
+                  title_justify="left")
+    for col in ("GPUs", "jobs", "not started", "wait avg", "wait p99", "wait max", "ended", "slowdown avg",
+                "slowdown p99", "slowdown max"):
+        table.add_column(col, justify="left" if col == "GPUs" else "right")
+
+    def x(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.2f}"
+
+    for r in tail_rows(summary):
+        table.add_row(r["size_gpus"], f"{r['jobs']:,}", f"{r['not_started']:,}", _hours(r["wait_mean_s"]),
+                      _hours(r["wait_p99_s"]), _hours(r["wait_max_s"]), f"{r['ended']:,}", x(r["slowdown_mean"]),
+                      x(r["slowdown_p99"]), x(r["slowdown_max"]))
+    return table
+
+
 @contextmanager
 def _nothing():
     yield
@@ -318,6 +338,7 @@ def simulate(
         if cluster:
             pol = policy_from_dict(override_cluster(raw, cluster), f"--cluster {cluster}")
         from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs  # pandas: only here
+        from gpushepherd.tails import fairness_line
 
         bar = SimBar(err) if progress and err.is_terminal else None
         with bar or _nothing():
@@ -383,6 +404,10 @@ def simulate(
         else:
             out.print(_summary_table(summary, title))
             out.print(LEGEND)
+            out.print(_size_table(summary))
+            out.print(Text(_safe(fairness_line(summary["fairness"]))), soft_wrap=True)
+            out.print("slowdown = max(1, JCT / max(true duration, 10 s)) (bounded slowdown; design note 030).",
+                      soft_wrap=True)
             if "stranded" in summary:
                 st = summary["stranded"]
                 by = ", ".join(f"{k} {v:.1f}" for k, v in st["mean_by_constraint"].items()) or "none"

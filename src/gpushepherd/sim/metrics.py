@@ -11,12 +11,15 @@ Definitions (so that anyone can recompute every figure from the per-job file):
 * **makespan** = last event - first submit.
 * **lower bound** = mean duration of the finished jobs: no scheduler's average JCT can be
   below it.
+* **size classes** and **fairness** (``tails``): ``gpushepherd.tails`` (design note 030),
+  the run time of a job's slowdown being its true duration.
 
 Percentiles are numpy's linear interpolation.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from gpushepherd.sim.engine import SimResult
+from gpushepherd.tails import slowdown, tail_figures
 
 COLUMNS = ["job_id", "user", "team", "class", "gpus", "submit", "start", "end", "duration", "state",
            "preemptions", "runs", "nodes", "queueing_delay", "jct"]
@@ -73,8 +77,16 @@ def _group(df: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def tails(df: pd.DataFrame) -> dict[str, Any]:
+    """``gpushepherd.tails.tail_figures`` of a ``job_table``: wait per size class over
+    the jobs that started, slowdown (JCT over the true duration) over those that ended."""
+    slow = [float("nan") if math.isnan(j) else slowdown(j, d) for j, d in zip(df["jct"], df["duration"])]
+    return tail_figures(df["gpus"].tolist(), df["queueing_delay"].tolist(), slow, df["user"].tolist())
+
+
 def summarize(result: SimResult, df: pd.DataFrame | None = None) -> dict[str, Any]:
-    """Overall, per-class and per-team figures of a run (see the module docstring)."""
+    """Overall, per-class and per-team figures of a run, and its ``tails`` (see the
+    module docstring)."""
     if df is None:
         df = job_table(result)
     overall = _group(df)
@@ -89,6 +101,7 @@ def summarize(result: SimResult, df: pd.DataFrame | None = None) -> dict[str, An
         "overall": overall,
         "by_class": {k: _group(g) for k, g in sorted(df.groupby("class"), key=lambda kv: kv[0])},
         "by_team": {k: _group(g) for k, g in sorted(df.groupby("team"), key=lambda kv: kv[0])},
+        **tails(df),
     }
 
 
