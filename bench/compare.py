@@ -31,7 +31,8 @@ user's mean slowdown, ``gpushepherd.tails``, design note 030; also kept: max / m
 teams of their mean slowdown, teams with >= 20 finished jobs), preemptions, and
 preemptions of jobs that the policy says may not be preempted; and per size class (1,
 2-4, 5-8, 9-15, 16+ GPUs) mean / p99 / max wait and slowdown (``size_classes``, the
-figures of ``shepherd simulate``). At the end ``--out`` (default ``bench/results``)
+figures of ``shepherd simulate``); with deadlines in the trace (``--map
+deadline=COL`` or ``deadline_after=COL``), the share of them met (``deadlines``). At the end ``--out`` (default ``bench/results``)
 gets ``compare.md`` (the rows, then the size classes), ``compare.json`` and
 ``compare.png``.
 """
@@ -111,7 +112,7 @@ def one(run: dict) -> dict:
         "utilisation": o["utilisation"],
         "fairness_users_jain": summary["fairness"]["value"],
         "fairness_teams_max_min": float(per_team.max() / per_team.min()) if len(per_team) > 1 else float("nan"),
-        "size_classes": summary["size_classes"],
+        "size_classes": summary["size_classes"], "deadlines": summary["deadlines"],
         "preemptions": int(df["preemptions"].sum()), "nonpreemptible_preempted": may_not,
         "unfinished": int(df["jct"].isna().sum()),
     }
@@ -254,6 +255,15 @@ def table(rows: list[dict]) -> str:
                      f"{r['jct_over_bound']:.2f} | {r['max_wait_8plus_h']:.1f} | {r['p99_wait_h']:.1f} | "
                      f"{r['utilisation']:.1%} | {_num(r.get('fairness_users_jain'), '.3f')} | {_num(teams, '.2f')} | "
                      f"{r['preemptions']} | {r['nonpreemptible_preempted']} | {r['wall_s']:.0f} |")
+    dl = [r for r in rows if (r.get("deadlines") or {}).get("jobs")]
+    if dl:
+        lines += ["", "| trace | scheduler | estimates | jobs with a deadline | met | met % | missed | not ended | "
+                  "flagged at risk | flagged, then met |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in dl:
+            d = r["deadlines"]
+            lines.append(f"| {r['trace']} | {_name(r)} | {r['estimates']} | {d['jobs']} | {d['met']} | "
+                         f"{d['met_share']:.1%} | {d['missed']} | {d['not_ended']} | {d['flagged']} | "
+                         f"{d['flagged_met']} |")
     lines.append("")
     lines.append("JCT / bound: average JCT over the mean duration (no scheduler can do better than 1). "
                  "max wait 8+ GPUs: the longest queueing delay of a job of 8 or more GPUs. "

@@ -281,7 +281,7 @@ def _write_atomically(path: Path, option: str, write: Callable[[Path], None]) ->
 def simulate(
     trace: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Trace file; default: the bundled Philly excerpt (days 45-47 of Philly).")] = None,
     fmt: Annotated[Optional[str], typer.Option("--format", metavar="FORMAT", help="Format of --trace: philly (default), itp or csv.")] = None,
-    mapping: Annotated[Optional[str], typer.Option("--map", metavar="MAP", help="For --format csv: submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL,project=COL].")] = None,
+    mapping: Annotated[Optional[str], typer.Option("--map", metavar="MAP", help="For --format csv: submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL,project=COL,deadline=COL|deadline_after=COL] (deadline: a time on the submit column's clock; deadline_after: seconds after submit).")] = None,
     policy: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Policy file; default: the bundled demo policy (96 nodes x 8 GPUs).")] = None,
     cluster: Annotated[Optional[str], typer.Option(metavar="NxG[:TYPE[:MIB]]", help="Replace the policy's nodes, e.g. 192x8.")] = None,
     days: Annotated[Optional[str], typer.Option(metavar="N|A:B", help="Only jobs submitted in the trace's first N days, or in days [A, B), counted from the trace's first job.")] = None,
@@ -408,6 +408,11 @@ def simulate(
             out.print(Text(_safe(fairness_line(summary["fairness"]))), soft_wrap=True)
             out.print("slowdown = max(1, JCT / max(true duration, 10 s)) (bounded slowdown; design note 030).",
                       soft_wrap=True)
+            dl = summary["deadlines"]
+            if dl["jobs"]:
+                out.print(f"deadlines: {dl['met']:,} of {_plural(dl['jobs'], 'job')} with a deadline met it "
+                          f"({dl['met_share']:.1%}), {dl['missed']:,} ended after it, {dl['not_ended']:,} did not end; "
+                          f"flagged at risk {dl['flagged']:,}, of which {dl['flagged_met']:,} met it", soft_wrap=True)
             if "stranded" in summary:
                 st = summary["stranded"]
                 by = ", ".join(f"{k} {v:.1f}" for k, v in st["mean_by_constraint"].items()) or "none"
