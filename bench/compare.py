@@ -26,10 +26,14 @@ also run with perfect ones, for reference only.
 Each row is printed as it finishes, and appended to ``--jsonl FILE`` (one JSON object
 a line, flushed) so that a long run keeps what it did. Figures per row: average JCT
 (and over the lower bound, the mean duration), p99 queueing delay, the longest wait of
-a job of 8 or more GPUs, utilisation, fairness (max / min over teams of their mean
-slowdown, slowdown = JCT / duration, teams with >= 20 finished jobs), preemptions, and
-preemptions of jobs that the policy says may not be preempted. At the end
-``--out`` (default ``bench/results``) gets ``compare.md``, ``compare.json`` and
+a job of 8 or more GPUs, utilisation, fairness across users (Jain's index over each
+user's mean slowdown, ``gpushepherd.tails``, design note 030; also kept: max / min over
+teams of their mean slowdown, teams with >= 20 finished jobs), preemptions, and
+preemptions of jobs that the policy says may not be preempted; and per size class (1,
+2-4, 5-8, 9-15, 16+ GPUs) mean / p99 / max wait and slowdown (``size_classes``, the
+figures of ``shepherd simulate``); with deadlines in the trace (``--map
+deadline=COL`` or ``deadline_after=COL``), the share of them met (``deadlines``). At the end ``--out`` (default ``bench/results``)
+gets ``compare.md`` (the rows, then the size classes), ``compare.json`` and
 ``compare.png``.
 """
 
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -83,7 +88,8 @@ def one(run: dict) -> dict:
     result = Simulator(rules, jobs, scheduler=factory).run()
     wall = time.perf_counter() - t0
     df = job_table(result)
-    o = summarize(result, df)["overall"]
+    summary = summarize(result, df)
+    o = summary["overall"]
     done = df[df["jct"].notna() & (df["duration"] > 0)]
     slow = (done["jct"] / done["duration"]).groupby(done["team"])
     per_team = slow.mean()[slow.size() >= 20]
@@ -104,7 +110,9 @@ def one(run: dict) -> dict:
         "max_wait_8plus_h": float(np.nan_to_num(big["queueing_delay"].max())) / 3600,
         "jobs_8plus": int(len(big)), "never_started_8plus": int(big["start"].isna().sum()),
         "utilisation": o["utilisation"],
-        "fairness": float(per_team.max() / per_team.min()) if len(per_team) > 1 else float("nan"),
+        "fairness_users_jain": summary["fairness"]["value"],
+        "fairness_teams_max_min": float(per_team.max() / per_team.min()) if len(per_team) > 1 else float("nan"),
+        "size_classes": summary["size_classes"], "deadlines": summary["deadlines"],
         "preemptions": int(df["preemptions"].sum()), "nonpreemptible_preempted": may_not,
         "unfinished": int(df["jct"].isna().sum()),
     }
@@ -204,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             bar.console.print(f"  {row['trace']} | {row['scheduler']:>15} {row['estimates']:>7}: JCT/bound "
                               f"{row['jct_over_bound']:.2f}, max wait 8+ GPUs {row['max_wait_8plus_h']:.1f} h, "
-                              f"p99 wait {row['p99_wait_h']:.1f} h in {row['wall_s']:.0f} s", markup=False,
+                              f"p99 wait {row['p99_wait_h']:.1f} h, fairness (users) "
+                              f"{_num(row.get('fairness_users_jain'), '.3f')} in {row['wall_s']:.0f} s", markup=False,
                               highlight=False, soft_wrap=True)
             if args.jsonl:
                 with open(args.jsonl, "a", encoding="utf-8") as f:
@@ -227,21 +236,55 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def _num(v, fmt: str, scale: float = 1.0) -> str:
+    """``v / scale`` formatted, ``-`` for none (a row of an older compare.json may lack it)."""
+    return "-" if v is None or math.isnan(v) else format(v / scale, fmt)
+
+
+def _name(r: dict) -> str:
+    return r["scheduler"] + (f" (depth {r['bf_depth']})" if r.get("bf_depth") else "")
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| trace | scheduler | estimates | avg JCT h | JCT / bound | max wait 8+ GPUs h | p99 wait h | util | "
-             "fairness | preemptions | non-preemptible preempted | wall s |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "fairness (users, Jain) | fairness (teams, max/min) | preemptions | non-preemptible preempted | wall s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        name = r["scheduler"] + (f" (depth {r['bf_depth']})" if r.get("bf_depth") else "")
-        lines.append(f"| {r['trace']} | {name} | {r['estimates']} | {r['avg_jct_h']:.2f} | "
+        teams = r.get("fairness_teams_max_min", r.get("fairness"))  # "fairness": rows before note 030
+        lines.append(f"| {r['trace']} | {_name(r)} | {r['estimates']} | {r['avg_jct_h']:.2f} | "
                      f"{r['jct_over_bound']:.2f} | {r['max_wait_8plus_h']:.1f} | {r['p99_wait_h']:.1f} | "
-                     f"{r['utilisation']:.1%} | {r['fairness']:.2f} | {r['preemptions']} | "
-                     f"{r['nonpreemptible_preempted']} | {r['wall_s']:.0f} |")
+                     f"{r['utilisation']:.1%} | {_num(r.get('fairness_users_jain'), '.3f')} | {_num(teams, '.2f')} | "
+                     f"{r['preemptions']} | {r['nonpreemptible_preempted']} | {r['wall_s']:.0f} |")
+    dl = [r for r in rows if (r.get("deadlines") or {}).get("jobs")]
+    if dl:
+        lines += ["", "| trace | scheduler | estimates | jobs with a deadline | met | met % | missed | not ended | "
+                  "flagged at risk | flagged, then met |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in dl:
+            d = r["deadlines"]
+            lines.append(f"| {r['trace']} | {_name(r)} | {r['estimates']} | {d['jobs']} | {d['met']} | "
+                         f"{d['met_share']:.1%} | {d['missed']} | {d['not_ended']} | {d['flagged']} | "
+                         f"{d['flagged_met']} |")
     lines.append("")
     lines.append("JCT / bound: average JCT over the mean duration (no scheduler can do better than 1). "
                  "max wait 8+ GPUs: the longest queueing delay of a job of 8 or more GPUs. "
-                 "fairness: max / min team mean slowdown. Estimates `limit`: the user's time limit (realistic); "
-                 "`perfect`: the true duration (reference only).")
+                 "fairness (users): Jain's index over each user's mean bounded slowdown (1 = alike; users with 5 or "
+                 "more ended jobs); (teams): max / min team mean slowdown. Estimates `limit`: the user's time limit "
+                 "(realistic); `perfect`: the true duration (reference only).")
+    sized = [r for r in rows if r.get("size_classes")]
+    if sized:
+        head = ("| trace | scheduler | estimates | GPUs | jobs | not started | wait mean | wait p99 | wait max | "
+                "slowdown mean | slowdown p99 | slowdown max |")
+        lines += ["", "Per size class (GPUs): wait of the jobs that started (h), bounded slowdown of those that ended.",
+                  "", head, "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in sized:
+            for label, f in r["size_classes"].items():
+                if not f["jobs"]:
+                    continue
+                w, s = f["wait_s"], f["slowdown"]
+                lines.append(f"| {r['trace']} | {_name(r)} | {r['estimates']} | {label} | {f['jobs']} | "
+                             f"{f['not_started']} | {_num(w['mean'], '.2f', 3600)} | {_num(w['p99'], '.1f', 3600)} | "
+                             f"{_num(w['max'], '.1f', 3600)} | {_num(s['mean'], '.2f')} | {_num(s['p99'], '.1f')} | "
+                             f"{_num(s['max'], '.1f')} |")
     return "\n".join(lines) + "\n"
 
 

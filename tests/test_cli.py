@@ -249,3 +249,48 @@ def test_scenario_run_explains_a_job_per_variant_and_rejects_unknown_jobs():
     bad = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "scenario", "run", "--explain", "nope", path],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--explain: 'nope' is not allowed" in bad.stderr, bad.stderr
+
+
+def test_size_class_tails_recompute_from_the_per_job_file(tmp_path):
+    out = tmp_path / "jobs.csv"
+    res = run("simulate", "--no-progress", "--cluster", "24x8", "--out", str(out), "--json", str(tmp_path / "s.json"))
+    assert res.exit_code == 0, res.output
+    assert "Per size class (GPUs)" in res.output and "fairness across users (Jain's index" in res.output
+    summary = json.loads((tmp_path / "s.json").read_text())
+    df = pd.read_csv(out)
+    bins = pd.cut(df["gpus"], [0, 1, 4, 8, 15, float("inf")], labels=["1", "2-4", "5-8", "9-15", "16+"])
+    sizes = summary["size_classes"]
+    assert set(sizes) == {"1", "2-4", "5-8", "9-15", "16+"}  # --json sorts its keys
+    assert sum(f["jobs"] for f in sizes.values()) == len(df)
+    for label, g in df.groupby(bins, observed=True):
+        f = sizes[label]
+        wait = (g["start"] - g["submit"]).dropna()
+        assert f["jobs"] == len(g) and f["started"] == len(wait)
+        assert f["wait_s"]["max"] == pytest.approx(wait.max()) and f["wait_s"]["mean"] == pytest.approx(wait.mean())
+        slow = ((g["end"] - g["submit"]) / g["duration"].clip(lower=10)).clip(lower=1).dropna()
+        assert f["slowdown"]["max"] == pytest.approx(slow.max())
+    assert sizes["5-8"]["wait_s"]["max"] > 0  # 24 x 8 GPUs: gangs wait
+    fair = summary["fairness"]
+    assert fair["index"] == "jain_user_mean_slowdown" and 0 < fair["value"] <= 1 and fair["users"] > 10
+
+
+def test_deadlines_from_a_trace_are_counted_met_or_missed(tmp_path):
+    # one 8-GPU node: two 8-GPU jobs of 100 s due at 150 s, so exactly one makes it
+    p = tmp_path / "t.csv"
+    p.write_text("id,t,n,d,due\na,0,8,100,150\nb,0,8,100,150\nc,0,1,10,\n")
+    res = run("simulate", "--no-progress", "--trace", str(p), "--format", "csv", "--cluster", "1x8",
+              "--map", "id=id,submit=t,gpus=n,duration=d,deadline=due", "--json", str(tmp_path / "s.json"),
+              "--out", str(tmp_path / "jobs.csv"))
+    assert res.exit_code == 0, res.output
+    dl = json.loads((tmp_path / "s.json").read_text())["deadlines"]
+    assert (dl["jobs"], dl["met"], dl["missed"], dl["not_ended"], dl["met_share"]) == (2, 1, 1, 0, 0.5)
+    assert "deadlines: 1 of 2 jobs with a deadline met it (50.0%), 1 ended after it" in res.output
+    df = pd.read_csv(tmp_path / "jobs.csv").set_index("job_id")
+    assert df.loc["a", "deadline"] == 150 and pd.isna(df.loc["c", "deadline"])
+    late = tmp_path / "late.csv"
+    late.write_text("id,t,n,d,due\na,0,8,100,150\nb,20,8,100,20\n")
+    bad = run("simulate", "--no-progress", "--trace", str(late), "--format", "csv",
+              "--map", "id=id,submit=t,gpus=n,duration=d,deadline=due")
+    assert bad.exit_code == 2
+    assert (f"{late}: line 3: column 'due': '20' is not allowed: a time after the job's submit (20) on the submit "
+            "column's clock (1 bad row in") in " ".join(bad.output.split())

@@ -269,3 +269,57 @@ def test_metric_names_are_read_from_promql():
         == {"x_bucket"}
     assert metric_names('max by (team) (q{unit="gpus"}) > 0 or vector(0)') == {"q"}
     assert metric_names("sum(a) / on (gpu) group_left b offset 5m") == {"a", "b"}
+
+
+def test_size_class_tails_and_user_fairness_over_the_window():
+    """A 8-GPU job runs 0-100 s; a 1-GPU job submitted at 10 waits for it (90 s), then
+    runs 50 s: JCT 140, slowdown 2.8 (note 030). Then three more of ana's 1-GPU jobs and
+    five of user "many" run at once (slowdown 1): both users have 5 ended jobs."""
+    import threading
+    from types import SimpleNamespace
+
+    from builders import job, policy
+
+    from gpushepherd.core.scheduler import Scheduler
+    from gpushepherd.daemon.metrics import Metrics
+    from gpushepherd.model.events import JobFinished, JobSubmitted
+    from gpushepherd.model.job import ExitStatus
+
+    rules = policy(nodes=[("n1", 8)])
+    sched = Scheduler(rules)
+    d = SimpleNamespace(sched=sched, rules=rules, lock=threading.Lock(), clock=lambda: sched.now,
+                        store=SimpleNamespace(errors={}), last_step_wall=0.0, node=None, found=None, sampled={})
+    m = Metrics(d)
+
+    def step(t, *events):
+        m.observe(t, events, sched.handle(list(events)))
+
+    step(0.0, JobSubmitted(0.0, job("big", 8, user="ana")))
+    step(10.0, JobSubmitted(10.0, job("small", 1, user="ana", submit=10.0)))
+    step(100.0, JobFinished(100.0, "big", ExitStatus.COMPLETED))
+    step(150.0, JobFinished(150.0, "small", ExitStatus.COMPLETED))
+    many = [job(f"m{i}", 1, user="many", submit=200.0) for i in range(5)]
+    many += [job(f"a{i}", 1, user="ana", submit=200.0) for i in range(3)]
+    step(200.0, *(JobSubmitted(200.0, s) for s in many))
+    step(300.0, *(JobFinished(300.0, s.id, ExitStatus.COMPLETED) for s in many))
+    parsed = {(s.name, frozenset(s.labels.items())): s.value
+              for fam in text_string_to_metric_families(m.exposition().decode()) for s in fam.samples}
+    assert value(parsed, "gpushepherd_size_class_wait_seconds", size_class="1", stat="max") == 90
+    assert value(parsed, "gpushepherd_size_class_wait_seconds", size_class="5-8", stat="max") == 0
+    assert value(parsed, "gpushepherd_size_class_slowdown_ratio", size_class="1", stat="max") == pytest.approx(2.8)
+    assert value(parsed, "gpushepherd_size_class_slowdown_ratio", size_class="5-8", stat="mean") == 1
+    assert value(parsed, "gpushepherd_size_class_jobs", size_class="1", what="ended") == 9
+    assert value(parsed, "gpushepherd_size_class_jobs", size_class="16+", what="started") == 0
+    assert value(parsed, "gpushepherd_size_class_wait_seconds", size_class="16+", stat="max") is None
+    ana = (1 + 2.8 + 3) / 5  # many: 1
+    assert value(parsed, "gpushepherd_user_fairness_ratio") == pytest.approx((ana + 1) ** 2 / (2 * (ana ** 2 + 1)))
+    # a snapshot keeps the window; past the window nothing is left
+    again = Metrics(d)
+    again.load(json.loads(json.dumps(m.state())))
+    assert again.tails(300.0) == m.tails(300.0)
+    assert m.tails(160.0 + 7 * 86400)["size_classes"]["1"]["ended"] == 8  # small ended at 150: out of it
+    step(10 * 86400.0, JobSubmitted(10 * 86400.0, job("late", 1, user="bob")))
+    late = m.tails(10 * 86400.0)
+    assert (late["size_classes"]["1"]["started"], late["size_classes"]["1"]["ended"]) == (1, 0)
+    assert late["fairness"]["value"] is None
+    assert len(m._slow_ends) == 0 and len(m._first_starts) == 1  # pruned, not only filtered

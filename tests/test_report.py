@@ -442,3 +442,22 @@ def test_report_page_renders_in_chromium_with_its_plots(week, tmp_path, capsys):
         save_shot(drv, tmp_path, "report.png", capsys)
     finally:
         drv.quit()
+
+
+def test_tails_by_size_and_fairness_across_users_equal_the_hand_computation(week):
+    # 1 GPU or less: 7 inference (no wait, 2 h), train2, the half-GPU notebook (no wait) and 8 batch jobs of 3 h
+    # waiting 0, 2, 3, 5, 6, 8, 9, 11 h; 2-4 GPUs: train1 (no wait)
+    rep = build_report(History.from_store(Store(Store.sqlite_url(week))), MON, MON + 7 * 86400)
+    tails = rep.tables["tails_by_size"].set_index("size_gpus")
+    assert list(tails.index) == ["1", "2-4"]
+    one = tails.loc["1"]
+    assert one["jobs"] == one["started"] == one["ended"] == 17 and one["not_started"] == 0
+    assert one["wait_mean_s"] == pytest.approx(44 * H / 17) and one["wait_max_s"] == pytest.approx(11 * H)
+    assert one["slowdown_max"] == pytest.approx(14 / 3)  # b7: (11 h + 3 h) / 3 h
+    assert tails.loc["2-4", "wait_max_s"] == 0 and tails.loc["2-4", "slowdown_max"] == pytest.approx(1.0)
+    fair = rep.tables["fairness_across_users"].iloc[0]
+    # users with >= 5 ended jobs: svc (mean slowdown 1) and dan ((3+5+6+8+9+11+12+14) / 3 / 8)
+    dan = 68 / 24
+    assert fair["users"] == 2 and fair["worst_user"] == "dan"
+    assert fair["worst_mean_slowdown"] == pytest.approx(dan)
+    assert fair["value"] == pytest.approx((1 + dan) ** 2 / (2 * (1 + dan ** 2)))

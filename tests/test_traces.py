@@ -210,3 +210,41 @@ def test_skip_bad_rows_keeps_the_others_and_counts_the_skipped(tmp_path):
     with pytest.raises(TraceError, match="column 'num_gpu': '0' is not allowed.*\\(2 bad rows in"):
         load_trace(itp, "itp")
     assert not load_trace(EXCERPT, "philly", skip_bad_rows=True).skipped
+
+
+def test_deadline_column_absolute_on_the_submit_clock(tmp_path):
+    p = _write(tmp_path, "d.csv", "id,t,n,d,due\na,100,1,50,400\nb,200,2,50,\nc,300,1,50,300.5\n")
+    rows = read_csv(p, parse_mapping("id=id,submit=t,gpus=n,duration=d,deadline=due"))
+    assert [(j.id, j.deadline_after_s) for j in rows] == [("a", 300.0), ("b", None), ("c", 0.5)]
+    specs = [j.spec for j in to_sim_jobs(rows, _RULES)]
+    assert [s.deadline for s in specs] == [400.0, None, 300.5]
+    # --load moves submit times and keeps each job's slack
+    fast = [j.spec for j in to_sim_jobs(select(rows, None, load=2.0), _RULES)]
+    assert [(s.submit_time, s.deadline) for s in fast] == [(100.0, 400.0), (150.0, None), (200.0, 200.5)]
+
+
+def test_deadline_after_is_seconds_after_submit(tmp_path):
+    p = _write(tmp_path, "d.csv", "t,n,d,slack\n100,1,50,3600\n")
+    [row] = read_csv(p, parse_mapping("submit=t,gpus=n,duration=d,deadline_after=slack"))
+    assert to_sim_jobs([row], _RULES)[0].spec.deadline == 3700.0
+
+
+@pytest.mark.parametrize("field, cell, allowed", [
+    ("deadline", "100", "a time after the job's submit \\(100\\) on the submit column's clock"),
+    ("deadline", "50", "a time after the job's submit \\(100\\)"),
+    ("deadline", "soon", "a number from 0 to 1e\\+09"),
+    ("deadline_after", "0", "seconds > 0 after the job's submit"),
+    ("deadline_after", "-5", "a number from 0 to 1e\\+09"),
+])
+def test_a_bad_deadline_names_row_column_and_value_and_can_be_skipped(tmp_path, field, cell, allowed):
+    p = _write(tmp_path, "d.csv", f"id,t,n,d,due\nok,100,1,50,1000\nbad,100,1,50,{cell}\n")
+    mapping = f"id=id,submit=t,gpus=n,duration=d,{field}=due"
+    with pytest.raises(TraceError, match=f"^{p}: line 3: column 'due': '{cell}' is not allowed: {allowed}"):
+        load_trace(p, "csv", mapping)
+    loaded = load_trace(p, "csv", mapping, skip_bad_rows=True)
+    assert [j.id for j in loaded.rows] == ["ok"] and len(loaded.skipped) == 1
+
+
+def test_deadline_and_deadline_after_are_not_mapped_together():
+    with pytest.raises(TraceError, match="deadline and deadline_after are not allowed together"):
+        parse_mapping("submit=t,gpus=n,duration=d,deadline=a,deadline_after=b")

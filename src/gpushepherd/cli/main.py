@@ -169,6 +169,26 @@ LEGEND = ("JCT = end - submit of jobs that ended; wait = queueing delay, first s
           "preemptions = preemption events; times in s/m/h/d.")
 
 
+def _size_table(summary: dict) -> Table:
+    """The tails per size class (``gpushepherd.tails``, design note 030)."""
+    from gpushepherd.tails import tail_rows
+
+    table = Table(title="Per size class (GPUs): wait of the jobs that started, slowdown of those that ended",
+                  title_justify="left")
+    for col in ("GPUs", "jobs", "not started", "wait avg", "wait p99", "wait max", "ended", "slowdown avg",
+                "slowdown p99", "slowdown max"):
+        table.add_column(col, justify="left" if col == "GPUs" else "right")
+
+    def x(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.2f}"
+
+    for r in tail_rows(summary):
+        table.add_row(r["size_gpus"], f"{r['jobs']:,}", f"{r['not_started']:,}", _hours(r["wait_mean_s"]),
+                      _hours(r["wait_p99_s"]), _hours(r["wait_max_s"]), f"{r['ended']:,}", x(r["slowdown_mean"]),
+                      x(r["slowdown_p99"]), x(r["slowdown_max"]))
+    return table
+
+
 @contextmanager
 def _nothing():
     yield
@@ -261,7 +281,7 @@ def _write_atomically(path: Path, option: str, write: Callable[[Path], None]) ->
 def simulate(
     trace: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Trace file; default: the bundled Philly excerpt (days 45-47 of Philly).")] = None,
     fmt: Annotated[Optional[str], typer.Option("--format", metavar="FORMAT", help="Format of --trace: philly (default), itp or csv.")] = None,
-    mapping: Annotated[Optional[str], typer.Option("--map", metavar="MAP", help="For --format csv: submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL,project=COL].")] = None,
+    mapping: Annotated[Optional[str], typer.Option("--map", metavar="MAP", help="For --format csv: submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL,project=COL,deadline=COL|deadline_after=COL] (deadline: a time on the submit column's clock; deadline_after: seconds after submit).")] = None,
     policy: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Policy file; default: the bundled demo policy (96 nodes x 8 GPUs).")] = None,
     cluster: Annotated[Optional[str], typer.Option(metavar="NxG[:TYPE[:MIB]]", help="Replace the policy's nodes, e.g. 192x8.")] = None,
     days: Annotated[Optional[str], typer.Option(metavar="N|A:B", help="Only jobs submitted in the trace's first N days, or in days [A, B), counted from the trace's first job.")] = None,
@@ -318,6 +338,7 @@ def simulate(
         if cluster:
             pol = policy_from_dict(override_cluster(raw, cluster), f"--cluster {cluster}")
         from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs  # pandas: only here
+        from gpushepherd.tails import fairness_line
 
         bar = SimBar(err) if progress and err.is_terminal else None
         with bar or _nothing():
@@ -383,6 +404,15 @@ def simulate(
         else:
             out.print(_summary_table(summary, title))
             out.print(LEGEND)
+            out.print(_size_table(summary))
+            out.print(Text(_safe(fairness_line(summary["fairness"]))), soft_wrap=True)
+            out.print("slowdown = max(1, JCT / max(true duration, 10 s)) (bounded slowdown; design note 030).",
+                      soft_wrap=True)
+            dl = summary["deadlines"]
+            if dl["jobs"]:
+                out.print(f"deadlines: {dl['met']:,} of {_plural(dl['jobs'], 'job')} with a deadline met it "
+                          f"({dl['met_share']:.1%}), {dl['missed']:,} ended after it, {dl['not_ended']:,} did not end; "
+                          f"flagged at risk {dl['flagged']:,}, of which {dl['flagged_met']:,} met it", soft_wrap=True)
             if "stranded" in summary:
                 st = summary["stranded"]
                 by = ", ".join(f"{k} {v:.1f}" for k, v in st["mean_by_constraint"].items()) or "none"

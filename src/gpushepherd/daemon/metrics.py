@@ -7,13 +7,17 @@ restart rebuilds them from the event log. Units are Prometheus's base units
 (seconds, bytes, ratios) except the DCGM-exporter names (only with ``dcgm_names``,
 note 019), which keep DCGM's (%, MiB, C, W). A scrape never waits on a stalled loop:
 the gauges under the lock are left out when it is not free within
-``SCRAPE_LOCK_TIMEOUT_S`` (note 019).
+``SCRAPE_LOCK_TIMEOUT_S`` (note 019). The tails per size class and the fairness across
+users (note 030) are gauges over the jobs that first started, or ended, in the last
+``tail_window_s`` (default 7 days), computed by ``gpushepherd.tails.tail_figures`` from
+what ``observe`` kept of them.
 """
 
 from __future__ import annotations
 
 import socket
 from collections import Counter as Tally
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +29,7 @@ from prometheus_client.registry import Collector
 from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
 from gpushepherd.model.events import Event, JobSubmitted
 from gpushepherd.model.job import JobState
+from gpushepherd.tails import SIZE_CLASSES, slowdown, tail_figures
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpushepherd.daemon.server import Daemon
@@ -47,6 +52,10 @@ CYCLE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
                  5.0, float("inf"))
 MIB = 1024 * 1024
 #: the constraint names of ``Scheduler.stranded_capacity`` (each exported, 0 included)
+#: seconds: the window of the size-class tails and the fairness across users (note 030)
+TAIL_WINDOW_S = 7 * 86400.0
+#: final states whose jobs count in the slowdown figures (ran to an end of their own or a limit)
+ENDED = (JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT)
 STRANDED_CONSTRAINTS = ("pool", "gpu_type", "gpu_memory", "node_selector", "taint", "driver", "cache", "sharing",
                         "single-node", "share-size", "mig-profile")
 
@@ -83,14 +92,20 @@ class Metrics:
             otherwise).
         stderr_of: job id -> the stderr file of its last run (CUDA OOM detection).
         dcgm_names: also export the GPU samples under DCGM-exporter's names (note 019).
+        tail_window_s: seconds back from now over which the size-class tails and the
+            fairness across users are computed (note 030).
     """
 
     def __init__(self, daemon: "Daemon", idle_threshold_pct: float = 5.0, idle_after_s: float = 600.0,
-                 stderr_of: Callable[[str], Path] | None = None, dcgm_names: bool = False):
+                 stderr_of: Callable[[str], Path] | None = None, dcgm_names: bool = False,
+                 tail_window_s: float = TAIL_WINDOW_S):
         if not 0 <= idle_threshold_pct <= 100:
             raise ValueError(f"idle_threshold_pct: {idle_threshold_pct!r} is not allowed: a percentage 0-100")
         if not idle_after_s > 0 or idle_after_s == float("inf"):
             raise ValueError(f"idle_after_s: {idle_after_s!r} is not allowed: seconds > 0, finite")
+        if not 0 < tail_window_s < float("inf"):
+            raise ValueError(f"tail_window_s: {tail_window_s!r} is not allowed: seconds > 0, finite")
+        self.tail_window_s = tail_window_s
         self.daemon = daemon
         self.idle_threshold_pct, self.idle_after_s = idle_threshold_pct, idle_after_s
         self.stderr_of = stderr_of
@@ -119,6 +134,11 @@ class Metrics:
         self._runs: dict[str, tuple[float, int]] = {}  # job holding GPUs -> (run start, run number)
         self._ended: set[str] = set()  # jobs counted in ends
         self._idle: dict[str, tuple[int, float]] = {}  # job -> (run, first idle sample's time)
+        # the tails' window (note 030): first starts (t, job, gpus, user, wait s) and ends
+        # (t, job, gpus, user, slowdown), oldest first; seconds held by each job's past runs
+        self._first_starts: deque[tuple[float, str, float, str, float]] = deque()
+        self._slow_ends: deque[tuple[float, str, float, str, float]] = deque()
+        self._held_s: dict[str, float] = {}
         self.hostname = socket.gethostname()
         r.register(GaugeCollector(self))
 
@@ -141,7 +161,9 @@ class Metrics:
                 self.starts.labels(cls, team).inc()
                 self._runs[d.job_id] = (d.t, job.runs)
                 if job.runs == 1:
-                    self.queueing_delay.labels(cls).observe(max(0.0, d.t - job.spec.submit_time))
+                    wait = max(0.0, d.t - job.spec.submit_time)
+                    self.queueing_delay.labels(cls).observe(wait)
+                    self._first_starts.append((d.t, d.job_id, job.fraction, job.spec.user, wait))
             elif isinstance(d, Preempt):
                 self.preemptions.labels(cls, team, reason_kind(d.reason)).inc()
             elif isinstance(d, Stop):
@@ -154,6 +176,7 @@ class Metrics:
             del self._runs[job_id]
             outcome = job.state.value if job.state.terminal else "requeued"
             self.run_duration.labels(job.spec.workload_class, outcome).observe(max(0.0, now - start))
+            self._held_s[job_id] = self._held_s.get(job_id, 0.0) + max(0.0, now - start)
         touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None)
                    for e in events}
         touched |= {d.job_id for d in decisions}
@@ -164,9 +187,36 @@ class Metrics:
             self._ended.add(job_id)
             cls, team = job.spec.workload_class, job.spec.team
             self.ends.labels(cls, team, job.state.value).inc()
+            held = self._held_s.pop(job_id, 0.0)
+            if job.state in ENDED:
+                self._slow_ends.append((now, job_id, job.fraction, job.spec.user,
+                                        slowdown(now - job.spec.submit_time, held)))
             if job.state is JobState.FAILED:
                 oom = self.stderr_of is not None and cuda_oom_in(self.stderr_of(job_id))
                 self.failures.labels(cls, team, "cuda-oom" if oom else "other").inc()
+
+        self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        for q in (self._first_starts, self._slow_ends):
+            while q and q[0][0] < now - self.tail_window_s:
+                q.popleft()
+
+    def tails(self, now: float) -> dict[str, Any]:
+        """``tail_figures`` of the jobs that first started (their waits) or ended (their
+        slowdowns, JCT over the seconds their runs held GPUs) in the last
+        ``tail_window_s`` before ``now``; per size class only ``started``, ``ended`` and
+        the figures mean anything here (a job counts once, by its id)."""
+        jobs: dict[str, list] = {}
+        since = now - self.tail_window_s
+        for t, job_id, gpus, user, wait in self._first_starts:
+            if t >= since:
+                jobs[job_id] = [gpus, wait, float("nan"), user]
+        for t, job_id, gpus, user, slow in self._slow_ends:
+            if t >= since:
+                jobs.setdefault(job_id, [gpus, float("nan"), float("nan"), user])[2] = slow
+        rows = [jobs[j] for j in sorted(jobs)]
+        return tail_figures([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
 
     def observe_cycle(self, seconds: float) -> None:
         self.cycle.observe(seconds)
@@ -188,6 +238,8 @@ class Metrics:
             out[name] = [[list(labels), *hist(child)] for labels, child in getattr(self, name)._metrics.items()]
         out["cycle"] = hist(self.cycle)
         out["runs"] = {j: list(v) for j, v in self._runs.items()}
+        out["tails"] = {"first_starts": [list(r) for r in self._first_starts],
+                        "ends": [list(r) for r in self._slow_ends], "held_s": dict(self._held_s)}
         return out
 
     def load(self, state: dict) -> None:
@@ -205,6 +257,10 @@ class Metrics:
         if state.get("cycle"):
             hist(self.cycle, *state["cycle"])
         self._runs = {j: (float(v[0]), int(v[1])) for j, v in state.get("runs", {}).items()}
+        tails = state.get("tails", {})  # absent in a snapshot from before note 030: empty
+        self._first_starts = deque((float(t), j, float(g), u, float(w)) for t, j, g, u, w in tails.get("first_starts", []))
+        self._slow_ends = deque((float(t), j, float(g), u, float(s)) for t, j, g, u, s in tails.get("ends", []))
+        self._held_s = {j: float(v) for j, v in tails.get("held_s", {}).items()}
 
     # ------------------------------------------------------------ allocated-but-idle (the loop)
     def idle_rule(self, job) -> tuple[float, float]:
@@ -323,7 +379,30 @@ class GaugeCollector(Collector):
                      "strands them (note 007; 0 with nothing pending): sum() for all.", ["constraint"],
                      [((k,), v) for k, v in sorted(by.items())])
         yield from self._quota(sched, rules, teams)
+        yield from self._tails(now)
         yield from self._gpus(d)
+
+    def _tails(self, now: float):
+        fig = self.m.tails(now)
+        days = f"{self.m.tail_window_s / 86400:g} days"
+        sizes = fig["size_classes"]
+        yield _gauge("gpushepherd_size_class_jobs", f"Jobs of a size class (GPUs: {', '.join(SIZE_CLASSES)}) that "
+                     f"first started (what=started) or ended completed, failed or timed out (what=ended) in the last "
+                     f"{days} (note 030).", ["size_class", "what"],
+                     [((c, w), sizes[c][w]) for c in SIZE_CLASSES for w in ("started", "ended")])
+        for name, key, doc in (
+                ("gpushepherd_size_class_wait_seconds", "wait_s",
+                 "Queueing delay (submit to first start) of the jobs of a size class that first started"),
+                ("gpushepherd_size_class_slowdown_ratio", "slowdown",
+                 "Bounded slowdown, max(1, JCT / max(seconds held, 10)), of the jobs of a size class that ended")):
+            yield _gauge(name, f"{doc} in the last {days}: mean, p99 or max (stat); absent with none (note 030).",
+                         ["size_class", "stat"], [((c, stat), v) for c in SIZE_CLASSES
+                                                  for stat, v in sizes[c][key].items() if v is not None])
+        f = fig["fairness"]
+        yield _gauge("gpushepherd_user_fairness_ratio", f"Jain's index over each user's mean bounded slowdown, users "
+                     f"with at least {f['min_jobs']} jobs ended in the last {days} (1: all alike, 1/n: one user bears "
+                     "the waiting; absent with no such user; note 030).", [],
+                     [] if f["value"] is None else [((), f["value"])])
 
     def _quota(self, sched, rules, teams):
         book = sched.quota

@@ -15,6 +15,10 @@ Definitions (so that each figure can be recomputed from the CSV files):
   GPU held.
 * **allocated-but-idle**: GPU-hours of runs inside intervals their usage samples
   called idle (zero without samples).
+* **tails by size** and **fairness across users** (``gpushepherd.tails``, note 030):
+  over the jobs submitted in the range, the wait of those that started before its end
+  and the slowdown of those that ended (completed, failed, timed out) before it, a
+  job's run time being the seconds its runs held GPUs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from gpushepherd.report.history import History
+from gpushepherd.tails import ROW_COLUMNS, slowdown, tail_figures, tail_rows
 
 H = 3600.0
 
@@ -164,6 +169,8 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "") -> 
         "class", "submitted", "started", "waited", "rejected", "cancelled_before_start", "still_pending",
         "wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_max_s"])
 
+    _tails(rep, hist, jobs, t_to)
+
     # top pending reasons by job-seconds
     reasons = hist.reasons.copy()
     reasons["seconds"] = _clipped(reasons, a, b, hist.t_last)
@@ -180,6 +187,23 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "") -> 
     _series_and_gaps(rep, hist, a, b)
     _quota(rep, hist, a, b)
     return rep
+
+
+def _tails(rep: Report, hist: History, jobs: pd.DataFrame, t_to: float) -> None:
+    """The size-class tails and the fairness across users of ``jobs`` (module docstring)."""
+    held = hist.held[hist.held["job_id"].isin(jobs["job_id"])]
+    run_s = (held["end"].fillna(hist.t_last) - held["start"]).groupby(held["job_id"]).sum()
+    started = jobs["first_start"].notna() & (jobs["first_start"] < t_to)
+    wait = (jobs["first_start"] - jobs["submit"]).where(started)
+    ended = jobs["state"].isin(("COMPLETED", "FAILED", "TIMEOUT")) & jobs["end"].notna() & (jobs["end"] < t_to)
+    slow = [slowdown(e - s, float(run_s.get(j, 0.0))) if ok else float("nan")
+            for j, s, e, ok in zip(jobs["job_id"], jobs["submit"], jobs["end"], ended)]
+    fig = tail_figures(jobs["gpus"].tolist(), wait.tolist(), slow, jobs["user"].tolist())
+    rep.tables["tails_by_size"] = pd.DataFrame(tail_rows(fig), columns=list(ROW_COLUMNS))
+    f = fig["fairness"]
+    rep.tables["fairness_across_users"] = pd.DataFrame(
+        [(f["index"], f["value"], f["users"], f["min_jobs"], f["worst_user"], f["worst_mean_slowdown"])],
+        columns=["index", "value", "users", "min_jobs", "worst_user", "worst_mean_slowdown"])
 
 
 def _pending_at_end(hist: History, t_to: float) -> set[str]:

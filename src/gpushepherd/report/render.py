@@ -20,6 +20,9 @@ TITLES = {
     "usage_by_project": "GPU-hours per project (-: no project)",
     "cost_by_team_and_gpu_type": "Cost per team and GPU type",
     "waits_by_class": "Jobs submitted in the range and their queueing delay, per class",
+    "tails_by_size": "Jobs submitted in the range per size class (GPUs): wait (s) and bounded slowdown "
+                     "(JCT / time held, at least 1; note 030)",
+    "fairness_across_users": "Fairness across users: Jain's index over each user's mean slowdown (1 = alike)",
     "top_pending_reasons": "Top pending reasons (job-hours spent waiting for each)",
     "idle_gaps": "Idle gaps",
     "usage_against_quota": "GPU-hours per team against its quota over the range",

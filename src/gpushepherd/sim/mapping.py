@@ -33,6 +33,8 @@ machine, and one job's mapping never depends on another's:
   times (Tsafrir, Etsion, Feitelson: "Modeling user runtime estimates", JSSPP 2005). The
   policy sees only this limit, never the duration; with ``estimates="perfect"`` the
   runtime estimate is the true duration instead (for reference runs only).
+* **deadline** - only from the trace (``--map deadline=`` or ``deadline_after=``, design
+  note 030): submit + the row's seconds to its deadline; never derived.
 """
 
 from __future__ import annotations
@@ -160,5 +162,6 @@ def to_sim_jobs(rows: list[TraceJob], rules: Rules, seed: int = 0, estimates: st
             id=jid, team=team, workload_class=cls_name, gpus=row.gpus, user=user,
             time_limit_s=limit, runtime_estimate_s=estimate, checkpointable=checkpointable,
             submit_time=row.submit, project=row.project,
+            deadline=None if row.deadline_after_s is None else row.submit + row.deadline_after_s,
         ), row.duration))
     return out

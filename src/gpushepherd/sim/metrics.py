@@ -11,12 +11,19 @@ Definitions (so that anyone can recompute every figure from the per-job file):
 * **makespan** = last event - first submit.
 * **lower bound** = mean duration of the finished jobs: no scheduler's average JCT can be
   below it.
+* **size classes** and **fairness** (``tails``): ``gpushepherd.tails`` (design note 030),
+  the run time of a job's slowdown being its true duration.
+* **deadlines** (``deadlines``, note 030): of the jobs with a deadline, ``met`` ended
+  (completed, failed, timed out) by it, ``missed`` ended after it, ``not_ended`` did
+  not end (cancelled, rejected, still pending or running); ``flagged``: those the
+  scheduler flagged at risk (at submit or a start), ``flagged_met``: of them, met.
 
 Percentiles are numpy's linear interpolation.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +31,17 @@ import numpy as np
 import pandas as pd
 
 from gpushepherd.sim.engine import SimResult
+from gpushepherd.tails import slowdown, tail_figures
 
 COLUMNS = ["job_id", "user", "team", "class", "gpus", "submit", "start", "end", "duration", "state",
-           "preemptions", "runs", "nodes", "queueing_delay", "jct"]
+           "preemptions", "runs", "nodes", "queueing_delay", "jct", "deadline", "deadline_at_risk"]
 ENDED = ("COMPLETED", "FAILED", "TIMEOUT")
 
 
 def job_table(result: SimResult) -> pd.DataFrame:
     """One row per job, in trace order, with the columns of ``COLUMNS`` (seconds)."""
     rows = []
+    core_jobs = getattr(result.scheduler, "jobs", {})  # a baseline not on the core flags nothing
     for rec in result.records.values():
         spec = rec.spec
         start = rec.first_start
@@ -43,9 +52,10 @@ def job_table(result: SimResult) -> pd.DataFrame:
             start, end, rec.duration, rec.state, len(rec.preempted_at), len(rec.starts), "+".join(last),
             None if start is None else start - spec.submit_time,
             None if end is None else end - spec.submit_time,
+            spec.deadline, bool(getattr(core_jobs.get(spec.id), "deadline_flags", None)),
         ))
     df = pd.DataFrame.from_records(rows, columns=COLUMNS)
-    for col in ("start", "end", "duration", "queueing_delay", "jct"):
+    for col in ("start", "end", "duration", "queueing_delay", "jct", "deadline"):
         df[col] = df[col].astype("float64")
     return df
 
@@ -73,8 +83,28 @@ def _group(df: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def tails(df: pd.DataFrame) -> dict[str, Any]:
+    """``gpushepherd.tails.tail_figures`` of a ``job_table``: wait per size class over
+    the jobs that started, slowdown (JCT over the true duration) over those that ended."""
+    slow = [float("nan") if math.isnan(j) else slowdown(j, d) for j, d in zip(df["jct"], df["duration"])]
+    return tail_figures(df["gpus"].tolist(), df["queueing_delay"].tolist(), slow, df["user"].tolist())
+
+
+def deadlines(df: pd.DataFrame) -> dict[str, Any]:
+    """Deadlines met, missed and flagged of a ``job_table`` (module docstring)."""
+    d = df[df["deadline"].notna()]
+    ended = d["state"].isin(ENDED)
+    met = ended & (d["end"] <= d["deadline"])
+    flagged = d["deadline_at_risk"].astype(bool)
+    n = int(len(d))
+    return {"jobs": n, "met": int(met.sum()), "missed": int((ended & ~met).sum()), "not_ended": int((~ended).sum()),
+            "met_share": float(met.sum()) / n if n else None, "flagged": int(flagged.sum()),
+            "flagged_met": int((flagged & met).sum())}
+
+
 def summarize(result: SimResult, df: pd.DataFrame | None = None) -> dict[str, Any]:
-    """Overall, per-class and per-team figures of a run (see the module docstring)."""
+    """Overall, per-class and per-team figures of a run, and its ``tails`` (see the
+    module docstring)."""
     if df is None:
         df = job_table(result)
     overall = _group(df)
@@ -89,6 +119,8 @@ def summarize(result: SimResult, df: pd.DataFrame | None = None) -> dict[str, An
         "overall": overall,
         "by_class": {k: _group(g) for k, g in sorted(df.groupby("class"), key=lambda kv: kv[0])},
         "by_team": {k: _group(g) for k, g in sorted(df.groupby("team"), key=lambda kv: kv[0])},
+        **tails(df),
+        "deadlines": deadlines(df),
     }
 
 

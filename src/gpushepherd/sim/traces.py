@@ -8,7 +8,16 @@ Formats:
 * ``itp`` - Microsoft ITP clusters (ElasticFlow, ASPLOS'23; MIT):
   ``job_id, submission_time, duration, num_gpu`` with a header; rows are not sorted;
 * ``csv`` - any CSV with a header and a column mapping
-  (``submit=col,gpus=col,duration=col[,id=col,team=col,class=col,user=col,project=col]``).
+  (``submit=col,gpus=col,duration=col[,id=col,team=col,class=col,user=col,project=col,
+  deadline=col | deadline_after=col]``).
+
+Deadlines (``csv`` only, design note 030): ``deadline=COL`` is an absolute time on the
+trace's own clock, the clock of the ``submit`` column (seconds from the trace's start,
+as ElasticFlow's ITP files give it);
+``deadline_after=COL`` is seconds after the job's submit. An empty cell is no deadline.
+A deadline not after its job's submit (a relative one not > 0), or not a number, makes
+the row bad. Rows keep it relative (``TraceJob.deadline_after_s``), so ``--load``, which
+moves submit times, keeps each job's slack.
 
 Files ending in ``.gz`` are read compressed. Times are seconds from the trace's start.
 A malformed row (a value out of range such as ``num_gpu=0``, a wrong column count, an
@@ -50,6 +59,7 @@ class TraceJob:
     user: str | None = None
     where: str = ""  # "FILE: line N", for error messages
     project: str = ""  # showback only (JobSpec.project); '': none
+    deadline_after_s: float | None = None  # seconds after submit the job must be done by; None: no deadline
 
 
 def _open(path: Path) -> io.TextIOBase:
@@ -169,7 +179,7 @@ def read_itp(path: str | Path) -> list[TraceJob]:
     return read_csv(path, ITP_MAPPING)
 
 
-CSV_FIELDS = ("submit", "gpus", "duration", "id", "team", "class", "user", "project")
+CSV_FIELDS = ("submit", "gpus", "duration", "id", "team", "class", "user", "project", "deadline", "deadline_after")
 
 
 def parse_mapping(text: str) -> dict[str, str]:
@@ -191,7 +201,26 @@ def parse_mapping(text: str) -> dict[str, str]:
     for key in ("submit", "gpus", "duration"):
         if key not in mapping:
             raise TraceError(f"--map: field {key!r} is missing: submit, gpus and duration are required")
+    if "deadline" in mapping and "deadline_after" in mapping:
+        raise TraceError("--map: deadline and deadline_after are not allowed together: deadline=COL (a time on the "
+                         "submit column's clock) or deadline_after=COL (seconds after submit)")
     return mapping
+
+
+def _deadline_after(path: Path, lineno: int, mapping: dict[str, str], text: str, submit: float) -> float | None:
+    """A deadline cell as seconds after ``submit`` (``None``: an empty cell)."""
+    text = text.strip()
+    if not text:
+        return None
+    relative = "deadline_after" in mapping
+    col = mapping["deadline_after" if relative else "deadline"]
+    value = _num(path, lineno, col, text)
+    after = value if relative else value - submit
+    if not after > 0:
+        allowed = "seconds > 0 after the job's submit" if relative else \
+            f"a time after the job's submit ({submit:g}) on the submit column's clock"
+        raise TraceError(f"{path}: line {lineno}: column {col!r}: {text[:40]!r} is not allowed: {allowed}")
+    return after
 
 
 def read_csv(path: str | Path, mapping: dict[str, str]) -> list[TraceJob]:
@@ -217,6 +246,7 @@ def _read_csv(path: Path, mapping: dict[str, str]) -> TraceFile:
             raise TraceError(f"{path}: line 1: column {col!r} (for {field}) is not allowed: one of the header's "
                              f"columns: {', '.join(index)}")
     pos = {field: index[col] for field, col in mapping.items()}
+    deadline_pos = pos.get("deadline", pos.get("deadline_after"))
     jobs: list[tuple[int, TraceJob]] = []
     bad = _Bad()
     for lineno, row in rows:
@@ -227,9 +257,10 @@ def _read_csv(path: Path, mapping: dict[str, str]) -> TraceFile:
                 raise TraceError(f"{path}: line {lineno}: {len(row)} columns is not allowed: {len(header)} columns "
                                  "as in the header")
             get = row.__getitem__
+            submit = _num(path, lineno, mapping["submit"], get(pos["submit"]))
             jobs.append((lineno, TraceJob(
                 id=get(pos["id"]).strip() if "id" in pos else str(lineno - 1),
-                submit=_num(path, lineno, mapping["submit"], get(pos["submit"])),
+                submit=submit,
                 gpus=_gpus(path, lineno, mapping["gpus"], get(pos["gpus"])),
                 duration=_num(path, lineno, mapping["duration"], get(pos["duration"])),
                 team=get(pos["team"]).strip() or None if "team" in pos else None,
@@ -237,6 +268,8 @@ def _read_csv(path: Path, mapping: dict[str, str]) -> TraceFile:
                 user=get(pos["user"]).strip() or None if "user" in pos else None,
                 where=f"{path}: line {lineno}",
                 project=_project(path, lineno, mapping["project"], get(pos["project"])) if "project" in pos else "",
+                deadline_after_s=None if deadline_pos is None else
+                _deadline_after(path, lineno, mapping, get(deadline_pos), submit),
             )))
         except TraceError as exc:
             bad.add(lineno, exc)
@@ -295,7 +328,7 @@ def load_trace(path: str | Path, fmt: str, mapping: str | None = None, skip_bad_
     elif fmt in ("itp", "csv"):
         if fmt == "csv" and not mapping:
             raise TraceError("--format csv needs --map submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,"
-                             "user=COL,project=COL]")
+                             "user=COL,project=COL,deadline=COL|deadline_after=COL]")
         read = _read_csv(path, ITP_MAPPING if fmt == "itp" else parse_mapping(mapping))
     else:
         raise TraceError(f"--format: {fmt!r} is not allowed: philly, itp or csv")
