@@ -539,5 +539,9 @@ from gpushepherd.cli import sbatch as _sbatch_cli  # noqa: E402
 
 _sbatch_cli.register(app)
 
+from gpushepherd.cli import interactive as _interactive_cli  # noqa: E402
+
+_interactive_cli.register(app)
+
 if __name__ == "__main__":  # pragma: no cover
     run()
