@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import test_daemon
 from test_daemon import Server, wait_for, wait_for_file
 
 from gpushepherd.cli.interactive import exit_status, pick_class, pick_team
@@ -138,3 +139,28 @@ def server_jobs(server: Server) -> list[dict]:
     import httpx
 
     return httpx.get(f"{server.url}/jobs", params={"state": "all"}, timeout=60).json()
+
+
+def test_run_waits_for_a_restarted_server_and_follows_the_job_to_its_end(tmp_path, monkeypatch):
+    s = Server(tmp_path)
+    s.policy.write_text(POLICY)
+    s.start()
+    port = int(s.url.rsplit(":", 1)[1])
+    go = tmp_path / "go"
+    started = tmp_path / "started"
+    p = shepherd_run(s, "--", sys.executable, "-c", f"print('before', flush=True); open({str(started)!r}, 'w')\n"
+                     + wait_for_file(go))
+    try:
+        wait_for("the job to start", started.exists)
+        s.kill9()  # the job lives on (note 017); run waits for the server to come back
+        monkeypatch.setattr(test_daemon, "free_port", lambda: port)
+        s.start()
+        go.touch()
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        s.stop()
+    assert p.returncode == 0, err
+    assert out == "before\ndone\n"  # all of the output, nothing twice
+    assert "waiting up to 120 s for it to come back" in err and "the server answers again" in err

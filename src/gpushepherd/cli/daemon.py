@@ -112,7 +112,16 @@ def local_socket(server: str | None, token: str | None) -> Path | None:
     return None
 
 
-def _request(server: str | None, method: str, path: str, token: str | None = None, **kw: Any):
+class ServerUnreachable(Exception):
+    """No server answered at ``url`` (``_request(..., raise_unreachable=True)``)."""
+
+    def __init__(self, url: str, exc: Exception):
+        super().__init__(f"no gpushepherd server at {url} ({exc})")
+        self.url = url
+
+
+def _request(server: str | None, method: str, path: str, token: str | None = None, *,
+             raise_unreachable: bool = False, **kw: Any):
     import httpx
 
     from gpushepherd.cli.main import err
@@ -132,6 +141,8 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
                   soft_wrap=True)
         raise typer.Exit(2) from None
     except (httpx.TransportError, OSError) as exc:
+        if raise_unreachable:  # the caller waits for it to come back (shepherd run)
+            raise ServerUnreachable(url, exc) from None
         err.print(f"error: no gpushepherd server at {url} ({exc}); start one with `shepherd server`", soft_wrap=True)
         raise typer.Exit(1) from None
     if r.status_code >= 400:

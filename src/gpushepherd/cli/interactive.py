@@ -25,6 +25,7 @@ from gpushepherd.cli.daemon import (
     TIME_HELP,
     TIME_LIMIT,
     ServerOpt,
+    ServerUnreachable,
     TokenOpt,
     _fmt_est,
     _job_path,
@@ -41,6 +42,8 @@ from gpushepherd.cli.daemon import (
 INTERACTIVE_CLASSES = ("interactive", "notebook", "sandbox")
 #: seconds between two looks at the job and its logs
 POLL_S = 0.5
+#: seconds ``run`` waits for a server that stopped answering (a restart: the job lives on)
+RECONNECT_S = 120.0
 #: the signals that end the session (and so the job): Ctrl-C, a closed terminal, a kill
 SESSION_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)
 
@@ -112,8 +115,38 @@ class Session:
 
             err.print(f"shepherd run: {text}", soft_wrap=True, markup=False)
 
+    def call(self, method: str, path: str, **kw: Any):
+        """``_request``, waiting up to ``RECONNECT_S`` for a server that does not answer
+        (restarted, or its host briefly unreachable: the job runs on meanwhile).
+
+        Raises:
+            typer.Exit: 1, the server did not come back in time (the job may still run:
+                the line says how to cancel it).
+        """
+        deadline = None
+        while True:
+            try:
+                r = _request(self.server, method, path, token=self.token, raise_unreachable=True, **kw)
+            except ServerUnreachable as exc:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + RECONNECT_S
+                    self.note(f"{exc}: waiting up to {RECONNECT_S:g} s for it to come back")
+                elif now >= deadline:
+                    from gpushepherd.cli.main import err
+
+                    err.print(f"error: {exc} for {RECONNECT_S:g} s; job {self.job_id} may still run: "
+                              f"`shepherd cancel {self.job_id}` once the server is back", soft_wrap=True,
+                              markup=False)
+                    raise typer.Exit(1) from None
+                time.sleep(POLL_S)
+                continue
+            if deadline is not None:
+                self.note("the server answers again")
+            return r
+
     def look(self) -> dict:
-        return _request(self.server, "GET", _job_path(self.job_id), token=self.token).json()
+        return self.call("GET", _job_path(self.job_id)).json()
 
     def show_state(self, j: dict) -> None:
         """A line on stderr when what the job waits for, or where it runs, changes."""
@@ -142,8 +175,8 @@ class Session:
             self.run, self.offsets = runs, {"stdout": 0, "stderr": 0}
         for stream, sink in (("stdout", sys.stdout), ("stderr", sys.stderr)):
             while True:  # at most one chunk (1 MiB) an answer: read to the end
-                r = _request(self.server, "GET", _job_path(self.job_id, "/logs"), token=self.token,
-                             params={"stream": stream, "offset": self.offsets[stream], "run": self.run})
+                r = self.call("GET", _job_path(self.job_id, "/logs"),
+                              params={"stream": stream, "offset": self.offsets[stream], "run": self.run})
                 if r.text:
                     sink.write(r.text)
                     sink.flush()
@@ -163,7 +196,7 @@ class Session:
             time.sleep(POLL_S)
 
     def cancel(self) -> None:
-        _request(self.server, "POST", _job_path(self.job_id, "/cancel"), token=self.token)
+        self.call("POST", _job_path(self.job_id, "/cancel"))
 
 
 def _raise_session_ended(signum: int, _frame: Any) -> None:
@@ -242,8 +275,11 @@ def register(app: typer.Typer) -> None:
             for s in SESSION_SIGNALS:  # a second Ctrl-C while cancelling does not stop the cancel
                 signal.signal(s, signal.SIG_IGN)
             if session.job_id is not None:
-                session.cancel()
-                session.note(f"job {session.job_id} cancelled: the session ended ({exc})")
+                try:
+                    session.cancel()
+                    session.note(f"job {session.job_id} cancelled: the session ended ({exc})")
+                except typer.Exit:  # it ended meanwhile (the server said so on stderr)
+                    pass
             raise typer.Exit(128 + exc.signum) from None
         finally:
             for s, handler in previous.items():
