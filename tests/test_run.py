@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,21 @@ def shepherd_run(server: Server, *args: str, stderr=subprocess.PIPE) -> subproce
                             stderr=stderr, text=True, env=env, cwd=server.data.parent)
 
 
+@contextmanager
+def session(server: Server, tmp_path: Path, *args: str):
+    """``shepherd run ARGS`` with its stderr in a file, read while it runs: yields
+    ``(process, that file)``; the process is killed if a failed test leaves it running."""
+    errors = tmp_path / "stderr"
+    with open(errors, "w") as sink:
+        p = shepherd_run(server, *args, stderr=sink)
+        try:
+            yield p, errors
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_run_streams_the_output_and_exits_with_the_jobs_code(server):
     code = "import sys; print('to stdout'); print('to stderr', file=sys.stderr); sys.exit(7)"
     p = shepherd_run(server, "--", sys.executable, "-c", code)
@@ -65,20 +81,14 @@ def test_run_waits_saying_why_then_runs_when_the_gpus_free(server, tmp_path):
     flag = tmp_path / "flag"
     blocker = server.submit(wait_for_file(flag), gpus=2, cls="batch")
     server.wait_state(blocker, "RUNNING")
-    errors = tmp_path / "stderr"
-    with open(errors, "w") as sink:
-        p = shepherd_run(server, "-c", "sandbox", "-A", "ml", "--", sys.executable, "-c",
-                         wait_for_file(tmp_path / "go"), stderr=sink)
-        try:
-            wait_for("run's waiting line", lambda: "waiting:" in errors.read_text())
-            assert p.poll() is None  # still waiting: the GPUs are held
-            flag.touch()
-            wait_for("run's running line", lambda: "RUNNING on local" in errors.read_text())
-            (tmp_path / "go").touch()
-            out, _ = p.communicate(timeout=120)
-        finally:
-            if p.poll() is None:
-                p.kill()
+    with session(server, tmp_path, "-c", "sandbox", "-A", "ml", "--", sys.executable, "-c",
+                 wait_for_file(tmp_path / "go")) as (p, errors):
+        wait_for("run's waiting line", lambda: "waiting:" in errors.read_text())
+        assert p.poll() is None  # still waiting: the GPUs are held
+        flag.touch()
+        wait_for("run's running line", lambda: "RUNNING on local" in errors.read_text())
+        (tmp_path / "go").touch()
+        out, _ = p.communicate(timeout=120)
     text = errors.read_text()
     assert p.returncode == 0, text
     assert out == "done\n"
@@ -164,3 +174,27 @@ def test_run_waits_for_a_restarted_server_and_follows_the_job_to_its_end(tmp_pat
     assert p.returncode == 0, err
     assert out == "before\ndone\n"  # all of the output, nothing twice
     assert "waiting up to 120 s for it to come back" in err and "the server answers again" in err
+
+
+def test_a_requeued_job_is_followed_into_its_next_run(server, tmp_path):
+    started, go = tmp_path / "started", tmp_path / "go"
+    code = (f"import os; print('run', os.environ.get('SHEPHERD_RUN', '?'), flush=True); "
+            f"open({str(started)!r}, 'a').write('x')\n" + wait_for_file(go))
+    with session(server, tmp_path, "-c", "batch", "--", sys.executable, "-c", code) as (p, errors):
+        wait_for("the first run", lambda: started.exists() and started.read_text() == "x")
+        job_id = errors.read_text().split("Submitted job ", 1)[1].split()[0]
+        r = server_post(server, f"/jobs/{job_id}/requeue")
+        assert r.status_code == 200, r.text
+        wait_for("the second run", lambda: started.read_text() == "xx")
+        wait_for("run's line of the second run", lambda: "(run 2)" in errors.read_text())
+        go.touch()
+        out, _ = p.communicate(timeout=120)
+    text = errors.read_text()
+    assert p.returncode == 0, text
+    assert out.count("run ") == 2 and out.endswith("done\n"), out  # each run's output once, the last one's to its end
+
+
+def server_post(server: Server, path: str):
+    import httpx
+
+    return httpx.post(server.url + path, timeout=60)

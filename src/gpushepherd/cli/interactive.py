@@ -167,12 +167,20 @@ class Session:
         self.said = said
 
     def stream(self, j: dict) -> None:
-        """Write what the current run added to its stdout and stderr since the last look."""
+        """Write what the job's runs added to their stdout and stderr since the last look:
+        the rest of the run streamed so far, then each later run from its beginning (a
+        requeue between two looks loses no output)."""
         runs = j.get("runs") or 0
         if not runs:
             return
-        if runs != self.run:
-            self.run, self.offsets = runs, {"stdout": 0, "stderr": 0}
+        self.run = self.run or 1
+        while True:
+            self._drain()
+            if self.run >= runs:
+                return
+            self.run, self.offsets = self.run + 1, {"stdout": 0, "stderr": 0}
+
+    def _drain(self) -> None:
         for stream, sink in (("stdout", sys.stdout), ("stderr", sys.stderr)):
             while True:  # at most one chunk (1 MiB) an answer: read to the end
                 r = self.call("GET", _job_path(self.job_id, "/logs"),
