@@ -246,3 +246,9 @@ def test_compare_writes_one_jsonl_row_per_scheduler(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "compare.py"), "--schedulers", "gpushepherd,slurmish"],
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "--schedulers: 'slurmish' is not allowed" in bad.stderr
+
+
+def test_the_names_known_without_the_core_are_the_registry_in_order():
+    from gpushepherd.baselines import NAMES
+
+    assert tuple(BASELINES) == NAMES

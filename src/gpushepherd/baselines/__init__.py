@@ -27,36 +27,55 @@ baselines' reservation depth.
 
 from __future__ import annotations
 
-from typing import Callable
+from functools import cache
+from typing import TYPE_CHECKING, Callable
 
-from gpushepherd.baselines import bestfit, fifo, kueue, slurm, tiresias
-from gpushepherd.core import Scheduler
-from gpushepherd.model.rules import Rules
+if TYPE_CHECKING:
+    from gpushepherd.model.rules import Rules
 
-Factory = Callable[[Rules], object]
+Factory = Callable[["Rules"], object]
 
-
-def gpushepherd(rules: Rules) -> tuple[Rules, Factory]:
-    """The policy as written, on gpushepherd's core."""
-    return rules, Scheduler
-
-
-BASELINES: dict[str, Callable[..., tuple[Rules, Factory]]] = {
-    "gpushepherd": gpushepherd,
-    "slurm-default": slurm.default,
-    "slurm": slurm.baseline,
-    "slurm-timelimit": slurm.timelimit,
-    "kueue": kueue.baseline,
-    "kueue-strict": kueue.strict,
-    "tiresias": tiresias.baseline,
-    "fifo": fifo.baseline,
-    "bestfit": bestfit.baseline,
-}
+#: the names of ``BASELINES``, in its order (``tests/test_baselines.py`` checks it): known
+#: without importing the core, so that ``shepherd simulate --help`` starts fast (note 028)
+NAMES = ("gpushepherd", "slurm-default", "slurm", "slurm-timelimit", "kueue", "kueue-strict", "tiresias", "fifo",
+         "bestfit")
 #: the baselines that take a backfill reservation depth (``bf_max_job_test``)
 BF_DEPTH = frozenset({"slurm-default", "slurm", "slurm-timelimit"})
 #: the baselines whose scheduler is not gpushepherd's core as the simulator drives it:
 #: no pending reasons, ``--explain``, report page or stranded-capacity samples
 NOT_CORE = frozenset({"tiresias", "kueue-strict"})
+
+
+def gpushepherd(rules: Rules) -> tuple[Rules, Factory]:
+    """The policy as written, on gpushepherd's core."""
+    from gpushepherd.core import Scheduler
+
+    return rules, Scheduler
+
+
+@cache
+def _registry() -> dict[str, Callable[..., tuple[Rules, Factory]]]:
+    from gpushepherd.baselines import bestfit, fifo, kueue, slurm, tiresias
+
+    return {
+        "gpushepherd": gpushepherd,
+        "slurm-default": slurm.default,
+        "slurm": slurm.baseline,
+        "slurm-timelimit": slurm.timelimit,
+        "kueue": kueue.baseline,
+        "kueue-strict": kueue.strict,
+        "tiresias": tiresias.baseline,
+        "fifo": fifo.baseline,
+        "bestfit": bestfit.baseline,
+    }
+
+
+def __getattr__(name: str):
+    # ``BASELINES`` (name -> function) imports the baselines, and through them the core,
+    # on first use only (PEP 562)
+    if name == "BASELINES":
+        return _registry()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class BaselineError(ValueError):
@@ -71,13 +90,14 @@ def build(name: str, rules: Rules, bf_depth: int | None = None) -> tuple[Rules, 
         BaselineError: ``name`` is not a baseline (the message lists them), or
             ``bf_depth`` is below 1.
     """
-    if name not in BASELINES:
-        raise BaselineError(f"--scheduler: {name!r} is not allowed: one of {', '.join(BASELINES)}")
+    if name not in NAMES:
+        raise BaselineError(f"--scheduler: {name!r} is not allowed: one of {', '.join(NAMES)}")
     if bf_depth is not None and bf_depth < 1:
         raise BaselineError(f"--bf-depth: {bf_depth!r} is not allowed: a reservation depth >= 1")
+    baselines = _registry()
     if name in BF_DEPTH:
-        return BASELINES[name](rules, bf_depth=bf_depth)
-    return BASELINES[name](rules)
+        return baselines[name](rules, bf_depth=bf_depth)
+    return baselines[name](rules)
 
 
 __all__ = ["BASELINES", "BF_DEPTH", "NOT_CORE", "Factory", "BaselineError", "build"]

@@ -112,7 +112,16 @@ def local_socket(server: str | None, token: str | None) -> Path | None:
     return None
 
 
-def _request(server: str | None, method: str, path: str, token: str | None = None, **kw: Any):
+class ServerUnreachable(Exception):
+    """No server answered at ``url`` (``_request(..., raise_unreachable=True)``)."""
+
+    def __init__(self, url: str, exc: Exception):
+        super().__init__(f"no gpushepherd server at {url} ({exc})")
+        self.url = url
+
+
+def _request(server: str | None, method: str, path: str, token: str | None = None, *,
+             raise_unreachable: bool = False, **kw: Any):
     import httpx
 
     from gpushepherd.cli.main import err
@@ -132,6 +141,8 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
                   soft_wrap=True)
         raise typer.Exit(2) from None
     except (httpx.TransportError, OSError) as exc:
+        if raise_unreachable:  # the caller waits for it to come back (shepherd run)
+            raise ServerUnreachable(url, exc) from None
         err.print(f"error: no gpushepherd server at {url} ({exc}); start one with `shepherd server`", soft_wrap=True)
         raise typer.Exit(1) from None
     if r.status_code >= 400:
@@ -316,11 +327,12 @@ def script_not_command(cmd: list[str], chdir: Path, shell: bool) -> None:
     raise typer.Exit(2)
 
 
-def post_job(server: str | None, token: str | None, body: dict) -> dict:
+def post_job(server: str | None, token: str | None, body: dict, announce: bool = True,
+             to_stderr: bool = False) -> dict:
     """``POST /jobs`` of a submission ``body`` and its one line: ``Submitted job N`` (or
-    ``array N``) on stdout, or, when the server rejected it (no node could ever hold
-    it), only ``rejected: REASON (job N)`` on stderr and exit ``EXIT_REJECTED`` (3).
-    Returns the server's view of the job.
+    ``array N``) on stdout (``to_stderr``: on stderr; not ``announce``: none), or, when
+    the server rejected it (no node could ever hold it), only ``rejected: REASON (job N)``
+    on stderr and exit ``EXIT_REJECTED`` (3). Returns the server's view of the job.
 
     Raises:
         typer.Exit: rejected (3); refused (2) or no server (1), from ``_request``.
@@ -332,8 +344,34 @@ def post_job(server: str | None, token: str | None, body: dict) -> dict:
         err.print(f"rejected: {_safe(job.get('reason') or 'no node could ever hold it')} (job {_safe(job['id'])})",
                   soft_wrap=True, markup=False)
         raise typer.Exit(EXIT_REJECTED)
-    _console().print(f"Submitted {'array' if body.get('array') is not None else 'job'} {job['id']}")
+    if announce:
+        (err if to_stderr else _console()).print(f"Submitted {'array' if body.get('array') is not None else 'job'} "
+                                                 f"{job['id']}", markup=False)
     return job
+
+
+def resource_fields(*, share: str | None, gpu_mem: int, env: list[str], mem: str | None,
+                    cpus: float | None) -> dict[str, Any]:
+    """The ``POST /jobs`` fields of ``--share``/``--gpu-mem``, ``--env``, ``--mem`` and
+    ``--cpus`` (``submit`` and ``run``); those not given left out.
+
+    Raises:
+        typer.BadParameter: a share, an env pair or a memory size that is not allowed.
+    """
+    out: dict[str, Any] = {}
+    try:
+        if share:
+            out["share"] = parse_share(share, gpu_mem)
+        else:
+            out["gpu_mem_mib"] = gpu_mem
+    except typer.BadParameter as exc:
+        raise typer.BadParameter(str(exc), param_hint="--share") from None
+    out["env"] = env_pairs(env)
+    if mem is not None:
+        out["mem_mib"] = mem_mib(mem)
+    if cpus is not None:
+        out["cpus"] = cpus
+    return out
 
 
 def parse_share(text: str, mem_mib: int) -> dict:
@@ -999,18 +1037,7 @@ def register(app: typer.Typer) -> None:
                                       cache_key=cache_key, cache_required=cache_required, deadline=deadline,
                                       estimate_s=estimate, gpus_per_pod=gpus_per_task, same_node=same_node,
                                       grace_s=grace))
-        try:
-            if share:
-                body["share"] = parse_share(share, gpu_mem)
-            else:
-                body["gpu_mem_mib"] = gpu_mem
-        except typer.BadParameter as exc:
-            raise typer.BadParameter(str(exc), param_hint="--share") from None
-        body["env"] = env_pairs(env)
-        if mem is not None:
-            body["mem_mib"] = mem_mib(mem)
-        if cpus is not None:
-            body["cpus"] = cpus
+        body.update(resource_fields(share=share, gpu_mem=gpu_mem, env=env, mem=mem, cpus=cpus))
         post_job(server, token, body)
 
     @app.command("queue", help=QUEUE_HELP)

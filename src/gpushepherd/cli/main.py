@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -29,14 +29,16 @@ from rich.table import Table
 from rich.text import Text
 
 from gpushepherd import __version__
-from gpushepherd.baselines import BASELINES, BF_DEPTH, NOT_CORE, build
+from gpushepherd.baselines import BF_DEPTH, NAMES as BASELINE_NAMES, NOT_CORE
 from gpushepherd.cli.daemon import duration_param
-from gpushepherd.core.scheduler import SpecError
-from gpushepherd.policy.load import PolicyError, override_cluster, policy_from_dict, read_policy_dict
-from gpushepherd.sim.engine import SimInterrupted, SimProgress, Simulator
-from gpushepherd.sim.mapping import to_sim_jobs
-from gpushepherd.sim.scenario import ScenarioError, expand_ids, load_scenario, run_scenario
-from gpushepherd.sim.traces import TraceError, load_trace, parse_days, select
+from gpushepherd.extras import MissingExtra, require
+
+if TYPE_CHECKING:
+    from gpushepherd.sim.engine import SimProgress
+
+# The policy loader, the core, the baselines and the simulator are imported by the
+# commands that use them, not here: every command, --help included, starts without them
+# (design note 028; tests/test_install.py checks what this module imports).
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -85,11 +87,29 @@ except ImportError:  # pragma: no cover
     pass
 
 
+#: the errors of bad input that ``_errors`` prints as one line: (module, class name)
+USER_ERRORS = (("gpushepherd.policy.load", "PolicyError"), ("gpushepherd.sim.traces", "TraceError"),
+               ("gpushepherd.sim.scenario", "ScenarioError"), ("gpushepherd.core.scheduler", "SpecError"))
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """``UsageError`` and those of ``USER_ERRORS`` whose module is imported: an error
+    class whose module was never imported cannot have been raised, and looking it up
+    here imports nothing."""
+    found = [getattr(sys.modules[m], name) for m, name in USER_ERRORS if m in sys.modules]
+    return (UsageError, *found)
+
+
 @contextmanager
 def _errors():
     try:
         yield
-    except (PolicyError, TraceError, ScenarioError, SpecError, UsageError) as exc:
+    except MissingExtra as exc:  # an install to complete, not bad input: exit 1
+        err.print(f"error: {exc}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    except Exception as exc:
+        if not isinstance(exc, _user_errors()):
+            raise
         err.print(f"error: {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
 
@@ -294,7 +314,7 @@ def simulate(
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     stranded_every: Annotated[Optional[float], typer.Option(metavar="DURATION", parser=duration_param(lo=1), help="Sample free GPUs that no pending job can use (stranded capacity) at the first scheduling event at or after every multiple of DURATION (at least 1 s: seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS) and report them by constraint (means over samples).")] = None,
     html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, plots).")] = None,
-    scheduler: Annotated[str, typer.Option(metavar="NAME", help="Who decides: gpushepherd (the policy as written, default) or a baseline under the same policy's cluster and quotas: " + ", ".join(n for n in BASELINES if n != "gpushepherd") + " (src/gpushepherd/baselines/).")] = "gpushepherd",
+    scheduler: Annotated[str, typer.Option(metavar="NAME", help="Who decides: gpushepherd (the policy as written, default) or a baseline under the same policy's cluster and quotas: " + ", ".join(n for n in BASELINE_NAMES if n != "gpushepherd") + " (src/gpushepherd/baselines/).")] = "gpushepherd",
     bf_depth: Annotated[Optional[int], typer.Option(metavar="N", help="Backfill reservations of the Slurm baselines (Slurm's bf_max_job_test; default 1).")] = None,
     skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Skip trace rows that are not valid (e.g. num_gpu=0) and count them; without it such a file is refused.")] = False,
 ) -> None:
@@ -306,7 +326,16 @@ def simulate(
     makespan (first submit to last job event). Traces have no teams, classes, users or
     time limits: a documented, seeded mapping derives them.
     """
+    from gpushepherd.baselines import build
+    from gpushepherd.policy.load import override_cluster, policy_from_dict, read_policy_dict
+    from gpushepherd.sim.engine import SimInterrupted, Simulator
+    from gpushepherd.sim.mapping import to_sim_jobs
+    from gpushepherd.sim.traces import load_trace, parse_days, select
+
     with _errors():
+        require("sim", "shepherd simulate")
+        if html is not None:
+            require("report", "shepherd simulate --html")
         # every option is checked before the (possibly long) simulation
         if trace is None and (fmt is not None or mapping is not None):
             raise UsageError("--format and --map describe a --trace file; give --trace too")
@@ -315,8 +344,8 @@ def simulate(
             raise UsageError(f"--map is not allowed with --format {fmt}: only with --format csv")
         if cluster is not None and not cluster.strip():
             raise UsageError("--cluster: '' is not allowed: NODESxGPUS, e.g. 192x8")
-        if scheduler not in BASELINES:
-            raise UsageError(f"--scheduler: {scheduler!r} is not allowed: one of {', '.join(BASELINES)}")
+        if scheduler not in BASELINE_NAMES:
+            raise UsageError(f"--scheduler: {scheduler!r} is not allowed: one of {', '.join(BASELINE_NAMES)}")
         if bf_depth is not None and (bf_depth < 1 or scheduler not in BF_DEPTH):
             raise UsageError(f"--bf-depth: {bf_depth!r} is not allowed: a depth >= 1, with --scheduler "
                              f"{' or '.join(sorted(BF_DEPTH))}")
@@ -469,6 +498,8 @@ def scenario_run(
                                                               "(repeatable).")] = None,
 ) -> None:
     """Run scenarios and check their expected outcome; exit 1 if any expectation fails."""
+    from gpushepherd.sim.scenario import ScenarioError, expand_ids, load_scenario, run_scenario
+
     failed = 0
     with _errors():
         specs = [(path, load_scenario(path)) for path in files]  # all files valid before any runs
@@ -537,6 +568,10 @@ _services_cli.register(app)
 from gpushepherd.cli import sbatch as _sbatch_cli  # noqa: E402
 
 _sbatch_cli.register(app)
+
+from gpushepherd.cli import interactive as _interactive_cli  # noqa: E402
+
+_interactive_cli.register(app)
 
 if __name__ == "__main__":  # pragma: no cover
     run()

@@ -9,12 +9,14 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpushepherd.cli.daemon import ServerOpt, TokenOpt, _fmt_t, _request
-from gpushepherd.model.rules import Rules
+
+if TYPE_CHECKING:
+    from gpushepherd.model.rules import Rules
 
 
 def _hhmm(seconds: float) -> str:

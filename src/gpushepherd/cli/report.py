@@ -120,6 +120,7 @@ Html = Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Wri
 def register(app: typer.Typer) -> None:
     """Add ``report`` and ``whatif`` to ``app``."""
     from gpushepherd.cli.main import UsageError, _console, _errors, _output_path, err
+    from gpushepherd.extras import require
 
     def load(data_dir: Path, db: str | None, bar=None):
         from gpushepherd.report import HistoryError, replay
@@ -150,9 +151,10 @@ def register(app: typer.Typer) -> None:
         """Showback/chargeback: GPU-hours and cost per team, project, user and class, waits per
         class (p50/p95), top pending reasons, idle gaps, allocated-but-idle GPU-hours,
         utilisation and queue length over time (R15)."""
-        from gpushepherd.report import build_report
-
         with _errors():
+            require("report", "shepherd report")
+            from gpushepherd.report import build_report
+
             html_file = _output_path("--html", html, (".html", ".htm"))
             _check_csv(csv, UsageError)
             with _bar(progress) as bar:
@@ -183,10 +185,12 @@ def register(app: typer.Typer) -> None:
         policy (the log's last) and a proposed one; print per class and team waits
         (mean, p95), mean JCT and GPU-hours side by side (R19)."""
         from gpushepherd.policy.load import load_policy
-        from gpushepherd.report import build_report
-        from gpushepherd.report.whatif import run_whatif
 
         with _errors():
+            require("report", "shepherd whatif")
+            from gpushepherd.report import build_report
+            from gpushepherd.report.whatif import run_whatif
+
             html_file = _output_path("--html", html, (".html", ".htm"))
             html_cur = _output_path("--html-current", html_current, (".html", ".htm"))
             _check_csv(csv, UsageError)

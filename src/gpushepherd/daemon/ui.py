@@ -81,9 +81,17 @@ def mount_ui(app: FastAPI, batches: Callable[[], object]) -> PlotCache:
     def plot(name: str) -> Response:
         """One of the report's plots over the last day (``utilisation``, ``queue``,
         ``quota``), rendered from the event log at most once a minute (note 012).
-        404 naming the allowed names for any other; 503 while the log is empty."""
-        from gpushepherd.report import HistoryError
+        404 naming the allowed names for any other; 503 while the log is empty, or
+        without the ``report`` extra (pandas, matplotlib; the body says how to install it)."""
+        from gpushepherd.extras import MissingExtra, require
 
+        if name not in PLOTS:
+            raise HTTPException(404, f"plot {name!r}: no such plot; allowed: {', '.join(PLOTS)}")
+        try:
+            require("report", "GET /ui/plots")
+            from gpushepherd.report import HistoryError
+        except MissingExtra as exc:
+            raise HTTPException(503, str(exc)) from None
         try:
             data = cache.png(name)
         except KeyError:
