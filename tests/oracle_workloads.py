@@ -197,15 +197,21 @@ def build(src) -> Workload:
     rules = policy_from_dict(raw).rules
     jobs = _jobs(src, scale, raw, rules)
     events = _events(src, scale, raw, rules, len(jobs))
-    # drawn last, so that the seeds found before strict FIFO queues keep their workloads
-    if _queueing(src, raw):
+    # drawn last, so that the seeds found before these rules keep their workloads
+    if _later_rules(src, raw, scale):
         rules = policy_from_dict(raw).rules
     return Workload(raw, jobs, events, rules=rules)
 
 
-def _queueing(src, raw: dict) -> bool:
-    """Strict FIFO queues (note 031): a class's, or a team's own of a class."""
+def _later_rules(src, raw: dict, scale: float) -> bool:
+    """Rules added after most FOUND seeds: strict FIFO queues (note 031) - a class's, or
+    a team's own of a class - and deadline ordering (note 034)."""
     changed = False
+    if src.chance(0.15):
+        prio = raw.setdefault("priority", {"recalc_s": float(src.integer(1, 20)) * scale})
+        prio.setdefault("weights", {})["deadline"] = src.choice([1000.0, 1_000_000.0])
+        prio["deadline_horizon_s"] = float(src.integer(10, 100)) * scale
+        changed = True
     if src.chance(0.15):
         name = src.choice(["batch", "sandbox", "research-training", "training"])
         raw.setdefault("classes", {}).setdefault(name, {})["queueing"] = "strict_fifo"

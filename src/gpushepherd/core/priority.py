@@ -2,9 +2,11 @@
 fair-share over exactly decayed GPU-seconds (design notes 004 and 006).
 
 ``score = class_weight * class + fair_share_weight * F + age_weight * age +
-size_weight * size + time_limit_weight * short``, each factor in [0, 1]. The queue is
-ordered by ``(-score, submit time, job id)``; scores are recomputed every
-``priority.recalc_s`` (at its multiples), as Slurm's ``PriorityCalcPeriod``.
+size_weight * size + time_limit_weight * short + deadline_weight * urgency``, each
+factor in [0, 1]. The queue is ordered by ``(-score, submit time, job id)``; scores are
+recomputed every ``priority.recalc_s`` (at its multiples), as Slurm's
+``PriorityCalcPeriod``. ``urgency`` is least-laxity-first for jobs at risk of missing
+their deadline (note 034).
 """
 
 from __future__ import annotations
@@ -57,8 +59,40 @@ def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str
             limit = estimate if limit is None else min(limit, estimate)
         if limit is not None:
             out["time_limit"] = pr.time_limit_weight * max(0.0, 1.0 - limit / pr.max_time_limit_s)
-    out["priority"] = out["class"] + out["fair_share"] + out["age"] + out["size"] + out["time_limit"]
+    out["deadline"] = 0.0
+    base = out["class"] + out["fair_share"] + out["age"] + out["size"] + out["time_limit"]
+    if pr.deadline_weight:
+        if cls.priority >= book.max_prio:
+            # the top class (production inference) counts as always at risk: a job the
+            # factor lifts never passes one of its jobs it was behind (note 034)
+            out["deadline"] = pr.deadline_weight
+        elif spec.deadline is not None:
+            out["deadline"] = pr.deadline_weight * urgency(book, spec, cls, estimate)
+    out["priority"] = base + out["deadline"]
     return out
+
+
+def urgency(book, spec: JobSpec, cls, estimate: float | None = None) -> float:
+    """The deadline factor in [0, 1] at the last recalculation: ``1 - slack / horizon``
+    for ``0 <= slack <= horizon``, slack = deadline - now - what the job still needs
+    (its estimate, else its time limit, else nothing); 0 for a job with slack to spare
+    or one that can no longer make it (boosting it would only make others miss theirs).
+    Least laxity first (Mok's LLF); among jobs of equal laxity the earlier deadline."""
+    pr = book.rules.priority
+    slack = _slack(book, spec, cls, estimate, book.recalc_t)
+    if slack < 0 or slack > pr.deadline_horizon_s:
+        return 0.0
+    return 1.0 - slack / pr.deadline_horizon_s
+
+
+def _slack(book, spec: JobSpec, cls, estimate: float | None, at: float | None = None) -> float:
+    """Seconds a job with a deadline may still wait at ``at`` (default: now) and end by
+    it: deadline - at - its estimate (else its time limit, else nothing)."""
+    need = estimate if estimate is not None else spec.runtime_estimate_s
+    limit = time_limit(spec, cls)
+    if need is None or (limit is not None and limit < need):
+        need = limit
+    return spec.deadline - max(book.now if at is None else at, spec.submit_time) - (need or 0.0)
 
 
 def order_key(book, spec: JobSpec, cls, estimate: float | None = None) -> tuple:
@@ -100,6 +134,9 @@ def recalc_matters(book) -> bool:
     pr = book.rules.priority
     if pr.fair_share_weight and book.running:
         return True
+    if pr.deadline_weight and any(j.spec.deadline is not None and _slack(book, j.spec, j.cls, j.estimate_s) >= 0
+                                  for j in book.queue):
+        return True  # slack shrinks as time passes, until it is gone (then the factor stays 0)
     # age: some pending job may still be below max_age_s (the newest submission is a
     # cheap upper bound; a spare recalculation is harmless)
     return bool(pr.age_weight) and book.last_submit > book.recalc_t - pr.max_age_s

@@ -175,7 +175,8 @@ class PriorityRules:
     """Multifactor priority (Slurm's priority/multifactor) and fair-share settings.
 
     ``score = class_weight * class + fair_share_weight * F + age_weight * age +
-    size_weight * size + time_limit_weight * short``, each factor in [0, 1]; ``short`` =
+    size_weight * size + time_limit_weight * short + deadline_weight * urgency``, each
+    factor in [0, 1]; ``short`` =
     ``1 - time limit / max_time_limit_s`` (shortest-limit-first, as PBS's walltime sort;
     the limit the user gave, or a runtime prediction when the job carries one - never
     the true duration); recomputed every ``recalc_s``.
@@ -191,11 +192,14 @@ class PriorityRules:
     recalc_s: float = 300.0
     half_life_s: float = 7 * 86400.0
     fair_share_level: str = "team"  # or "user"
+    #: least-slack-first for jobs at risk of missing their deadline (note 034)
+    deadline_weight: float = 0.0
+    deadline_horizon_s: float = 86400.0
 
     @property
     def dynamic(self) -> bool:
         """Whether scores change with time (and need recalculating)."""
-        return self.fair_share_weight > 0 or self.age_weight > 0
+        return self.fair_share_weight > 0 or self.age_weight > 0 or self.deadline_weight > 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -500,6 +500,8 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
             recalc_s=spec.priority.recalc_s,
             half_life_s=spec.fair_share.half_life_s,
             fair_share_level=spec.fair_share.level,
+            deadline_weight=spec.priority.weights.deadline,
+            deadline_horizon_s=spec.priority.deadline_horizon_s,
         ),
         pricing=pricing,
         strict_queues=frozenset((name, cname) for name, team in spec.teams.items()

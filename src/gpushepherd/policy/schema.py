@@ -548,6 +548,12 @@ class WeightsSpec(_Strict):
                                     "`PriorityWeightJobSize`).", 100.0))
     time_limit: Weight = Field(0.0, **doc(
         "Weight of the short-limit factor 1 - limit / `max_time_limit_s`: shorter time limits rank higher.", 500.0))
+    deadline: Weight = Field(0.0, **doc(
+        "Weight of the deadline factor (note 034): a job at risk of missing its deadline - slack = deadline - now - "
+        "its remaining estimate (or time limit) between 0 and `deadline_horizon_s` - gets 1 - slack / horizon, so "
+        "the least slack ranks first (least-laxity-first); a job that can no longer make it, or has slack to "
+        "spare, gets 0. Jobs of the top class (production inference) always get 1, so the factor never lifts a job "
+        "above one of theirs.", 200000.0))
 
 
 class PrioritySpec(_Strict):
@@ -562,6 +568,8 @@ class PrioritySpec(_Strict):
         "The time limit at which the time_limit factor reaches 0 (longer limits: 0 too).", 172800.0, SECONDS))
     recalc_s: PosFloat = Field(300.0, **doc("How often scores are recomputed (Slurm's `PriorityCalcPeriod`).",
                                             300.0, SECONDS))
+    deadline_horizon_s: PosFloat = Field(86400.0, **doc(
+        "The slack under which a job with a deadline counts as at risk (`weights.deadline`).", 21600.0, SECONDS))
 
 
 class FairShareSpec(_Strict):
