@@ -205,8 +205,13 @@ def build(src) -> Workload:
 
 def _later_rules(src, raw: dict, scale: float) -> bool:
     """Rules added after most FOUND seeds: strict FIFO queues (note 031) - a class's, or
-    a team's own of a class - and deadline ordering (note 034)."""
+    a team's own of a class - deadline ordering (note 034) and preemption within a
+    team's quota (note 035)."""
     changed = False
+    if src.chance(0.25):
+        team = src.choice(sorted(raw["teams"]))
+        raw["teams"][team]["preemption"] = {"within_team": "lower_priority"}
+        changed = True
     if src.chance(0.15):
         prio = raw.setdefault("priority", {"recalc_s": float(src.integer(1, 20)) * scale})
         prio.setdefault("weights", {})["deadline"] = src.choice([1000.0, 1_000_000.0])

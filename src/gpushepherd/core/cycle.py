@@ -144,7 +144,8 @@ class Turn:
 
     def blocked(self, job: Job, rule: int) -> tuple[int, int]:
         """A refused job: it may preempt (step 5), else take a reservation (step 6) -
-        also when a hard limit refuses it now (it may fit at a later instant)."""
+        also when a hard limit refuses it now (it may fit at a later instant; a limit of
+        a team that allows it may be freed by preempting within the team, note 035)."""
         if job.shape.mode == "share" and rule in (A.FREE, A.CLASS_HOLD, A.CLAIMS):
             self.share_refused = True  # a card opened later in the pass may take it
         if rule == A.CLAIMS and job.cohort is not None:
@@ -156,6 +157,14 @@ class Turn:
                 self.first_blocked = job
             return BLOCKED, rule  # shares neither preempt nor take reservations
         if rule == A.HARD_NOW:
+            within = preemption.within_team(self.book, job)
+            if within:
+                self.materialize()
+                found, until = preemption.plan(self.book, self.adm, self.profile, job, within)
+                if found is not None:
+                    self.begin_preemption(job, *found)
+                    return PREEMPTED, rule
+                self.sched.wake_at(until)
             if self.n_reserved < self.depth:
                 job.lend = True  # its reservation lends its cohort's borrowers its GPUs
                 self.deferred.append(job)

@@ -11,7 +11,10 @@ Candidates:
   nominal quota keeps its guarantee, as Kueue's ``borrowWithinCohort: Never``);
 * *reclaim* - in the job's cohort, while its team stays within its nominal quota once
   admitted: jobs of other members that borrow (hold more than their nominal), of any
-  class or only lower ones (``reclaim: lower_priority``), Kueue's ``reclaimWithinCohort``.
+  class or only lower ones (``reclaim: lower_priority``), Kueue's ``reclaimWithinCohort``;
+* *within a team* - for a job that a limit of a team with ``preemption.within_team:
+  lower_priority`` keeps waiting (rule 2), the evictable jobs of a lower class that count
+  in that limit (Kueue's ``withinClusterQueue: LowerPriority``; note 035).
 
 The plan, on a scratch copy of the allocation (KAI's ``Statement``; nothing is evicted
 unless it works):
@@ -84,9 +87,26 @@ def comes_of_age(book, v: Job) -> float:
     return t
 
 
-def candidates(book, job: Job, reclaim: bool, young: bool = False) -> list[Job]:
+def within_team(book, job: Job) -> frozenset:
+    """The ``(limit, user)`` keys of ``job``'s charges under limits of teams that let a
+    job preempt within the team (note 035), when every hard limit that refuses it now is
+    one of them (a limit of another team or a class binding too: no victim inside the
+    team could start it); else empty."""
+    teams = book.rules.within_team
+    if not teams:
+        return frozenset()
+    quota = book.quota
+    limits, usage, current, cohorts = quota.limits, quota.usage, quota.current, quota.cohort_limits
+    binding = [i for i, user, a in job.charges if i not in cohorts and usage.get((i, user), 0) + a > current[i]]
+    if not binding or any(limits[i].team not in teams for i in binding):
+        return frozenset()
+    return frozenset((i, user) for i, user, _a in job.charges if limits[i].team in teams)
+
+
+def candidates(book, job: Job, reclaim: bool, young: bool = False, within: frozenset = frozenset()) -> list[Job]:
     """The jobs that may be evicted for ``job``, in victim order; with ``young`` only
-    those that may not be yet (``comes_of_age``)."""
+    those that may not be yet (``comes_of_age``); ``within``: also the lower-class jobs
+    charged in these ``(limit, user)`` keys (``within_team``)."""
     now = book.now
     prio = job.cls.priority
     out: dict[str, Job] = {}
@@ -119,20 +139,26 @@ def candidates(book, job: Job, reclaim: bool, young: bool = False) -> list[Job]:
                 continue
             if eligible(v):
                 out[v.id] = v
+    if within:
+        for q, jobs in book.evictable.items():
+            if q < prio:
+                for v in jobs.values():
+                    if v.id not in out and eligible(v) and any((i, u) in within for i, u, _a in v.run_charges):
+                        out[v.id] = v
     return sorted(out.values(), key=lambda v: v.vkey)
 
 
-def plan(book, admission: Admission, profile: Profile | None, job: Job) -> tuple[tuple[list[Job], Verdict] | None,
-                                                                                   float]:
+def plan(book, admission: Admission, profile: Profile | None, job: Job,
+         within: frozenset = frozenset()) -> tuple[tuple[list[Job], Verdict] | None, float]:
     """A victim set for ``job`` and the admission verdict it then gets (``None``: no set
     works), and, on a failure, the instant a too-young job comes of age that would make
-    a set work (``INF``: none would)."""
+    a set work (``INF``: none would). ``within``: as ``candidates``."""
     reclaim = may_reclaim(book, job)
-    cands = candidates(book, job, reclaim)
+    cands = candidates(book, job, reclaim, within=within)
     found = _plan_with(book, admission, profile, job, cands) if cands else None
     if found is not None:
         return found, INF
-    young = candidates(book, job, reclaim, young=True)
+    young = candidates(book, job, reclaim, young=True, within=within)
     if not young:
         return None, INF
     # would it work once the young ones come of age? then that is when to look again

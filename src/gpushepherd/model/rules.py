@@ -262,6 +262,9 @@ class Rules:
     pricing: Pricing | None = None
     #: ``(team, class)`` queues that are strict FIFO by ``teams.T.classes.C.queueing``
     strict_queues: frozenset[tuple[str, str]] = frozenset()
+    #: teams whose limits a job may preempt lower-class jobs of the team for
+    #: (``teams.T.preemption.within_team: lower_priority``, note 035)
+    within_team: frozenset[str] = frozenset()
 
     def cohort_of(self, team: str, class_pools: tuple[str, ...] | None = None) -> tuple[Cohort, CohortMember] | None:
         """The cohort a job of ``team`` (through itself or an ancestor) whose class may

@@ -506,6 +506,8 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
         pricing=pricing,
         strict_queues=frozenset((name, cname) for name, team in spec.teams.items()
                                 for cname, lim in team.classes.items() if lim.queueing == "strict_fifo"),
+        within_team=frozenset(name for name, team in spec.teams.items()
+                              if team.preemption.within_team == "lower_priority"),
     )
 
 

@@ -391,6 +391,18 @@ class TeamClassLimit(_Strict):
         "same nodes (other teams' jobs are not held back); unset: the class's `queueing`.", "strict_fifo"))
 
 
+class TeamPreemptionSpec(_Strict):
+    """Preemption inside a team's own quota (Kueue's ``withinClusterQueue``, Slurm's QOS
+    preemption inside an account; note 035)."""
+
+    within_team: Literal["never", "lower_priority"] = Field("never", **doc(
+        "A job that only a limit of this team keeps waiting (`max_gpus`, `max_running_jobs`, per user, per class) "
+        "may preempt the team's running jobs of a lower class that count in that limit (`lower_priority`), or not "
+        "(`never`, the default). For a parent team: its limit, its and its child teams' jobs. Victims are "
+        "preemptible jobs past `preemption.min_runtime_s`, chosen as any preemption's; they get their grace "
+        "period.", "lower_priority"))
+
+
 class TeamSpec(_Strict):
     """A team (Slurm account, Kueue ClusterQueue).
 
@@ -429,6 +441,8 @@ class TeamSpec(_Strict):
     windows: list[WindowSpec] = Field(default_factory=list, **doc(
         "The team's limits that change with the time of day and week.", [{"days": ["sat", "sun"], "max_gpus": 8}]))
     description: str = Field("", **doc("Free text (the team's owner, ...).", "owned by the ML platform team"))
+    preemption: TeamPreemptionSpec = Field(default_factory=TeamPreemptionSpec, **doc(
+        "Preemption inside the team's own quota.", {"within_team": "lower_priority"}))
     members: Annotated[list[Member], Field(max_length=MAX_MEMBERS)] | None = Field(None, **doc(
         "Who may submit for the team, cancel its jobs and read their logs (note 025): Unix user names, or "
         "`@group` for a Unix group (resolved at each check). Unset: the tokens' teams decide; `[]`: admins only.",
