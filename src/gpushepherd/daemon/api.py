@@ -1026,7 +1026,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     @app.get("/usage")
     def usage() -> dict:
-        """Per team: GPUs in use, decayed usage (GPU-seconds), fair-share factor."""
+        """Per team: GPUs in use, decayed usage (GPU-seconds), fair-share factor; and
+        ``idle_threshold_pct``, the utilisation % under which a held GPU counts as idle."""
         with daemon.lock:
             return daemon.usage_view()
 

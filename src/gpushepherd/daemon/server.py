@@ -2218,7 +2218,8 @@ class Daemon:
 
     def usage_view(self) -> dict:
         """What ``GET /usage`` shows: per team GPUs in use (fractions for shares), decayed
-        usage in GPU-seconds at the core's time, fair-share factor in [0, 1]."""
+        usage in GPU-seconds at the core's time, fair-share factor in [0, 1]; and the
+        utilisation % under which a held GPU counts as idle (``/ui``, note 029)."""
         sched = self.sched
         t = sched.now
         used = {row[1] for row in sched.usage.snapshot(t) if row and row[0] == "team"} if t != float("-inf") else set()
@@ -2226,6 +2227,7 @@ class Daemon:
         in_use: Counter = Counter()
         for job in sched.holding():
             in_use[job.spec.team] += job.fraction
-        return {"t": t, "teams": [{"team": team, "gpus_in_use": in_use[team],
+        return {"t": t, "idle_threshold_pct": self.metrics.idle_threshold_pct,
+                "teams": [{"team": team, "gpus_in_use": in_use[team],
                                    "decayed_usage_gpu_s": sched.usage.value(("team", team), t),
                                    "fair_share_factor": sched.fair_share_factor(team)} for team in teams]}
