@@ -432,3 +432,46 @@ def test_ui_queue_pages_through_get_jobs_pages(tmp_path, browser):
     finally:
         flag.touch()
         s.stop()
+
+
+@pytest.mark.browser
+def test_ui_report_page_scoped_by_the_token_with_a_daily_chart_per_team(tmp_path, browser, shots, capsys):
+    from selenium.webdriver.common.by import By
+
+    s = ui_server(tmp_path)
+    admin = create_token(s.data, "--user", "root", "--admin")
+    ml = create_token(s.data, "--user", "ana", "--team", "ml")
+    s.token = admin
+    s.start()
+    try:
+        jobs = [s.submit("import time; time.sleep(0.3)"), s.submit("import time; time.sleep(0.3)", team="cv", user="bo")]
+        for j in jobs:
+            s.wait_state(j, "COMPLETED")
+        browser.get(s.url + "/ui/#report")
+        until(browser, "the token form", "return !document.getElementById('login').hidden")
+        browser.find_element(By.ID, "token").send_keys(ml)
+        browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+        until(browser, "ml's daily chart", "return document.querySelector(\"#report-daily figure[data-team='ml']\")")
+        assert browser.execute_script("return [...document.querySelectorAll('#report-daily figure')]"
+                                      ".map(f => f.dataset.team)") == ["ml"]
+        assert "teams ml" in text_of(browser, "#report-scope") and "UTC" in text_of(browser, "#tz")
+        api = httpx.get(s.url + "/report", headers={"Authorization": f"Bearer {ml}"}, timeout=60).json()
+        bars = browser.execute_script("return [...document.querySelectorAll(\"#report-daily figure[data-team='ml'] "
+                                      "rect\")].map(r => [r.dataset.day, Number(r.dataset.value)])")
+        assert bars == [[d, v] for d, v in zip(api["daily"]["days"], api["daily"]["teams"]["ml"])]
+        cells = browser.execute_script("return [...document.querySelectorAll(\"section[data-table='usage_by_team'] "
+                                       "tbody tr\")].map(r => r.firstChild.textContent)")
+        assert cells == ["ml"]
+        assert browser.execute_script("return document.querySelectorAll(\"section[data-table='idle_gaps']\").length") == 0
+        save_shot(browser, shots, "ui-report.png", capsys)
+        browser.set_window_size(1024, 900)
+        width, client = no_sideways_scroll(browser)
+        assert client <= 1024 and width <= client, (width, client)
+
+        # a bad range is named on the page
+        browser.find_element(By.ID, "r-from").send_keys("not-a-date")
+        browser.find_element(By.CSS_SELECTOR, "#report-range button[type=submit]").click()
+        until(browser, "the refused range", "return document.getElementById('report-error').textContent")
+        assert "'not-a-date' is not allowed" in text_of(browser, "#report-error")
+    finally:
+        s.stop()

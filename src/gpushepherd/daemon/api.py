@@ -53,6 +53,7 @@ from gpushepherd.daemon.jobpages import (MAX_PAGE_LIMIT, PAGE_LIMIT, JobIndex, d
 from gpushepherd.daemon.jobquery import JOB_NAME_RULE, JobFilter, QueryError, check_job_name
 from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.policy_change import PolicyConflict
+from gpushepherd.daemon.report_api import mount_report
 from gpushepherd.daemon.server import Daemon, IdempotencyConflict, JobActionRefused
 from gpushepherd.daemon.store import StorageUnavailable, audit_row, storage_reason
 from gpushepherd.daemon.ui import mount_ui
@@ -1034,5 +1035,6 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     from gpushepherd.daemon.services_api import mount_services  # it builds on SubmitBody
 
     mount_services(app, daemon, principal)  # inference services (note 014)
+    mount_report(app, daemon, principal)  # the report and what-if, scoped by the caller's teams (note 029)
     mount_ui(app, daemon.store.batches)  # the dashboard (note 012): after the API's routes
     return app

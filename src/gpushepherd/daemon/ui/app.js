@@ -325,9 +325,12 @@
   }
 
   // -- the report (note 029): GET /report, scoped by the token's teams
+  // two decimals, or three significant digits below 0.01 (a short job's GPU-hours is not "0.00")
+  const hours = (v) => (v !== 0 && Math.abs(v) < 0.01 ? v.toPrecision(3) : v.toFixed(2));
+
   function cell(v) {
     if (v === null || v === undefined) return "-";
-    if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toFixed(2);
+    if (typeof v === "number") return Number.isInteger(v) ? String(v) : hours(v);
     return String(v);
   }
 
@@ -340,14 +343,14 @@
       const bars = daily.teams[t].map((v, i) => svg("rect", {
         x: left + i * barW + 2, y: H - bottom - (H - bottom - 10) * v / max, width: Math.max(1, barW - 4),
         height: (H - bottom - 10) * v / max, class: "bar-day", "data-day": days[i], "data-value": v},
-        svg("title", {}, `${days[i]}: ${v.toFixed(2)} GPU-hours`)));
+        svg("title", {}, `${days[i]}: ${hours(v)} GPU-hours`)));
       const labels = days.map((d, i) => svg("text", {x: left + i * barW + barW / 2, y: H - 6, "text-anchor": "middle",
                                                      class: "axis"}, d.slice(5)));
-      const axis = [svg("text", {x: left - 4, y: 14, "text-anchor": "end", class: "axis"}, max.toFixed(1)),
+      const axis = [svg("text", {x: left - 4, y: 14, "text-anchor": "end", class: "axis"}, hours(max)),
                     svg("text", {x: left - 4, y: H - bottom, "text-anchor": "end", class: "axis"}, "0"),
                     svg("line", {x1: left, y1: H - bottom, x2: W, y2: H - bottom, class: "axis-line"})];
       return el("figure", {className: "daily", dataset: {team: t}},
-        el("figcaption", {}, `${t}: ${daily.teams[t].reduce((a, b) => a + b, 0).toFixed(2)} GPU-hours`),
+        el("figcaption", {}, `${t}: ${hours(daily.teams[t].reduce((a, b) => a + b, 0))} GPU-hours`),
         svg("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `GPU-hours per day of team ${t}`},
             ...axis, ...bars, ...labels));
     });
