@@ -162,3 +162,27 @@ def test_cursor_and_limit_parse_round_trip_and_refuse_the_rest():
         with pytest.raises(QueryError) as exc:
             parse_limit(bad)
         assert exc.value.field == "limit"
+
+
+def test_shepherd_queue_reads_every_page(served, monkeypatch):
+    import json
+
+    from builders import route_cli_to
+
+    from gpushepherd.cli import daemon as cli_daemon
+
+    client, submit, _d = served
+    made = [submit(user=f"u{i}") for i in range(5)]
+    run = route_cli_to(client, monkeypatch)
+    asked = []
+    real = cli_daemon._request
+
+    def spy(server, method, path, token=None, **kw):
+        asked.append(dict(kw.get("params") or {}))
+        return real(server, method, path, token=token, **kw)
+    monkeypatch.setattr(cli_daemon, "_request", spy)
+    monkeypatch.setattr(cli_daemon, "QUEUE_PAGE", 2)
+    code, out, err = run("queue", "--json")
+    assert code == 0, err
+    assert [j["id"] for j in json.loads(out)] == made
+    assert [p.get("limit") for p in asked] == ["2", "2", "2"] and "cursor" not in asked[0] and asked[2]["cursor"]
