@@ -171,3 +171,16 @@ def test_whatif_refuses_a_bad_policy_or_range_naming_the_field(served):
     assert r.json()["detail"][0]["loc"] == ["body", "from"] and "'soon' is not allowed" in r.json()["detail"][0]["msg"]
     r = client.post("/whatif", json={"policy": yaml.safe_load(POLICY), "extra": 1}, headers=auth(tokens["admin"]))
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "extra"], r.text
+
+
+def test_whatif_takes_the_policy_as_text_too_and_names_a_yaml_error(served):
+    client, tokens = served
+    text = POLICY.replace("gpus: 4", "gpus: 1").replace("nominal_gpus: 2", "max_gpus: 1")
+    r = client.post("/whatif", json={"policy_yaml": text}, headers=auth(tokens["ml"]))
+    assert r.status_code == 200, r.text
+    assert [(x["by"], x["group"], x["rejected_proposed"]) for x in r.json()["rows"]] == [("team", "ml", 1)]
+    r = client.post("/whatif", json={"policy_yaml": "name: [unclosed"}, headers=auth(tokens["ml"]))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "policy_yaml"], r.text
+    assert "not YAML at line 1" in r.json()["detail"][0]["msg"]
+    r = client.post("/whatif", json={"policy_yaml": text, "policy": {}}, headers=auth(tokens["ml"]))
+    assert r.status_code == 422 and "exactly one of policy" in r.text

@@ -8,6 +8,7 @@ Screenshots go to ``--screenshot-dir DIR`` or a temporary folder the test prints
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -467,6 +468,21 @@ def test_ui_report_page_scoped_by_the_token_with_a_daily_chart_per_team(tmp_path
         browser.set_window_size(1024, 900)
         width, client = no_sideways_scroll(browser)
         assert client <= 1024 and width <= client, (width, client)
+
+        # what-if: the policy in force to start from, the rows of the token's team beside each other
+        assert json.loads(browser.find_element(By.ID, "w-policy").get_attribute("value"))["name"] == "daemon-test"
+        browser.find_element(By.CSS_SELECTOR, "#whatif button[type=submit]").click()
+        rows = "return [...document.querySelectorAll(\"section[data-table='current_beside_proposed'] tbody tr\")]" \
+               ".map(r => [...r.children].slice(0, 3).map(c => c.textContent))"
+        until(browser, "the what-if rows", rows + ".length")
+        assert browser.execute_script(rows) == [["team", "ml", "1"]]
+        heads = browser.execute_script("return [...document.querySelectorAll(\"section[data-table="
+                                       "'current_beside_proposed'] th\")].map(h => h.textContent)")
+        assert "wait mean s current" in heads and "wait mean s proposed" in heads
+        browser.execute_script("document.getElementById('w-policy').value = 'name: [unclosed'")
+        browser.find_element(By.CSS_SELECTOR, "#whatif button[type=submit]").click()
+        until(browser, "the refused policy", "return document.getElementById('whatif-error').textContent")
+        assert "not YAML at line 1" in text_of(browser, "#whatif-error")
 
         # a bad range is named on the page
         browser.find_element(By.ID, "r-from").send_keys("not-a-date")

@@ -22,7 +22,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpushepherd.daemon.auth import Principal
 
@@ -160,10 +160,38 @@ class WhatIfBody(BaseModel):
     """A proposed policy to replay the log's jobs under (``shepherd whatif``)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    policy: dict = Field(description="the proposed policy file's parsed YAML (see docs/policy.md)")
+    policy: dict | None = Field(None, description="the proposed policy file's parsed YAML (see docs/policy.md)")
+    policy_yaml: str | None = Field(None, description="or the policy file's text (YAML or JSON), as /ui sends it")
     from_: str | None = Field(None, alias="from", max_length=64, description="start: ISO time (the policy's zone) "
                               "or epoch seconds; default 7 days before 'to'")
     to: str | None = Field(None, max_length=64, description="end (excluded); default the last event")
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> WhatIfBody:
+        if (self.policy is None) == (self.policy_yaml is None):
+            raise ValueError("policy: exactly one of policy (the parsed file) and policy_yaml (its text) is allowed")
+        return self
+
+    def proposed(self) -> dict:
+        """The proposed policy as parsed data.
+
+        Raises:
+            ValueError: ``policy_yaml`` that is not YAML, naming the line.
+            TypeError: YAML that is not a mapping.
+        """
+        if self.policy is not None:
+            return self.policy
+        import yaml
+
+        try:
+            raw = yaml.safe_load(self.policy_yaml)
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+            raise ValueError(f"not YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+        if not isinstance(raw, dict):
+            raise TypeError(f"a policy is a mapping (name:, cluster:, classes:, teams: ...), not {type(raw).__name__}")
+        return raw
 
 
 def mount_report(app: FastAPI, daemon, principal) -> ReplayCache:
@@ -236,7 +264,12 @@ def mount_report(app: FastAPI, daemon, principal) -> ReplayCache:
         try:
             rp, hist = replayed()
             try:
-                proposed = policy_from_dict(json.loads(json.dumps(body.policy, default=str)), "<whatif>")
+                raw = body.proposed()
+            except (ValueError, TypeError) as exc:
+                return JSONResponse(status_code=422, content={"detail": [
+                    {"loc": ["body", "policy_yaml"], "msg": f"policy_yaml: {exc}", "type": "value_error"}]})
+            try:
+                proposed = policy_from_dict(json.loads(json.dumps(raw, default=str)), "<whatif>")
             except PolicyError as exc:
                 return JSONResponse(status_code=422, content={"detail": [
                     {"loc": ["body", "policy"], "msg": str(exc), "type": "policy", "field": getattr(exc, "path", "")}]})

@@ -69,6 +69,20 @@
 
   const getJson = async (path) => (await get(path)).json();
 
+  async function post(path, body) {
+    const headers = {"Content-Type": "application/json"};
+    if (token()) headers["Authorization"] = "Bearer " + token();
+    const r = await fetch(path, {method: "POST", headers, body: JSON.stringify(body), cache: "no-store"});
+    let data = null;
+    try { data = await r.json(); } catch (e) { /* not JSON */ }
+    if (r.status === 401) throw new AuthError((data && data.detail) || "a token is needed");
+    if (!r.ok) {
+      const d = data && data.detail;
+      throw new RefusedError(Array.isArray(d) ? d.map((x) => x.msg).join("; ") : String(d || "HTTP " + r.status));
+    }
+    return data;
+  }
+
   const fmtNum = (v, digits) => (v === null || v === undefined) ? "-" : Number(v).toFixed(digits);
   const fmtGpus = (v) => (v === null || v === undefined) ? "-" : String(Math.round(v * 1000) / 1000);
 
@@ -364,17 +378,39 @@
       (rep.scope.teams === null ? "all teams" : "teams " + (rep.scope.teams.join(", ") || "(none)")) +
       (rep.currency ? `; cost in ${rep.currency}` : "");
     renderDaily(rep.daily);
-    const tables = Object.entries(rep.tables).map(([name, rows]) => {
-      const cols = rows.length ? Object.keys(rows[0]) : [];
-      return el("section", {className: "report-table", dataset: {table: name}},
-        el("h3", {}, name.replace(/_/g, " ")),
-        rows.length ? el("table", {},
-          el("thead", {}, el("tr", {}, ...cols.map((c) => el("th", {}, c.replace(/_/g, " "))))),
-          el("tbody", {}, ...rows.map((r) => el("tr", {}, ...cols.map((c) =>
-            el("td", {className: typeof r[c] === "number" ? "num" : ""}, cell(r[c]))))))) :
-          el("p", {className: "small"}, "none"));
-    });
-    $("report-tables").replaceChildren(...tables);
+    $("report-tables").replaceChildren(...Object.entries(rep.tables).map(([name, rows]) => tableOf(name, rows)));
+  }
+
+  function tableOf(name, rows) {
+    const cols = rows.length ? Object.keys(rows[0]) : [];
+    return el("section", {className: "report-table", dataset: {table: name}},
+      el("h3", {}, name.replace(/_/g, " ")),
+      rows.length ? el("table", {},
+        el("thead", {}, el("tr", {}, ...cols.map((c) => el("th", {}, c.replace(/_/g, " "))))),
+        el("tbody", {}, ...rows.map((r) => el("tr", {}, ...cols.map((c) =>
+          el("td", {className: typeof r[c] === "number" ? "num" : ""}, cell(r[c]))))))) :
+        el("p", {className: "small"}, "none"));
+  }
+
+  // -- what-if (note 029): POST /whatif with the text of the proposed policy
+  async function runWhatIf() {
+    const body = {policy_yaml: $("w-policy").value};
+    if ($("r-from").value.trim()) body.from = $("r-from").value.trim();
+    if ($("r-to").value.trim()) body.to = $("r-to").value.trim();
+    $("whatif-error").textContent = "";
+    $("whatif-status").textContent = "replaying the jobs under both policies...";
+    try {
+      const out = await post(API + "whatif", body);
+      $("whatif-status").textContent = `${fmtClock(out.from)} to ${fmtClock(out.to)}; ` +
+        (out.scope.teams === null ? "all teams" : "teams " + (out.scope.teams.join(", ") || "(none)"));
+      $("whatif-result").replaceChildren(tableOf("current_beside_proposed", out.rows),
+                                         tableOf("rejected", out.rejected),
+                                         tableOf("not_replayed", out.not_replayed));
+    } catch (e) {
+      $("whatif-status").textContent = "";
+      if (e instanceof AuthError) { askToken(e.message); return; }
+      $("whatif-error").textContent = e.message;
+    }
   }
 
   async function refreshReport() {
@@ -435,6 +471,7 @@
       if (r.view === "job") {
         await renderJob(r.job);
       } else if (r.view === "report") {
+        if (!$("w-policy").value) $("w-policy").value = JSON.stringify(policy.policy || {}, null, 2);
         await refreshReport();
       } else {
         let page;
@@ -493,6 +530,7 @@
     });
     $("page-first").addEventListener("click", () => { pager.cursors = [null]; refresh(); });
     $("report-range").addEventListener("submit", (ev) => { ev.preventDefault(); refresh(); });
+    $("whatif").addEventListener("submit", (ev) => { ev.preventDefault(); runWhatIf(); });
     window.addEventListener("hashchange", () => {
       const now = route();
       if (now.view === "cluster") setFilters(now);
