@@ -461,3 +461,26 @@ def test_tails_by_size_and_fairness_across_users_equal_the_hand_computation(week
     assert fair["users"] == 2 and fair["worst_user"] == "dan"
     assert fair["worst_mean_slowdown"] == pytest.approx(dan)
     assert fair["value"] == pytest.approx((1 + dan) ** 2 / (2 * (1 + dan ** 2)))
+
+
+def test_a_simulator_page_writes_days_from_the_trace_start_and_a_report_its_zone(week, tmp_path):
+    """Issue 18 point 10: trace time as days from the start, never 1970 dates; the
+    daemon's report in the policy's zone, named on the axis and the page."""
+    from gpushepherd.report.render import time_axis, when
+
+    page = tmp_path / "sim.html"
+    res = CliRunner().invoke(app, ["simulate", "--days", "45.0:45.2", "--no-progress", "--html", str(page)])
+    assert res.exit_code == 0, res.output
+    text = page.read_text()
+    assert "1970" not in text and "From day 45." in text
+
+    store = Store(Store.sqlite_url(week))
+    rep = build_report(History.from_store(store), MON, MON + 7 * 86400)
+    store.close()
+    xs, label = time_axis(rep, [rep.t_start, rep.t_start + 3600.0])
+    assert label == f"time ({POLICY['clock']['timezone']})"
+    assert xs[0].utcoffset() is not None and (xs[1] - xs[0]).total_seconds() == 3600.0
+    assert when(rep, rep.t_start) == rep.local(rep.t_start).strftime("%Y-%m-%d %H:%M")
+    rep.time_axis = "days"
+    assert time_axis(rep, [0.0, 86400.0 * 1.5]) == ([0.0, 1.5], "days from the start of the trace")
+    assert when(rep, 86400.0 * 45.2) == "day 45.20"

@@ -8,6 +8,7 @@ Screenshots go to ``--screenshot-dir DIR`` or a temporary folder the test prints
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -219,7 +220,8 @@ def test_ui_shows_the_pending_reason_the_gpu_holders_and_escapes_user_input(tmp_
 
         # it refreshes itself: the pending job runs once the others end (ended jobs shown on request)
         flag.touch()
-        browser.find_element(By.ID, "show-ended").click()
+        browser.find_element(By.ID, "f-state").send_keys("all")
+        browser.find_element(By.CSS_SELECTOR, "#filters button[type=submit]").click()
         until(browser, "the formerly pending job shown COMPLETED, without a reason",
               "const r = document.querySelector(arguments[0]); return r && r.dataset.state === 'COMPLETED' "
               "&& r.querySelector('td.reason').textContent === ''", f"#queue tr[data-job='{ids['pending']}']")
@@ -262,3 +264,230 @@ def test_ui_with_tokens_asks_for_one_and_shows_nothing_without_it(tmp_path, brow
         flag.touch()
         s.stop()
 
+
+
+# ------------------------------------------------------------------ the three questions (note 029)
+ZONE = "Asia/Kolkata"  # UTC+05:30: a zone no test machine runs in, and off by half an hour
+COHORT_POLICY = f"""\
+name: ui-cohort
+clock: {{timezone: {ZONE}}}
+cluster:
+  nodes:
+    - {{name: local, gpus: 4, gpu_type: FAKE, gpu_mem_mib: 16384}}
+classes:
+  batch: {{grace_period_s: 2}}
+teams:
+  ml: {{nominal_gpus: 1}}
+  cv: {{nominal_gpus: 3}}
+cohorts:
+  research: {{members: [ml, cv]}}
+"""
+
+
+def spinning(flag: Path) -> str:
+    """A job's code that keeps a CPU busy (the static inventory's utilisation) until ``flag``."""
+    return f"import os\nwhile not os.path.exists({str(flag)!r}):\n    pass\n"
+
+
+def in_zone(t: float) -> str:
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    return datetime.fromtimestamp(t, ZoneInfo(ZONE)).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def no_sideways_scroll(drv) -> tuple[int, int]:
+    return drv.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+
+
+@pytest.mark.browser
+def test_ui_answers_the_three_questions_job_page_filters_idle_gpus_borrowing_one_zone(tmp_path, browser, shots,
+                                                                                       capsys):
+    from selenium.webdriver.common.by import By
+
+    s = Server(tmp_path)
+    s.policy.write_text(COHORT_POLICY)
+    s.start()
+    flag = tmp_path / "go"
+    try:
+        busy_job = s.submit(spinning(flag), time_limit_s=3600)  # time limits: the pending job gets an estimate
+        idle_job = s.submit(wait_for_file(flag), time_limit_s=3600)
+        talk = s.submit("import sys\nprint('hello-stdout', flush=True)\nprint('to-stderr', file=sys.stderr, "
+                        "flush=True)\n" + wait_for_file(flag), team="cv", user="bo", time_limit_s=3600)
+        for j in (busy_job, idle_job, talk):
+            s.wait_state(j, "RUNNING")
+        waiting = s.submit(wait_for_file(flag), gpus=2, name="big", time_limit_s=600)
+        assert s.job(waiting)["state"] == "PENDING"
+
+        browser.get(s.url + "/ui/")
+        until(browser, "the zone in the header", "return document.getElementById('tz').textContent")
+        assert text_of(browser, "#tz") == f"times in {ZONE}"
+
+        # allocated-but-idle: the GPU of the job that sleeps, not the one that spins
+        gpu_of = {j: s.job(j)["placement"].split(":")[1] for j in (busy_job, idle_job)}
+        until(browser, "the sleeping job's GPU marked idle",
+              "const g = document.querySelector(`#nodes .gpu[data-gpu='${arguments[0]}']`); "
+              "return g && g.classList.contains('idle')", gpu_of[idle_job])
+        idle_gpu = f"#nodes .gpu[data-gpu='{gpu_of[idle_job]}']"
+        assert "allocated, idle" in text_of(browser, idle_gpu)
+        assert browser.execute_script("return document.querySelector(arguments[0]).classList.contains('idle')",
+                                      f"#nodes .gpu[data-gpu='{gpu_of[busy_job]}']") is False
+        free = [g for g in browser.execute_script(
+            "return [...document.querySelectorAll('#nodes .gpu')].map(g => [g.dataset.gpu, g.className])")
+            if "busy" not in g[1]]
+        assert len(free) == 1 and "idle" not in free[0][1]
+
+        # cohort borrowing: ml holds 2 GPUs on a nominal 1 in cohort research; cv 1 of 3
+        until(browser, "the usage rows", "return document.querySelector(\"#usage tr[data-team='ml']\")")
+        row = "return [...document.querySelectorAll(`#usage tr[data-team='${arguments[0]}'] td`)].map(t => t.textContent)"
+        ml, cv = browser.execute_script(row, "ml"), browser.execute_script(row, "cv")
+        assert ml[0:4] == ["ml", "2", "1", "-"] and ml[5:7] == ["research", "borrowing 1 GPU from research"]
+        assert cv[5:7] == ["research", "0"]
+
+        # the pending job's estimated start is written in the policy's zone
+        est = wait_for("the pending job's estimate", lambda: s.job(waiting)["estimated_start"])
+        cell = f"#queue tr[data-job='{waiting}'] td.estimate"
+        until(browser, "the pending job's estimate on the page", "const n = document.querySelector(arguments[0]); "
+              "return n && n.textContent", cell)
+        assert text_of(browser, cell).startswith("\u2264 " + in_zone(est))  # an upper bound: time limits
+        save_shot(browser, shots, "ui-three-questions.png", capsys)
+
+        # filters: team, then state (Slurm's word); kept in the URL
+        browser.find_element(By.ID, "f-team").send_keys("cv")
+        browser.find_element(By.CSS_SELECTOR, "#filters button[type=submit]").click()
+        shown = "return [...document.querySelectorAll('#queue tbody tr[data-job]')].map(r => r.dataset.job)"
+        until(browser, "only cv's job", f"return JSON.stringify(({shown.replace('return ', '')})) === "
+              f"JSON.stringify([{talk!r}])")
+        assert browser.execute_script("return location.hash") == "#team=cv"
+        browser.find_element(By.ID, "f-clear").click()
+        browser.find_element(By.ID, "f-state").send_keys("PD")
+        browser.find_element(By.CSS_SELECTOR, "#filters button[type=submit]").click()
+        until(browser, "only the pending job", f"return JSON.stringify(({shown.replace('return ', '')})) === "
+              f"JSON.stringify([{waiting!r}])")
+        browser.find_element(By.ID, "f-state").clear()
+        browser.find_element(By.ID, "f-state").send_keys("nope")
+        browser.find_element(By.CSS_SELECTOR, "#filters button[type=submit]").click()
+        until(browser, "the refused filter named", "return document.getElementById('filter-error').textContent")
+        assert "'nope' is not allowed" in text_of(browser, "#filter-error")
+        browser.find_element(By.ID, "f-clear").click()
+
+        # a page per job: history with reasons in the zone, output, utilisation
+        until(browser, "cv's job in the queue", "return document.querySelector(arguments[0])",
+              f"#queue tr[data-job='{talk}'] a.job-link")
+        browser.find_element(By.CSS_SELECTOR, f"#queue tr[data-job='{talk}'] a.job-link").click()
+        until(browser, "the job's output", "return document.getElementById('job-stdout').textContent"
+              ".includes('hello-stdout')")
+        assert browser.execute_script("return location.hash") == f"#job={talk}"
+        assert text_of(browser, "#job-title") == f"job {talk}"
+        assert "to-stderr" in text_of(browser, "#job-stderr")
+        view = s.job(talk)
+        rows = browser.execute_script("return [...document.querySelectorAll('#job-history tbody tr')]"
+                                      ".map(r => [...r.children].map(c => c.textContent))")
+        assert rows == [[in_zone(h["t"]), h["from"], h["to"], h["reason"] or ""] for h in view["history"]]
+        assert text_of(browser, "dd[data-field='class / team / user']") == "batch / cv / bo"
+        assert text_of(browser, "dd[data-field='submitted']").startswith(in_zone(view["submit_time"]))
+        until(browser, "a utilisation sample on the job page",
+              "return !document.querySelector(\"dd[data-field='GPU utilisation']\").textContent.startsWith('-')")
+        browser.get(s.url + f"/ui/#job={waiting}")
+        until(browser, "the pending job's page", "return document.getElementById('job-title').textContent === "
+              "arguments[0]", f"job {waiting} (big)")
+        until(browser, "its reason", "return document.querySelector(\"dd[data-field='reason']\").textContent "
+              "!== '-'")
+        assert text_of(browser, "dd[data-field='reason']") == s.job(waiting)["reason"]
+        save_shot(browser, shots, "ui-job.png", capsys)
+
+        # no sideways scroll at 1024 px, on the cluster page and on a job's page
+        browser.set_window_size(1024, 900)
+        for path in (f"/ui/#job={talk}", "/ui/"):
+            browser.get(s.url + path)
+            until(browser, "the page drawn", "return document.getElementById('status').textContent.startsWith("
+                  "'policy')")
+            width, client = no_sideways_scroll(browser)
+            assert client <= 1024 and width <= client, (path, width, client)
+        save_shot(browser, shots, "ui-1024.png", capsys)
+    finally:
+        flag.touch()
+        s.stop()
+
+
+@pytest.mark.browser
+def test_ui_queue_pages_through_get_jobs_pages(tmp_path, browser):
+    s = ui_server(tmp_path).start()
+    flag = tmp_path / "go"
+    try:
+        ids = [s.submit(wait_for_file(flag))]
+        s.wait_state(ids[0], "RUNNING")  # the others need all 4 GPUs: they pend
+        ids += [s.submit(wait_for_file(flag), gpus=4, team="cv", user="bo") for _ in range(104)]
+        browser.get(s.url + "/ui/")
+        shown = "return [...document.querySelectorAll('#queue tbody tr[data-job]')].map(r => r.dataset.job)"
+        until(browser, "the first page", shown + ".length === 100")
+        assert browser.execute_script(shown) == ids[:100]
+        assert text_of(browser, "#page-info") == "page 1"
+        browser.find_element("id", "page-next").click()
+        until(browser, "the second page", "return document.getElementById('page-info').textContent === "
+              "'page 2 (the last)'")
+        assert browser.execute_script(shown) == ids[100:]
+        assert browser.execute_script("return document.getElementById('page-next').disabled")
+        browser.find_element("id", "page-first").click()
+        until(browser, "the first page again", "return document.getElementById('page-info').textContent === 'page 1'")
+    finally:
+        flag.touch()
+        s.stop()
+
+
+@pytest.mark.browser
+def test_ui_report_page_scoped_by_the_token_with_a_daily_chart_per_team(tmp_path, browser, shots, capsys):
+    from selenium.webdriver.common.by import By
+
+    s = ui_server(tmp_path)
+    admin = create_token(s.data, "--user", "root", "--admin")
+    ml = create_token(s.data, "--user", "ana", "--team", "ml")
+    s.token = admin
+    s.start()
+    try:
+        jobs = [s.submit("import time; time.sleep(0.3)"), s.submit("import time; time.sleep(0.3)", team="cv", user="bo")]
+        for j in jobs:
+            s.wait_state(j, "COMPLETED")
+        browser.get(s.url + "/ui/#report")
+        until(browser, "the token form", "return !document.getElementById('login').hidden")
+        browser.find_element(By.ID, "token").send_keys(ml)
+        browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+        until(browser, "ml's daily chart", "return document.querySelector(\"#report-daily figure[data-team='ml']\")")
+        assert browser.execute_script("return [...document.querySelectorAll('#report-daily figure')]"
+                                      ".map(f => f.dataset.team)") == ["ml"]
+        assert "teams ml" in text_of(browser, "#report-scope") and "UTC" in text_of(browser, "#tz")
+        api = httpx.get(s.url + "/report", headers={"Authorization": f"Bearer {ml}"}, timeout=60).json()
+        bars = browser.execute_script("return [...document.querySelectorAll(\"#report-daily figure[data-team='ml'] "
+                                      "rect\")].map(r => [r.dataset.day, Number(r.dataset.value)])")
+        assert bars == [[d, v] for d, v in zip(api["daily"]["days"], api["daily"]["teams"]["ml"])]
+        cells = browser.execute_script("return [...document.querySelectorAll(\"section[data-table='usage_by_team'] "
+                                       "tbody tr\")].map(r => r.firstChild.textContent)")
+        assert cells == ["ml"]
+        assert browser.execute_script("return document.querySelectorAll(\"section[data-table='idle_gaps']\").length") == 0
+        save_shot(browser, shots, "ui-report.png", capsys)
+        browser.set_window_size(1024, 900)
+        width, client = no_sideways_scroll(browser)
+        assert client <= 1024 and width <= client, (width, client)
+
+        # what-if: the policy in force to start from, the rows of the token's team beside each other
+        assert json.loads(browser.find_element(By.ID, "w-policy").get_attribute("value"))["name"] == "daemon-test"
+        browser.find_element(By.CSS_SELECTOR, "#whatif button[type=submit]").click()
+        rows = "return [...document.querySelectorAll(\"section[data-table='current_beside_proposed'] tbody tr\")]" \
+               ".map(r => [...r.children].slice(0, 3).map(c => c.textContent))"
+        until(browser, "the what-if rows", rows + ".length")
+        assert browser.execute_script(rows) == [["team", "ml", "1"]]
+        heads = browser.execute_script("return [...document.querySelectorAll(\"section[data-table="
+                                       "'current_beside_proposed'] th\")].map(h => h.textContent)")
+        assert "wait mean s current" in heads and "wait mean s proposed" in heads
+        browser.execute_script("document.getElementById('w-policy').value = 'name: [unclosed'")
+        browser.find_element(By.CSS_SELECTOR, "#whatif button[type=submit]").click()
+        until(browser, "the refused policy", "return document.getElementById('whatif-error').textContent")
+        assert "not YAML at line 1" in text_of(browser, "#whatif-error")
+
+        # a bad range is named on the page
+        browser.find_element(By.ID, "r-from").send_keys("not-a-date")
+        browser.find_element(By.CSS_SELECTOR, "#report-range button[type=submit]").click()
+        until(browser, "the refused range", "return document.getElementById('report-error').textContent")
+        assert "'not-a-date' is not allowed" in text_of(browser, "#report-error")
+    finally:
+        s.stop()

@@ -1393,6 +1393,27 @@ def queue_table(jobs: list[dict], fields: list[str], width: int) -> tuple[SafeTa
     return table, dropped
 
 
+#: jobs per page ``shepherd queue`` asks for (``GET /jobs?limit=``, note 029)
+QUEUE_PAGE = 5000
+
+
+def _job_pages(server: str | None, token: str | None, params: dict[str, str]) -> list[dict]:
+    """Every job ``GET /jobs`` answers for ``params``, page by page (note 029: a page
+    costs the server its jobs' views only); a server without pages answers the whole
+    list at once, which is taken as it is."""
+    jobs: list[dict] = []
+    cursor = None
+    while True:
+        page = _request(server, "GET", "/jobs", token=token,
+                        params={**params, "limit": str(QUEUE_PAGE), **({"cursor": cursor} if cursor else {})}).json()
+        if isinstance(page, list):  # a server from before pages: the list
+            return page
+        jobs += page["jobs"]
+        cursor = page["next"]
+        if cursor is None:
+            return jobs
+
+
 def _queue(out, err, server: str | None, token: str | None, *, state: str | None, all_: bool, user: str | None,
            me: bool, team: str | None, name: str | None, fmt: str | None, as_json: bool, start: bool) -> None:
     """``shepherd queue``: filters sent to ``GET /jobs`` (checked here first, naming the
@@ -1435,7 +1456,7 @@ def _queue(out, err, server: str | None, token: str | None, *, state: str | None
         users.append(mine)
     if users:
         params["user"] = ",".join(dict.fromkeys(users))
-    jobs = _request(server, "GET", "/jobs", token=token, params=params).json()
+    jobs = _job_pages(server, token, params)
     if not (all_ or "state" in params):
         jobs = [j for j in jobs if j["state"] not in TERMINAL]
     if start:

@@ -317,7 +317,9 @@ def simulation_page(result, html_file: Path, title: str) -> None:
     from gpushepherd.report import History, build_report
 
     hist = History.from_sim(result)
-    emit(build_report(hist, hist.t_first, hist.t_last + 1.0, title=title), None, html_file, tables=False)
+    # trace time: days from the trace's start, not 1970 dates (issue 18 point 10)
+    emit(build_report(hist, hist.t_first, hist.t_last + 1.0, title=title, time_axis="days"), None, html_file,
+         tables=False)
 
 
 def _check_csv(csv: Path | None, error: type[Exception]) -> None:

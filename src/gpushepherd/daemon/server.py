@@ -772,6 +772,11 @@ class Daemon:
         """The user of a job or array, archived and kept ones included; ``None``: no such job."""
         return self._spec_field(job_id, "user")
 
+    def job_field(self, job_id: str, name: str) -> Any:
+        """Field ``name`` (``user``, ``team``, ``name``, ...) of the spec of a job or array,
+        archived and kept ones included; ``None``: no such job."""
+        return self._spec_field(job_id, name)
+
     def _spec_field(self, job_id: str, name: str) -> Any:
         """Field ``name`` of the spec of a job or array (core, kept, archived); ``None``: no such job."""
         if job_id in self.arrays:
@@ -2136,14 +2141,21 @@ class Daemon:
         out = [(r["num"], j, r) for j, r in rows.items()
                if children or not ((c := parse_child_id(j)) and c[0] in self.arrays)]
         out += [(a.num, a.id, None) for a in self.arrays.values()]
-        wanted = [j for _n, j, _r in out if j not in self.sched.jobs and j in self.ended_states
+        return self._views([(j, r) for _n, j, r in sorted(out, key=lambda x: x[0])])
+
+    def views_of(self, job_ids: list[str]) -> list[dict]:
+        """The views of these jobs and arrays, in this order (unknown ones left out): their
+        rows read in one query (a page of ``GET /jobs``, note 029)."""
+        rows = self.store.job_rows(ids=[j for j in job_ids if j not in self.arrays])
+        return self._views([(j, rows.get(j)) for j in job_ids if j in self.arrays or j in rows])
+
+    def _views(self, entries: list[tuple[str, dict | None]]) -> list[dict]:
+        """``job_view`` of each ``(id, row)``; the archived records in one read, not one per job."""
+        wanted = [j for j, _r in entries if j not in self.sched.jobs and j in self.ended_states
                   and j not in self._archive]
-        if wanted:  # the archived records in one read, not one per job
-            extra = self.store.ended_records(wanted)
-        else:
-            extra = {}
+        extra = self.store.ended_records(wanted) if wanted else {}
         views = []
-        for _n, j, r in sorted(out, key=lambda x: x[0]):
+        for j, r in entries:
             if j in extra:
                 views.append(self._archived_view(j, extra[j], r, False))
             else:
@@ -2206,7 +2218,8 @@ class Daemon:
 
     def usage_view(self) -> dict:
         """What ``GET /usage`` shows: per team GPUs in use (fractions for shares), decayed
-        usage in GPU-seconds at the core's time, fair-share factor in [0, 1]."""
+        usage in GPU-seconds at the core's time, fair-share factor in [0, 1]; and the
+        utilisation % under which a held GPU counts as idle (``/ui``, note 029)."""
         sched = self.sched
         t = sched.now
         used = {row[1] for row in sched.usage.snapshot(t) if row and row[0] == "team"} if t != float("-inf") else set()
@@ -2214,6 +2227,7 @@ class Daemon:
         in_use: Counter = Counter()
         for job in sched.holding():
             in_use[job.spec.team] += job.fraction
-        return {"t": t, "teams": [{"team": team, "gpus_in_use": in_use[team],
+        return {"t": t, "idle_threshold_pct": self.metrics.idle_threshold_pct,
+                "teams": [{"team": team, "gpus_in_use": in_use[team],
                                    "decayed_usage_gpu_s": sched.usage.value(("team", team), t),
                                    "fair_share_factor": sched.fair_share_factor(team)} for team in teams]}

@@ -942,6 +942,14 @@ class Store:
                 out.update({r["id"]: dict(r) for r in c.execute(q.where(jobs.c.id.in_(ids[i:i + 500]))).mappings()})
             return out
 
+    def job_numbers(self, after: int = 0) -> list[tuple[int, str]]:
+        """``(number, id)`` of every job and array numbered above ``after``, by number
+        (the pages of ``GET /jobs``, note 029: one read of the unique ``num`` indexes)."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(jobs.c.num, jobs.c.id).where(jobs.c.num > after)).all()
+            rows += c.execute(select(arrays.c.num, arrays.c.id).where(arrays.c.num > after)).all()
+        return sorted((int(n), j) for n, j in rows)
+
     def job_ids(self, containing: str = "") -> list[str]:
         """Job ids (no other column: cheap at a start), in job number order; only those
         containing ``containing`` when given (``_``: array children, ``.``: service

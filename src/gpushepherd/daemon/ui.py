@@ -2,8 +2,9 @@
 
 ``/ui/`` serves three static files shipped with the package (``daemon/ui/``:
 ``index.html``, ``app.js``, ``style.css``) without a token: they hold no data. The page
-polls the JSON API (``/jobs``, ``/nodes``, ``/usage``, ``/policy``) with the token the
-user typed, if the server needs one. ``GET /ui/plots/{name}.png`` renders the report's
+polls the JSON API (pages of ``/jobs``, ``/nodes``, ``/usage``, ``/policy``; one job's
+``/jobs/{id}`` and its logs; ``/report``) with the token the user typed, if the server
+needs one; every time on it is in the policy's ``clock.timezone`` (note 029). ``GET /ui/plots/{name}.png`` renders the report's
 plots (note 010) for the last day from the store's event log, behind the API's auth.
 """
 

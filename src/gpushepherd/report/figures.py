@@ -54,6 +54,14 @@ class Report:
     local: object = None  # t -> datetime (the policy's clock)
     t_end: float = 0.0  # where the series stop: ``t_to``, or the last event if earlier
     t_start: float = 0.0  # where the figures start: ``t_from``, or the first event if later
+    #: how plots and pages write times: ``clock`` (dates in the policy's zone) or ``days``
+    #: (a simulator run: days from the start of the trace, never 1970 dates; issue 18 point 10)
+    time_axis: str = "clock"
+
+    def stamp(self, t: float) -> str:
+        """``t`` as the tables write it: ISO 8601 in the policy's zone, or (``days``)
+        ``day 45.203`` of the trace."""
+        return f"day {t / 86400.0:,.3f}" if self.time_axis == "days" else self.local(t).isoformat(timespec="seconds")
 
     @property
     def clipped(self) -> str | None:
@@ -61,7 +69,7 @@ class Report:
         than ``[t_from, t_to)`` (the log starts later or ends earlier), else ``None``."""
         if (self.t_start, self.t_end) == (self.t_from, self.t_to):
             return None
-        fmt = [self.local(t).isoformat(timespec="seconds") for t in (self.t_start, self.t_end)]
+        fmt = [self.stamp(t) for t in (self.t_start, self.t_end)]
         return f"range clipped to the event log: from {fmt[0]} to {fmt[1]}"
 
 
@@ -97,8 +105,9 @@ def _pct(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if values.size else None
 
 
-def build_report(hist: History, t_from: float, t_to: float, title: str = "") -> Report:
-    """All figures of ``hist`` over ``[t_from, t_to)`` (seconds on its axis).
+def build_report(hist: History, t_from: float, t_to: float, title: str = "", time_axis: str = "clock") -> Report:
+    """All figures of ``hist`` over ``[t_from, t_to)`` (seconds on its axis); times
+    written as ``time_axis`` says (``Report.time_axis``).
 
     Raises:
         ValueError: ``t_from >= t_to``.
@@ -115,7 +124,8 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "") -> 
     local = (lambda t: datetime.fromtimestamp(clock.epoch + t, clock.tz)) if clock else \
         (lambda t: datetime.fromtimestamp(t))
     pricing = rules.pricing
-    rep = Report(t_from, t_to, title, pricing.currency if pricing else None, local=local, t_end=b, t_start=a)
+    rep = Report(t_from, t_to, title, pricing.currency if pricing else None, local=local, t_end=b, t_start=a,
+                 time_axis=time_axis)
 
     held = hist.held.copy()
     held["seconds"] = _clipped(held, a, b, hist.t_last)
@@ -253,8 +263,7 @@ def _series_and_gaps(rep: Report, hist: History, a: float, b: float) -> None:
             j = i
             while j + 1 < grid.size and mask[j + 1]:
                 j += 1
-            rows.append((kind, rep.local(grid[i]).isoformat(timespec="seconds"),
-                         rep.local(ends[j]).isoformat(timespec="seconds"), (ends[j] - grid[i]) / H,
+            rows.append((kind, rep.stamp(grid[i]), rep.stamp(ends[j]), (ends[j] - grid[i]) / H,
                          float(free[i:j + 1].min()), int(pending[i:j + 1].max())))
             i = j + 1
     rep.tables["idle_gaps"] = pd.DataFrame(rows, columns=["kind", "from", "to", "hours", "min_free_gpus",

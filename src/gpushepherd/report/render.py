@@ -74,6 +74,43 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+DAY_S = 86400.0
+
+
+def time_axis(rep: Report, ts) -> tuple[list, str]:
+    """The x values of times ``ts`` (the report's axis) and the axis label: days from the
+    start of the trace (``rep.time_axis == "days"``), else datetimes in the policy's
+    zone, labelled with it."""
+    if rep.time_axis == "days":
+        return [t / DAY_S for t in ts], "days from the start of the trace"
+    return [rep.local(t) for t in ts], f"time ({zone_name(rep)})"
+
+
+def zone_name(rep: Report) -> str:
+    """The policy's zone (``Europe/Berlin``), or ``local time`` without a clock."""
+    return getattr(rep.local(rep.t_start).tzinfo, "key", None) or "local time"
+
+
+def when(rep: Report, t: float) -> str:
+    """``t`` as a page writes it: ``day 45.20``, or ``2026-11-30 08:00`` in the policy's zone."""
+    return f"day {t / DAY_S:,.2f}" if rep.time_axis == "days" else rep.local(t).strftime("%Y-%m-%d %H:%M")
+
+
+def _label_time(ax, rep: Report, xs: list, label: str) -> None:
+    """A readable time axis over ``xs``: concise dates in the policy's zone (no
+    14:21.800000), or days; the range's own limits (an empty plot showed 1970)."""
+    import matplotlib.dates as mdates
+
+    ax.set_xlabel(label)
+    if len(xs) >= 2 and xs[0] != xs[-1]:
+        ax.set_xlim(xs[0], xs[-1])
+    if rep.time_axis != "days":
+        tz = rep.local(rep.t_start).tzinfo
+        locator = mdates.AutoDateLocator(tz=tz, minticks=3, maxticks=8)
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=tz))
+
+
 def plots(rep: Report) -> dict[str, str]:
     """The three plots as base64 PNGs: ``utilisation``, ``queue``, ``quota``."""
     import matplotlib
@@ -82,7 +119,7 @@ def plots(rep: Report) -> dict[str, str]:
     import matplotlib.pyplot as plt
 
     out = {}
-    times = [rep.local(t) for t in rep.utilisation["t"]] + [rep.local(rep.t_end)]
+    times, xlabel = time_axis(rep, list(rep.utilisation["t"]) + [rep.t_end])
 
     def steps(values) -> list[float]:  # the last value holds to the end of the range
         values = list(values)
@@ -93,7 +130,7 @@ def plots(rep: Report) -> dict[str, str]:
     ax.set_ylabel("GPUs held, % of capacity")
     ax.set_ylim(0, 105)
     ax.set_title("Utilisation over time")
-    fig.autofmt_xdate()
+    _label_time(ax, rep, times, xlabel)
     out["utilisation"] = _png(fig)
     plt.close(fig)
 
@@ -104,7 +141,7 @@ def plots(rep: Report) -> dict[str, str]:
         ax.legend(loc="upper right", fontsize="small")
     ax.set_ylabel("pending jobs")
     ax.set_title("Queue length by workload class")
-    fig.autofmt_xdate()
+    _label_time(ax, rep, times, xlabel)
     out["queue"] = _png(fig)
     plt.close(fig)
 
@@ -129,9 +166,9 @@ def plots(rep: Report) -> dict[str, str]:
 def html_page(rep: Report) -> str:
     """One self-contained page: the plots as ``data:image/png;base64`` images, the tables."""
     pics = plots(rep)
-    fmt = "%Y-%m-%d %H:%M"
     head = (f"<h1>{html.escape(rep.title or 'gpushepherd report')}</h1><p>From "
-            f"{rep.local(rep.t_from).strftime(fmt)} to {rep.local(rep.t_to).strftime(fmt)}"
+            f"{when(rep, rep.t_from)} to {when(rep, rep.t_to)}"
+            + ("" if rep.time_axis == "days" else f" ({html.escape(zone_name(rep))})")
             + (f"; money in {html.escape(rep.currency)}" if rep.currency else "") + ".</p>"
             + (f"<p>{html.escape(rep.clipped)}.</p>" if rep.clipped else ""))
     body = [head]
