@@ -115,6 +115,9 @@ def serve(data: Path, port: int, db: str | None, hold_s: float, out: Path, http:
             if job_id in self.procs:
                 self.codes[job_id] = -int(sig)
 
+    # the stub runs nothing, so every job "runs" as the server's user; as root the server
+    # would otherwise run jobs per user (note 023) and refuse the bench's token-less clients
+    os.environ.setdefault("SHEPHERD_RUN_AS", "server")
     daemon = Daemon(data, db, data / "policy.yaml")
     daemon.backend = StubBackend(daemon.data_dir)
     daemon.start()
