@@ -626,10 +626,6 @@ def test_a_preemptor_whose_victims_left_is_not_charged_its_own_hold_against_anot
     # j6 is gone at 17, j11 must start on its plan. j5's hold's class-hold slack had
     # counted j11's plan as taken, and j11 was charged those GPUs again: refused, its
     # hold dropped, and j1 took n2 - j6 lost its work for nothing.
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from oracle_checks import drive
     from oracle_workloads import workload_from_seed
 

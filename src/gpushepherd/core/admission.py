@@ -34,8 +34,7 @@ from gpushepherd.core.shares import ShareRules
 from gpushepherd.core.verdict import (ADMITTED, ANTI, CAPACITY_RULES, CLAIMS, CLASS_HOLD, COHORT, FREE,  # noqa: F401
                                       HARD_NEVER, HARD_NOW, NEVER_FITS, ORDER, RESERVABLE, Verdict,
                                       stops_strict_order)
-from gpushepherd.model.job import JobState
-from gpushepherd.model.job import GPU_UNITS
+from gpushepherd.model.job import GPU_UNITS, JobState
 
 
 class Scratch:

@@ -58,9 +58,9 @@ def earliest_start(book, profile: Profile, job: Job, nodes: list[int], totals: d
 
 
 def reservation_for(book, profile: Profile, job: Job) -> tuple[float, Counts, dict[int, int]] | None:
-    """The reservation a pass gives ``job`` against ``profile``'s claims: ``(start,
-    counts, {node: GPUs free at start}``, the last possibly empty) or ``None`` (a share,
-    or no start can be planned). Nodes the job's class avoids now are its too once the
+    """The reservation a pass gives ``job`` against ``profile``'s claims: ``(start s,
+    [(node index, GPUs)], {node index: GPUs free at start})``, the last possibly empty,
+    or ``None`` (a share, or no start can be planned). Nodes the job's class avoids now are its too once the
     jobs it avoids there are planned to be gone (a start there may come sooner)."""
     if job.shape.mode == "share":
         return None  # shares wait for a card; they hold no reservation

@@ -129,14 +129,16 @@ def maybe_recalc(book, t: float) -> None:
 
 def recalc_matters(book) -> bool:
     """Whether a recalculation can reorder the queue: usage changes only while GPUs are
-    held (idle decay scales every account alike, so shares keep their ratios), and age
-    grows only until ``max_age_s``."""
+    held (idle decay scales every account alike, so shares keep their ratios), age
+    grows only until ``max_age_s``, and a deadline's urgency only while its slack lasts."""
     pr = book.rules.priority
     if pr.fair_share_weight and book.running:
         return True
-    if pr.deadline_weight and any(j.spec.deadline is not None and _slack(book, j.spec, j.cls, j.estimate_s) >= 0
-                                  for j in book.queue):
-        return True  # slack shrinks as time passes, until it is gone (then the factor stays 0)
     # age: some pending job may still be below max_age_s (the newest submission is a
     # cheap upper bound; a spare recalculation is harmless)
-    return bool(pr.age_weight) and book.last_submit > book.recalc_t - pr.max_age_s
+    if pr.age_weight and book.last_submit > book.recalc_t - pr.max_age_s:
+        return True
+    # deadlines (the one scan, last: next_wakeup asks this on the event loop's path):
+    # slack shrinks as time passes, until it is gone (then the factor stays 0)
+    return bool(pr.deadline_weight) and any(
+        j.spec.deadline is not None and _slack(book, j.spec, j.cls, j.estimate_s) >= 0 for j in book.queue)
