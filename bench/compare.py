@@ -58,6 +58,20 @@ PRESETS = {
     "itp": dict(label="ITP cluster04, 64x8", trace=str(SHARED / "elasticflow_itp" / "raw" / "cluster04.csv.gz"),
                 format="itp", cluster="64x8", days=None),
 }
+
+
+def _preset(name: str, cluster: str | None, days: str | None) -> dict:
+    """A preset with ``--cluster`` / ``--days`` applied, its label naming what was run
+    (``Philly days 40-50, 32x8``), not the preset's defaults."""
+    p = dict(PRESETS[name])
+    p["cluster"] = cluster or p["cluster"]
+    p["days"] = days or p["days"]
+    name_part = {"philly": "Philly", "itp": "ITP cluster04"}[name]
+    span = f" days {p['days'].replace(':', '-')}" if p["days"] else ""
+    p["label"] = f"{name_part}{span}, {p['cluster']}"
+    return p
+
+
 SCHEDULERS = ("gpushepherd", "slurm-default", "slurm", "slurm-timelimit", "kueue", "kueue-strict", "tiresias",
               "fifo")
 USES_ESTIMATES = ("gpushepherd", "slurm-default", "slurm", "slurm-timelimit")
@@ -166,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         traces = [dict(common, label=Path(args.trace).name + (f" {args.cluster}" if args.cluster else ""),
                        trace=args.trace, format=args.format, cluster=args.cluster, days=args.days)]
     else:
-        traces = [dict(common, **{**PRESETS[t], **({"cluster": args.cluster} if args.cluster else {}),
-                                  **({"days": args.days} if args.days else {})}) for t in (args.only or PRESETS)]
+        traces = [dict(common, **_preset(t, args.cluster, args.days)) for t in (args.only or PRESETS)]
     for tr in traces:
         if not Path(tr["trace"]).exists():
             return _fail("--trace", tr["trace"], "a trace file that exists (the presets read ../shared/traces)")

@@ -252,3 +252,17 @@ def test_the_names_known_without_the_core_are_the_registry_in_order():
     from gpushepherd.baselines import NAMES
 
     assert tuple(BASELINES) == NAMES
+
+
+def test_compare_labels_a_preset_by_the_days_and_cluster_it_ran():
+    """``--only philly --days 40:50 --cluster 32x8`` ran days 40-50 on 32x8: its rows must
+    say so (they said "Philly days 40-70, 192x8", the preset's defaults)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_compare", ROOT / "bench" / "compare.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    ran = compare._preset("philly", "32x8", "40:50")
+    assert (ran["label"], ran["days"], ran["cluster"]) == ("Philly days 40-50, 32x8", "40:50", "32x8")
+    assert compare._preset("philly", None, None)["label"] == "Philly days 40-70, 192x8"
+    assert compare._preset("itp", "16x8", None)["label"] == "ITP cluster04, 16x8"
