@@ -19,7 +19,7 @@ from gpushepherd.extras import EXTRAS, MissingExtra, require
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-HEAVY = ("pandas", "pyarrow", "matplotlib", "numpy")
+HEAVY = ("pandas", "pyarrow", "matplotlib", "numpy", "plotly")
 
 #: runs ``shepherd ARGS`` with the modules of $BLOCK (comma list) not importable, as if
 #: they were not installed
@@ -103,14 +103,44 @@ def test_simulate_without_the_sim_extra_says_what_to_install(tmp_path):
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
-def test_simulate_html_without_matplotlib_fails_before_simulating(tmp_path):
+def test_simulate_html_without_plotly_fails_before_simulating(tmp_path):
     out = tmp_path / "jobs.csv"
-    r = shepherd_without(("matplotlib",), "simulate", "--days", "1", "--out", str(out), "--html",
+    r = shepherd_without(("plotly",), "simulate", "--days", "1", "--out", str(out), "--html",
                          str(tmp_path / "page.html"), cwd=tmp_path)
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert "error: shepherd simulate --html needs the 'report' extra (matplotlib:" in r.stderr
+    assert "error: shepherd simulate --html needs the 'report' extra (plotly:" in r.stderr
     assert "pip install 'gpushepherd[report]'" in r.stderr
     assert r.stdout == "" and not out.exists()  # refused before any work
+
+
+def test_html_pages_need_plotly_and_the_tables_do_not(tmp_path):
+    """Note 040: plotly is checked (and imported) only where a page is written."""
+    from test_report import POLICY, drive, week_jobs
+
+    from gpushepherd.daemon.store import Store
+
+    store = Store(Store.sqlite_url(tmp_path))
+    drive(store, POLICY, week_jobs())
+    store.close()
+    r = shepherd_without(("plotly", "matplotlib"), "report", "--data-dir", str(tmp_path), "--no-progress",
+                         cwd=tmp_path)
+    assert r.returncode == 0 and "GPU-hours per team" in r.stdout, (r.stdout, r.stderr)
+    for args, what in ((("report",), "shepherd report --html"),
+                       (("whatif", "--policy", str(ROOT / "examples" / "policies" / "small-team.yaml")),
+                        "shepherd whatif --html")):
+        r = shepherd_without(("plotly",), *args, "--data-dir", str(tmp_path), "--html", str(tmp_path / "p.html"),
+                             cwd=tmp_path)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert f"error: {what} needs the 'report' extra (plotly: No module named 'plotly')" in r.stderr
+        assert "pip install 'gpushepherd[report]'" in r.stderr and not (tmp_path / "p.html").exists()
+
+
+def test_the_report_modules_do_not_import_plotly_until_a_page_is_written():
+    probe = ("import sys; from gpushepherd.report import render, whatif; import gpushepherd.cli.report; "
+             "print('plotly' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert r.returncode == 0 and r.stdout.strip() == "False", (r.stdout, r.stderr)
 
 
 def test_report_and_whatif_without_the_report_extra(tmp_path):

@@ -26,6 +26,7 @@ from gpushepherd.model.events import JobCancelled, JobFinished, JobSubmitted, Ti
 from gpushepherd.model.job import ExitStatus, GpuShare, JobSpec
 from gpushepherd.policy import policy_from_dict
 from gpushepherd.report import History, build_report, replay
+from plotly_html import assert_self_contained, axis_title, drawn_in_chromium, figures
 
 H = 3600.0
 MON = datetime(2026, 11, 30, tzinfo=timezone.utc).timestamp()  # a Monday, 00:00 UTC
@@ -237,8 +238,9 @@ def test_cli_report_week_tables_csv_and_html(week, tmp_path):
     assert {"usage_by_team.csv", "waits_by_class.csv", "top_pending_reasons.csv", "idle_gaps.csv",
             "utilisation.csv", "queue_by_class.csv", "cost_by_team_and_gpu_type.csv"} <= names
     page = html.read_text()
-    assert page.count('<img alt="') == 3 and page.count('src="data:image/png;base64,') == 3
-    assert "http://" not in page and "https://" not in page  # nothing fetched at view time
+    assert_self_contained(page)  # nothing fetched at view time
+    figs = figures(page)
+    assert list(figs) == ["plot-held", "plot-queue", "plot-quota"]
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -315,7 +317,7 @@ def test_whatif_more_night_gpus_for_batch(week, tmp_path):
     assert inf["wait_mean_s_proposed"] == inf["wait_mean_s_current"] == 0
     assert inf["wait_p95_s_proposed"] == inf["wait_p95_s_current"]
     assert t.loc[("team", "data"), "gpu_hours_proposed"] == pytest.approx(24.0)  # same work, sooner
-    assert (tmp_path / "new.html").read_text().count("data:image/png;base64,") == 3
+    assert set(figures((tmp_path / "new.html").read_text())) >= {"plot-wait_mean_s", "plot-gpu_hours"}
 
 
 def test_whatif_lists_jobs_the_proposed_policy_rejects(tmp_path):
@@ -414,7 +416,8 @@ def test_simulate_writes_the_same_report_page(tmp_path):
     res = CliRunner().invoke(app, ["simulate", "--days", "45.0:45.2", "--no-progress", "--html", str(page)])
     assert res.exit_code == 0, res.output
     text = page.read_text()
-    assert text.count('src="data:image/png;base64,') == 3
+    assert_self_contained(text)
+    assert set(figures(text)) == {"plot-held", "plot-queue", "plot-quota"}
     assert "GPU-hours per team" in text and "Top pending reasons" in text
     res = CliRunner().invoke(app, ["simulate", "--days", "45.0:45.2", "--html", str(tmp_path / "sim.txt")])
     assert res.exit_code == 2 and "--html" in res.output
@@ -422,26 +425,17 @@ def test_simulate_writes_the_same_report_page(tmp_path):
 
 @pytest.mark.browser
 def test_report_page_renders_in_chromium_with_its_plots(week, tmp_path, capsys):
-    """Issue 6: the weekly report's HTML page renders in a real (headless) Chromium:
-    every plot decodes to an image with a size, the tables carry the hand-computed
-    teams, and a screenshot is saved."""
-    from test_ui import open_browser, save_shot, until
-
+    """Issue 6, issue 18 point 10: the weekly report's HTML page renders in a real
+    (headless) Chromium from the file alone: plotly (inlined) draws every figure with
+    a size and its legend naming the teams, and a screenshot is saved."""
     html = tmp_path / "week.html"
     res = CliRunner().invoke(app, ["report", "--data-dir", str(week), "--week", "--html", str(html)])
     assert res.exit_code == 0, res.output
-    drv = open_browser(1200, 2400)
-    try:
-        drv.get(html.resolve().as_uri())
-        sizes = until(drv, "the plots decoded", "const im = [...document.images]; "
-                      "return im.length && im.every(i => i.complete && i.naturalWidth > 0) "
-                      "&& im.map(i => [i.naturalWidth, i.naturalHeight]);")
-        assert len(sizes) == 3 and all(w > 100 and h > 100 for w, h in sizes)
-        text = drv.execute_script("return document.body.innerText;")
-        assert all(team in text for team in ("serving", "research", "data")), text[:500]
-        save_shot(drv, tmp_path, "report.png", capsys)
-    finally:
-        drv.quit()
+    figs = drawn_in_chromium(html, capsys, "report.png")
+    assert [f[0] for f in figs] == ["plot-held", "plot-queue", "plot-quota"]
+    assert all(w > 300 and h > 200 for _id, w, h, _legend in figs), figs
+    # the stack's order, top first
+    assert figs[0][3] == ["capacity (5 GPUs)", "serving", "research", "data"], figs[0]
 
 
 def test_tails_by_size_and_fairness_across_users_equal_the_hand_computation(week):
@@ -472,7 +466,12 @@ def test_a_simulator_page_writes_days_from_the_trace_start_and_a_report_its_zone
     res = CliRunner().invoke(app, ["simulate", "--days", "45.0:45.2", "--no-progress", "--html", str(page)])
     assert res.exit_code == 0, res.output
     text = page.read_text()
-    assert "1970" not in text and "From day 45." in text
+    import json
+    import re
+
+    shown = re.sub(r"<script[^>]*>.*?</script>", "", text, flags=re.S)  # the page less plotly.js and the specs
+    assert "1970" not in shown and "From day 45." in shown
+    assert "1970" not in json.dumps(figures(text))
 
     store = Store(Store.sqlite_url(week))
     rep = build_report(History.from_store(store), MON, MON + 7 * 86400)
@@ -484,3 +483,52 @@ def test_a_simulator_page_writes_days_from_the_trace_start_and_a_report_its_zone
     rep.time_axis = "days"
     assert time_axis(rep, [0.0, 86400.0 * 1.5]) == ([0.0, 1.5], "days from the start of the trace")
     assert when(rep, 86400.0 * 45.2) == "day 45.20"
+
+
+def test_report_page_plots_name_teams_classes_units_and_the_hand_computed_hours(week, tmp_path):
+    """Issue 18 point 10 (note 040): the page's interactive figures carry the report's
+    numbers, legends naming teams and classes, units on every axis, times in the
+    policy's zone."""
+    html = tmp_path / "week.html"
+    res = CliRunner().invoke(app, ["report", "--data-dir", str(week), "--from", "2026-11-30", "--to",
+                                   "2026-12-07", "--html", str(html)])
+    assert res.exit_code == 0, res.output
+    page = html.read_text()
+    assert_self_contained(page)
+    figs = figures(page)
+    quota = figs["plot-quota"]
+    bars = quota["data"][0]
+    assert bars["name"] == "GPU-hours held" and bars["x"] == ["data", "research", "serving"]
+    assert bars["y"] == pytest.approx([24.0, 20.0, 14.0])  # the module docstring's hand computation
+    assert [t["name"] for t in quota["data"][1:]] == ["nominal GPUs x hours", "max GPUs x hours"]
+    assert (axis_title(quota["layout"], "xaxis"), axis_title(quota["layout"], "yaxis")) == ("team", "GPU-hours")
+
+    held = figs["plot-held"]
+    names = [t["name"] for t in held["data"]]
+    assert names == ["data", "research", "serving", "capacity (5 GPUs)"]
+    assert held["layout"]["legend"]["title"]["text"] == "team"
+    assert axis_title(held["layout"], "xaxis") == "time (UTC)" and axis_title(held["layout"], "yaxis") == "GPUs held"
+    peak = {t["name"]: max(t["y"]) for t in held["data"]}
+    assert (peak["data"], peak["research"], peak["serving"]) == (2, 2, 1)  # batch at night: 2; train1: 2 GPUs
+    assert held["data"][0]["x"][0] == "2026-11-30 09:00:00"  # the log's first event, wall clock in UTC
+    assert all(t.get("stackgroup") == "held" for t in held["data"][:3])
+
+    queue = figs["plot-queue"]
+    assert queue["layout"]["legend"]["title"]["text"] == "class"
+    assert axis_title(queue["layout"], "yaxis") == "pending jobs"
+    assert {t["name"]: max(t["y"]) for t in queue["data"]}["batch"] == 7  # 8 submitted at 18:00, one starts
+
+
+def test_a_simulator_page_plots_days_from_the_trace_start(tmp_path):
+    page = tmp_path / "sim.html"
+    res = CliRunner().invoke(app, ["simulate", "--days", "45.0:45.2", "--no-progress", "--html", str(page)])
+    assert res.exit_code == 0, res.output
+    figs = figures(page.read_text())
+    for name in ("plot-held", "plot-queue"):
+        layout, xs = figs[name]["layout"], [x for t in figs[name]["data"] for x in t["x"]]
+        assert axis_title(layout, "xaxis") == "days from the start of the trace"
+        # days, not seconds or 1970 dates: from the window's start (day 45) while its jobs run on
+        if name == "plot-queue" and not xs:
+            continue  # nothing pended in this window
+        assert xs and all(isinstance(x, float) for x in xs) and 45.0 <= min(xs) < 45.2 and max(xs) < 400, \
+            (min(xs), max(xs))

@@ -152,6 +152,12 @@ def test_whatif_puts_the_proposed_policy_beside_the_current_one_scoped(served):
     assert rows[("team", "ml")]["jobs"] == 3 and rows[("team", "ml")]["rejected_current"] == 0
     assert rows[("team", "ml")]["rejected_proposed"] == 1 and rows[("team", "cv")]["rejected_proposed"] == 1
     assert {x["team"] for x in out["rejected"]} == {"ml", "cv"}
+    # the log's own figures beside the two simulated runs (note 040): what the report measures
+    rep = client.get("/report", headers=auth(tokens["admin"])).json()
+    for team in ("ml", "cv"):
+        logged = next(x["gpu_hours"] for x in rep["tables"]["usage_by_team"] if x["team"] == team)
+        assert rows[("team", team)]["gpu_hours_measured"] == pytest.approx(logged)
+        assert rows[("team", team)]["rejected_measured"] == 0 and rows[("team", team)]["wait_mean_s_measured"] >= 0
 
     mine = client.post("/whatif", json={"policy": proposed}, headers=auth(tokens["cv"])).json()
     assert mine["scope"]["teams"] == ["cv"]

@@ -472,13 +472,31 @@ def test_ui_report_page_scoped_by_the_token_with_a_daily_chart_per_team(tmp_path
         # what-if: the policy in force to start from, the rows of the token's team beside each other
         assert json.loads(browser.find_element(By.ID, "w-policy").get_attribute("value"))["name"] == "daemon-test"
         browser.find_element(By.CSS_SELECTOR, "#whatif button[type=submit]").click()
-        rows = "return [...document.querySelectorAll(\"section[data-table='current_beside_proposed'] tbody tr\")]" \
-               ".map(r => [...r.children].slice(0, 3).map(c => c.textContent))"
+        rows = "return [...document.querySelectorAll(\"section[data-table='measured_baseline_proposed'] tbody tr\")]" \
+               ".map(r => [...r.children].slice(0, 2).map(c => c.textContent))"
         until(browser, "the what-if rows", rows + ".length")
-        assert browser.execute_script(rows) == [["team", "ml", "1"]]
+        assert browser.execute_script(rows) == [["team ml", "1"]]
         heads = browser.execute_script("return [...document.querySelectorAll(\"section[data-table="
-                                       "'current_beside_proposed'] th\")].map(h => h.textContent)")
-        assert "wait mean s current" in heads and "wait mean s proposed" in heads
+                                       "'measured_baseline_proposed'] th\")].map(h => h.textContent)")
+        assert heads[:3] == ["group", "jobs", "mean wait (h)"] and heads[6:9] == ["measured", "baseline", "proposed"]
+        # measured beside baseline beside proposed, the API's numbers in hours (note 040)
+        api = httpx.post(s.url + "/whatif", json={"policy_yaml": browser.find_element(By.ID, "w-policy")
+                                                  .get_attribute("value")},
+                         headers={"Authorization": f"Bearer {ml}"}, timeout=120).json()["rows"][0]
+        cells = browser.execute_script("return Object.fromEntries([...document.querySelectorAll(\"section[data-table="
+                                       "'measured_baseline_proposed'] td[data-col]\")].map(c => [c.dataset.col, "
+                                       "c.textContent]));")
+        for run in ("measured", "current", "proposed"):
+            v = api[f"gpu_hours_{run}"]
+            shown = str(int(v)) if float(v).is_integer() else f"{v:#.3g}" if abs(v) < 0.01 else f"{v:.2f}"
+            assert cells[f"gpu_hours_{run}"] == shown, (run, cells)  # app.js's cell(): hours()
+        bars = browser.execute_script("return [...document.querySelectorAll('.whatif-chart rect[data-run]')]"
+                                      ".map(r => [r.dataset.group, r.dataset.run]);")
+        assert bars == [["team ml", "measured"], ["team ml", "current"], ["team ml", "proposed"]]
+        browser.execute_script("document.getElementById('whatif-result').scrollIntoView();")
+        save_shot(browser, shots, "ui-whatif.png", capsys)
+        width, client = no_sideways_scroll(browser)  # the wide table scrolls in its own box at 1024 px
+        assert width <= client, (width, client)
         browser.execute_script("document.getElementById('w-policy').value = 'name: [unclosed'")
         browser.find_element(By.CSS_SELECTOR, "#whatif button[type=submit]").click()
         until(browser, "the refused policy", "return document.getElementById('whatif-error').textContent")

@@ -313,7 +313,7 @@ def simulate(
     explain: Annotated[Optional[list[str]], typer.Option(metavar="JOB", help="Print this job's history and why it waited (repeatable).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     stranded_every: Annotated[Optional[float], typer.Option(metavar="DURATION", parser=duration_param(lo=1), help="Sample free GPUs that no pending job can use (stranded capacity) at the first scheduling event at or after every multiple of DURATION (at least 1 s: seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS) and report them by constraint (means over samples).")] = None,
-    html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, plots).")] = None,
+    html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, interactive plots with time in days from the trace's start): one self-contained file, plotly inlined, nothing fetched when viewed; needs the 'report' extra.")] = None,
     scheduler: Annotated[str, typer.Option(metavar="NAME", help="Who decides: gpushepherd (the policy as written, default) or a baseline under the same policy's cluster and quotas: " + ", ".join(n for n in BASELINE_NAMES if n != "gpushepherd") + " (src/gpushepherd/baselines/).")] = "gpushepherd",
     bf_depth: Annotated[Optional[int], typer.Option(metavar="N", help="Backfill reservations of the Slurm baselines (Slurm's bf_max_job_test; default 1).")] = None,
     skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Skip trace rows that are not valid (e.g. num_gpu=0) and count them; without it such a file is refused.")] = False,
@@ -335,7 +335,7 @@ def simulate(
     with _errors():
         require("sim", "shepherd simulate")
         if html is not None:
-            require("report", "shepherd simulate --html")
+            require("report", "shepherd simulate --html", ("pandas", "plotly"))
         # every option is checked before the (possibly long) simulation
         if trace is None and (fmt is not None or mapping is not None):
             raise UsageError("--format and --map describe a --trace file; give --trace too")

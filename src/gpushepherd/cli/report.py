@@ -114,12 +114,13 @@ From = Annotated[Optional[str], typer.Option("--from", help="Start: ISO date/tim
 To = Annotated[Optional[str], typer.Option("--to", help="End (excluded); default: the last event.")]
 Csv = Annotated[Optional[Path], typer.Option("--csv", metavar="DIR", help="Write one CSV per table here.")]
 Html = Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Write one self-contained HTML "
-                                             "page with plots.")]
+                                             "page with interactive plots (plotly, inlined: nothing fetched "
+                                             "when viewed; needs the 'report' extra).")]
 
 
 def register(app: typer.Typer) -> None:
     """Add ``report`` and ``whatif`` to ``app``."""
-    from gpushepherd.cli.main import UsageError, _console, _errors, _output_path, err
+    from gpushepherd.cli.main import UsageError, _console, _errors, _output_path, _write_atomically, err
     from gpushepherd.extras import require
 
     def load(data_dir: Path, db: str | None, bar=None):
@@ -152,7 +153,8 @@ def register(app: typer.Typer) -> None:
         class (p50/p95), top pending reasons, idle gaps, allocated-but-idle GPU-hours,
         utilisation and queue length over time (R15)."""
         with _errors():
-            require("report", "shepherd report")
+            require("report", "shepherd report" + (" --html" if html else ""),
+                    ("pandas", "plotly") if html else ("pandas",))
             from gpushepherd.report import build_report
 
             html_file = _output_path("--html", html, (".html", ".htm"))
@@ -176,23 +178,30 @@ def register(app: typer.Typer) -> None:
                                                                  "its unit (7d, 36h, 90m, 2w) or as D-HH:MM; "
                                                                  "default 7d without --from.")] = None,
                t_from: From = None, t_to: To = None, csv: Csv = None,
-               html: Annotated[Optional[str], typer.Option("--html", metavar="FILE",
-                                                           help="The proposed run's report page.")] = None,
+               html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help=(
+                   "Write the what-if page: per team and class measured (the log) beside the baseline "
+                   "(simulated under the current policy) beside the proposed policy, as a table and "
+                   "interactive plots; one self-contained file (needs the 'report' extra: plotly)."))] = None,
                html_current: Annotated[Optional[str], typer.Option("--html-current", metavar="FILE",
-                                                                   help="The current run's report page.")] = None,
+                                                                   help="The baseline run's report page.")] = None,
+               html_proposed: Annotated[Optional[str], typer.Option("--html-proposed", metavar="FILE",
+                                                                    help="The proposed run's report page.")] = None,
                progress: ProgressOpt = True) -> None:
         """Replay the jobs the store recorded through the simulator under the current
         policy (the log's last) and a proposed one; print per class and team waits
-        (mean, p95), mean JCT and GPU-hours side by side (R19)."""
+        (mean, p95), mean JCT and GPU-hours side by side (R19), and beside them what the
+        log measured for the same jobs (how well the baseline reproduces it)."""
         from gpushepherd.policy.load import load_policy
 
         with _errors():
-            require("report", "shepherd whatif")
+            require("report", "shepherd whatif" + (" --html" if html or html_current or html_proposed else ""),
+                    ("pandas", "plotly") if html or html_current or html_proposed else ("pandas",))
             from gpushepherd.report import build_report
             from gpushepherd.report.whatif import run_whatif
 
             html_file = _output_path("--html", html, (".html", ".htm"))
             html_cur = _output_path("--html-current", html_current, (".html", ".htm"))
+            html_prop = _output_path("--html-proposed", html_proposed, (".html", ".htm"))
             _check_csv(csv, UsageError)
             proposed = load_policy(policy)
             with _bar(progress) as bar:
@@ -202,7 +211,7 @@ def register(app: typer.Typer) -> None:
                     a, b = time_range(rp.t_first, rp.t_last, clock.tz if clock else None,
                                       since=since or (None if t_from else "7d"), t_from=t_from, t_to=t_to)
                     wi = run_whatif(rp, proposed.rules, a, b, source=str(policy),
-                                    record_reasons=html_file is not None or html_cur is not None,
+                                    record_reasons=html_cur is not None or html_prop is not None,
                                     progress=bar.replay if bar else None)
                 except ValueError as exc:
                     if type(exc) is not ValueError:
@@ -210,6 +219,7 @@ def register(app: typer.Typer) -> None:
                     raise UsageError(str(exc)) from None
             out = _console()
             out.print(whatif_table(wi.table))
+            out.print(baseline_table(wi.table))
             for line in rejected_lines(wi.rejected):
                 out.print(line, markup=False, highlight=False)
             if wi.not_replayed:
@@ -223,7 +233,13 @@ def register(app: typer.Typer) -> None:
                 wi.table.to_csv(csv / "whatif.csv", index=False, lineterminator="\n")
                 wi.rejected.to_csv(csv / "whatif_rejected.csv", index=False, lineterminator="\n")
                 err.print(f"CSV files: {csv / 'whatif.csv'}, {csv / 'whatif_rejected.csv'}")
-            for which, path in (("proposed", html_file), ("current", html_cur)):
+            if html_file is not None:
+                from gpushepherd.report.interactive import whatif_page
+
+                text = whatif_page(wi)
+                _write_atomically(html_file, "--html", lambda p: p.write_text(text, encoding="utf-8"))
+                err.print(f"HTML what-if: {html_file}")
+            for which, path in (("proposed", html_prop), ("current", html_cur)):
                 if path is not None:
                     res = wi.proposed if which == "proposed" else wi.current
                     rep = build_report(wi.history(which), a, max(b, res.t_last + 1),
@@ -232,37 +248,62 @@ def register(app: typer.Typer) -> None:
 
 
 
-def whatif_table(table) -> Table:
-    """The side-by-side figures as a rich table: current -> proposed (change)."""
-    import math
-
-
+def _h(v) -> str:
+    """Seconds as ``_hours`` writes them, signed; ``-`` for none."""
     from gpushepherd.cli.main import _hours
 
-    def h(v) -> str:
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else _hours(abs(v)) if v >= 0 else \
-            "-" + _hours(-v)
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else _hours(abs(v)) if v >= 0 else \
+        "-" + _hours(-v)
 
-    def gh(v) -> str:
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.1f}"
 
-    out = Table(title="What-if: current policy -> proposed policy (change)", title_justify="left")
-    for col in ("group", "jobs", "rejected", "wait mean", "wait p95", "JCT mean", "GPU-hours"):
+def _gh(v) -> str:
+    """GPU-hours to one decimal; ``-`` for none."""
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.1f}"
+
+
+#: the figures of a what-if row and how the terminal writes them
+FORMATS = (("wait_mean_s", _h), ("wait_p95_s", _h), ("jct_mean_s", _h), ("gpu_hours", _gh))
+
+
+def _by_group(title: str, columns: tuple[str, ...], table, cells) -> Table:
+    """A rich table of ``WhatIf.table``'s rows (one section per ``by``), each row's
+    cells from ``cells(row)``."""
+    out = Table(title=title, title_justify="left")
+    for col in columns:
         out.add_column(col, justify="left" if col == "group" else "right")
     last = None
     for r in table.itertuples(index=False):
         if last is not None and r.by != last:
             out.add_section()
         last = r.by
-        cells = []
-        for col, fmt in (("wait_mean_s", h), ("wait_p95_s", h), ("jct_mean_s", h), ("gpu_hours", gh)):
+        out.add_row(*cells(r))
+    return out
+
+
+def baseline_table(table) -> Table:
+    """How well the baseline reproduces the log (note 040): per group, each figure as
+    ``measured | baseline`` (``WhatIf.table``'s ``_measured`` and ``_current``)."""
+    return _by_group("Baseline against the log: measured | simulated under the current policy",
+                     ("group", "wait mean", "wait p95", "JCT mean", "GPU-hours"), table,
+                     lambda r: [f"{r.by} {r.group}"] + [f"{fmt(getattr(r, f'{col}_measured'))} | "
+                                                        f"{fmt(getattr(r, f'{col}_current'))}" for col, fmt in FORMATS])
+
+
+def whatif_table(table) -> Table:
+    """The side-by-side figures as a rich table: current -> proposed (change)."""
+
+    def cells(r) -> list[str]:
+        out = []
+        for col, fmt in FORMATS:
             cur, new, chg = (getattr(r, f"{col}_{s}") for s in ("current", "proposed", "change"))
             sign = "+" if chg is not None and not math.isnan(chg) and chg > 0 else ""
-            cells.append(f"{fmt(cur)} -> {fmt(new)} ({sign}{fmt(chg)})")
+            out.append(f"{fmt(cur)} -> {fmt(new)} ({sign}{fmt(chg)})")
         if r.rejected_current != r.rejected_proposed:  # review issue 10a: not a saving
-            cells[-1] += " *"
-        out.add_row(f"{r.by} {r.group}", str(r.jobs), f"{r.rejected_current} -> {r.rejected_proposed}", *cells)
-    return out
+            out[-1] += " *"
+        return [f"{r.by} {r.group}", str(r.jobs), f"{r.rejected_current} -> {r.rejected_proposed}", *out]
+
+    return _by_group("What-if: current policy -> proposed policy (change)",
+                     ("group", "jobs", "rejected", "wait mean", "wait p95", "JCT mean", "GPU-hours"), table, cells)
 
 
 def rejected_lines(rejected) -> list[str]:

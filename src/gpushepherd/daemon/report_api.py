@@ -250,7 +250,8 @@ def mount_report(app: FastAPI, daemon, principal) -> ReplayCache:
         """Replay the jobs submitted in ``[from, to)`` (default the last 7 days of the
         log) through the simulator under the policy in force and under ``policy``
         (``shepherd whatif``, note 010): per class and team jobs, rejected, wait mean /
-        p95, mean JCT, GPU-hours, current beside proposed. Scoped (note 029): a
+        p95, mean JCT, GPU-hours, each as ``_measured`` (the log's own figures for the
+        same jobs, note 040), ``_current`` (the baseline), ``_proposed`` and ``_change``. Scoped (note 029): a
         non-admin sees its teams' rows and rejected jobs only (no per-class rows: they mix
         teams). Changes nothing; one at a time (503 with Retry-After otherwise); 422
         naming the field for an invalid policy or range."""

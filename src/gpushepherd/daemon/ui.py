@@ -89,7 +89,7 @@ def mount_ui(app: FastAPI, batches: Callable[[], object]) -> PlotCache:
         if name not in PLOTS:
             raise HTTPException(404, f"plot {name!r}: no such plot; allowed: {', '.join(PLOTS)}")
         try:
-            require("report", "GET /ui/plots")
+            require("report", "GET /ui/plots", ("pandas", "matplotlib"))
             from gpushepherd.report import HistoryError
         except MissingExtra as exc:
             raise HTTPException(503, str(exc)) from None

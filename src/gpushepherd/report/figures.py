@@ -50,6 +50,9 @@ class Report:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     utilisation: pd.DataFrame | None = None
     queue: pd.DataFrame | None = None
+    #: GPUs held per team at each ``t`` of ``utilisation`` (one column per team, same rows)
+    held_by_team: pd.DataFrame | None = None
+    capacity_gpus: float = 0.0  # the cluster's GPUs (the history's capacity)
     quota: pd.DataFrame | None = None
     local: object = None  # t -> datetime (the policy's clock)
     t_end: float = 0.0  # where the series stop: ``t_to``, or the last event if earlier
@@ -232,6 +235,7 @@ def _pending_at_end(hist: History, t_to: float) -> set[str]:
 def _series_and_gaps(rep: Report, hist: History, a: float, b: float) -> None:
     a = min(max(a, hist.t_first), b)  # before the first event nothing was recorded, not nothing held
     total = hist.total_gpus
+    rep.capacity_gpus = float(total)
     hs, he = _spans(hist.held, a, b, hist.t_last)
     keep_h = _keep(hist.held, a, b, hist.t_last)
     weights = hist.held["gpus"].to_numpy(dtype=float)[keep_h] if keep_h.size else np.zeros(0)
@@ -244,6 +248,9 @@ def _series_and_gaps(rep: Report, hist: History, a: float, b: float) -> None:
     held = _steps(hs, he, weights, grid)
     util = pd.DataFrame({"t": grid, "gpus_held": held, "utilisation": held / total if total else 0.0})
     rep.utilisation = util
+    teams = hist.held["team"].to_numpy()[keep_h] if keep_h.size else np.zeros(0, dtype=object)
+    rep.held_by_team = pd.DataFrame({team: _steps(hs[teams == team], he[teams == team], weights[teams == team], grid)
+                                     for team in sorted(set(teams))}, index=range(grid.size))
     queue = pd.DataFrame({"t": grid})
     for cls in sorted(set(classes)):
         m = classes == cls

@@ -164,24 +164,19 @@ def plots(rep: Report) -> dict[str, str]:
 
 
 def html_page(rep: Report) -> str:
-    """One self-contained page: the plots as ``data:image/png;base64`` images, the tables."""
-    pics = plots(rep)
+    """One self-contained page: the interactive plots (plotly, its JavaScript inlined;
+    note 040) and the tables."""
+    from gpushepherd.report.interactive import page, report_figures
+
     head = (f"<h1>{html.escape(rep.title or 'gpushepherd report')}</h1><p>From "
             f"{when(rep, rep.t_from)} to {when(rep, rep.t_to)}"
-            + ("" if rep.time_axis == "days" else f" ({html.escape(zone_name(rep))})")
+            + (" (days from the start of the trace)" if rep.time_axis == "days" else
+               f" ({html.escape(zone_name(rep))})")
             + (f"; money in {html.escape(rep.currency)}" if rep.currency else "") + ".</p>"
             + (f"<p>{html.escape(rep.clipped)}.</p>" if rep.clipped else ""))
-    body = [head]
-    for key, caption in (("utilisation", "Utilisation over time"), ("queue", "Queue length by class"),
-                         ("quota", "Usage per team against quota")):
-        body.append(f'<figure><img alt="{caption}" src="data:image/png;base64,{pics[key]}">'
-                    f"<figcaption>{caption}</figcaption></figure>")
+    tables = []
     for name, df in rep.tables.items():
-        body.append(f"<h2>{html.escape(TITLES.get(name, name))}</h2>")
-        body.append(df.to_html(index=False, na_rep="-", float_format=lambda v: f"{v:,.2f}", border=0,
-                               classes="t") if len(df) else "<p>(none)</p>")
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:auto}table.t{border-collapse:collapse}"
-             "table.t td,table.t th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
-             "img{max-width:100%}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(rep.title or 'report')}</title>"
-            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+        tables.append(f"<h2>{html.escape(TITLES.get(name, name))}</h2>")
+        tables.append(df.to_html(index=False, na_rep="-", float_format=lambda v: f"{v:,.2f}", border=0,
+                                 classes="t") if len(df) else "<p>(none)</p>")
+    return page(rep.title or "report", head, report_figures(rep), tables)

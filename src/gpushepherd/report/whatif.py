@@ -138,14 +138,23 @@ def split_workload(rules: Rules, jobs: list[SimJob], source: str) -> tuple[list[
 
 
 REJECTED_COLUMNS = ["run", "job_id", "class", "team", "gpus", "reason"]
+#: the figures of each group, in the table's order (seconds, seconds, seconds, GPU-hours)
+METRICS = ("wait_mean_s", "wait_p95_s", "jct_mean_s", "gpu_hours")
+#: the three columns of each figure: what the log shows, the baseline (the log's jobs
+#: simulated under the policy they ran under) and the proposed policy, simulated (note 040)
+RUNS = ("measured", "current", "proposed")
 
 
 @dataclass
 class WhatIf:
-    """Both runs and their side-by-side figures (``table``: one row per class and team).
+    """Both runs and their side-by-side figures (``table``: one row per class and team;
+    per figure of ``METRICS`` its ``_measured`` value (the log), ``_current`` (the
+    baseline), ``_proposed`` and ``_change`` (proposed - current); ``rejected_`` per run).
 
     ``rejected``: ``REJECTED_COLUMNS``, one row per job a run rejected (it could never
-    run under that policy; ``run`` is ``current`` or ``proposed``, ``reason`` the core's)."""
+    run under that policy; ``run`` is ``current`` or ``proposed``, ``reason`` the core's).
+    ``measured``: the log's history of the compared jobs (the same jobs as both runs),
+    its runs still going at the end of the log censored at ``min(t_to, last event)``."""
 
     current: SimResult
     proposed: SimResult
@@ -155,8 +164,12 @@ class WhatIf:
     rejected: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REJECTED_COLUMNS))
     #: ``(job id, why)`` of the range's jobs the proposed policy cannot take, left out of both runs
     not_replayed: list[tuple[str, str]] = field(default_factory=list)
+    measured: History | None = None
 
     def history(self, which: str) -> History:
+        """The history of ``which`` run: ``measured`` (the log), ``current`` or ``proposed``."""
+        if which == "measured":
+            return self.measured
         return History.from_sim(self.current if which == "current" else self.proposed)
 
 
@@ -183,20 +196,30 @@ def run_whatif(rp: Replay, proposed: Rules, t_from: float, t_to: float, source: 
     runs = [Simulator(rules, jobs, events, record_reasons=record_reasons,
                       on_progress=progress(f"{which} policy", len(jobs)) if progress else None).run()
             for which, rules in (("current", rp.rules), ("proposed", proposed))]
-    frames = [_figures(r) for r in runs]
-    table = _side_by_side(*frames)
+    measured = _measured(rp.history(), kept, min(t_to, rp.t_last))
+    table = _side_by_side([_figures(measured)] + [_figures(History.from_sim(r)) for r in runs])
     rejected = [(which, job_id, r.spec.workload_class, r.spec.team, r.spec.gpus,
                  str(res.scheduler.jobs[job_id].reason.detail or res.scheduler.jobs[job_id].reason))
                 for which, res in zip(("current", "proposed"), runs)
                 for job_id, r in sorted(res.records.items()) if r.state == "REJECTED"]
     return WhatIf(runs[0], runs[1], table, t_from, t_to, pd.DataFrame(rejected, columns=REJECTED_COLUMNS),
-                  not_replayed)
+                  not_replayed, measured)
 
 
-def _figures(res: SimResult) -> pd.DataFrame:
+def _measured(hist: History, job_ids: set[str], censor: float) -> History:
+    """``hist`` (the log's) cut to ``job_ids``, a run still going at its end ending at
+    ``censor`` (the simulated runs cancel such a job there: ``workload``)."""
+    cut = {name: getattr(hist, name)[getattr(hist, name)["job_id"].isin(job_ids)].reset_index(drop=True)
+           for name in ("jobs", "held", "pending", "reasons", "idle")}
+    held = cut["held"]
+    if held["end"].isna().any():
+        held["end"] = held["end"].fillna(held["start"].clip(lower=censor))
+    return replace(hist, **cut)
+
+
+def _figures(hist: History) -> pd.DataFrame:
     """Per class and per team: jobs, jobs rejected (never ran), wait mean / p95 (s),
     mean JCT (s), GPU-hours."""
-    hist = History.from_sim(res)
     jobs = hist.jobs.copy()
     jobs["wait"] = jobs["first_start"] - jobs["submit"]
     jobs["jct"] = np.where(jobs["state"].isin(RAN), jobs["end"] - jobs["submit"], np.nan)
@@ -214,10 +237,15 @@ def _figures(res: SimResult) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["by", "group", "jobs", "rejected", "wait_mean_s", "wait_p95_s", "jct_mean_s", "gpu_hours"])
 
 
-def _side_by_side(cur: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
-    df = cur.merge(new, on=["by", "group", "jobs"], suffixes=("_current", "_proposed"), how="outer")
-    for col in ("wait_mean_s", "wait_p95_s", "jct_mean_s", "gpu_hours"):
+def _side_by_side(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """``frames`` of ``RUNS`` (``_figures``) in one table: per figure the three runs
+    and the change proposed - current."""
+    df = None
+    for run, f in zip(RUNS, frames):
+        f = f.rename(columns={c: f"{c}_{run}" for c in f.columns if c not in ("by", "group", "jobs")})
+        df = f if df is None else df.merge(f, on=["by", "group", "jobs"], how="outer")
+    for col in METRICS:
         df[f"{col}_change"] = df[f"{col}_proposed"] - df[f"{col}_current"]
-    order = ["by", "group", "jobs", "rejected_current", "rejected_proposed"] + [f"{c}_{s}" for c in ("wait_mean_s", "wait_p95_s", "jct_mean_s", "gpu_hours")
-                                       for s in ("current", "proposed", "change")]
+    order = ["by", "group", "jobs"] + [f"rejected_{r}" for r in RUNS] + [
+        f"{c}_{s}" for c in METRICS for s in (*RUNS, "change")]
     return df[order].sort_values(["by", "group"]).reset_index(drop=True)

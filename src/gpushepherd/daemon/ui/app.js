@@ -392,6 +392,58 @@
         el("p", {className: "small"}, "none"));
   }
 
+  // -- what-if (notes 029, 040): measured (the log) beside the baseline (simulated under the current
+  // policy) beside the proposed policy, per team and class: a table and a grouped bar chart
+  const RUNS = [["measured", "measured (log)"], ["current", "baseline (simulated)"],
+                ["proposed", "proposed (simulated)"]];
+  const FIGURES = [["wait_mean_s", "mean wait (h)", 3600], ["wait_p95_s", "p95 wait (h)", 3600],
+                   ["jct_mean_s", "mean JCT (h)", 3600], ["gpu_hours", "GPU-hours", 1]];
+  const scaled = (v, div) => (v === null || v === undefined ? null : v / div);
+
+  function whatIfTable(rows) {
+    const head1 = el("tr", {}, el("th", {rowSpan: 2}, "group"), el("th", {rowSpan: 2}, "jobs"),
+      ...FIGURES.map(([, label]) => el("th", {colSpan: 3}, label)));
+    const head2 = el("tr", {}, ...FIGURES.flatMap(() => RUNS.map(([, label]) => el("th", {}, label.split(" ")[0]))));
+    const body = rows.map((r) => el("tr", {}, el("td", {}, `${r.by} ${r.group}`), el("td", {className: "num"}, r.jobs),
+      ...FIGURES.flatMap(([col, , div]) => RUNS.map(([run]) =>
+        el("td", {className: "num", dataset: {col: `${col}_${run}`}}, cell(scaled(r[`${col}_${run}`], div)))))));
+    return el("section", {className: "report-table", dataset: {table: "measured_baseline_proposed"}},
+      el("h3", {}, "measured, baseline, proposed"),
+      el("p", {className: "small"}, "measured: what the event log shows for these jobs; baseline: the same jobs " +
+         "simulated under the policy in force (how well it matches the log says how far to trust the simulator); " +
+         "proposed: simulated under the proposed policy. Waits and JCT in hours."),
+      rows.length ? el("table", {}, el("thead", {}, head1, head2), el("tbody", {}, ...body)) :
+        el("p", {className: "small"}, "none"));
+  }
+
+  function whatIfChart(rows) {
+    // mean wait per group, one bar per run, labelled; the SVG is built with DOM calls only
+    const W = 640, H = 200, left = 46, bottom = 34, top = 10;
+    const vals = rows.map((r) => RUNS.map(([run]) => scaled(r[`wait_mean_s_${run}`], 3600) || 0));
+    const peak = Math.max(0, ...vals.flat()), max = peak || 1;  // no wait at all: flat bars, "0 h"
+    const groupW = (W - left) / Math.max(1, rows.length), barW = Math.max(1, (groupW - 8) / RUNS.length);
+    const bars = rows.flatMap((r, g) => RUNS.map(([run, label], k) => {
+      const v = vals[g][k], h = (H - bottom - top) * v / max;
+      return svg("rect", {x: left + g * groupW + 4 + k * barW, y: H - bottom - h, width: Math.max(1, barW - 1),
+                          height: h, class: `bar-${run}`, "data-group": `${r.by} ${r.group}`, "data-run": run,
+                          "data-value": v}, svg("title", {}, `${r.by} ${r.group}, ${label}: ${hours(v)} h`));
+    }));
+    const labels = rows.map((r, g) => svg("text", {x: left + g * groupW + groupW / 2, y: H - bottom + 14,
+                                                   "text-anchor": "middle", class: "axis"}, `${r.by} ${r.group}`));
+    const axis = [svg("text", {x: left - 4, y: top + 4, "text-anchor": "end", class: "axis"},
+                      peak ? `${hours(peak)} h` : ""),
+                  svg("text", {x: left - 4, y: H - bottom, "text-anchor": "end", class: "axis"}, "0 h"),
+                  svg("line", {x1: left, y1: H - bottom, x2: W, y2: H - bottom, class: "axis-line"})];
+    const legend = RUNS.map(([run, label], k) => [
+      svg("rect", {x: left + k * 200, y: H - 12, width: 10, height: 10, class: `bar-${run}`}),
+      svg("text", {x: left + k * 200 + 14, y: H - 3, class: "axis"}, label)]).flat();
+    return el("figure", {className: "daily whatif-chart"},
+      el("figcaption", {}, "mean wait per team and class (hours): measured, baseline, proposed" +
+         (peak ? "" : " - no job waited in any of the three")),
+      svg("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "mean wait: measured, baseline, proposed"},
+          ...axis, ...bars, ...labels, ...legend));
+  }
+
   // -- what-if (note 029): POST /whatif with the text of the proposed policy
   async function runWhatIf() {
     const body = {policy_yaml: $("w-policy").value};
@@ -403,7 +455,7 @@
       const out = await post(API + "whatif", body);
       $("whatif-status").textContent = `${fmtClock(out.from)} to ${fmtClock(out.to)}; ` +
         (out.scope.teams === null ? "all teams" : "teams " + (out.scope.teams.join(", ") || "(none)"));
-      $("whatif-result").replaceChildren(tableOf("current_beside_proposed", out.rows),
+      $("whatif-result").replaceChildren(whatIfChart(out.rows), whatIfTable(out.rows),
                                          tableOf("rejected", out.rejected),
                                          tableOf("not_replayed", out.not_replayed));
     } catch (e) {
