@@ -193,6 +193,28 @@ def test_the_sessions_end_ends_the_job(server, terminals, how):
     wait_for("the job's shell to end", lambda: not job_processes(job_id, "/bin/sh"))
 
 
+def test_a_server_restart_ends_a_running_pty_session_and_its_job(tmp_path, terminals, monkeypatch):
+    import test_daemon
+
+    s = Server(tmp_path)
+    s.policy.write_text(POLICY)
+    s.start()
+    try:
+        # a job busy with its own work (a REPL would read the hang-up as its input's end and exit)
+        t = terminals(s.url, "--pty", "--", sys.executable, "-c", "import time; print(6*7); time.sleep(600)")
+        job_id = t.job_id
+        t.read_until("42")
+        s.kill9()  # the terminal's master closes with it; the job lives on (note 017)
+        monkeypatch.setattr(test_daemon, "free_port", lambda: int(s.url.rsplit(":", 1)[1]))
+        s.start()
+        assert s.wait_state(job_id, "CANCELLED", "COMPLETED", "FAILED")["state"] == "CANCELLED"
+        assert t.wait() == 1  # run follows the job to its end through the restart
+        assert f"job {job_id} ended CANCELLED" in t.seen.decode(errors="replace")
+        wait_for("the job's python to end", lambda: not job_processes(job_id, sys.executable))
+    finally:
+        s.stop()
+
+
 def test_the_terminal_attaches_over_the_unix_socket(server, terminals):
     t = terminals(f"unix:{server.sock}", "--pty", "--env", "PS1=sh> ", "--", "/bin/sh")
     job_id = t.job_id
@@ -275,3 +297,29 @@ def test_another_users_job_cannot_be_attached_by_token_or_socket(tmp_path, sockd
         assert {(a["user"], a["outcome"]) for a in denied} >= {("bob", "denied"), ("nobody", "denied")}
     finally:
         s.stop()
+
+
+def test_a_pty_job_runs_as_its_user_in_its_cgroup_with_a_clean_environment(request, terminals):
+    """Under a root server that runs jobs as their users (note 023): the terminal changes
+    none of it - the job's uid, its cgroup, no variable of the server's; the terminal is
+    the user's."""
+    from test_multitenant import SECRET, why_not_cgroups
+
+    tenants, users = request.getfixturevalue("tenants"), request.getfixturevalue("users")
+    alice = users.ident[users.alice]
+    t = terminals(tenants.server.url, "--token", tenants.tokens[users.alice], "-c", "batch", "-A", "ml", "--pty",
+                  "-D", str(tenants.work), "--env", "PS1=sh> ", "--", "/bin/sh")
+    job_id = t.job_id
+    t.read_until("sh> ")
+    t.type(f"echo U=$(id -u) O=$(stat -c %u $(tty)) S=${{{SECRET}:-none}} C=$(tail -1 /proc/self/cgroup) "
+           "E=$((40+2))\r")
+    line = next(x for x in t.read_until("E=42").split("\r\n") if "E=42" in x)  # the output, not the echoed keys
+    assert f"U={alice.uid} O={alice.uid} S=none C=" in line, line
+    if why_not_cgroups() is None:
+        assert "gpushepherd" in line.split(" C=", 1)[1], line  # the job's own cgroup
+    t.type("exit 4\r")
+    assert t.wait() == 4
+    assert tenants.server.wait_state(job_id, "FAILED")["exit_code"] == 4
+
+
+from test_multitenant import tenants, users  # noqa: E402,F401 - the per-user server's fixtures

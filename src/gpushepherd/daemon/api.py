@@ -576,7 +576,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             has none; otherwise tokens are required once one has ever existed
             (revoking the last one does not turn auth off).
     """
-    bearer = Bearer(auto_error=False, description="An API token from `shepherd token create`.")
+    bearer = Bearer(auto_error=False, scheme_name="HTTPBearer",  # the OpenAPI name it had before note 041
+                    description="An API token from `shepherd token create`.")
     per_user = daemon.backend.kind == "local" and daemon.backend.run_as.per_user
     used: set[tuple[int, str]] = set()  # (token id, client host) seen this server's life: token-use rows
     refused_at: dict[str, float] = {}  # client host -> time of its last token-refused row
