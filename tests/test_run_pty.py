@@ -215,6 +215,12 @@ def test_a_server_restart_ends_a_running_pty_session_and_its_job(tmp_path, termi
         s.stop()
 
 
+def test_a_command_that_cannot_run_says_so_on_the_terminal(server, terminals):
+    t = terminals(server.url, "--pty", "--", "no-such-command-41")
+    assert t.wait() == 127
+    t.read_until("cannot run 'no-such-command-41'")
+
+
 def test_the_terminal_attaches_over_the_unix_socket(server, terminals):
     t = terminals(f"unix:{server.sock}", "--pty", "--env", "PS1=sh> ", "--", "/bin/sh")
     job_id = t.job_id
@@ -285,6 +291,7 @@ def test_another_users_job_cannot_be_attached_by_token_or_socket(tmp_path, sockd
         assert status == 403 and "is user 'ana'" in detail and "'bob'" in detail, detail
         status, detail = as_nobody(lambda: attach_status("", job_id, sock=sock))  # the kernel says: nobody
         assert status == 403 and "'nobody'" in detail, detail
+        assert attach_status(s.url, job_id)[0] == 401  # no token, once tokens exist
         assert s.job(job_id)["state"] == "RUNNING"
         held.close()
         s.wait_state(plain, "RUNNING")

@@ -140,6 +140,11 @@ def _keeper(opts: Options, env: dict[str, str] | None, pid_w: int) -> int:
     except (OSError, subprocess.SubprocessError) as exc:  # the command does not exist or cannot run
         why = exc if isinstance(exc, OSError) else f"cannot enter its directory {cwd!r} as uid {opts.uid}"
         print(f"shepherd: cannot run {argv[0]!r}: {why}", file=sys.stderr)
+        if opts.pty:  # and where its user looks
+            try:
+                os.write(0, f"shepherd: cannot run {argv[0]!r}: {why}\r\n".encode())
+            except OSError:
+                pass
         os.close(pid_w)
         return 127 if write_exit(opts.exit_file, 127, opts.owner) else 3
     os.write(pid_w, f"{proc.pid}\n".encode())

@@ -7,8 +7,9 @@ whole life - into the run's stdout log and a replay buffer, and to every attache
 - so the job never blocks on a full terminal while nobody is attached. Clients
 (``GET /jobs/{id}/attach``, a WebSocket) write keystrokes and window sizes to it.
 
-When the last client goes (or none came within ``DETACH_GRACE_S`` of the start) the
-``on_detached`` callback runs - the server cancels the job: the session ended. A client
+When the last client goes and none comes back within ``DETACH_GRACE_S`` (or none came
+within ``START_GRACE_S`` of the start) the ``on_detached`` callback runs - the server
+cancels the job: the session ended. A client
 that comes back within the grace keeps it; it passes the byte offset it has already
 seen, and the buffer replays what it missed (up to ``REPLAY_BYTES``).
 """
@@ -27,8 +28,10 @@ from collections.abc import Callable
 
 log = logging.getLogger("gpushepherd.daemon")
 
-#: seconds a running pty job may have no client before it is cancelled
+#: seconds a running pty job may be without a client once its last one left, before it is cancelled
 DETACH_GRACE_S = 5.0
+#: seconds from its start a pty job may wait for its first client (``run`` looks every 0.5 s)
+START_GRACE_S = 30.0
 #: bytes of output kept for a client that attaches late or comes back
 REPLAY_BYTES = 256 * 1024
 #: a new terminal's size (rows, columns) until a client sends its own
@@ -71,9 +74,10 @@ class Terminal:
     their own event loop)."""
 
     def __init__(self, job_id: str, run: int, master: int, log_fd: int,
-                 on_detached: Callable[[str, int], None] | None = None, grace_s: float = DETACH_GRACE_S):
+                 on_detached: Callable[[str, int], None] | None = None, grace_s: float = DETACH_GRACE_S,
+                 start_grace_s: float = START_GRACE_S):
         self.job_id, self.run, self.master, self.log_fd = job_id, run, master, log_fd
-        self.on_detached, self.grace_s = on_detached, grace_s
+        self.on_detached, self.grace_s, self.start_grace_s = on_detached, grace_s, start_grace_s
         self.ended = False
         self.total = 0  # bytes read from the job so far
         self._buf = bytearray()  # the last REPLAY_BYTES of them
@@ -86,10 +90,10 @@ class Terminal:
         self._thread = threading.Thread(target=self._read_loop, name=f"pty-{job_id}", daemon=True)
 
     def start(self) -> None:
-        """Start reading; the detach grace runs until a client subscribes."""
+        """Start reading; the start grace runs until a client subscribes."""
         self._thread.start()
         with self._lock:
-            self._arm()
+            self._arm(self.start_grace_s)
 
     # -- the reader thread
     def _read_loop(self) -> None:
@@ -162,12 +166,12 @@ class Terminal:
         """Detach a client; the last one going arms the detach grace."""
         with self._lock:
             if self._subs.pop(sub, None) is not None and not self._subs and not self.ended:
-                self._arm()
+                self._arm(self.grace_s)
 
-    def _arm(self) -> None:
+    def _arm(self, seconds: float) -> None:
         if self.on_detached is None:
             return
-        self._timer = threading.Timer(self.grace_s, self._detached)
+        self._timer = threading.Timer(seconds, self._detached)
         self._timer.daemon = True
         self._timer.start()
 
@@ -176,8 +180,7 @@ class Terminal:
             if self._subs or self.ended:
                 return
             self._timer = None
-        log.info("job %s: run %d: no client attached to its terminal for %g s: the session ended", self.job_id,
-                 self.run, self.grace_s)
+        log.info("job %s: run %d: no client attached to its terminal: the session ended", self.job_id, self.run)
         try:
             self.on_detached(self.job_id, self.run)
         except Exception:  # noqa: BLE001 - a timer thread: the log says it
