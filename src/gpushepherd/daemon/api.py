@@ -17,7 +17,9 @@ the socket). Every submission, cancel, job action, policy apply and token use is
 audit log (``GET /audit``, note 023). Handlers are plain functions (FastAPI runs them
 in its thread pool): they read the core under the daemon's lock and hand changes to the
 reconcile loop; ``POST /jobs`` and the token check run on the event loop instead (no
-thread hops on the submission path).
+thread hops on the submission path). One WebSocket route, ``/jobs/{id}/attach`` (a pty
+job's terminal, note 041; not in the OpenAPI schema, which has no WebSockets), is
+authenticated as every request is, on either path.
 """
 
 from __future__ import annotations
@@ -615,8 +617,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     async def principal(request: HTTPConnection,
                         cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal | None:
-        """The request's (or WebSocket's) principal; ``None`` when auth is off (the database never had a
-        token, and not ``auth_required``) and for the probes (``PROBE_PATHS``). On the
+        """The request's (or WebSocket handshake's) principal; ``None`` when auth is off (the
+        database never had a token, and not ``auth_required``) and for the probes (``PROBE_PATHS``). On the
         Unix socket, the kernel's user (never a token; note 025). On the event loop, no
         thread: one primary-key read (``Store.active_tokens_cached``), the tokens read
         again only after one was created or revoked.
