@@ -215,6 +215,22 @@ def test_a_server_restart_ends_a_running_pty_session_and_its_job(tmp_path, termi
         s.stop()
 
 
+def test_the_window_size_follows_the_users_terminal(server, terminals):
+    import fcntl
+    import struct
+    import termios
+
+    t = terminals(server.url, "--pty", "--env", "PS1=sh> ", "--", "/bin/sh")
+    t.read_until("sh> ")
+    t.type("while :; do stty size; sleep 0.2; done\r")
+    t.read_until("24 80")  # a new terminal's size until the user's is known
+    fcntl.ioctl(t.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))  # the user resizes: SIGWINCH
+    t.read_until("33 101")
+    t.type("\x03")
+    t.type("exit 0\r")
+    assert t.wait() == 0
+
+
 def test_a_command_that_cannot_run_says_so_on_the_terminal(server, terminals):
     t = terminals(server.url, "--pty", "--", "no-such-command-41")
     assert t.wait() == 127
