@@ -26,7 +26,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect, unix_connect
 
 from gpushepherd.daemon.unixsock import short_path
-from gpushepherd.gpu.procs import env_and_argv
+from gpushepherd.gpu.procs import env_and_argv, stat_fields
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 POLICY = """\
@@ -235,6 +235,30 @@ def test_a_command_that_cannot_run_says_so_on_the_terminal(server, terminals):
     t = terminals(server.url, "--pty", "--", "no-such-command-41")
     assert t.wait() == 127
     t.read_until("cannot run 'no-such-command-41'")
+
+
+def test_without_cgroups_the_sessions_end_ends_a_shells_job_control_groups_too(tmp_path, terminals, monkeypatch):
+    """Process groups only (``SHEPHERD_CGROUP=off``): an interactive shell puts ``sleep``
+    in a process group of its own, in the terminal's foreground; the session's end still
+    ends both (the stop passed on to the foreground group, the terminal hung up)."""
+    monkeypatch.setenv("SHEPHERD_CGROUP", "off")
+    s = Server(tmp_path)
+    s.policy.write_text(POLICY)
+    s.start()
+    try:
+        t = terminals(s.url, "--pty", "--env", "PS1=sh> ", "--", "/bin/sh")
+        job_id = t.job_id
+        t.read_until("sh> ")
+        t.type("sleep 1000\r")
+        sleep = wait_for("sleep to run in the job", lambda: job_processes(job_id, "sleep"))[0]
+        shell = job_processes(job_id, "/bin/sh")[0]
+        assert int(stat_fields(sleep)[2]) != int(stat_fields(shell)[2])  # job control: a group of its own
+        os.kill(t.pid, signal.SIGKILL)  # the client goes without a word
+        assert s.wait_state(job_id, "CANCELLED", "COMPLETED", "FAILED")["state"] == "CANCELLED"
+        wait_for("the job's shell and sleep to end",
+                 lambda: not job_processes(job_id, "/bin/sh") and not job_processes(job_id, "sleep"))
+    finally:
+        s.stop()
 
 
 def test_the_terminal_attaches_over_the_unix_socket(server, terminals):

@@ -530,7 +530,9 @@ class LocalBackend(RunFiles):
                 log.warning("job %s: run %d ended without an exit code: %s", job_id, proc.run,
                             self.lost_causes[job_id])
             del self.procs[job_id]
-            self.terminals.pop(job_id, None)  # its reader ends on its own once the slave is closed
+            term = self.terminals.pop(job_id, None)
+            if term is not None:  # anything of the run still on it (a shell's job) is hung up, then drained
+                term.close()
             self._drain(proc)  # the job ended: what it left behind goes too, then its GPUs
             out.append((job_id, code))
         return out

@@ -37,6 +37,10 @@ REPLAY_BYTES = 256 * 1024
 #: a new terminal's size (rows, columns) until a client sends its own
 DEFAULT_SIZE = (24, 80)
 _READ = 65536
+#: reads of a closing terminal's buffered output at most (a process still writing cannot keep it open)
+CLOSING_READS = 64
+#: seconds a closing terminal waits for more of its output before it ends
+CLOSING_WAIT_S = 0.05
 
 
 def open_terminal(owner_uid: int | None = None) -> tuple[int, int]:
@@ -97,11 +101,18 @@ class Terminal:
 
     # -- the reader thread
     def _read_loop(self) -> None:
+        closing = 0  # after close(): reads left for what is already buffered, then the end
         try:
             while True:
-                ready, _, _ = select.select([self.master, self._wake_r], [], [])
-                if self._wake_r in ready:
-                    break
+                # closing: output the kernel is still handing to the master arrives within the wait
+                ready, _, _ = select.select([self.master, self._wake_r], [], [], CLOSING_WAIT_S if closing else None)
+                if self._wake_r in ready and not closing:
+                    closing = CLOSING_READS
+                if self.master not in ready or closing == 1:
+                    if closing:
+                        break
+                    continue
+                closing = max(0, closing - 1)
                 try:
                     data = os.read(self.master, _READ)
                 except OSError:  # EIO: every slave descriptor is closed (the run ended)
@@ -138,7 +149,9 @@ class Terminal:
                         pass
 
     def close(self) -> None:
-        """Stop relaying (the run is over, or the server stops): subscribers get the end."""
+        """Stop relaying (the run is over): what the terminal holds already is read, then
+        the master is closed - processes of the run still on the terminal are hung up (read
+        EOF/EIO) - and subscribers get the end."""
         try:
             os.write(self._wake_w, b"x")
         except OSError:
