@@ -229,10 +229,7 @@ class Session:
                     attached.open(0)
                 except AttachRefused as exc:
                     if exc.status != 409:
-                        from gpushepherd.cli.main import err
-
-                        err.print(f"error: {_safe(str(exc))}", soft_wrap=True, markup=False)
-                        raise typer.Exit(2) from None
+                        refused(exc)
                     time.sleep(POLL_S)  # not running any more (or its run just ended): look again
                     continue
                 except OSError as exc:
@@ -240,7 +237,11 @@ class Session:
                     time.sleep(POLL_S)
                     continue
                 shown = True
-                if not attached.run():
+                try:
+                    clean = attached.run()
+                except AttachRefused as exc:  # a reconnect refused (403 after a token was revoked)
+                    refused(exc)
+                if not clean:
                     self.note(f"the connection to job {self.job_id}'s terminal was lost: the server cancels the job "
                               "once no client is attached for a few seconds")
                     return self.wait_end()
@@ -257,6 +258,15 @@ class Session:
 
     def cancel(self) -> None:
         self.call("POST", _job_path(self.job_id, "/cancel"))
+
+
+def refused(exc: Exception) -> None:
+    """The server refused an attach (403, 404): its word on stderr, exit 2 (the job is
+    left to the server: a pty job without a client is cancelled)."""
+    from gpushepherd.cli.main import err
+
+    err.print(f"error: {_safe(str(exc))}", soft_wrap=True, markup=False)
+    raise typer.Exit(2) from None
 
 
 def _raise_session_ended(signum: int, _frame: Any) -> None:
