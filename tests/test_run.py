@@ -137,14 +137,6 @@ def test_defaults_and_exit_statuses():
     assert exit_status({"state": "CANCELLED", "exit_code": None}) == 1
 
 
-def test_pty_is_refused_saying_why(server):
-    p = shepherd_run(server, "--pty", "--", "bash")
-    out, err = p.communicate(timeout=120)
-    assert p.returncode == 2 and out == ""
-    assert "error: --pty is not allowed: no terminal can be attached to a job yet" in err
-    assert not [j for j in server_jobs(server) if j["command"] == ["bash"]]  # nothing submitted
-
-
 def server_jobs(server: Server) -> list[dict]:
     import httpx
 

@@ -930,12 +930,15 @@ def register(app: typer.Typer) -> None:
                     raise typer.Exit(2) from None
             app_ = make_app(daemon, auth_required=auth == "required")
             guarded = guarded_protocol(header_timeout, max(30.0, header_timeout), max_connections)
+            # WebSockets (a pty job's terminal, note 041) by the websockets package, sans-I/O
+            from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
             config = uvicorn.Config(app_, host=host, port=port, log_level="warning", timeout_keep_alive=5,
-                                    http=guarded, **tls)
+                                    http=guarded, ws=WebSocketsSansIOProtocol, **tls)
             local = None
-            if listener is not None:
+            if listener is not None:  # a WebSocket's protocol reads the peer of its connection too
                 local = uvicorn.Config(app_, log_level="warning", timeout_keep_alive=5, lifespan="off",
-                                       http=peer_protocol(guarded))
+                                       http=peer_protocol(guarded), ws=peer_protocol(WebSocketsSansIOProtocol))
             stopped_by = _serve(config, sock, local, listener)
         finally:
             sock.close()

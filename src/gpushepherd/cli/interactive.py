@@ -1,15 +1,17 @@
-"""``shepherd run``: interactive work, as Slurm's ``srun`` (issue 18, point 5; design note
-028). It submits, waits for the job's GPUs saying why it waits, streams the job's output
-while it runs and exits with its exit code; the session ending (Ctrl-C, hang-up,
+"""``shepherd run``: interactive work, as Slurm's ``srun`` (issue 18, point 5; design notes
+028 and 041). It submits, waits for the job's GPUs saying why it waits, streams the job's
+output while it runs and exits with its exit code; the session ending (Ctrl-C, hang-up,
 SIGTERM) cancels the job.
 
-What it is not (note 028): no terminal is attached. The job's stdin is not the user's,
-``isatty()`` is false in the job, and a window size is not passed: ``srun --pty``'s
-attach would need the server to relay a pty made in the job's runner, on every backend.
+Without ``--pty`` no terminal is attached (note 028): the job's stdin is not the user's
+and ``isatty()`` is false in it. With ``--pty`` (note 041, ``gpushepherd.cli.attach``)
+the job runs on a pseudo-terminal the server relays, and the user's terminal is attached
+to it: keys, Ctrl-C, window size; the job ends when the session does.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -203,8 +205,68 @@ class Session:
                 return j
             time.sleep(POLL_S)
 
+    def follow_attached(self) -> dict:
+        """``follow`` for a pty job (note 041): wait for it to run, attach this terminal
+        to its terminal until that ends, then wait for the job's end; returns its last
+        view. A job whose terminal ended before the attach (it ran briefly) has its output
+        printed from its log, as ``follow`` does; a requeued job's next run is attached to
+        in turn.
+
+        Raises:
+            typer.Exit: 2, the server refused the attach (403: not the job's user).
+        """
+        from gpushepherd.cli.attach import Attached, AttachRefused
+
+        shown = False  # a terminal was attached: its output is shown, the log is not printed again
+        while True:
+            j = self.look()
+            self.show_state(j)
+            if j["state"] in TERMINAL:
+                return j if shown else self.follow()  # ended before any attach: its output from its log
+            if j["state"] == "RUNNING":
+                attached = Attached(self.server, self.token, self.job_id)
+                try:
+                    attached.open(0)
+                except AttachRefused as exc:
+                    if exc.status != 409:
+                        refused(exc)
+                    time.sleep(POLL_S)  # not running any more (or its run just ended): look again
+                    continue
+                except OSError as exc:
+                    self.note(f"cannot attach to job {self.job_id}'s terminal: {exc}; trying again")
+                    time.sleep(POLL_S)
+                    continue
+                shown = True
+                try:
+                    clean = attached.run()
+                except AttachRefused as exc:  # a reconnect refused (403 after a token was revoked)
+                    refused(exc)
+                if not clean:
+                    self.note(f"the connection to job {self.job_id}'s terminal was lost: the server cancels the job "
+                              "once no client is attached for a few seconds")
+                    return self.wait_end()
+                continue  # its terminal ended: the job ends, or (requeued) runs again with a new one
+            time.sleep(POLL_S)
+
+    def wait_end(self) -> dict:
+        """Look until the job ends (its output was shown already); returns its last view."""
+        while True:
+            j = self.look()
+            if j["state"] in TERMINAL:
+                return j
+            time.sleep(POLL_S / 5)
+
     def cancel(self) -> None:
         self.call("POST", _job_path(self.job_id, "/cancel"))
+
+
+def refused(exc: Exception) -> None:
+    """The server refused an attach (403, 404): its word on stderr, exit 2 (the job is
+    left to the server: a pty job without a client is cancelled)."""
+    from gpushepherd.cli.main import err
+
+    err.print(f"error: {_safe(str(exc))}", soft_wrap=True, markup=False)
+    raise typer.Exit(2) from None
 
 
 def _raise_session_ended(signum: int, _frame: Any) -> None:
@@ -242,7 +304,10 @@ def register(app: typer.Typer) -> None:
                                                        "job's processes (100M, 4G; a bare number is MiB).")]
             = None,
             cpus: Annotated[Optional[float], typer.Option("--cpus", min=0.01, help="CPU limit, in CPUs.")] = None,
-            pty: Annotated[bool, typer.Option("--pty", hidden=True)] = False,
+            pty: Annotated[bool, typer.Option("--pty", help="Attach this terminal to the job's, as srun --pty: "
+                                              "a pseudo-terminal for the job (python, a shell, a debugger), your "
+                                              "keys, Ctrl-C and window size go to it. The local backend only.")]
+            = False,
             quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No lines of run's own on stderr (submitted, "
                                                 "waiting, running): only the job's output.")] = False,
             server: ServerOpt = None, token: TokenOpt = None) -> None:
@@ -250,17 +315,17 @@ def register(app: typer.Typer) -> None:
         Submits, waits for the GPUs (printing why it waits on stderr), streams the job's stdout
         and stderr while it runs and exits with its exit code (killed by signal S: 128+S; any other
         end - cancelled, timeout - 1). Ctrl-C, a closed terminal or SIGTERM cancels the job (exit
-        128+signal). Not attached: stdin and a terminal (the job's isatty() is false; a bare
-        `python` exits at once, as with < /dev/null): for interactive work run a server in the job
-        (jupyter lab, a debugger's listener) and connect to it."""
+        128+signal). Without --pty stdin and a terminal are not attached (the job's isatty() is
+        false; a bare `python` exits at once, as with < /dev/null). With --pty
+        (`shepherd run --gpus 1 --pty -- python`) your terminal is the job's: keys go to it, Ctrl-C
+        interrupts the job's foreground process (not run), and closing the terminal or the
+        connection ends the job."""
         from gpushepherd.cli.main import UsageError, _errors
 
         script_not_command(cmd, chdir, shell)
         with _errors():
-            if pty:
-                raise UsageError("--pty is not allowed: no terminal can be attached to a job yet (design note 028); "
-                                 "`shepherd run` without it streams the job's output and exits with its code, stdin "
-                                 "not attached")
+            if pty and "TERM" in os.environ and not any(e.startswith("TERM=") for e in env):
+                env = [*env, f"TERM={os.environ['TERM']}"]  # the job's terminal is of the user's type
             if cls is None or team is None:
                 policy = _request(server, "GET", "/policy", token=token).json().get("policy") or {}
                 try:
@@ -272,13 +337,15 @@ def register(app: typer.Typer) -> None:
                             shell=shell, chdir=chdir, time_limit_s=time_limit, name=name, server=server)
             body.update(constraint_fields(estimate_s=estimate))
             body.update(resource_fields(share=share, gpu_mem=gpu_mem, env=env, mem=mem, cpus=cpus))
+            if pty:
+                body["pty"] = True
         session = Session(None, server, token, quiet)
         previous = {s: signal.getsignal(s) for s in SESSION_SIGNALS}
         for s in SESSION_SIGNALS:
             signal.signal(s, _raise_session_ended)
         try:
             session.job_id = post_job(server, token, body, announce=not quiet, to_stderr=True)["id"]
-            ended = session.follow()
+            ended = session.follow_attached() if pty else session.follow()
         except SessionEnded as exc:
             for s in SESSION_SIGNALS:  # a second Ctrl-C while cancelling does not stop the cancel
                 signal.signal(s, signal.SIG_IGN)

@@ -17,7 +17,9 @@ the socket). Every submission, cancel, job action, policy apply and token use is
 audit log (``GET /audit``, note 023). Handlers are plain functions (FastAPI runs them
 in its thread pool): they read the core under the daemon's lock and hand changes to the
 reconcile loop; ``POST /jobs`` and the token check run on the event loop instead (no
-thread hops on the submission path).
+thread hops on the submission path). One WebSocket route, ``/jobs/{id}/attach`` (a pty
+job's terminal, note 041; not in the OpenAPI schema, which has no WebSockets), is
+authenticated as every request is, on either path.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ import time
 from dataclasses import replace
 from typing import Annotated, Literal
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, WebSocket
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from starlette.requests import HTTPConnection
 
 from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
@@ -56,6 +59,7 @@ from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.report_api import mount_report
 from gpushepherd.daemon.server import Daemon, IdempotencyConflict, JobActionRefused
 from gpushepherd.daemon.store import StorageUnavailable, audit_row, storage_reason
+from gpushepherd.daemon.terminal import async_deliver
 from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.daemon.unixsock import PEER_KEY
 from gpushepherd.model.job import GpuShare, JobSpec, first_control_char
@@ -231,6 +235,10 @@ class SubmitBody(BaseModel):
                             "an unknown job id is refused")
     begin: float | str | None = Field(None, description=f"not before this time (Slurm's --begin): {BEGIN_RULE}")
     hold: bool = Field(False, description="submit held (Slurm's --hold): not scheduled until released")
+    pty: bool = Field(False, description="run on a pseudo-terminal that a client attaches to through the WebSocket "
+                      "GET /jobs/{id}/attach (Slurm's srun --pty; shepherd run --pty): cancelled once no client has "
+                      "been attached for a few seconds while it runs. The local backend only; not with array "
+                      "(design note 041)")
 
     @field_validator("dependency")
     @classmethod
@@ -534,7 +542,7 @@ def check_submitter(p: Principal | None, body, per_user: bool = False) -> None:
     body.user = body.user or p.user
 
 
-def who_of(request: Request, p: Principal | None, claimed: str = "") -> dict:
+def who_of(request: HTTPConnection, p: Principal | None, claimed: str = "") -> dict:
     """``who`` of an audit row (note 023): the principal's user and token id, or -
     without auth - the user the request claims (``claimed``, unverified); ``uid``: the
     Unix uid the kernel vouches for (the local socket's caller, note 025; ``None`` over
@@ -547,6 +555,13 @@ def who_of(request: Request, p: Principal | None, claimed: str = "") -> dict:
         address = f"{client.host}:{client.port}" if client is not None and client.host else None
     return {"user": p.user if p is not None else claimed, "token_id": p.token_id if p is not None else None,
             "uid": p.uid if p is not None else None, "address": address}
+
+
+class Bearer(HTTPBearer):
+    """``HTTPBearer`` that reads a WebSocket's handshake too (``GET /jobs/{id}/attach``)."""
+
+    async def __call__(self, request: HTTPConnection) -> HTTPAuthorizationCredentials | None:
+        return await super().__call__(request)
 
 
 def _spec_field(msg: str) -> str:
@@ -563,16 +578,17 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             has none; otherwise tokens are required once one has ever existed
             (revoking the last one does not turn auth off).
     """
-    bearer = HTTPBearer(auto_error=False, description="An API token from `shepherd token create`.")
+    bearer = Bearer(auto_error=False, scheme_name="HTTPBearer",  # the OpenAPI name it had before note 041
+                    description="An API token from `shepherd token create`.")
     per_user = daemon.backend.kind == "local" and daemon.backend.run_as.per_user
     used: set[tuple[int, str]] = set()  # (token id, client host) seen this server's life: token-use rows
     refused_at: dict[str, float] = {}  # client host -> time of its last token-refused row
 
-    def audit_token(request: Request, p: Principal | None, why: str | None) -> None:
+    def audit_token(request: HTTPConnection, p: Principal | None, why: str | None) -> None:
         """The first use of a token from a client host in this server's life, and refused
         tokens (one row a minute per host), in the audit log (note 023)."""
         host = request.client.host if request.client is not None else ""
-        what = {"request": f"{request.method} {request.url.path}"}
+        what = {"request": f"{request.scope.get('method', 'WEBSOCKET')} {request.url.path}"}
         if p is not None:
             if (p.token_id, host) not in used:
                 used.add((p.token_id, host))
@@ -599,10 +615,10 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             members_cache[:] = [cur["version"], membership_of(cur.get("policy"), cur["version"])]
         return members_cache[1]
 
-    async def principal(request: Request,
+    async def principal(request: HTTPConnection,
                         cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal | None:
-        """The request's principal; ``None`` when auth is off (the database never had a
-        token, and not ``auth_required``) and for the probes (``PROBE_PATHS``). On the
+        """The request's (or WebSocket handshake's) principal; ``None`` when auth is off (the
+        database never had a token, and not ``auth_required``) and for the probes (``PROBE_PATHS``). On the
         Unix socket, the kernel's user (never a token; note 025). On the event loop, no
         thread: one primary-key read (``Store.active_tokens_cached``), the tokens read
         again only after one was created or revoked.
@@ -658,7 +674,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                 deny(request, p, action, denied, team=team, target=job_id)
             raise denied
 
-    def deny(request: Request, p: Principal | None, action: str, exc: HTTPException, claimed: str = "",
+    def deny(request: HTTPConnection, p: Principal | None, action: str, exc: HTTPException, claimed: str = "",
              **row) -> None:
         """An audit row for an action refused by the API itself (403)."""
         daemon.audit_later(audit_row(time.time(), action, who_of(request, p, claimed), "denied",
@@ -741,7 +757,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         try:
             array = (body.array, *parse_array(body.array), body.max_retries) if body.array is not None else None
             fut = daemon.submit_future(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
-                                       array=array, idempotency=idem, defer=body.defer(), who=who)
+                                       array=array, idempotency=idem, defer=body.defer(), who=who, pty=body.pty)
             # shielded: a timeout must not cancel the future the loop will complete
             out = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), SUBMIT_TIMEOUT_S)
         except SpecError as exc:
@@ -831,18 +847,24 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             raise HTTPException(404, f"job {job_id!r}: no such job") from None
         return {"id": job_id, "state": state}
 
-    def act(kind: str, job_id: str, p: Principal | None, changes: dict | None = None,
-            request: Request | None = None) -> dict:
-        """A hold, release, update or requeue (note 021): the job's user or an admin only."""
+    def owner_only(action: str, job_id: str, p: Principal | None, request: HTTPConnection | None,
+                   verb: str) -> None:
+        """The job's user or an admin only (notes 021, 041): a refusal is 403, audited as
+        ``action``; an unknown job 404. ``verb``: what is refused, for the message."""
         with daemon.lock:
             user, team = daemon.job_user(job_id), daemon.job_team(job_id)
         if user is None:
             raise HTTPException(404, f"job {job_id!r}: no such job")
         if p is not None and not p.admin and p.user != user:
-            denied = HTTPException(403, f"job {job_id!r} is user {user!r}'s: only its user or an admin token may "
-                                        f"{kind} it (this token is user {p.user!r})")
-            deny(request, p, kind, denied, team=team, target=job_id)
+            denied = HTTPException(403, f"job {job_id!r} is user {user!r}'s: only its user or an admin may {verb} "
+                                        f"(this {'socket caller' if p.via_socket else 'token'} is user {p.user!r})")
+            deny(request, p, action, denied, team=team, target=job_id)
             raise denied
+
+    def act(kind: str, job_id: str, p: Principal | None, changes: dict | None = None,
+            request: Request | None = None) -> dict:
+        """A hold, release, update or requeue (note 021): the job's user or an admin only."""
+        owner_only(kind, job_id, p, request, f"{kind} it")
         try:
             return daemon.job_action(kind, job_id, changes, who=who_of(request, p))
         except KeyError:
@@ -968,7 +990,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                                        "acted), a comma list"),
               action: str | None = Query(None, max_length=4096, description="only these actions, a comma list: "
                                          "submit, cancel, hold, release, update, requeue, policy-apply, "
-                                         "token-create, token-rotate, token-revoke, token-use, token-refused"),
+                                         "token-create, token-rotate, token-revoke, token-use, token-refused, "
+                                         "attach (a refused terminal attach)"),
               limit: int = Query(AUDIT_LIMIT, ge=1, le=MAX_AUDIT_LIMIT, description="the newest this many"),
               p: Principal | None = Depends(principal)) -> list:
         """The audit log (note 023), oldest first: who (``user``: the token's, or the one a
@@ -1031,6 +1054,65 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         ``idle_threshold_pct``, the utilisation % under which a held GPU counts as idle."""
         with daemon.lock:
             return daemon.usage_view()
+
+    @app.websocket("/jobs/{job_id}/attach")
+    async def attach(websocket: WebSocket, job_id: str,
+                     offset: int = Query(0, ge=0, le=2**62, description="bytes of output already seen"),
+                     p: Principal | None = Depends(principal)) -> None:
+        """Attach to a running pty job's terminal (note 041), a WebSocket: binary messages
+        from the server are the terminal's output (first what was missed since byte
+        ``offset``, as far as the server keeps it), binary messages to it are keystrokes
+        (Ctrl-C is the byte 0x03: the terminal signals the job's foreground processes),
+        a text message ``{"resize": [ROWS, COLS]}`` sets the window size. The server
+        closes it (1000) when the terminal ends (the job's processes have exited). The
+        job's user or an admin only (403), on a token or the Unix socket; 409 for a job
+        without a terminal (not pty, not running, ended). No client for a few seconds
+        while it runs: the job is cancelled."""
+        owner_only("attach", job_id, p, websocket, "attach to its terminal")
+        term = getattr(daemon.backend, "terminals", {}).get(job_id)
+        out: asyncio.Queue = asyncio.Queue()
+        got = term.subscribe(async_deliver(asyncio.get_running_loop(), out), offset) if term is not None else None
+        if got is None:
+            v = view(job_id)
+            why = ("it was not submitted with pty (shepherd run --pty)" if not v.get("pty") else
+                   f"it is {v['state']}: a terminal exists while its run runs" if v["state"] != "RUNNING" else
+                   "its run's terminal has ended (or was lost when the server restarted)")
+            raise HTTPException(409, f"job {job_id!r} has no terminal to attach to: {why}")
+        sub, missed = got
+        try:
+            await websocket.accept()
+            if missed:
+                await websocket.send_bytes(missed)
+
+            async def output() -> None:
+                while (data := await out.get()) is not None:
+                    await websocket.send_bytes(data)
+                await websocket.close(1000, "the job's terminal ended")
+
+            async def keys() -> None:
+                while True:
+                    msg = await websocket.receive()
+                    if msg["type"] == "websocket.disconnect":
+                        return
+                    if msg.get("bytes"):
+                        await asyncio.get_running_loop().run_in_executor(None, term.write, msg["bytes"])
+                    elif msg.get("text"):
+                        try:
+                            rows, cols = json.loads(msg["text"])["resize"]
+                            term.resize(int(rows), int(cols))
+                        except (ValueError, TypeError, KeyError) as exc:
+                            await websocket.close(1003, f"not a resize message: {exc}"[:120])
+                            return
+
+            tasks = [asyncio.ensure_future(output()), asyncio.ensure_future(keys())]
+            try:
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            term.unsubscribe(sub)
 
     from gpushepherd.daemon.services_api import mount_services  # it builds on SubmitBody
 

@@ -35,12 +35,15 @@ import signal
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpushepherd.backends import EngineNode, RunFiles, contract_env, package_root
 from gpushepherd.daemon import cgroups, runas
+from gpushepherd.daemon.terminal import Terminal, open_terminal
 from gpushepherd.gpu.inventory import Discovery
+from gpushepherd.gpu.procs import env_and_argv
 from gpushepherd.gpu.procs import stat_fields as _stat
 from gpushepherd.model.job import ExitStatus
 from gpushepherd.model.placement import Placement
@@ -97,13 +100,10 @@ def find_runner(job_id: str, run: int, exit_file: Path) -> tuple[int, str | None
         if not entry.isdigit():
             continue
         pid = int(entry)
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
+        read = env_and_argv(pid)
+        if read is None:
             continue
+        env, argv = read
         fields = _stat(pid)
         # runner and keeper share that command line; the job's own processes do not
         if not (all(w in env for w in want) and path in argv and fields and fields[0] not in "ZX"):
@@ -270,6 +270,10 @@ class LocalBackend(RunFiles):
             cgroups.instance_dir(self.data_dir)  # a bad SHEPHERD_CGROUP is refused now (ValueError), not at a run
         self._containment = containment
         self._dirs_done = False
+        #: job -> the terminal of its run started with ``pty`` (note 041); the API attaches to it
+        self.terminals: dict[str, Terminal] = {}
+        #: called ``(job id, run)`` when a pty run has had no client for the grace (set by the daemon)
+        self.on_detached: Callable[[str, int], None] | None = None
 
     @property
     def containment(self) -> cgroups.Containment:
@@ -323,11 +327,12 @@ class LocalBackend(RunFiles):
 
     def start(self, job_id: str, run: int, argv: list[str], *, shell: bool, env: dict[str, str], cwd: str,
               placement: Placement, time_limit_s: float | None = None, user: str = "", mem_mib: int = 0,
-              cpus: float = 0.0) -> Proc:
+              cpus: float = 0.0, pty: bool = False) -> Proc:
         """Start run ``run`` of a job on ``placement``; returns its process
         (``time_limit_s`` is unused: the core's stop is the only limit here). ``user``:
         the Unix user it runs as when jobs run as their users; ``mem_mib`` / ``cpus``:
-        its cgroup's ``memory.max`` / ``cpu.max`` (0: none).
+        its cgroup's ``memory.max`` / ``cpu.max`` (0: none); ``pty``: the job runs on a
+        pseudo-terminal whose master this server relays (``terminals[job_id]``, note 041).
 
         Raises:
             OSError: the runner, the run's files or its cgroup could not be made (the
@@ -362,16 +367,32 @@ class LocalBackend(RunFiles):
             cmd += ["--user", owner.runner_arg(), "--cwd", cwd, "--env-file", str(env_file)]
             runner_env = {"PATH": runas.DEFAULT_PATH, "PYTHONPATH": package_root(),
                           **{k: job_env[k] for k in ("SHEPHERD_JOB_ID", "SHEPHERD_RUN")}}
-        cmd += [str(exit_file), "--", *argv]
+        cmd += (["--pty"] if pty else []) + [str(exit_file), "--", *argv]
         out = _open_log(rdir / "stdout", owner)
+        master = slave = None
         try:
             err = _open_log(rdir / "stderr", owner)
             try:
-                popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                if pty:
+                    master, slave = open_terminal(owner.uid if owner is not None else None)
+                popen = subprocess.Popen(cmd, stdin=slave if pty else subprocess.DEVNULL, stdout=out, stderr=err,
                                          cwd="/" if owner is not None else cwd, env=runner_env,
                                          start_new_session=True, close_fds=True)
+            except BaseException:
+                if master is not None:
+                    os.close(master)
+                raise
             finally:
                 os.close(err)
+                if slave is not None:
+                    os.close(slave)  # the runner's copy is the only one: its end is the master's EOF
+            if master is not None:
+                term = Terminal(job_id, run, master, os.dup(out), self.on_detached)
+                old = self.terminals.pop(job_id, None)
+                if old is not None:
+                    old.close()
+                self.terminals[job_id] = term
+                term.start()
         finally:
             os.close(out)
         proc = Proc(job_id, run, popen.pid, proc_start_time(popen.pid), exit_file, popen, cg, placement)
@@ -509,6 +530,9 @@ class LocalBackend(RunFiles):
                 log.warning("job %s: run %d ended without an exit code: %s", job_id, proc.run,
                             self.lost_causes[job_id])
             del self.procs[job_id]
+            term = self.terminals.pop(job_id, None)
+            if term is not None:  # anything of the run still on it (a shell's job) is hung up, then drained
+                term.close()
             self._drain(proc)  # the job ended: what it left behind goes too, then its GPUs
             out.append((job_id, code))
         return out

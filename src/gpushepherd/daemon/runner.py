@@ -12,7 +12,11 @@ that uid, gid and supplementary groups (``Popen(user=, group=, extra_groups=)``:
 shell or other program runs as root in between) and give it the exit file (mode 0600);
 ``--cwd DIR``: the job's directory, entered as that user; ``--env-file FILE``: the job's
 environment (a JSON object, the file removed once read) instead of the runner's own,
-which then holds only what the runner needs.
+which then holds only what the runner needs; ``--pty``: the runner's stdin is a
+pseudo-terminal's slave (design note 041): the runner - a session leader - makes it
+its session's controlling terminal (``TIOCSCTTY``), and the job runs with it as its
+stdin, stdout and stderr, in the runner's process group (the terminal's foreground
+group: Ctrl-C reaches the job, and a stop sent to the group still does).
 
 Two processes record the exit (design note 017, "Runs that are lost"): the runner forks
 a *keeper*, which starts the job, waits for it and writes the exit file; the runner
@@ -22,22 +26,29 @@ the keeper died first. Either of the two may be killed and the exit is still rec
 
 SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 sent to the group reach the job
 directly; runner and keeper outlive them to record the exit (handlers, unlike ignored
-signals, are not inherited by the job). Stdlib only: it starts fast.
+signals, are not inherited by the job). With ``--pty`` they also outlive Ctrl-Z
+(SIGTSTP, SIGTTIN, SIGTTOU), and a stop signal that reaches them while another process
+group of the job holds the terminal's foreground (a shell's job control moved it there)
+is passed on to that group. Stdlib only: it starts fast.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import termios
 
 #: prctl option: orphaned descendants are re-parented to this process (Linux >= 3.4)
 PR_SET_CHILD_SUBREAPER = 36
 #: the signals a policy may choose as its stop signal (``classes.X.stop_signal``)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+#: the terminal's job-control stops, which runner and keeper of a ``--pty`` run outlive
+TTY_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 
 
 def write_exit(exit_file: str, code: int, owner: tuple[int, int] | None = None) -> bool:
@@ -83,15 +94,16 @@ def _as_exit(code: int) -> int:
 
 
 class Options:
-    """The runner's command line: ``[--shell] [--cgroup DIR] [--user UID:GID:GROUPS]
+    """The runner's command line: ``[--shell] [--pty] [--cgroup DIR] [--user UID:GID:GROUPS]
     [--cwd DIR] [--env-file FILE] EXIT_FILE -- ARGV...``."""
 
     def __init__(self, args: list[str]):
-        self.shell, self.cgroup, self.user, self.cwd, self.env_file = False, None, None, None, None
+        self.shell, self.pty, self.cgroup, self.user, self.cwd, self.env_file = False, False, None, None, None, None
         valued = {"--cgroup": "cgroup", "--user": "user", "--cwd": "cwd", "--env-file": "env_file"}
         while args and args[0].startswith("--") and args[0] != "--":
-            if args[0] == "--shell":
-                self.shell, args = True, args[1:]
+            if args[0] in ("--shell", "--pty"):
+                setattr(self, args[0][2:], True)
+                args = args[1:]
             elif args[0] in valued and len(args) > 1:
                 setattr(self, valued[args[0]], args[1])
                 args = args[2:]
@@ -121,17 +133,37 @@ def _keeper(opts: Options, env: dict[str, str] | None, pid_w: int) -> int:
     # entered after the uid change (Popen's cwd= is entered before it, as root); the keeper
     # is one thread, so a preexec_fn is safe here
     preexec = (lambda: os.chdir(cwd)) if cwd is not None else None
+    if opts.pty:  # the terminal (our stdin) is the job's stdin, stdout and stderr
+        kw.update(stdin=0, stdout=0, stderr=0)
     try:
         proc = subprocess.Popen(argv[0] if opts.shell else argv, shell=opts.shell, env=env, preexec_fn=preexec, **kw)
     except (OSError, subprocess.SubprocessError) as exc:  # the command does not exist or cannot run
         why = exc if isinstance(exc, OSError) else f"cannot enter its directory {cwd!r} as uid {opts.uid}"
         print(f"shepherd: cannot run {argv[0]!r}: {why}", file=sys.stderr)
+        if opts.pty:  # and where its user looks
+            try:
+                os.write(0, f"shepherd: cannot run {argv[0]!r}: {why}\r\n".encode())
+            except OSError:
+                pass
         os.close(pid_w)
         return 127 if write_exit(opts.exit_file, 127, opts.owner) else 3
     os.write(pid_w, f"{proc.pid}\n".encode())
     os.close(pid_w)
     code = proc.wait()
     return _as_exit(code) if write_exit(opts.exit_file, code, opts.owner) else 3
+
+
+def _pass_on(signum: int, _frame) -> None:
+    """A ``--pty`` run's handler of the stop signals: a signal that reached our group
+    while another group of the job holds the terminal's foreground is sent to that group
+    too (the terminal's own signals - Ctrl-C - go to the foreground group only, so they
+    never arrive here twice)."""
+    try:
+        fg = os.tcgetpgrp(0)
+        if fg > 0 and fg != os.getpgrp():
+            os.killpg(fg, signum)
+    except OSError:  # the terminal hung up, or the group is gone
+        pass
 
 
 def main(args: list[str]) -> int:
@@ -142,7 +174,7 @@ def main(args: list[str]) -> int:
     try:
         opts = Options(list(args))
     except ValueError as exc:
-        print(f"usage: python -m gpushepherd.daemon.runner [--shell] [--cgroup DIR] [--user UID:GID:GROUPS] "
+        print(f"usage: python -m gpushepherd.daemon.runner [--shell] [--pty] [--cgroup DIR] [--user UID:GID:GROUPS] "
               f"[--cwd DIR] [--env-file FILE] EXIT_FILE -- ARGV... ({exc})", file=sys.stderr)
         return 2
     if opts.cgroup is not None:  # first: every process started from here on is in the job's cgroup
@@ -162,8 +194,17 @@ def main(args: list[str]) -> int:
             print(f"shepherd: cannot read the job's environment {opts.env_file}: {exc}", file=sys.stderr)
             return 2
     exit_file = opts.exit_file
+    if opts.pty:
+        try:  # we lead a session of our own (the server's start_new_session): the terminal becomes its
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        except OSError as exc:
+            print(f"shepherd: cannot make the job's terminal the session's controlling terminal: {exc}",
+                  file=sys.stderr)
+            return 2
+        for sig in TTY_STOPS:
+            signal.signal(sig, lambda *_: None)
     for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda *_: None)
+        signal.signal(sig, _pass_on if opts.pty else lambda *_: None)
     try:  # the job is re-parented to the runner if the keeper dies
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):

@@ -428,6 +428,8 @@ class Daemon:
             self._load_policy(now)
             if self.backend.kind == "local":  # note 023: as whom jobs run, and how they are contained
                 log.info("jobs: %s", self.backend.describe())
+                # a pty job without a client past the grace: its session ended (note 041)
+                self.backend.on_detached = lambda job_id, _run: self.cancel(job_id, who=None)
             self._open_inventory()
             self.next_num = self.store.next_job_number()
             self.store.idempotency_prune(now - IDEMPOTENCY_TTL_S)
@@ -943,6 +945,11 @@ class Daemon:
                     self.live_run[job_id] = run
                     if row["kill_at"] is not None:
                         self.kills[job_id] = (run, row["kill_at"])
+                    if row.get("pty") and job.state.value == "RUNNING":
+                        # its terminal's master closed with the server that held it: the
+                        # session ended, so the job ends (note 041)
+                        log.warning("job %s: its terminal was lost with the previous server: cancelling it", job_id)
+                        self.commands.put(("cancel", job_id, Command(None)))
             elif row["run"]:
                 proc = self._attach(job_id, row["run"], row)
                 if proc is not None and backend.running(job_id):
@@ -1032,7 +1039,7 @@ class Daemon:
                       env: dict[str, str] | None = None, cwd: str,
                       array: tuple[str, list[int], int, int] | None = None,
                       idempotency: tuple[str, str, str] | None = None, defer: dict | None = None,
-                      who: dict | None = None) -> Future:
+                      who: dict | None = None, pty: bool = False) -> Future:
         """Queue a submission for the loop and return at once: the future gets
         ``submit_view``'s result or its ``SpecError`` when the loop step that took it
         ends (the API awaits it through ``asyncio.wrap_future``, without a thread).
@@ -1048,9 +1055,13 @@ class Daemon:
         a ``singleton`` without a name is a ``SpecError``.
 
         ``who``: who submits (``Command.who``): its audit row (note 023) is committed with
-        the submission, or - refused - on its own."""
+        the submission, or - refused - on its own.
+
+        ``pty``: the job runs on a pseudo-terminal a client attaches to (note 041; the
+        local backend only, never an array: a ``SpecError`` otherwise)."""
         fut: Future = Command(who)
-        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array, idempotency, defer), fut))
+        self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array, idempotency, defer, pty),
+                           fut))
         self.wake.set()
         return fut
 
@@ -1191,14 +1202,14 @@ class Daemon:
         exc = fut.exception() if fut.done() else None
         detail: dict[str, Any] = {}
         if kind == "submit":
-            spec, argv, shell, _env, cwd, array, _idem, defer = arg
+            spec, argv, shell, _env, cwd, array, _idem, defer, pty = arg
             target = str(before) if self.next_num != before else None
             team = spec.team
             command = json.dumps(argv)
             detail = {"as_user": spec.user, "class": spec.workload_class, "gpus": spec.gpus,
                       "share": str(spec.share) if spec.share else None, "name": spec.name or None,
                       "command": command[:AUDIT_COMMAND_CHARS] + ("..." if len(command) > AUDIT_COMMAND_CHARS else ""),
-                      "shell": shell, "cwd": cwd, "array": array[0] if array else None,
+                      "shell": shell, "pty": pty, "cwd": cwd, "array": array[0] if array else None,
                       "mem_mib": spec.mem_mib or None, "cpus": spec.cpus or None}
             if target is None and exc is None:
                 detail["replayed"] = True  # an Idempotency-Key seen before: no new job
@@ -1535,7 +1546,7 @@ class Daemon:
                 self.backend.kill(job_id)  # an earlier run still tracked: its GPUs were released already
             self.kills.pop(job_id, None)  # a kill armed for an earlier run never reaches this one
             job = self.sched.jobs[job_id]
-            local = dict(user=job.spec.user, mem_mib=job.spec.mem_mib, cpus=job.spec.cpus) \
+            local = dict(user=job.spec.user, mem_mib=job.spec.mem_mib, cpus=job.spec.cpus, pty=bool(row.get("pty"))) \
                 if self.backend.kind == "local" else {}
             try:
                 proc = self.backend.start(job_id, run, json.loads(row["argv"]), shell=row["shell"],
@@ -1565,7 +1576,7 @@ class Daemon:
                  keys: list) -> None:
         kind, arg, fut = cmd
         if kind == "submit":
-            spec, argv, shell, env, cwd, array, idem, defer = arg
+            spec, argv, shell, env, cwd, array, idem, defer, pty = arg
             if idem is not None and self._idempotent_replay(idem, fut, replies, keys):
                 return
             job_id = str(self.next_num)
@@ -1573,7 +1584,7 @@ class Daemon:
             kept = None
             try:
                 validate_spec(self.rules, spec)
-                why = self._unrunnable(spec)
+                why = self._unrunnable(spec) or self._no_terminal(pty, array)
                 if why is not None:
                     raise SpecError(f"job {job_id!r}: {why}")
                 if defer is not None:
@@ -1613,7 +1624,7 @@ class Daemon:
             else:
                 batch.append(JobSubmitted(now, spec))
             row = dict(id=job_id, num=int(job_id), spec=json.dumps(spec_to_dict(spec)), argv=json.dumps(argv),
-                       shell=shell, env=json.dumps(env), cwd=cwd, state=JobState.PENDING.value, run=0)
+                       shell=shell, pty=pty, env=json.dumps(env), cwd=cwd, state=JobState.PENDING.value, run=0)
             rows.append(row)
             replies.append((fut, lambda j=job_id, r=row: self.job_view(j, {**r, "exit_code": None})))
         elif kind == "cancel" and arg in self.arrays:
@@ -1663,6 +1674,18 @@ class Daemon:
             name = "mem_mib" if spec.mem_mib else "cpus"
             return (f"{name}: {getattr(spec, name):g} is not allowed with the {self.backend.kind} backend: host memory "
                     "and CPU limits are the local backend's (cgroup v2)")
+        return None
+
+    def _no_terminal(self, pty: bool, array) -> str | None:
+        """Why a job with ``pty`` cannot be run (note 041): a terminal is relayed by this
+        server for its own (local) runs only, and one session is one job, never an array."""
+        if not pty:
+            return None
+        if self.backend.kind != "local":
+            return (f"pty: true is not allowed with the {self.backend.kind} backend: a terminal is relayed for the "
+                    "local backend's runs only (design note 041)")
+        if array is not None:
+            return f"pty: true is not allowed with array {array[0]!r}: one terminal session is one job"
         return None
 
     def _kept_now(self, job_id: str) -> Kept | None:
@@ -1876,8 +1899,8 @@ class Daemon:
                        "SHEPHERD_ARRAY_TASK_ATTEMPT": str(attempt)}
                 batch.append(JobSubmitted(now, spec))
                 rows.append(dict(id=job_id, num=self.next_num, spec=json.dumps(spec_to_dict(spec)),
-                                 argv=json.dumps(rec.argv), shell=rec.shell, env=json.dumps(env), cwd=rec.cwd,
-                                 state=JobState.PENDING.value, run=0))
+                                 argv=json.dumps(rec.argv), shell=rec.shell, pty=False, env=json.dumps(env),
+                                 cwd=rec.cwd, state=JobState.PENDING.value, run=0))
                 self.next_num += 1
                 out.append((rec.id, index, job_id))
         return out
@@ -1994,7 +2017,7 @@ class Daemon:
             "reason": str(reason) if reason is not None else None,
             **self._estimate_view(job_id, pending),
             "priority": self.sched.priority_factors(job_id)["priority"],
-            "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
+            "command": json.loads(row["argv"]), "pty": bool(row.get("pty")), "exit_code": row["exit_code"],
             "launch_error": self.launch_errors.get(job_id),
             "lost_runs": len(self.lost.get(job_id, ())),
             **self._failure_view(job_id, next((r.reason for r in self.lost.get(job_id, ()) if r.final), None)),
@@ -2050,7 +2073,8 @@ class Daemon:
             "first_start": None, "runs": 0, "preemptions": 0, "placement": None,
             "reason": self.kept_why(k) if k.state == "PENDING" else None,
             "estimated_start": None, "estimated_start_basis": None, "priority": None,
-            "command": json.loads(row["argv"]), "exit_code": None, "launch_error": None, "lost_runs": 0,
+            "command": json.loads(row["argv"]), "pty": bool(row.get("pty")), "exit_code": None,
+            "launch_error": None, "lost_runs": 0,
             "failure": None, "end_reason": None, **NO_USAGE, **constraints_view(spec), "deadline_at_risk": [],
             "dependency": k.dependency or None, "begin_time": k.begin, "held": k.held,
             "time_limit_s": spec.time_limit_s,
@@ -2084,7 +2108,7 @@ class Daemon:
             "first_start": rec["first_start"], "runs": rec["runs"], "preemptions": rec["preemptions"],
             "placement": None, "reason": rec["reason"], "estimated_start": None, "estimated_start_basis": None,
             "priority": rec["priority"],
-            "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
+            "command": json.loads(row["argv"]), "pty": bool(row.get("pty")), "exit_code": row["exit_code"],
             "launch_error": rec.get("launch_error") or self.launch_errors.get(job_id), "lost_runs": len(lost),
             **self._failure_view(job_id, next((r.reason for r in lost if r.final), None), rec), **rec["usage"],
             **constraints_view(spec_from_dict(spec)), "deadline_at_risk": rec.get("deadline_at_risk", []),

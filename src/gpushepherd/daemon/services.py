@@ -509,8 +509,8 @@ class Services:
                 env = {**c["env"], "SHEPHERD_SERVICE": svc.name, "SHEPHERD_REPLICA": job_id}
                 batch.append(JobSubmitted(now, spec))
                 rows.append(dict(id=job_id, num=d.next_num, spec=json.dumps(spec_to_dict(spec)),
-                                 argv=json.dumps(c["argv"]), shell=c["shell"], env=json.dumps(env), cwd=c["cwd"],
-                                 state=JobState.PENDING.value, run=0))
+                                 argv=json.dumps(c["argv"]), shell=c["shell"], pty=False, env=json.dumps(env),
+                                 cwd=c["cwd"], state=JobState.PENDING.value, run=0))
                 d.next_num += 1
                 out.append((svc.num, job_id))
         return out

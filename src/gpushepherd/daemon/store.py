@@ -39,6 +39,7 @@ from sqlalchemy import (
     bindparam,
     create_engine,
     event,
+    false,
     func,
     insert,
     select,
@@ -96,6 +97,7 @@ jobs = Table(
     Column("spec", Text, nullable=False),
     Column("argv", Text, nullable=False),
     Column("shell", Boolean, nullable=False, default=False),
+    Column("pty", Boolean, nullable=False, default=False, server_default=false()),  # note 041 (Alembic 0007)
     Column("env", Text, nullable=False, default="{}"),
     Column("cwd", String(4096), nullable=False),
     Column("state", String(16), nullable=False),
@@ -213,7 +215,7 @@ audit = Table(
     Column("seq", Integer, primary_key=True, autoincrement=True),
     Column("t", Float, nullable=False, index=True),  # epoch seconds
     # submit | cancel | hold | release | update | requeue | policy-apply | token-create |
-    # token-rotate | token-revoke | token-use | token-refused
+    # token-rotate | token-revoke | token-use | token-refused | attach (denied only, note 041)
     Column("action", String(32), nullable=False),
     Column("user", String(255), nullable=False, index=True),  # who: the token's user (or claimed without tokens)
     Column("token_id", Integer, nullable=True),

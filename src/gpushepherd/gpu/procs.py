@@ -24,6 +24,20 @@ def stat_fields(pid: int) -> list[str] | None:
     return stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
 
 
+def env_and_argv(pid: int) -> tuple[list[bytes], list[bytes]] | None:
+    """``(environment entries, argv)`` of ``pid`` as raw ``NAME=VALUE`` and argument
+    bytes (``/proc/<pid>/environ``, ``cmdline``), or ``None``: no such process, or not
+    readable by this one."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    return env, argv
+
+
 def group_members(pgids: Iterable[int]) -> dict[int, frozenset[int]]:
     """The live (not zombie) pids of each process group in ``pgids``, in one pass over
     ``/proc``; a group with none maps to an empty set."""
