@@ -49,7 +49,6 @@ from gpushepherd.daemon.deps import (
     parse_begin,
     parse_dependency,
 )
-from gpushepherd.daemon import cgroups
 from gpushepherd.daemon.local import exit_status, mig_uuid
 from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
@@ -1892,7 +1891,7 @@ class Daemon:
         members = procs.group_members(p.pid for p in tracked.values())
         for p in tracked.values():  # a job's processes that left its group are still in its cgroup (note 023)
             if getattr(p, "cgroup", None) is not None:
-                members[p.pid] = members.get(p.pid, frozenset()) | frozenset(cgroups.pids(p.cgroup))
+                members[p.pid] = members.get(p.pid, frozenset()) | frozenset(p.cgroup.pids())
         pids_now = frozenset().union(*members.values()) if members else frozenset()
         # a process of a job that just ended may linger in NVML's list for a moment: ours
         managed, self._last_pids = pids_now | self._last_pids, pids_now
