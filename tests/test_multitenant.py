@@ -632,6 +632,18 @@ def test_every_action_is_in_the_audit_log_with_who_and_from_where(tenants, users
                       headers=tenants.server.headers).json()["applied"]
     assert httpx.get(tenants.server.url + "/jobs", headers={"Authorization": "Bearer shp_wrong"},
                      timeout=60).status_code == 401
+    service = {"name": "svc-mt", "class": "batch", "team": "ml", "command": ["sleep 600"], "shell": True,
+               "cwd": str(tenants.work), "min_replicas": 0, "max_replicas": 1, "metric": "queue_length",
+               "scale_up_above": 10, "scale_down_below": 1}
+    assert httpx.post(tenants.server.url + "/services", json=service, timeout=60,
+                      headers={"Authorization": f"Bearer {tenants.tokens[b]}"}).status_code == 403
+    made_svc = httpx.post(tenants.server.url + "/services", json=service, timeout=60,
+                          headers={"Authorization": f"Bearer {tenants.tokens[a]}"})
+    assert made_svc.status_code == 201, made_svc.text
+    assert httpx.delete(tenants.server.url + "/services/svc-mt", timeout=60,
+                        headers={"Authorization": f"Bearer {tenants.tokens[b]}"}).status_code == 403
+    assert httpx.delete(tenants.server.url + "/services/svc-mt", timeout=60,
+                        headers={"Authorization": f"Bearer {tenants.tokens[a]}"}).status_code == 200
 
     def entries():
         return tenants.get("admin", "/audit", since=time.time() - 3600).json()
@@ -654,6 +666,11 @@ def test_every_action_is_in_the_audit_log_with_who_and_from_where(tenants, users
     assert {e["detail"]["for_user"] for e in made} >= {"root", a, b}
     assert all(e["uid"] == os.getuid() and e["address"] == "local (shepherd token create)" for e in made)
     assert wait_for("a token's first use", lambda: has("token-use", "ok", user=a))
+    # services (issue 14): create and delete, by whom, from where; bob's refusals too
+    assert has("service-create", "ok", user=a, team="ml", target="svc-mt")[0]["token_id"] is not None
+    assert wait_for("bob's refused service create", lambda: has("service-create", "denied", user=b, team="ml"))
+    assert has("service-delete", "ok", user=a, target="svc-mt")[0]["address"].startswith(host + ":")
+    assert wait_for("bob's refused delete", lambda: has("service-delete", "denied", user=b, target="svc-mt"))
     assert wait_for("the wrong token", lambda: has("token-refused", "denied"))[0]["address"].startswith(host)
 
     # a team token sees its teams' entries only, never policy or token ones

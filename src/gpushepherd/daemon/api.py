@@ -968,7 +968,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                                        "acted), a comma list"),
               action: str | None = Query(None, max_length=4096, description="only these actions, a comma list: "
                                          "submit, cancel, hold, release, update, requeue, policy-apply, "
-                                         "token-create, token-rotate, token-revoke, token-use, token-refused"),
+                                         "token-create, token-rotate, token-revoke, token-use, token-refused, "
+                                         "service-create, service-delete"),
               limit: int = Query(AUDIT_LIMIT, ge=1, le=MAX_AUDIT_LIMIT, description="the newest this many"),
               p: Principal | None = Depends(principal)) -> list:
         """The audit log (note 023), oldest first: who (``user``: the token's, or the one a

@@ -65,6 +65,7 @@ from gpushepherd.daemon.store import (
     RunLost,
     StorageUnavailable,
     Store,
+    audit_command,
     audit_row,
     local_who,
     spec_from_dict,
@@ -176,9 +177,6 @@ def audit_outcome(exc: BaseException | None) -> str:
         return "ok"
     return "failed" if isinstance(exc, (StorageUnavailable, TimeoutError)) else "refused"
 
-
-#: the most characters of a submission's command an audit row keeps
-AUDIT_COMMAND_CHARS = 1000
 
 
 class Command(Future):
@@ -1193,10 +1191,9 @@ class Daemon:
             spec, argv, shell, _env, cwd, array, _idem, defer = arg
             target = str(before) if self.next_num != before else None
             team = spec.team
-            command = json.dumps(argv)
             detail = {"as_user": spec.user, "class": spec.workload_class, "gpus": spec.gpus,
                       "share": str(spec.share) if spec.share else None, "name": spec.name or None,
-                      "command": command[:AUDIT_COMMAND_CHARS] + ("..." if len(command) > AUDIT_COMMAND_CHARS else ""),
+                      "command": audit_command(argv),
                       "shell": shell, "cwd": cwd, "array": array[0] if array else None,
                       "mem_mib": spec.mem_mib or None, "cpus": spec.cpus or None}
             if target is None and exc is None:
