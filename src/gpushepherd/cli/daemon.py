@@ -120,8 +120,34 @@ class ServerUnreachable(Exception):
         self.url = url
 
 
+#: a submission's API fields that are seconds, as the flag the user typed names them:
+#: a refusal says ``--grace: 600 s is not allowed: ...``, not the API's field name
+SUBMIT_FLAGS = {"grace_period_s": "--grace", "time_limit_s": "--time"}
+
+
+def _as_flag(d: dict, flags: dict[str, str]) -> dict:
+    """A FastAPI error entry about a field of ``flags`` (seconds) rewritten to name the
+    flag and the unit of its value (``--grace: 600 s is not allowed: ...``)."""
+    loc = d.get("loc", [])
+    if len(loc) != 2 or loc[1] not in flags:
+        return d
+    msg = re.sub(rf"^{re.escape(str(loc[1]))}: ", "", str(d.get("msg")))
+    m = re.match(r"(-?[0-9.e+]+) is not allowed", msg)
+    if m:
+        msg = f"{float(m.group(1)):g} s{msg[len(m.group(1)):]}"
+    return {**d, "loc": [loc[0], flags[loc[1]]], "msg": msg}
+
+
 def _request(server: str | None, method: str, path: str, token: str | None = None, *,
-             raise_unreachable: bool = False, **kw: Any):
+             raise_unreachable: bool = False, flags: dict[str, str] | None = None, **kw: Any):
+    """``method path`` on the server (its Unix socket or HTTP), the response; a refusal
+    (>= 400) is one ``error:`` line (entries about ``flags``' fields name the flag,
+    ``_as_flag``) and exit 2.
+
+    Raises:
+        typer.Exit: refused (2), or no server (1) unless ``raise_unreachable``.
+        ServerUnreachable: no server, with ``raise_unreachable``.
+    """
     import httpx
 
     from gpushepherd.cli.main import err
@@ -151,7 +177,7 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
         except ValueError:
             detail = r.text
         if isinstance(detail, list):
-            detail = "; ".join(_located(d) for d in detail)
+            detail = "; ".join(_located(_as_flag(d, flags or {}) if isinstance(d, dict) else d) for d in detail)
         err.print(f"error: {_safe(detail)}", soft_wrap=True, markup=False)
         raise typer.Exit(2)
     return r
@@ -339,7 +365,7 @@ def post_job(server: str | None, token: str | None, body: dict, announce: bool =
     """
     from gpushepherd.cli.main import _console, err
 
-    job = _request(server, "POST", "/jobs", token=token, json=body).json()
+    job = _request(server, "POST", "/jobs", token=token, json=body, flags=SUBMIT_FLAGS).json()
     if job.get("state") == "REJECTED":
         err.print(f"rejected: {_safe(job.get('reason') or 'no node could ever hold it')} (job {_safe(job['id'])})",
                   soft_wrap=True, markup=False)
