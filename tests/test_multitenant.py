@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from gpushepherd.cli.main import app
 from builders import remove_unix_users
 from conftest import kill_leftovers
-from gpushepherd.daemon import cgroups, runas
+from gpushepherd.daemon import cgroups, gpu_devices, runas
 from test_daemon import Server, gone, wait_for
 
 POLICY = """\
@@ -54,12 +54,13 @@ def why_not_per_user() -> str | None:
     return f"{', '.join(missing)} not on PATH: cannot create test users" if missing else None
 
 
-def _probe() -> cgroups.Containment:
-    """What a server would get here (its cgroup made, then removed)."""
+def _probe(env: dict[str, str] | None = None) -> cgroups.Containment:
+    """What a server would get here (its cgroup made, then removed), under ``env``'s
+    ``SHEPHERD_CGROUP``."""
     probe = Path(tempfile.mkdtemp(prefix="gs-probe-"))
     try:
-        c = cgroups.open_containment(probe, {})
-        cgroups.remove_instance(probe, {})
+        c = cgroups.open_containment(probe, env or {})
+        cgroups.remove_instance(probe, env or {})
         return c
     finally:
         shutil.rmtree(probe, ignore_errors=True)
@@ -359,7 +360,7 @@ def test_a_restarted_server_finds_a_runs_cgroup_and_a_cancel_still_kills_what_le
 
 def why_not_v1() -> str | None:
     """Why cgroup v1 containment (a freezer or pids hierarchy, note 036) cannot be tested here."""
-    c = _probe()
+    c = _probe({"SHEPHERD_CGROUP": "v1"})
     return None if any(k in c.v1 for k in cgroups.V1_TRACKERS) else f"no writable cgroup v1 freezer or pids: {c.why}"
 
 
@@ -380,7 +381,7 @@ def test_on_cgroup_v1_alone_a_killed_servers_run_is_found_again_and_its_gpus_wai
         node = httpx.get(s.url + "/nodes", timeout=60).json()[0]
         assert node["containment"]["kind"] == "cgroup-v1", node["containment"]
         assert "a stop freezes the cgroup, kills every process and thaws it" in node["containment"]["detail"] or \
-            "freezer" not in _probe().v1
+            "freezer" not in _probe({"SHEPHERD_CGROUP": "v1"}).v1
         w = tmp_path
         first = s.submit(f"import subprocess; subprocess.run(['/bin/sh', '-c', {DOUBLE_FORK.format(w=w, j='v')!r}])",
                          gpus=4)
@@ -460,7 +461,7 @@ def test_a_job_may_open_only_its_own_gpus_device_files_under_the_v1_devices_cont
                     f"{c.text()}")
     if os.geteuid() != 0:
         pytest.skip("mknod needs root")
-    major = cgroups.nvidia_major()
+    major = gpu_devices.nvidia_major()
     nodes = _device_nodes(tmp_path / "dev", major)
     outside = subprocess.run([sys.executable, "-c", OPENER, *nodes], capture_output=True, text=True)
     assert {ln.split()[1] for ln in outside.stdout.splitlines()} <= {"ENXIO", "ENODEV"}, outside.stdout
@@ -485,10 +486,48 @@ def test_a_job_may_open_only_its_own_gpus_device_files_under_the_v1_devices_cont
         kill_leftovers(tmp_path)
 
 
-def test_where_only_cgroup_v2_is_there_device_isolation_is_said_to_be_off_and_why(tmp_path):
-    c = cgroups.Containment(tmp_path, frozenset({"memory", "cpu"}))
+def test_on_cgroup_v2_an_ebpf_device_program_lets_a_process_open_only_its_gpus(tmp_path):
+    """The pure cgroup v2 path of device isolation (note 036), on the real kernel: the
+    run's cgroup v2 gets the hand-assembled BPF_PROG_TYPE_CGROUP_DEVICE program (v1's
+    devices controller left out, as on a pure v2 host); a process in it is refused
+    (EPERM) the GPU minors it was not given, and reaches the driver check (ENXIO) for its
+    own and nvidiactl."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod and bpf(2) need root")
+    real = cgroups.open_containment(tmp_path, {})
+    try:
+        if real.base is None:
+            pytest.skip(f"no writable cgroup v2 here: {real.why}")
+        why = gpu_devices.bpf_devices_refusal()
+        if why:
+            pytest.skip(f"no eBPF device program can be loaded here: {why}")
+        v2_only = cgroups.Containment(real.base, frozenset({"devices"}))
+        assert v2_only.isolation()["devices"] == "cgroup-v2" and "eBPF device program" in v2_only.text()
+        group = v2_only.create("9", 1, gpu_minors=frozenset({2}))
+        nodes = _device_nodes(tmp_path / "dev", gpu_devices.nvidia_major())
+        r = subprocess.run(["/bin/sh", "-c", f"echo $$ > {group.v2}/cgroup.procs && exec {sys.executable} -c "
+                            f"'{OPENER}' {' '.join(nodes)}"], capture_output=True, text=True)
+        seen = dict(ln.split() for ln in r.stdout.splitlines())
+        assert seen == {"nvidia0": "EPERM", "nvidia1": "EPERM", "nvidia2": seen["nvidia2"], "nvidia3": "EPERM",
+                        "nvidiactl": seen["nvidiactl"]}, (seen, r.stderr)
+        assert {seen["nvidia2"], seen["nvidiactl"]} <= {"ENXIO", "ENODEV"}, seen
+        assert wait_for("its cgroup to be removed", group.remove)
+    finally:
+        cgroups.remove_instance(tmp_path, {}, kill=True)
+
+
+def test_the_device_program_is_a_chain_of_tests_ending_deny_then_allow():
+    prog = gpu_devices.gpu_filter(frozenset({0, 3}), 195)
+    assert len(prog) == 8 * (4 + 5 + 4)  # loads, 2 + 2 + 1 tests, deny and allow
+    code = [prog[i] for i in range(0, len(prog), 8)]
+    assert code[4:9] == [0x55, 0x55, 0x15, 0x15, 0x35] and code[-4:] == [0xB7, 0x95, 0xB7, 0x95]
+
+
+def test_where_no_device_program_can_be_loaded_device_isolation_is_said_to_be_off_and_why(tmp_path):
+    c = cgroups.Containment(tmp_path, frozenset({"memory", "cpu"}), devices_why="Operation not permitted")
     assert c.isolation() == {"containment": "cgroup-v2", "memory": "cgroup-v2", "cpu": "cgroup-v2", "devices": None}
-    assert "devices: off (cgroup v2 needs an eBPF device program, BPF_PROG_TYPE_CGROUP_DEVICE" in c.text()
+    assert "devices: off (cgroup v2 needs an eBPF device program, BPF_PROG_TYPE_CGROUP_DEVICE, which could not be " \
+        "loaded here: Operation not permitted; a job can open another GPU's /dev/nvidiaN" in c.text()
     assert "memory: cgroup v2 (--mem: memory.max)" in c.text()
     none = cgroups.Containment(None, why="SHEPHERD_CGROUP=off")
     assert none.isolation() == {"containment": "process-group", "memory": None, "cpu": None, "devices": None}
@@ -509,10 +548,10 @@ def test_cgroup_v1_hierarchies_and_the_nvidia_major_are_read_from_the_kernels_fi
         "memory": "/system.slice/x.service", "cpu": "/", "cpuacct": "/"}
     (tmp_path / "devices").write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-uvm\n"
                                       "\nBlock devices:\n  8 sd\n")
-    assert cgroups.nvidia_major(str(tmp_path / "devices")) == 195
+    assert gpu_devices.nvidia_major(str(tmp_path / "devices")) == 195
     (tmp_path / "devices").write_text("Character devices:\n  1 mem\n\nBlock devices:\n195 nvidia\n")
-    assert cgroups.nvidia_major(str(tmp_path / "devices")) == cgroups.NVIDIA_MAJOR
-    assert cgroups.nvidia_major(str(tmp_path / "absent")) == 195
+    assert gpu_devices.nvidia_major(str(tmp_path / "devices")) == gpu_devices.NVIDIA_MAJOR
+    assert gpu_devices.nvidia_major(str(tmp_path / "absent")) == 195
 
 
 def test_with_100m_a_job_allocating_1_gib_ends_out_of_memory(tenants, users):

@@ -14,7 +14,8 @@ them.
   else SIGKILL to each pid of ``cgroup.procs``); the GPUs are handed on only once
   ``cgroup.events`` says ``populated 0``. ``memory.max`` (and ``memory.swap.max`` 0) and
   ``cpu.max`` where those controllers reach our subtree; ``memory.events``' ``oom_kill``
-  tells an out-of-memory kill.
+  tells an out-of-memory kill; an eBPF device program (``gpu_devices``) lets the run open
+  only its own GPUs where v1 has no devices controller.
 * **cgroup v1** (a hybrid host, note 036: the controllers are bound to v1 hierarchies and
   the unified one has none): ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes``,
   so that swap does not dodge it) with ``memory.oom_control``'s ``oom_kill``;
@@ -40,6 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpushepherd.daemon.gpu_devices import attach_gpu_filter, bpf_devices_refusal, deny_gpus
+
 CGROUP_ENV = "SHEPHERD_CGROUP"
 #: the controllers a job's limits need: --mem (memory.max), --cpus (cpu.max)
 LIMIT_CONTROLLERS = ("memory", "cpu")
@@ -52,10 +55,6 @@ V1_TRACKERS = ("freezer", "pids")
 MIN_MEM_MIB = 32
 #: cpu.max's period, microseconds (the kernel's default)
 CPU_PERIOD_US = 100_000
-#: the NVIDIA character device major when ``/proc/devices`` does not name it (``/dev/nvidiaN``)
-NVIDIA_MAJOR = 195
-#: GPU minors are 0..253; 254 is ``/dev/nvidia-modeset``, 255 ``/dev/nvidiactl`` (every job needs them)
-NVIDIA_GPU_MINORS = range(0, 254)
 #: how long a freeze is waited for before the processes are killed anyway (seconds)
 FREEZE_WAIT_S = 1.0
 
@@ -121,21 +120,6 @@ def own_cgroups_v1(proc_cgroup: str = "/proc/self/cgroup") -> dict[str, str]:
     except OSError:
         pass
     return out
-
-
-def nvidia_major(proc_devices: str = "/proc/devices") -> int:
-    """The character major of ``/dev/nvidiaN`` (``nvidia-frontend`` or ``nvidia`` in
-    ``/proc/devices``; 195, the driver's fixed one, when neither is listed)."""
-    try:
-        with open(proc_devices) as f:
-            text = f.read().split("Block devices:")[0]
-    except OSError:
-        return NVIDIA_MAJOR
-    for line in text.splitlines():
-        num, _, name = line.strip().partition(" ")
-        if name in ("nvidia-frontend", "nvidia") and num.isdigit():
-            return int(num)
-    return NVIDIA_MAJOR
 
 
 def instance_name(data_dir: Path) -> str:
@@ -319,12 +303,14 @@ class Containment:
         why: why process groups (no cgroup), or why a limit is unavailable.
         v1: ``{controller: <parent>/gpushepherd/<instance>}`` of the cgroup v1
             hierarchies used (note 036); a controller here is used on v1.
+        devices_why: why device isolation is off (``devices`` not in ``limits``).
     """
 
     base: Path | None
     limits: frozenset[str] = field(default_factory=frozenset)
     why: str = ""
     v1: dict[str, Path] = field(default_factory=dict)
+    devices_why: str = ""
 
     @property
     def kind(self) -> str:
@@ -358,7 +344,8 @@ class Containment:
         ``memory.limit_in_bytes`` with ``memory.memsw.limit_in_bytes`` (v1); ``cpus``:
         ``cpu.max`` (v2) or ``cpu.cfs_quota_us``/``cpu.cfs_period_us`` (v1);
         ``gpu_minors``: the ``/dev/nvidiaN`` minors the run may open - every other GPU
-        minor is denied in its v1 devices cgroup (``None``: no device rules).
+        minor is denied in its v1 devices cgroup, else by an eBPF device program on its
+        cgroup v2 (``gpu_devices``; ``None``: no device rules).
 
         Raises:
             OSError: a cgroup cannot be made or a limit cannot be written (those made are
@@ -388,8 +375,11 @@ class Containment:
                     (group.v1["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
                 elif group.v2 is not None:
                     (group.v2 / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
-            if gpu_minors is not None and "devices" in group.v1:
-                deny_gpus(group.v1["devices"], gpu_minors)
+            if gpu_minors is not None and "devices" in self.limits:
+                if "devices" in group.v1:
+                    deny_gpus(group.v1["devices"], gpu_minors)
+                elif group.v2 is not None:
+                    attach_gpu_filter(group.v2, gpu_minors)
         except OSError:
             group.remove()
             raise
@@ -407,11 +397,13 @@ class Containment:
 
     def _devices_text(self) -> str:
         if "devices" in self.limits:
-            return "devices: cgroup v1 (a job may open only its own GPUs' /dev/nvidiaN, nvidiactl and the rest)"
+            how = "cgroup v1 devices.deny" if "devices" in self.v1 else "cgroup v2 eBPF device program"
+            return f"devices: {how} (a job may open only its own GPUs' /dev/nvidiaN, nvidiactl and the rest)"
         if self.kind == "process-group":
             return "devices: off (jobs are not in cgroups)"
-        return ("devices: off (cgroup v2 needs an eBPF device program, BPF_PROG_TYPE_CGROUP_DEVICE, which this "
-                "server does not load; a job can open another GPU's /dev/nvidiaN and ignore CUDA_VISIBLE_DEVICES)")
+        return ("devices: off (cgroup v2 needs an eBPF device program, BPF_PROG_TYPE_CGROUP_DEVICE, which could not "
+                f"be loaded here: {self.devices_why or 'no reason known'}; a job can open another GPU's /dev/nvidiaN "
+                "and ignore CUDA_VISIBLE_DEVICES)")
 
     def text(self) -> str:
         """One line for the log and ``shepherd nodes``: the containment kind and where
@@ -442,29 +434,6 @@ class Containment:
         path = self.base if self.base is not None else next((self.v1[c] for c in V1_TRACKERS if c in self.v1), None)
         return {"kind": self.kind, "path": None if path is None else str(path), "limits": sorted(self.limits),
                 "isolation": self.isolation(), "detail": self.text()}
-
-
-def deny_gpus(devices_cg: Path, allowed: frozenset[int], major: int | None = None) -> None:
-    """In the cgroup v1 devices cgroup ``devices_cg``, deny every NVIDIA GPU minor
-    (``c MAJOR:M rwm``, M in 0..253) that is not in ``allowed``; ``/dev/nvidiactl``
-    (255), ``/dev/nvidia-modeset`` (254) and the other NVIDIA majors (``nvidia-uvm``,
-    ``nvidia-caps``) stay open. A cgroup v1 devices list that allows everything (a new
-    cgroup's) takes exceptions: ``deny c 195:* rwm`` then ``allow c 195:0 rwm`` would leave
-    195:0 denied (an allow only removes an exception that matches exactly), so each other
-    minor is denied (Slurm's task/cgroup ``ConstrainDevices`` denies the other GPUs' files
-    likewise).
-
-    Raises:
-        OSError: ``devices.deny`` cannot be written.
-    """
-    major = nvidia_major() if major is None else major
-    fd = os.open(devices_cg / "devices.deny", os.O_WRONLY)
-    try:
-        for minor in NVIDIA_GPU_MINORS:
-            if minor not in allowed:
-                os.write(fd, f"c {major}:{minor} rwm".encode())  # one rule a write
-    finally:
-        os.close(fd)
 
 
 def _top(env: dict[str, str]) -> tuple[Path | None, str]:
@@ -565,7 +534,11 @@ def open_containment(data_dir: Path, env: dict[str, str] | None = None) -> Conta
         bad = _make_base(base)
         if bad is not None:
             why, base = f"cgroup v2 at {bad}", None
-    if base is None and not any(c in v1 for c in V1_TRACKERS):
+    if base is not None:  # cgroup v2 holds the processes: the v1 freezer and pids lists are not needed
+        for ctl in V1_TRACKERS:
+            if ctl in v1:
+                remove(v1.pop(ctl))
+    elif not any(c in v1 for c in V1_TRACKERS):
         for d in v1.values():
             remove(d)
         reasons = [why] + v1_why if why else v1_why
@@ -583,14 +556,19 @@ def open_containment(data_dir: Path, env: dict[str, str] | None = None) -> Conta
                     except OSError as exc:
                         missing.append(f"{ctl}: {d}/cgroup.subtree_control: {os.strerror(exc.errno or errno.EIO)}")
     on_v2 = set(_read(base / "cgroup.subtree_control").split()) if base is not None else set()
-    limits = frozenset((on_v2 & set(LIMIT_CONTROLLERS)) | (set(v1) & {"memory", "cpu", "devices"}))
+    limits = set((on_v2 & set(LIMIT_CONTROLLERS)) | (set(v1) & {"memory", "cpu", "devices"}))
+    devices_why = ""
+    if "devices" not in limits:
+        devices_why = "no cgroup v2 holds the processes" if base is None else bpf_devices_refusal() or ""
+        if not devices_why:
+            limits.add("devices")  # an eBPF device program per run's cgroup v2
     absent = [c for c in LIMIT_CONTROLLERS if c not in limits]
     why = ""
     if absent:
         why = "; ".join(missing + v1_why) or (
             f"the {' and '.join(absent)} controller{'s' * (len(absent) > 1)} {'are' if len(absent) > 1 else 'is'} "
             f"not offered to {top} by its parent (cgroup.subtree_control) nor mounted as cgroup v1")
-    return Containment(base, limits, why, v1)
+    return Containment(base, frozenset(limits), why, v1, devices_why)
 
 
 def remove_instance(data_dir: Path, env: dict[str, str] | None = None, kill: bool = False,
