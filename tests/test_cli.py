@@ -227,6 +227,30 @@ def test_policy_check():
     assert res.exit_code == 0 and "OK - 1 node, 8 GPUs" in res.output
 
 
+def test_policy_check_gives_a_cohort_member_s_limits_in_the_policy_s_own_numbers(tmp_path):
+    # issue 14, point 4b: not the compiled cap (nominal + borrowing) under the name borrowing_limit
+    policy = tmp_path / "cohort.yaml"
+    policy.write_text("""name: cohort-check
+cluster: {nodes: [{name: n1, gpus: 8, gpu_type: A100}]}
+classes: {batch: {}}
+teams:
+  ml: {nominal_gpus: 4, borrowing_limit: 2, lending_limit: 1}
+  cv: {nominal_gpus: 4, max_gpus: 6}
+cohorts:
+  research: {members: [ml, {team: cv, borrowing_limit: 3}]}
+""")
+    res = run("policy", "check", str(policy))
+    assert res.exit_code == 0, res.output
+    lines = [ln.strip() for ln in res.output.splitlines()]
+    assert "team ml: nominal_gpus=4; cohort research: nominal_gpus=4, borrowing_limit=2 (holds at most 6 GPUs), " \
+        "lending_limit=1" in lines, lines
+    assert "team cv: nominal_gpus=4, max_gpus=6; cohort research: nominal_gpus=4, borrowing_limit=3 (holds at " \
+        "most 7 GPUs), lending_limit unset (lends all its idle quota)" in lines, lines
+    assert "cohort research: ml, cv; 8 GPUs of nominal quota shared" in lines
+    assert not [ln for ln in lines if "borrowing_limit=6" in ln or "borrowing_limit=7" in ln or "(not preemptible)" in ln
+                or ln.startswith("limit cohorts")], lines
+
+
 @pytest.mark.skipif(not (SHARED / "philly_rfold/philly_trace.csv.gz").exists(), reason="../shared not present")
 def test_full_philly_trace_on_2816_gpus(tmp_path):
     """The acceptance run: the whole Philly trace under the example policy."""

@@ -376,3 +376,36 @@ def test_a_socket_named_by_shepherd_socket_is_used_and_named_when_it_is_missing(
     r = CliRunner().invoke(app, ["queue"], env={"SHEPHERD_SOCKET": str(missing)})
     assert r.exit_code != 0
     assert f"no gpushepherd server at unix:{missing}" in r.output
+
+
+def test_token_and_audit_times_are_in_the_policy_s_zone_and_labelled(tmp_path):
+    """Issue 14, point 4c: `shepherd token list`, `token create` and `shepherd audit` print
+    times (a token's expiry too, in the audit detail) in the policy's clock.timezone, named
+    in the header and each cell - not this machine's zone, not epoch seconds."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    berlin = ZoneInfo("Europe/Berlin")
+    s = Server(tmp_path)
+    s.policy.write_text(POLICY + "clock: {timezone: Europe/Berlin}\n")
+    s.start()  # the policy is in the database before the tokens are made
+    try:
+        res = shepherd("token", "create", "--data-dir", str(s.data), "--user", "ana", "--team", "ml", "--admin",
+                       "--expires", "30d")
+        assert res.exit_code == 0, res.output
+        s.token = res.stdout.strip()
+        store = Store(Store.sqlite_url(s.data))
+        expires = store.tokens()[0]["expires"]
+        store.close()
+        shown = datetime.fromtimestamp(expires, berlin).strftime("%Y-%m-%d %H:%M:%S %Z")
+        assert shown.endswith((" CET", " CEST")) and f"expires {shown}" in res.stderr, res.stderr
+        listed = shepherd("token", "list", "--data-dir", str(s.data), env={"COLUMNS": "300"}).stdout
+        assert "EXPIRES (Europe/Berlin)" in listed and shown in listed, listed
+        assert str(int(expires)) not in listed
+        res = shepherd("audit", "--server", s.url, "--token", s.token, "--action", "token-create",
+                       env={"COLUMNS": "300"})
+        assert res.exit_code == 0, res.output
+        assert "TIME (Europe/Berlin)" in res.stdout and f"expires={shown}" in res.stdout, res.stdout
+        assert str(int(expires)) not in res.stdout
+    finally:
+        s.stop()

@@ -275,3 +275,41 @@ def test_the_service_commands(server, tmp_path):
     assert res.returncode == 0 and "Deleted service api" in res.stdout
     res = shepherd("service", "show", "api")
     assert res.returncode == 2 and "no such service" in res.stderr
+
+
+def test_service_create_and_delete_are_audited_with_who_what_and_how_it_ended(server, tmp_path):
+    """Issue 14 point 5: a service's create and delete are in the audit log as a job's
+    submit and cancel are (who, from which address, what), refusals too."""
+    from typer.testing import CliRunner
+
+    from gpushepherd.cli.main import app
+
+    s = server
+    body = service_body(s, tmp_path, free_port(), metrics_url=None, name="audited", min_replicas=0,
+                        command=[sys.executable, "-c", "import time; time.sleep(300)"])
+    assert httpx.post(s.url + "/services", json=body, timeout=60).status_code == 201
+    bad = httpx.post(s.url + "/services", json={**body, "name": "worse", "min_replicas": 3}, timeout=60)
+    assert bad.status_code == 422
+    assert httpx.delete(f"{s.url}/services/audited", timeout=60).status_code == 200
+    assert httpx.delete(f"{s.url}/services/audited", timeout=60).status_code == 404  # deleted already
+
+    def rows():
+        return [e for e in httpx.get(s.url + "/audit", timeout=60).json() if e["action"].startswith("service-")]
+    got = wait_for("the four service rows", lambda: len(rows()) == 4 and rows())
+    made, refused, deleted, again = got
+    assert (made["action"], made["outcome"], made["user"], made["team"], made["target"]) == \
+        ("service-create", "ok", "ana", "ml", "audited")
+    assert made["address"].startswith("127.0.0.1:")
+    assert made["detail"]["command"] == f'["{sys.executable}", "-c", "import time; time.sleep(300)"]'
+    assert (made["detail"]["class"], made["detail"]["gpus"], made["detail"]["min_replicas"],
+            made["detail"]["metric"]) == ("production-inference", 1, 0, "queue_length")
+    assert (refused["action"], refused["outcome"], refused["target"]) == ("service-create", "refused", "worse")
+    assert "min_replicas: 3 is not allowed" in refused["detail"]["error"]
+    assert (deleted["action"], deleted["outcome"], deleted["team"], deleted["target"]) == \
+        ("service-delete", "ok", "ml", "audited")
+    assert (again["outcome"], again["target"]) == ("refused", "audited") and "no such service" in \
+        again["detail"]["error"]
+    r = CliRunner().invoke(app, ["audit", "--server", s.url, "--action", "service-create,service-delete"],
+                           env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and r.stdout.count("service-create") == 2 and r.stdout.count("service-delete") == 2, \
+        r.stdout

@@ -316,3 +316,13 @@ def test_a_per_job_grace_period_reaches_the_spec_is_shown_and_one_above_the_clas
     assert r.status_code == 422 and "grace_period_s" in r.json()["detail"][0]["loc"]
     code, _, err = c.cli("submit", "-c", "batch", "-A", "ml", "--grace", "later", "--", "true")
     assert code == 2 and "--grace" in err
+
+
+def test_a_grace_above_the_class_s_is_refused_naming_the_flag_typed_and_its_unit(served):
+    # issue 14, point 4a: the API names its field (grace_period_s); the CLI the flag (--grace)
+    c = served
+    code, out, err = c.cli("submit", "-c", "batch", "-A", "ml", "--grace", "5m", "-D", str(c.tmp), "--", "true")
+    assert code == 2 and out == "", out
+    assert err.strip() == ("error: --grace: 300 s is not allowed: seconds from 0 to the grace period of class "
+                           "batch (1 s)"), err
+    assert "grace_period_s" not in err

@@ -120,8 +120,34 @@ class ServerUnreachable(Exception):
         self.url = url
 
 
+#: a submission's API fields that are seconds, as the flag the user typed names them:
+#: a refusal says ``--grace: 600 s is not allowed: ...``, not the API's field name
+SUBMIT_FLAGS = {"grace_period_s": "--grace", "time_limit_s": "--time"}
+
+
+def _as_flag(d: dict, flags: dict[str, str]) -> dict:
+    """A FastAPI error entry about a field of ``flags`` (seconds) rewritten to name the
+    flag and the unit of its value (``--grace: 600 s is not allowed: ...``)."""
+    loc = d.get("loc", [])
+    if len(loc) != 2 or loc[1] not in flags:
+        return d
+    msg = re.sub(rf"^{re.escape(str(loc[1]))}: ", "", str(d.get("msg")))
+    m = re.match(r"(-?[0-9.e+]+) is not allowed", msg)
+    if m:
+        msg = f"{float(m.group(1)):g} s{msg[len(m.group(1)):]}"
+    return {**d, "loc": [loc[0], flags[loc[1]]], "msg": msg}
+
+
 def _request(server: str | None, method: str, path: str, token: str | None = None, *,
-             raise_unreachable: bool = False, **kw: Any):
+             raise_unreachable: bool = False, flags: dict[str, str] | None = None, **kw: Any):
+    """``method path`` on the server (its Unix socket or HTTP), the response; a refusal
+    (>= 400) is one ``error:`` line (entries about ``flags``' fields name the flag,
+    ``_as_flag``) and exit 2.
+
+    Raises:
+        typer.Exit: refused (2), or no server (1) unless ``raise_unreachable``.
+        ServerUnreachable: no server, with ``raise_unreachable``.
+    """
     import httpx
 
     from gpushepherd.cli.main import err
@@ -151,7 +177,7 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
         except ValueError:
             detail = r.text
         if isinstance(detail, list):
-            detail = "; ".join(_located(d) for d in detail)
+            detail = "; ".join(_located(_as_flag(d, flags or {}) if isinstance(d, dict) else d) for d in detail)
         err.print(f"error: {_safe(detail)}", soft_wrap=True, markup=False)
         raise typer.Exit(2)
     return r
@@ -339,7 +365,7 @@ def post_job(server: str | None, token: str | None, body: dict, announce: bool =
     """
     from gpushepherd.cli.main import _console, err
 
-    job = _request(server, "POST", "/jobs", token=token, json=body).json()
+    job = _request(server, "POST", "/jobs", token=token, json=body, flags=SUBMIT_FLAGS).json()
     if job.get("state") == "REJECTED":
         err.print(f"rejected: {_safe(job.get('reason') or 'no node could ever hold it')} (job {_safe(job['id'])})",
                   soft_wrap=True, markup=False)
@@ -466,6 +492,31 @@ def env_pairs(items: list[str]) -> dict[str, str]:
 
 def _fmt_t(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def policy_zone(raw: dict | None):
+    """The time zone of a policy (parsed YAML): its ``clock.timezone``, UTC when it has
+    none (or names one this machine does not know)."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    clock = (raw or {}).get("clock") if isinstance(raw, dict) else None
+    name = (clock.get("timezone") if isinstance(clock, dict) else None) or "UTC"
+    try:
+        return ZoneInfo(str(name))
+    except (ZoneInfoNotFoundError, ValueError):
+        return ZoneInfo("UTC")
+
+
+def fmt_zoned(t: float | None, tz) -> str:
+    """Epoch seconds ``t`` as ``2026-12-06 09:30:00 CET`` in zone ``tz`` (its abbreviation
+    labels it); ``-`` for ``None``."""
+    from datetime import datetime
+
+    return "-" if t is None else datetime.fromtimestamp(t, tz).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+#: keys of an audit row's ``detail`` that hold epoch seconds (shown as times)
+AUDIT_TIME_KEYS = ("expires", "created", "begin", "deadline")
 
 
 def constraints_text(j: dict) -> str:
@@ -709,7 +760,7 @@ def register(app: typer.Typer) -> None:
         token_id, token = store.create_token(user, team, admin, expires=until, scope=scope)
         err.print(f"token {token_id}: user {user}, teams {', '.join(team) or '-'}{', admin' if admin else ''}"
                   f"{', scope metrics' if scope == 'metrics' else ''}, "
-                  f"{'expires ' + _fmt_t(until) if until is not None else 'never expires'} "
+                  f"{'expires ' + fmt_zoned(until, policy_zone(logged)) if until is not None else 'never expires'} "
                   f"(database {store.engine.url.render_as_string(hide_password=True)}); it is shown once, "
                   "only its SHA-256 is stored", soft_wrap=True)
         if scope == "api" and not admin and not unix_user_exists(user):
@@ -724,6 +775,7 @@ def register(app: typer.Typer) -> None:
         lifetime (counted from now); the old one is revoked at once."""
         store = _store(data_dir, db)
         out_ = store.rotate_token(token_id)
+        tz = policy_zone(store.last_policy())
         if out_ is None:
             err.print(f"error: token {token_id}: no such token, or already revoked (see `shepherd token list`)",
                       soft_wrap=True)
@@ -731,20 +783,24 @@ def register(app: typer.Typer) -> None:
         new_id, token, row = out_
         err.print(f"token {token_id}: revoked; token {new_id} replaces it: user {row['user']}, teams "
                   f"{', '.join(row['teams']) or '-'}{', admin' if row['admin'] else ''}, "
-                  f"{'expires ' + _fmt_t(row['expires']) if row['expires'] is not None else 'never expires'}; "
+                  f"{'expires ' + fmt_zoned(row['expires'], tz) if row['expires'] is not None else 'never expires'}; "
                   "it is shown once", soft_wrap=True)
         print(token)
 
     @token_app.command("list")
     def token_list(data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None) -> None:
-        """Tokens: id, user, teams, admin, scope, created, expires, revoked."""
-        table = SafeTable("ID", "USER", "TEAMS", "ADMIN", "SCOPE", "CREATED", "EXPIRES", "REVOKED", box=None)
+        """Tokens: id, user, teams, admin, scope, created, expires, revoked (times in the zone of the
+        policy the database ran last, clock.timezone; UTC without one)."""
+        store = _store(data_dir, db)
+        tz = policy_zone(store.last_policy())
+        table = SafeTable("ID", "USER", "TEAMS", "ADMIN", "SCOPE", f"CREATED ({tz.key})", f"EXPIRES ({tz.key})",
+                          f"REVOKED ({tz.key})", box=None)
         now = time.time()
-        for t in _store(data_dir, db).tokens():
-            expires = _fmt_t(t["expires"]) + (" (expired)" if t["expires"] is not None and t["expires"] <= now
-                                               else "")
+        for t in store.tokens():
+            expires = fmt_zoned(t["expires"], tz) + (" (expired)" if t["expires"] is not None and t["expires"] <= now
+                                                     else "")
             table.add_row(str(t["id"]), t["user"], ",".join(t["teams"]) or "-", "yes" if t["admin"] else "no",
-                          t["scope"], _fmt_t(t["created"]), expires, _fmt_t(t["revoked"]))
+                          t["scope"], fmt_zoned(t["created"], tz), expires, fmt_zoned(t["revoked"], tz))
         out.print(table)
 
     @token_app.command("revoke")
@@ -1269,10 +1325,14 @@ def register(app: typer.Typer) -> None:
         if as_json:
             sys.stdout.write(json.dumps(entries, indent=2) + "\n")
             return
-        table = SafeTable("TIME", "ACTION", "OUTCOME", "USER", "UID", "FROM", "TEAM", "TARGET", "DETAIL", box=None)
+        # times in the policy's zone (clock.timezone), named in the header and each cell
+        tz = policy_zone(_request(server, "GET", "/policy", token=token).json().get("policy"))
+        table = SafeTable(f"TIME ({tz.key})", "ACTION", "OUTCOME", "USER", "UID", "FROM", "TEAM", "TARGET", "DETAIL",
+                          box=None)
         for e in entries:
-            detail = " ".join(f"{k}={v}" for k, v in e["detail"].items())
-            table.add_row(_fmt_t(e["t"]), e["action"], e["outcome"], e["user"] or "-", _num(e["uid"]),
+            detail = " ".join(f"{k}={fmt_zoned(v, tz) if k in AUDIT_TIME_KEYS and isinstance(v, (int, float)) else v}"
+                              for k, v in e["detail"].items())
+            table.add_row(fmt_zoned(e["t"], tz), e["action"], e["outcome"], e["user"] or "-", _num(e["uid"]),
                           e["address"] or "-", e["team"] or "-", e["target"] or "-", detail or "-")
         out.print(table)
 

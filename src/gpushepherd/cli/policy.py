@@ -17,15 +17,47 @@ from gpushepherd.cli.daemon import ServerOpt, TokenOpt, _fmt_t, _request
 
 if TYPE_CHECKING:
     from gpushepherd.model.rules import Rules
+    from gpushepherd.policy.schema import PolicySpec
 
 
 def _hhmm(seconds: float) -> str:
     return time.strftime("%H:%M", time.gmtime(seconds)) if seconds < 86400 else "24:00"
 
 
-def summary(rules: Rules) -> list[str]:
+def _cohort_terms(spec: PolicySpec | None) -> tuple[dict[str, list[str]], list[str], set[str]]:
+    """A cohort's part of the summary, in the policy's own numbers (note 005's compiled
+    limits - ``nominal + borrowing_limit``, the cohort's guards - are not what anyone
+    wrote): ``({team: ["cohort C: nominal_gpus=4, borrowing_limit=2 (at most 6 GPUs),
+    lending_limit=1"]}, cohort lines, the paths of the limits compiled from cohorts)``."""
+    per_team: dict[str, list[str]] = {}
+    lines, paths = [], set()
+    if spec is None:
+        return per_team, lines, paths
+    for cname, co in sorted(spec.cohorts.items()):
+        pool = f" (pool {co.pool})" if co.pool is not None else ""
+        total = 0
+        for entry in co.members:
+            t = spec.teams[entry.team]
+            nom = entry.nominal_gpus if entry.nominal_gpus is not None else (t.nominal_gpus or 0)
+            bl = entry.borrowing_limit if entry.borrowing_limit is not None else t.borrowing_limit
+            ll = entry.lending_limit if entry.lending_limit is not None else t.lending_limit
+            total += nom
+            borrow = "borrowing_limit unset (may borrow all the cohort lends)" if bl is None else \
+                f"borrowing_limit={bl} (holds at most {nom + bl} GPUs)"
+            lend = "lending_limit unset (lends all its idle quota)" if ll is None else f"lending_limit={ll}"
+            per_team.setdefault(entry.team, []).append(f"cohort {cname}{pool}: nominal_gpus={nom}, {borrow}, {lend}")
+            prefix = f"teams.{entry.team}" if co.pool is None else f"cohorts.{cname}.{entry.team}"
+            paths |= {f"{prefix}.borrowing_limit", f"{prefix}.nominal_gpus(not preemptible)"}
+        members = ", ".join(e.team for e in co.members)
+        lines.append(f"cohort {cname}{pool}: {members}; {total} GPUs of nominal quota shared")
+    return per_team, lines, paths
+
+
+def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:
     """Lines describing a compiled policy: pools (nodes, GPUs), classes (priority,
-    preemptible), teams (nominal quota and limits), other limits, windows."""
+    preemptible), teams (nominal quota and limits; with ``spec``, a cohort member's
+    nominal_gpus, borrowing_limit and lending_limit as the policy writes them), cohorts,
+    other limits, windows."""
     pools: dict[str, list[int]] = {}
     for n in rules.nodes:
         pools.setdefault(n.pool, []).append(n.gpus)
@@ -38,8 +70,11 @@ def summary(rules: Rules) -> list[str]:
         extra += f", pools {','.join(c.pools)}" if c.pools else ""
         lines.append(f"class {c.name}: priority {c.priority}, {how}{extra}")
     team_limits: dict[str, list[str]] = {}
+    in_cohorts, cohort_lines, compiled = _cohort_terms(spec)
     other = []
     for lim in rules.limits:
+        if lim.path in compiled or (spec is not None and getattr(lim, "cohort", None)):
+            continue  # said in the policy's own numbers below
         value = f"{lim.path.rsplit('.', 1)[-1]}={lim.max if lim.max < 10**12 else 'unlimited'}" + "".join(
             f", {w.name}={m}" for w, m in lim.windows)
         if lim.path.startswith("teams."):
@@ -49,8 +84,10 @@ def summary(rules: Rules) -> list[str]:
     for team in sorted(rules.teams):
         quota = [f"nominal_gpus={rules.nominal_gpus[team]}"] if rules.nominal_gpus.get(team) else []
         quota += team_limits.get(team, [])
+        parts = ([", ".join(quota)] if quota else []) + in_cohorts.get(team, [])
         parent = f" (in {rules.teams[team]})" if rules.teams[team] else ""
-        lines.append(f"team {team}{parent}: {', '.join(quota) or 'no quota'}")
+        lines.append(f"team {team}{parent}: {'; '.join(parts) or 'no quota'}")
+    lines += cohort_lines
     lines += [f"limit {x}" for x in other]
     windows = {w.name: w for lim in rules.limits for w, _ in lim.windows}
     days = "Mon Tue Wed Thu Fri Sat Sun".split()
@@ -89,12 +126,13 @@ def register(policy_app: typer.Typer) -> None:
         live = server or os.environ.get("SHEPHERD_SERVER")
         with _errors():
             for path in files:
-                r = load_policy(path).rules
+                loaded = load_policy(path)
+                r = loaded.rules
                 gpus = sum(n.gpus for n in r.nodes)
                 classes = f"{len(r.classes)} class" + ("" if len(r.classes) == 1 else "es")
                 out.print(f"{path}: OK - {_plural(len(r.nodes), 'node')}, {_plural(gpus, 'GPU')}, {classes}, "
                           f"{_plural(len(r.teams), 'team')}, {_plural(len(r.limits), 'limit')}", soft_wrap=True)
-                for line in summary(r):
+                for line in summary(r, loaded.spec):
                     out.print(f"  {line}", soft_wrap=True)
                 if live:
                     res = _request(live, "POST", "/policy", token=token, params={"dry_run": "true"},
@@ -125,7 +163,8 @@ def register(policy_app: typer.Typer) -> None:
             return
         out.print(f"version {res['version']}, applied {_fmt_t(res['t'])} by {res['by'] or '-'} from "
                   f"{res['source'] or '-'}", soft_wrap=True)
-        for line in summary(policy_from_dict(res["policy"], "server", intake=False).rules):
+        shown = policy_from_dict(res["policy"], "server", intake=False)
+        for line in summary(shown.rules, shown.spec):
             out.print(f"  {line}", soft_wrap=True)
 
     @policy_app.command("export")

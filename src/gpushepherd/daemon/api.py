@@ -991,7 +991,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
               action: str | None = Query(None, max_length=4096, description="only these actions, a comma list: "
                                          "submit, cancel, hold, release, update, requeue, policy-apply, "
                                          "token-create, token-rotate, token-revoke, token-use, token-refused, "
-                                         "attach (a refused terminal attach)"),
+                                         "service-create, service-delete, attach (a refused terminal attach)"),
               limit: int = Query(AUDIT_LIMIT, ge=1, le=MAX_AUDIT_LIMIT, description="the newest this many"),
               p: Principal | None = Depends(principal)) -> list:
         """The audit log (note 023), oldest first: who (``user``: the token's, or the one a

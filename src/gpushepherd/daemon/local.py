@@ -174,10 +174,28 @@ def unresolved_mig(placement: Placement, node: str = "", found: Discovery | None
     return "" if placement.parts[0][0] == node and mig_uuid(found, gpu, *mig) else f"{mig[0]}@{mig[1]}"
 
 
+def nvidia_minors(root: str = "/proc/driver/nvidia/gpus") -> dict[str, int]:
+    """``{GPU UUID: device minor}`` from the NVIDIA driver's ``information`` files
+    (``GPU UUID:``, ``Device Minor:``); ``{}`` without the driver."""
+    out = {}
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for entry in entries:
+        try:
+            with open(os.path.join(root, entry, "information")) as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            out[fields["GPU UUID"].strip()] = int(fields["Device Minor"].strip())
+        except (OSError, KeyError, ValueError):
+            continue
+    return out
+
+
 @dataclass(slots=True)
 class Proc:
     """One run's process group: ``pid`` (the runner, the group leader) == ``pgid``;
-    ``cgroup``: its cgroup v2 (``None``: the process group only); ``placement``: the
+    ``cgroup``: its cgroups (``None``: the process group only); ``placement``: the
     GPUs it holds until every process of it is gone; ``killed``: a kill was sent."""
 
     job_id: str
@@ -186,7 +204,7 @@ class Proc:
     start: str | None
     exit_file: Path
     popen: subprocess.Popen | None = None  # None: re-attached after a restart (not our child)
-    cgroup: Path | None = None
+    cgroup: cgroups.RunGroup | None = None
     placement: Placement | None = None
     killed: bool = False
 
@@ -301,6 +319,21 @@ class LocalBackend(RunFiles):
                 return str(exc)
         return self.containment.refusal(mem_mib, cpus)
 
+    def gpu_minors(self, placement: Placement) -> frozenset[int]:
+        """The ``/dev/nvidiaN`` minors of this server's GPUs in ``placement`` (note 036): by
+        UUID from the driver's ``/proc/driver/nvidia/gpus/*/information`` where the
+        inventory knows the UUID, else the GPU's index (NVML's index and the device
+        minor agree on most machines; a MIG device is its GPU's)."""
+        by_uuid = nvidia_minors()
+        out = set()
+        for name, gpus in placement.parts:
+            if name != self.node and self.node:
+                continue
+            for g in gpus:
+                known = self.found is not None and 0 <= g < len(self.found.gpus) and self.found.gpus[g].uuid
+                out.add(by_uuid.get(self.found.gpus[g].uuid, g) if known else g)
+        return frozenset(out)
+
     def discover(self) -> list[EngineNode]:
         """This server's node as its inventory found it (set by the daemon); ``[]``
         before that or for a cluster simulated on this machine."""
@@ -342,7 +375,7 @@ class LocalBackend(RunFiles):
         owner = runas.identity(user) if self.run_as.per_user else None
         self._retire(job_id)
         rdir, ckpt, exit_file = self._prepare(job_id, run, owner)
-        cg = self.containment.create(job_id, run, mem_mib, cpus)
+        cg = self.containment.create(job_id, run, mem_mib, cpus, self.gpu_minors(placement))
         job_env = runas.clean_env(owner, env) if owner is not None else {**os.environ, **env}
         unresolved = unresolved_mig(placement, self.node, self.found)
         if unresolved:
@@ -353,8 +386,8 @@ class LocalBackend(RunFiles):
         # the runner must import gpushepherd even when the job's cwd or env differ
         job_env.update(contract_env(job_id, run, ckpt, placement.share, env, inherit=owner is None))
         cmd = [sys.executable, "-m", "gpushepherd.daemon.runner"] + (["--shell"] if shell else [])
-        if cg is not None:
-            cmd += ["--cgroup", str(cg)]
+        for d in cg.dirs() if cg is not None else ():
+            cmd += ["--cgroup", str(d)]
         runner_env = job_env
         if owner is not None:
             # the runner is root: it gets only what it needs (never the job's PYTHONPATH,
@@ -406,14 +439,16 @@ class LocalBackend(RunFiles):
         it holds), and to its cgroup when it has one. Returns ``None`` if no process of
         it is left and it left no exit file (the run is lost)."""
         exit_file = self.run_dir(job_id, run) / "exit"
-        # the cgroup it was started in, if any (a run of a server before cgroups has none);
-        # looked up without making this server's cgroup
-        base = self._containment.base if self._containment is not None else cgroups.instance_dir(self.data_dir)
-        cg = cgroups.Containment(base).path(job_id, run) if base is not None else None
-        cg = cg if cg is not None and cg.is_dir() else None
+        # the cgroups it was started in, if any (a run of a server before cgroups has none);
+        # looked up without making this server's cgroups
+        if self._containment is not None:
+            cg = self._containment.path(job_id, run)
+            cg = cg if cg is not None and cg.exists() else None
+        else:
+            cg = cgroups.run_group(self.data_dir, job_id, run)
         if pid is None:
             found = find_runner(job_id, run, exit_file)
-            if found is None and not exit_file.exists() and not (cg is not None and cgroups.populated(cg)):
+            if found is None and not exit_file.exists() and not (cg is not None and cg.populated()):
                 return None
             pid, start = found or (0, None)
         proc = Proc(job_id, run, pid, start, exit_file, cgroup=cg, placement=placement)
@@ -423,14 +458,14 @@ class LocalBackend(RunFiles):
         self.lost_causes[job_id] = (f"no process of its group and no exit file when this server started; stderr: "
                                     f"{self.run_dir(job_id, run) / 'stderr'}")
         if cg is not None:
-            cgroups.remove(cg)
+            cg.remove()
         return None
 
     def _alive(self, proc: Proc) -> bool:
         """Whether the run still runs: a process in its cgroup, its runner, or else any
         process of its group (the keeper and the job outlive a killed runner and record
         the exit, note 017)."""
-        if proc.cgroup is not None and cgroups.populated(proc.cgroup):
+        if proc.cgroup is not None and proc.cgroup.populated():
             return True
         if proc.popen is not None:
             # with a cgroup the runner is in it from its start: the group is not looked up
@@ -446,7 +481,7 @@ class LocalBackend(RunFiles):
     def _remains(self, proc: Proc) -> bool:
         """Whether any process of an ended or killed run is left."""
         if proc.cgroup is not None:
-            return cgroups.populated(proc.cgroup)
+            return proc.cgroup.populated()
         return proc.pid > 0 and group_running(proc.pid)
 
     def _kill_all(self, proc: Proc) -> None:
@@ -455,7 +490,7 @@ class LocalBackend(RunFiles):
         if proc.pid > 0:
             self.kill_group(proc.pid)
         if proc.cgroup is not None:
-            cgroups.kill_all(proc.cgroup)
+            proc.cgroup.kill_all()
 
     def _drained(self, proc: Proc) -> bool:
         """Whether nothing is left of an ended or killed run: no process, and its cgroup
@@ -463,7 +498,7 @@ class LocalBackend(RunFiles):
         tasks are released, is waited for too)."""
         if self._remains(proc):
             return False
-        return proc.cgroup is None or cgroups.remove(proc.cgroup)
+        return proc.cgroup is None or proc.cgroup.remove()
 
     def _drain(self, proc: Proc) -> None:
         """A run that ended or was replaced: what is left of it is killed, and its GPUs
@@ -486,6 +521,8 @@ class LocalBackend(RunFiles):
         for key, proc in sorted(self.draining.items()):
             if self._drained(proc):
                 del self.draining[key]
+            elif self._remains(proc):  # a process forked while it was killed (no cgroup.kill): again
+                self._kill_all(proc)
         want = {(n, g) for n, gs in placement.parts for g in gs}
         holders = list(self.draining.values()) + [p for p in self.procs.values() if p.killed]
         for proc in sorted(holders, key=lambda p: (p.job_id, p.run)):
@@ -511,12 +548,10 @@ class LocalBackend(RunFiles):
             if proc.popen is not None:
                 proc.popen.wait()  # reap the runner
             code = _exit_code(proc.exit_file)
-            oom = cgroups.oom_kills(proc.cgroup) if proc.cgroup is not None else 0
+            oom = proc.cgroup.oom_kills() if proc.cgroup is not None else 0
             if oom:
-                limit = (proc.cgroup / "memory.max").read_text().strip() if (proc.cgroup / "memory.max").exists() \
-                    else "?"
                 self.end_causes[job_id] = (OUT_OF_MEMORY, f"the kernel killed {oom} process{'es' * (oom != 1)} of "
-                                           f"it at its memory limit (memory.max {limit} bytes, submit --mem)")
+                                           f"it at its memory limit ({proc.cgroup.memory_limit()}, submit --mem)")
                 log.warning("job %s: run %d: %s: %s", job_id, proc.run, *self.end_causes[job_id])
                 if code is None:
                     code = -signal.SIGKILL
@@ -543,7 +578,7 @@ class LocalBackend(RunFiles):
         proc = self.procs.get(job_id)
         if proc is None or proc.pid <= 0:
             return
-        members = cgroups.pids(proc.cgroup) if proc.cgroup is not None else []
+        members = proc.cgroup.pids() if proc.cgroup is not None else []
         if proc.pid not in members:
             members = []
             try:

@@ -6,8 +6,9 @@
 server that restarted - and is no longer the job's parent - still learns how it
 ended; it then exits with that code (a signal S: ``128+S``).
 
-Options (design note 023): ``--cgroup DIR``: first of all, move into that cgroup v2
-(every process of the job is then in it); ``--user UID:GID:G1,G2``: start the job with
+Options (design notes 023, 036): ``--cgroup DIR`` (repeated: one for each hierarchy,
+cgroup v2 and v1): first of all, move into those cgroups (every process of the job is
+then in them); ``--user UID:GID:G1,G2``: start the job with
 that uid, gid and supplementary groups (``Popen(user=, group=, extra_groups=)``: no
 shell or other program runs as root in between) and give it the exit file (mode 0600);
 ``--cwd DIR``: the job's directory, entered as that user; ``--env-file FILE``: the job's
@@ -98,12 +99,16 @@ class Options:
     [--cwd DIR] [--env-file FILE] EXIT_FILE -- ARGV...``."""
 
     def __init__(self, args: list[str]):
-        self.shell, self.pty, self.cgroup, self.user, self.cwd, self.env_file = False, False, None, None, None, None
-        valued = {"--cgroup": "cgroup", "--user": "user", "--cwd": "cwd", "--env-file": "env_file"}
+        self.shell, self.pty, self.user, self.cwd, self.env_file = False, False, None, None, None
+        self.cgroups: list[str] = []
+        valued = {"--user": "user", "--cwd": "cwd", "--env-file": "env_file"}
         while args and args[0].startswith("--") and args[0] != "--":
             if args[0] in ("--shell", "--pty"):
                 setattr(self, args[0][2:], True)
                 args = args[1:]
+            elif args[0] == "--cgroup" and len(args) > 1:
+                self.cgroups.append(args[1])
+                args = args[2:]
             elif args[0] in valued and len(args) > 1:
                 setattr(self, valued[args[0]], args[1])
                 args = args[2:]
@@ -177,12 +182,12 @@ def main(args: list[str]) -> int:
         print(f"usage: python -m gpushepherd.daemon.runner [--shell] [--pty] [--cgroup DIR] [--user UID:GID:GROUPS] "
               f"[--cwd DIR] [--env-file FILE] EXIT_FILE -- ARGV... ({exc})", file=sys.stderr)
         return 2
-    if opts.cgroup is not None:  # first: every process started from here on is in the job's cgroup
+    for cgroup in opts.cgroups:  # first: every process started from here on is in the job's cgroups
         try:
-            with open(os.path.join(opts.cgroup, "cgroup.procs"), "w") as f:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
         except OSError as exc:
-            print(f"shepherd: cannot enter the job's cgroup {opts.cgroup}: {exc}", file=sys.stderr)
+            print(f"shepherd: cannot enter the job's cgroup {cgroup}: {exc}", file=sys.stderr)
             return 2
     env = None
     if opts.env_file is not None:

@@ -49,7 +49,6 @@ from gpushepherd.daemon.deps import (
     parse_begin,
     parse_dependency,
 )
-from gpushepherd.daemon import cgroups
 from gpushepherd.daemon.local import exit_status, mig_uuid
 from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
@@ -66,6 +65,7 @@ from gpushepherd.daemon.store import (
     RunLost,
     StorageUnavailable,
     Store,
+    audit_command,
     audit_row,
     local_who,
     spec_from_dict,
@@ -177,9 +177,6 @@ def audit_outcome(exc: BaseException | None) -> str:
         return "ok"
     return "failed" if isinstance(exc, (StorageUnavailable, TimeoutError)) else "refused"
 
-
-#: the most characters of a submission's command an audit row keeps
-AUDIT_COMMAND_CHARS = 1000
 
 
 class Command(Future):
@@ -1205,10 +1202,9 @@ class Daemon:
             spec, argv, shell, _env, cwd, array, _idem, defer, pty = arg
             target = str(before) if self.next_num != before else None
             team = spec.team
-            command = json.dumps(argv)
             detail = {"as_user": spec.user, "class": spec.workload_class, "gpus": spec.gpus,
                       "share": str(spec.share) if spec.share else None, "name": spec.name or None,
-                      "command": command[:AUDIT_COMMAND_CHARS] + ("..." if len(command) > AUDIT_COMMAND_CHARS else ""),
+                      "command": audit_command(argv),
                       "shell": shell, "pty": pty, "cwd": cwd, "array": array[0] if array else None,
                       "mem_mib": spec.mem_mib or None, "cpus": spec.cpus or None}
             if target is None and exc is None:
@@ -1915,7 +1911,7 @@ class Daemon:
         members = procs.group_members(p.pid for p in tracked.values())
         for p in tracked.values():  # a job's processes that left its group are still in its cgroup (note 023)
             if getattr(p, "cgroup", None) is not None:
-                members[p.pid] = members.get(p.pid, frozenset()) | frozenset(cgroups.pids(p.cgroup))
+                members[p.pid] = members.get(p.pid, frozenset()) | frozenset(p.cgroup.pids())
         pids_now = frozenset().union(*members.values()) if members else frozenset()
         # a process of a job that just ended may linger in NVML's list for a moment: ours
         managed, self._last_pids = pids_now | self._last_pids, pids_now

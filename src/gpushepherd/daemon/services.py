@@ -25,7 +25,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert, select, update
 
-from gpushepherd.daemon.store import service_decisions, services, spec_from_dict, spec_to_dict
+from gpushepherd.daemon.store import (audit, audit_command, audit_row, service_decisions, services, spec_from_dict,
+                                      spec_to_dict)
 from gpushepherd.model.events import JobCancelled, JobSubmitted
 from gpushepherd.model.job import JobSpec, JobState
 
@@ -38,6 +39,15 @@ GPU_UTILISATION = re.compile(r"util|duty_cycle", re.IGNORECASE)
 MAX_SCRAPE_BYTES = 1024 * 1024
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+
+
+def create_detail(full: dict) -> dict:
+    """The ``detail`` of a ``service-create`` audit row: the replicas' user, class, GPUs
+    and command (``audit_command``), the replica range and the signal."""
+    spec = full.get("spec", {})
+    return {"as_user": spec.get("user"), "class": spec.get("workload_class"), "gpus": spec.get("gpus"),
+            "command": audit_command(full.get("argv", [])), "min_replicas": full.get("min_replicas"),
+            "max_replicas": full.get("max_replicas"), "metric": full.get("metric")}
 
 
 class ServiceError(ValueError):
@@ -302,9 +312,11 @@ class Services:
             self._thread.join(timeout=30)
 
     # -- the API's side (each takes daemon.lock) ---------------------------------
-    def create(self, config: dict, spec: JobSpec, argv: list[str], shell: bool, env: dict, cwd: str) -> dict:
+    def create(self, config: dict, spec: JobSpec, argv: list[str], shell: bool, env: dict, cwd: str,
+               who: dict | None = None) -> dict:
         """Create a service; returns its view once its row and first decision (to
-        ``min_replicas``) are committed. The loop then submits the replicas.
+        ``min_replicas``) are committed. The loop then submits the replicas. ``who``
+        (``api.who_of``): its ``service-create`` audit row goes into the same commit.
 
         Raises:
             ServiceError: bad field (name in use, range, signal, timings).
@@ -333,14 +345,18 @@ class Services:
             with d.store.engine.begin() as c:  # the record and its first decision, one commit
                 c.execute(insert(services).values(num=num, name=svc.name, created=now, config=json.dumps(full)))
                 self._decide(svc, now, lo, f"create: min {lo} replica{'s' * (lo != 1)}", c)
+                if who is not None:  # note 023: the row in the transaction of what it records
+                    c.execute(insert(audit).values(audit_row(now, "service-create", who, team=spec.team,
+                                                             target=svc.name, detail=create_detail(full))))
             d.next_num += 1
             self.by_num[num] = svc
             d.wake.set()
             return self.view(svc)
 
-    def delete(self, name: str) -> dict:
-        """Delete a service: marked and decided to 0 (committed), then the loop cancels
-        its replicas. Raises ``KeyError``: no such service."""
+    def delete(self, name: str, who: dict | None = None) -> dict:
+        """Delete a service: marked and decided to 0 (committed, with its
+        ``service-delete`` audit row for ``who``), then the loop cancels its replicas.
+        Raises ``KeyError``: no such service."""
         d = self.daemon
         with d.lock:
             svc = self.live(name)
@@ -351,6 +367,10 @@ class Services:
             try:
                 with d.store.engine.begin() as c:
                     c.execute(update(services).where(services.c.num == svc.num).values(deleted=now))
+                    if who is not None:
+                        c.execute(insert(audit).values(audit_row(
+                            now, "service-delete", who, team=svc.config["spec"]["team"], target=svc.name,
+                            detail={"replicas": svc.desired, "created": svc.created})))
                     self._decide(svc, now, 0, f"delete: {svc.desired} -> 0", c)
             except Exception:  # not committed: the service stays as it was
                 svc.desired = before

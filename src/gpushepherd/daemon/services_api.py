@@ -3,22 +3,27 @@
 ``POST /services/{name}/signals``.
 
 Errors as the job API's: 422 with ``detail`` a list whose entry's ``loc`` names the
-field; 404 for an unknown service; 403 for a team the token may not act for.
+field; 404 for an unknown service; 403 for a team the token may not act for. Create and
+delete are audited (``service-create``, ``service-delete``; note 023): a success in the
+commit of the service's record, a refusal (403, 422) or a storage failure queued for the
+next step, as the API's other refusals.
 """
 
 from __future__ import annotations
 
 import re
+import time
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
 from gpushepherd.core.scheduler import SpecError
-from gpushepherd.daemon.api import SECONDS_DOC, Seconds, SubmitBody, _spec_field, check_submitter
+from gpushepherd.daemon.api import SECONDS_DOC, Seconds, SubmitBody, _spec_field, check_submitter, who_of
 from gpushepherd.daemon.auth import Principal
-from gpushepherd.daemon.server import Daemon
-from gpushepherd.daemon.services import ServiceError
+from gpushepherd.daemon.server import Daemon, audit_outcome
+from gpushepherd.daemon.services import ServiceError, create_detail
+from gpushepherd.daemon.store import audit_row
 
 
 class ServiceBody(SubmitBody):
@@ -75,6 +80,17 @@ def mount_services(app: FastAPI, daemon: Daemon, principal) -> None:
         if why is not None:
             raise HTTPException(403, f"team: {team!r} is not allowed: {why}")
 
+    def audit_failed(request: Request, p: Principal | None, action: str, exc: BaseException, claimed: str = "",
+                     **row) -> None:
+        """The audit row of a create or delete that did not happen: ``denied`` (403),
+        ``refused`` (422, 404), ``failed`` (storage)."""
+        if isinstance(exc, HTTPException):
+            outcome, error = ("denied" if exc.status_code == 403 else "refused"), exc.detail
+        else:
+            outcome, error = audit_outcome(exc), str(exc)
+        detail = {**row.pop("detail", {}), "error": str(error)[:2000]}
+        daemon.audit_later(audit_row(time.time(), action, who_of(request, p, claimed), outcome, detail=detail, **row))
+
     def found(name: str):
         svc = daemon.services.live(name)
         if svc is None:
@@ -82,17 +98,27 @@ def mount_services(app: FastAPI, daemon: Daemon, principal) -> None:
         return svc
 
     @app.post("/services", status_code=201)
-    def create(body: ServiceBody, p: Principal | None = Depends(principal)):
+    def create(body: ServiceBody, request: Request, p: Principal | None = Depends(principal)):
         """Create a service; its ``min_replicas`` replicas are submitted as jobs of its
-        class. Returns the service's view once its record is committed."""
-        check_submitter(p, body, daemon.backend.kind == "local" and daemon.backend.run_as.per_user)  # as POST /jobs
+        class. Returns the service's view once its record is committed (with its audit row)."""
+        claimed = body.user
+        row = dict(team=body.team, target=body.name, detail=create_detail(
+            {**body.config(), "spec": {"user": body.user, "workload_class": body.workload_class, "gpus": body.gpus},
+             "argv": body.command}))
         try:
-            return daemon.services.create(body.config(), body.spec(), body.command, body.shell, body.env, body.cwd)
+            check_submitter(p, body, daemon.backend.kind == "local" and daemon.backend.run_as.per_user)  # as POST /jobs
+            return daemon.services.create(body.config(), body.spec(), body.command, body.shell, body.env, body.cwd,
+                                          who=who_of(request, p, body.user))
         except ServiceError as exc:
+            audit_failed(request, p, "service-create", HTTPException(422, f"{exc.field}: {exc}"), claimed, **row)
             return _refused(exc.field, str(exc))
         except SpecError as exc:
+            audit_failed(request, p, "service-create", HTTPException(422, str(exc)), claimed, **row)
             field = _spec_field(str(exc))
             return _refused({"workload_class": "class"}.get(field, field), re.sub(r"^job '[^']*': ", "", str(exc)))
+        except Exception as exc:
+            audit_failed(request, p, "service-create", exc, claimed, **row)
+            raise
 
     @app.get("/services")
     def services() -> list:
@@ -108,14 +134,21 @@ def mount_services(app: FastAPI, daemon: Daemon, principal) -> None:
             return daemon.services.view(found(name))
 
     @app.delete("/services/{name}")
-    def delete(name: str, p: Principal | None = Depends(principal)) -> dict:
-        """Delete a service: its replicas are cancelled."""
-        with daemon.lock:
-            may_act(p, found(name).config["spec"]["team"])
+    def delete(name: str, request: Request, p: Principal | None = Depends(principal)) -> dict:
+        """Delete a service: its replicas are cancelled (the deletion committed with its
+        audit row)."""
+        team = None
         try:
-            return daemon.services.delete(name)
-        except KeyError:
-            raise HTTPException(404, f"service {name!r}: no such service") from None
+            with daemon.lock:
+                team = found(name).config["spec"]["team"]
+                may_act(p, team)
+            try:
+                return daemon.services.delete(name, who=who_of(request, p))
+            except KeyError:
+                raise HTTPException(404, f"service {name!r}: no such service") from None
+        except Exception as exc:
+            audit_failed(request, p, "service-delete", exc, team=team, target=name)
+            raise
 
     @app.post("/services/{name}/signals")
     def signals(name: str, values: dict[str, float], p: Principal | None = Depends(principal)):

@@ -215,7 +215,8 @@ audit = Table(
     Column("seq", Integer, primary_key=True, autoincrement=True),
     Column("t", Float, nullable=False, index=True),  # epoch seconds
     # submit | cancel | hold | release | update | requeue | policy-apply | token-create |
-    # token-rotate | token-revoke | token-use | token-refused | attach (denied only, note 041)
+    # token-rotate | token-revoke | token-use | token-refused | service-create | service-delete |
+    # attach (denied only, note 041)
     Column("action", String(32), nullable=False),
     Column("user", String(255), nullable=False, index=True),  # who: the token's user (or claimed without tokens)
     Column("token_id", Integer, nullable=True),
@@ -240,6 +241,17 @@ def audit_row(t: float, action: str, who: dict | None, outcome: str = "ok", *, t
             "uid": who.get("uid"), "address": (str(who["address"])[:255] if who.get("address") else None),
             "team": team, "target": None if target is None else str(target)[:255], "outcome": outcome,
             "detail": json.dumps(detail or {}, default=str, separators=(",", ":"))}
+
+
+#: the most characters of a submission's command an audit row keeps
+AUDIT_COMMAND_CHARS = 1000
+
+
+def audit_command(argv: list[str]) -> str:
+    """A command as an audit row's ``detail`` keeps it: JSON, at most
+    ``AUDIT_COMMAND_CHARS`` characters (``...`` after a cut)."""
+    command = json.dumps(argv)
+    return command[:AUDIT_COMMAND_CHARS] + ("..." if len(command) > AUDIT_COMMAND_CHARS else "")
 
 
 def local_who(command: str) -> dict:
