@@ -15,7 +15,7 @@ from test_dependencies import Api, api, waits  # noqa: F401 - api: the fixture o
 
 from gpushepherd.core.scheduler import Scheduler, SpecError
 from gpushepherd.daemon.store import event_from_row, event_row
-from gpushepherd.model.events import JobFinished, JobSubmitted, JobUpdated
+from gpushepherd.model.events import JobFinished, JobRequeueRequested, JobSubmitted, JobUpdated
 from gpushepherd.model.job import JobSpec
 from gpushepherd.policy.load import policy_from_dict
 
@@ -89,6 +89,22 @@ def test_an_update_that_breaks_a_rule_is_refused_naming_the_field_and_nothing_is
         s.handle([event])
     assert needle in str(exc.value)
     assert json.dumps(s.snapshot()) == before
+
+
+def test_a_pending_job_whose_banked_work_reaches_its_new_limit_ends_timeout():
+    """Found by the oracle (seed 3231): a requeued checkpointing job keeps its banked work;
+    a limit below it leaves no run to make (as ``Book.requeue``)."""
+    s = Scheduler(policy_from_dict(RAW).rules)
+    s.handle([JobSubmitted(0, JobSpec("X", "T", "batch", 4, time_limit_s=100, checkpointable=True))])
+    s.handle([JobSubmitted(1, JobSpec("H", "T", "batch", 4, time_limit_s=50, submit_time=1))])
+    out = s.handle([JobRequeueRequested(30, "X"), JobUpdated(30, "H", nice=-10)])  # H goes first
+    assert [(type(d).__name__, d.job_id) for d in out] == [("Stop", "X"), ("Start", "H")]
+    x = s.jobs["X"]
+    assert x.state.value == "PENDING" and x.done_s == 30
+    assert s.handle([JobUpdated(31, "X", time_limit_s=20)]) == []
+    assert x.state.value == "TIMEOUT" and x.history[-1].reason == "no time left of its time limit"
+    assert "X" not in [j.id for j in s.pending_jobs()]
+    s.check_invariants()
 
 
 def test_an_update_of_an_ended_job_is_a_no_op_and_the_event_log_row_round_trips():

@@ -75,7 +75,8 @@ def check(book, e: JobUpdated) -> None:
 def apply(book, e: JobUpdated) -> None:
     """Change the job (see the module docstring); a time limit at or below what the
     running job has run is stopped by ``expire`` in the same instant (its time-limit
-    stop, with its grace). Checked again against the state of now (an earlier update of
+    stop, with its grace); a pending job whose banked work reaches its new limit ends
+    ``TIMEOUT`` at once. Checked again against the state of now (an earlier update of
     the same instant may have changed it): a refused one is a no-op noted in its history."""
     job = book.jobs.get(e.job_id)
     if job is None or job.state.terminal:
@@ -104,7 +105,13 @@ def apply(book, e: JobUpdated) -> None:
         job.estimate_s = estimate_for(book, job.spec, job.time_limit_s)
     job.key = book.order_key(job)
     book.log(job, job.state, job.state, "updated: " + ", ".join(said) + (" (admin)" if e.admin else ""))
-    if pending:
+    if pending and job.run_limit() is not None and job.run_limit() <= 0:
+        # its banked work (a checkpointing job's earlier runs) used all of the new limit:
+        # it ends as a requeue that reaches its limit does (``Book.requeue``)
+        book.clear_victims(job)
+        job.state = JobState.TIMEOUT
+        book.log(job, JobState.PENDING, JobState.TIMEOUT, "no time left of its time limit")
+    elif pending:
         book.enqueue(job)
     elif job.state is JobState.RUNNING and "time_limit_s" in changes:
         book.ends_remove(job)
