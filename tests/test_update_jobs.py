@@ -148,6 +148,8 @@ def test_an_admins_nudge_starts_the_later_job_first_and_why_shows_it(api, tmp_pa
     assert v["priority"] == api.job(a)["priority"] + 1000
     code, out, err = cli("why", b)
     assert code == 0 and "- nice -1000" in out, out
+    code, out, err = cli("show", b)
+    assert code == 0 and "nice: -1000" in out and "time_limit_s: 86400" in out, out
     r = api.client.patch(f"/jobs/{a}", json={"name": "x"})  # name only while the server keeps it
     assert r.status_code == 409 and "name cannot be changed now" in r.json()["detail"]
     flag.touch()

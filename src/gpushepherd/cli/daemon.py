@@ -1087,7 +1087,7 @@ def register(app: typer.Typer) -> None:
                 out.print(f"  {index}: {' '.join(ids)}")
             return
         for key in ("id", "name", "state", "reason", "class", "team", "user", "project", "gpus", "share", "placement",
-                    "priority", "runs", "preemptions", "lost_runs", "failure", "exit_code", "launch_error", "command",
+                    "time_limit_s", "priority", "nice", "runs", "preemptions", "lost_runs", "failure", "exit_code", "launch_error", "command",
                     "cwd", "stdout", "stderr", "checkpoint_dir"):
             value = (j.get(key) or "-") if key in ("project", "name") else j.get(key)
             out.print(_safe(f"{key}: {value}"), markup=False)
