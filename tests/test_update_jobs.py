@@ -213,3 +213,27 @@ def test_a_restart_replays_the_limits_and_nudges(tmp_path, snapshot):
     finally:
         flag.touch()
         a.close()
+
+
+def test_whatif_replays_the_logs_updates_on_the_specs_as_submitted():
+    """The what-if baseline (note 010) sees a nudge and a limit change where the log had
+    them: B, nudged ahead of A at 5, starts first as it did; X keeps its lowered limit."""
+    from gpushepherd.report.history import replay
+    from gpushepherd.report.whatif import run_whatif
+    from gpushepherd.model.job import ExitStatus
+
+    def sub(t, job_id, limit):
+        return JobSubmitted(t, JobSpec(job_id, "T", "batch", 4, time_limit_s=limit, submit_time=t))
+
+    log = [(0.0, "policy", RAW), (0.0, "events", [sub(0.0, "X", 100)]),
+           (1.0, "events", [sub(1.0, "A", 10)]), (2.0, "events", [sub(2.0, "B", 10)]),
+           (5.0, "events", [JobUpdated(5.0, "B", nice=-10), JobUpdated(5.0, "X", time_limit_s=60, admin=False)]),
+           (50.0, "events", [JobFinished(50.0, "X", ExitStatus.COMPLETED)]),
+           (60.0, "events", [JobFinished(60.0, "B", ExitStatus.COMPLETED)]),
+           (70.0, "events", [JobFinished(70.0, "A", ExitStatus.COMPLETED)])]
+    rp = replay(log)
+    assert rp.recorder.specs["X"].time_limit_s == 100 and rp.recorder.specs["B"].nice == 0  # as submitted
+    wi = run_whatif(rp, rp.rules, 0.0, 100.0)
+    for res in (wi.current, wi.proposed):
+        assert {j: r.starts[0][0] for j, r in res.records.items()} == {"X": 0.0, "B": 50.0, "A": 60.0}
+        assert res.scheduler.jobs["X"].time_limit_s == 60 and res.scheduler.jobs["B"].spec.nice == -10
