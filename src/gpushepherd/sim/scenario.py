@@ -386,6 +386,8 @@ def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
                 fail(f"{path}.{name}", None, f"a value: a {e.type} event needs '{name}'")
         if e.type in ("cancel", "requeue", "update", "usage") and e.job not in ids:
             fail(f"{path}.job", e.job, "a job of the scenario")
+        if e.type == "update" and e.time_limit is None and e.nice is None:
+            fail(f"{path}.time_limit", None, "a value: an update event needs 'time_limit' or 'nice'")
         if e.type == "usage" and e.every_s is not None:
             if e.until is None or e.until < e.t:
                 fail(f"{path}.until", e.until, f"a time >= t ({e.t}) up to which the sample repeats")
