@@ -237,3 +237,16 @@ def test_whatif_replays_the_logs_updates_on_the_specs_as_submitted():
     for res in (wi.current, wi.proposed):
         assert {j: r.starts[0][0] for j, r in res.records.items()} == {"X": 0.0, "B": 50.0, "A": 60.0}
         assert res.scheduler.jobs["X"].time_limit_s == 60 and res.scheduler.jobs["B"].spec.nice == -10
+
+
+def test_a_second_update_of_a_job_in_one_loop_step_is_refused_not_judged_on_a_stale_state(api, tmp_path):
+    from gpushepherd.daemon.server import JobActionRefused
+
+    j = api.submit(waits(tmp_path / "flag"), time_limit_s=3600)["id"]
+    api.state(j, "RUNNING")
+    batch: list = []
+    with api.d.lock:
+        api.d._job_action(api.d.sched.now, "update", j, {"time_limit_s": 1800}, False, batch, [])
+        with pytest.raises(JobActionRefused, match="another update in this step"):
+            api.d._job_action(api.d.sched.now, "update", j, {"time_limit_s": 3600}, False, batch, [])
+    assert [(type(e).__name__, e.time_limit_s) for e in batch] == [("JobUpdated", 1800)]

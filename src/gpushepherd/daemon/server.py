@@ -1825,6 +1825,10 @@ class Daemon:
                 f"job {job_id} is {state} (queued in the scheduler already): {', '.join(other)} cannot be changed "
                 "now; time_limit_s and nice can (name and begin change only while the job is held or waits for a "
                 "dependency or begin time, design note 021)")
+        if any(isinstance(e, JobUpdated) and e.job_id == job_id for e in batch):
+            # checked against the core as it is before this step: a second one would be
+            # judged on a stale state (the core would refuse it at apply, silently)
+            raise JobActionRefused(f"job {job_id} has another update in this step: send this one again")
         event = JobUpdated(now, job_id, time_limit_s=changes.get("time_limit_s"), nice=changes.get("nice"),
                            admin=admin)
         self.sched.check_update(event)  # SpecError naming the field
@@ -2022,6 +2026,7 @@ class Daemon:
         reason = self.sched.pending_reason(job_id) if pending else None
         if job.state is JobState.REJECTED:  # the core keeps why (Reject's reason) on the job
             reason = job.reason
+        factors = self.sched.priority_factors(job_id)
         view = {
             "id": job_id, "state": job.state.value, "class": spec.workload_class, "team": spec.team,
             "user": spec.user, "project": spec.project, "name": spec.name, "gpus": spec.gpus,
@@ -2031,8 +2036,7 @@ class Daemon:
             "placement": str(self.placements[job_id]) if job.state.holds_gpus else None,
             "reason": str(reason) if reason is not None else None,
             **self._estimate_view(job_id, pending),
-            "priority": self.sched.priority_factors(job_id)["priority"],
-            "priority_factors": self.sched.priority_factors(job_id),
+            "priority": factors["priority"], "priority_factors": factors,
             "time_limit_s": job.time_limit_s, "nice": spec.nice,
             "command": json.loads(row["argv"]), "exit_code": row["exit_code"],
             "launch_error": self.launch_errors.get(job_id),
