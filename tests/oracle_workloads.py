@@ -37,7 +37,14 @@ import random
 from dataclasses import dataclass, field
 
 from gpushepherd.model.cluster import Node
-from gpushepherd.model.events import GpuHealthChanged, JobCancelled, JobRequeueRequested, NodeAdded, NodeLost
+from gpushepherd.model.events import (
+    GpuHealthChanged,
+    JobCancelled,
+    JobRequeueRequested,
+    JobUpdated,
+    NodeAdded,
+    NodeLost,
+)
 from gpushepherd.model.job import GpuShare, JobSpec
 from gpushepherd.policy import policy_from_dict
 from gpushepherd.sim.engine import Restart
@@ -200,7 +207,28 @@ def build(src) -> Workload:
     # drawn last, so that the seeds found before these rules keep their workloads
     if _later_rules(src, raw, scale):
         rules = policy_from_dict(raw).rules
+    events += _updates(src, scale, rules, jobs)
     return Workload(raw, jobs, events, rules=rules)
+
+
+def _updates(src, scale: float, rules, jobs: list[tuple[JobSpec, float]]) -> list:
+    """``scontrol update`` of pending and running jobs (note 039), drawn after every other
+    choice: an admin's new time limit (up to the class's max runtime; below what a
+    running job has run, it stops it at once) or nice (a nudge either way, from one that
+    reorders jobs of a class to one that passes classes)."""
+    out: list = []
+    for _ in range(src.integer(0, 3) if src.chance(0.4) else 0):
+        spec, _d = src.choice(jobs)
+        t = float(src.integer(0, 60)) * scale
+        if src.chance(0.5):
+            limit = float(src.integer(1, 80)) * scale
+            cls = rules.classes[spec.workload_class]
+            if cls.max_runtime_s is not None:
+                limit = min(limit, cls.max_runtime_s)
+            out.append(JobUpdated(t, spec.id, time_limit_s=limit))
+        else:
+            out.append(JobUpdated(t, spec.id, nice=src.choice([-1_000_000, -1000, -1, 1, 1000, 2_000_000])))
+    return out
 
 
 def _later_rules(src, raw: dict, scale: float) -> bool:

@@ -195,8 +195,8 @@ def test_hold_of_a_job_queued_in_the_scheduler_is_refused_saying_what_works(api,
     assert "--hold" in r.json()["detail"]
     r = api.client.post(f"/jobs/{big}/hold")
     assert r.status_code == 409 and "RUNNING" in r.json()["detail"] and "requeue" in r.json()["detail"]
-    r = api.client.patch(f"/jobs/{queued}", json={"time_limit_s": 60})
-    assert r.status_code == 409
+    r = api.client.patch(f"/jobs/{queued}", json={"begin": "now+1h"})  # time_limit_s and nice can (note 039)
+    assert r.status_code == 409 and "begin cannot be changed now" in r.json()["detail"]
     assert api.client.post("/jobs/999/hold").status_code == 404
     r = api.client.post(f"/jobs/{queued}/requeue")
     assert r.status_code == 409 and "only a RUNNING job can be requeued" in r.json()["detail"]

@@ -51,7 +51,7 @@ def test_a_team_that_used_more_ranks_lower():
     assert res.records["b1"].starts[0][0] == 21 * H
     sched = res.scheduler
     f = sched.priority_factors("b1")
-    assert set(f) == {"class", "fair_share", "age", "size", "time_limit", "deadline", "priority"}
+    assert set(f) == {"class", "fair_share", "age", "size", "time_limit", "deadline", "nice", "priority"}
     assert sched.fair_share_factor("busy") < sched.fair_share_factor("rare")
 
 

@@ -43,6 +43,8 @@ def _error(tmp_path, text) -> str:
     ("jobs:\n" + JOB + "events: [{t: 1, type: gpu_unhealthy, node: zz, gpu: 0}]\nexpect: {}\n", "events[0].node: 'zz'"),
     ("jobs:\n" + JOB + "events: [{t: 1, type: usage, job: ZZ, gpu_util_pct: 1}]\nexpect: {}\n", "events[0].job: 'ZZ'"),
     ("jobs:\n" + JOB + "events: [{t: 1, type: usage, job: A}]\nexpect: {}\n", "events[0].gpu_util_pct"),
+    ("jobs:\n" + JOB + "events: [{t: 1, type: update, job: A}]\nexpect: {}\n", "events[0].time_limit"),
+    ("jobs:\n" + JOB + "events: [{t: 1, type: update, job: A, nice: x}]\nexpect: {}\n", "nice"),
     ("jobs:\n" + JOB + "events: [{t: 1, type: usage, job: A, gpu_util_pct: 101}]\nexpect: {}\n",
      "gpu_util_pct: 101"),
     ("jobs:\n" + JOB + "events: [{t: 1, type: usage, job: A, gpu_util_pct: 1, every_s: 60}]\nexpect: {}\n",

@@ -187,6 +187,11 @@ def _num(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
+def _points(v: float) -> str:
+    """Priority score points as sprio prints them: whole points, else two decimals."""
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
+
+
 def _located(d: dict) -> str:
     """``field: message`` of one FastAPI error entry (a message that already names its
     field, as the policy's do, is kept as it is)."""
@@ -1141,7 +1146,7 @@ def register(app: typer.Typer) -> None:
                 out.print(f"  {index}: {' '.join(ids)}")
             return
         for key in ("id", "name", "state", "reason", "class", "team", "user", "project", "gpus", "share", "placement",
-                    "priority", "runs", "preemptions", "lost_runs", "failure", "exit_code", "launch_error", "command",
+                    "time_limit_s", "priority", "nice", "runs", "preemptions", "lost_runs", "failure", "exit_code", "launch_error", "command",
                     "cwd", "stdout", "stderr", "checkpoint_dir"):
             value = (j.get(key) or "-") if key in ("project", "name") else j.get(key)
             out.print(_safe(f"{key}: {value}"), markup=False)
@@ -1171,6 +1176,11 @@ def register(app: typer.Typer) -> None:
         elif j["state"] == "PENDING":
             est = f"; estimated start {_fmt_est(j)}" if j["estimated_start"] else ""
             out.print(f"job {j['id']} is PENDING: {j['reason']}{est}")
+            factors = j.get("priority_factors")
+            if factors:  # sprio's columns, NICE included (note 039)
+                out.print("priority " + _points(factors["priority"]) + " = " + (" + ".join(
+                    f"{k} {_points(v)}" for k, v in factors.items() if k not in ("priority", "nice") and v) or "0")
+                    + (f" - nice {_points(factors['nice'])}" if factors.get("nice") else ""), markup=False)
         elif j["placement"]:
             out.print(f"job {j['id']} is {j['state']} on {j['placement']}")
         else:
@@ -1225,12 +1235,18 @@ def register(app: typer.Typer) -> None:
                = None,
                begin: Annotated[Optional[str], typer.Option("--begin", "-b", metavar="TIME", help=BEGIN_HELP)]
                = None,
+               nice: Annotated[Optional[int], typer.Option(
+                   "--nice", metavar="N", help="Priority adjustment (Slurm's nice): N score points off the job's "
+                   "priority; only an admin may lower it (a negative N moves the job up).")] = None,
                server: ServerOpt = None, token: TokenOpt = None) -> None:
-        """Change pending jobs (scontrol update): time limit, name, begin time. Jobs held or waiting
-        for a dependency or begin time; other fields cannot change after submit (design note 021)."""
-        body = {k: v for k, v in (("time_limit_s", time_limit), ("name", name), ("begin", begin)) if v is not None}
+        """Change jobs (scontrol update). Time limit (--time) and nice (--nice) of pending and
+        running jobs: a user may lower the limit and raise the nice, an admin also the reverse (the
+        limit up to the class's max runtime; design note 039). Name and begin time of jobs held or
+        waiting for a dependency or begin time (design note 021)."""
+        body = {k: v for k, v in (("time_limit_s", time_limit), ("nice", nice), ("name", name), ("begin", begin))
+                if v is not None}
         if not body:
-            raise typer.BadParameter("nothing to change: give --time, --name or --begin")
+            raise typer.BadParameter("nothing to change: give --time, --nice, --name or --begin")
         _act("update", job_ids, server, token, **body)
 
     @app.command("logs")

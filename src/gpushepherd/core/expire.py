@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 
 from gpushepherd.core.admission import CLASS_HOLD
+from gpushepherd.core.amend import timer_at
 from gpushepherd.core.lifecycle import idle_entry_live
 from gpushepherd.core.usage import declared_mib
 from gpushepherd.model.decisions import Decision
@@ -57,8 +58,8 @@ def expire(book, out: list[Decision]) -> None:
     while timers and timers[0][0] <= book.now:
         _t, _seq, run, job_id = heapq.heappop(timers)
         job = book.jobs[job_id]
-        if job.state is not JobState.RUNNING or job.runs != run:
-            continue
+        if job.state is not JobState.RUNNING or job.runs != run or _t != timer_at(job):
+            continue  # stale: the run ended, or its time limit changed since (``amend``)
         book.stop(job, "time-limit", job.stop_grace, "time limit reached", out)
     if book.mem_stops:
         stops, book.mem_stops = book.mem_stops, []
@@ -87,7 +88,7 @@ def next_timer(book) -> float | None:
     while timers:
         t, _seq, run, job_id = timers[0]
         job = book.jobs[job_id]
-        if job.state is JobState.RUNNING and job.runs == run:
+        if job.state is JobState.RUNNING and job.runs == run and t == timer_at(job):
             t_limit = t
             break
         heapq.heappop(timers)

@@ -13,7 +13,7 @@ from gpushepherd.core.placement import Shape
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.cluster import Node
 from gpushepherd.model.events import Event, JobAdopted, JobSubmitted
-from gpushepherd.model.job import GPU_UNITS, SHARE_KINDS, GpuShare, JobSpec, natural_key
+from gpushepherd.model.job import GPU_UNITS, MAX_NICE, SHARE_KINDS, GpuShare, JobSpec, natural_key
 from gpushepherd.model.mig import MIG_MODELS, MigError, profile as mig_profile
 from gpushepherd.model.rules import Rules
 
@@ -62,6 +62,9 @@ def validate_spec(rules: Rules, spec: JobSpec) -> None:
                               or not 0 <= grace <= cls.grace_period_s):
         raise SpecError(f"{where}: grace_period_s: {grace!r} is not allowed: seconds from 0 to the grace period of "
                         f"class {cls.name} ({cls.grace_period_s:g} s)")
+    nice = spec.nice
+    if isinstance(nice, bool) or not isinstance(nice, int) or abs(nice) > MAX_NICE:
+        raise SpecError(f"{where}: nice: {nice!r} is not allowed: an integer from -{MAX_NICE} to {MAX_NICE}")
     if cls.max_runtime_s is not None and spec.time_limit_s is not None and spec.time_limit_s > cls.max_runtime_s:
         raise SpecError(f"{where}: time_limit_s: {spec.time_limit_s!r} is not allowed: at most the max runtime of "
                         f"class {cls.name} ({cls.max_runtime_s} s)")
@@ -111,7 +114,8 @@ def _validate_share(spec: JobSpec, cls, where: str) -> None:
 #: (a GPU's foreign processes after its health; usage samples of the jobs on the
 #: hardware as it is then)
 _SUBRANK = {"NodeLost": 0, "NodeAdded": 1, "GpuHealthChanged": 2, "GpuUnmanaged": 3, "MigReconfigured": 4,
-            "UsageSample": 5, "JobAdopted": 6, "JobCancelled": 7, "JobRequeueRequested": 8}
+            "UsageSample": 5, "JobAdopted": 6, "JobCancelled": 7, "JobRequeueRequested": 8,
+            "JobUpdated": 9}
 
 
 def event_order(e: Event) -> tuple:
@@ -144,6 +148,19 @@ def spec_with(spec: JobSpec, **changes) -> JobSpec:
     return replace(spec, **changes)
 
 
+def estimate_for(book, spec: JobSpec, limit: float | None) -> float | None:
+    """A job's runtime estimate in seconds under time limit ``limit``: the user's, else a
+    prediction, else the limit; never above the limit (``None``: none)."""
+    estimate = spec.runtime_estimate_s
+    if estimate is None and book.predictor is not None:
+        estimate = book.predictor.predict(spec.team, spec.user, limit)
+    if estimate is None:
+        estimate = limit
+    if estimate is not None and limit is not None:
+        estimate = min(estimate, limit)
+    return estimate
+
+
 def make_job(book, spec: JobSpec) -> Job:
     """The core's record of a submitted (or adopted, or restored) job: its class, time
     limit, estimate (the user's, else a prediction, else the time limit; never above the
@@ -152,13 +169,7 @@ def make_job(book, spec: JobSpec) -> Job:
     cls = rules.classes[spec.workload_class]
     book.last_submit = max(book.last_submit, spec.submit_time)  # also on restore
     limit = time_limit(spec, cls)
-    estimate = spec.runtime_estimate_s
-    if estimate is None and book.predictor is not None:
-        estimate = book.predictor.predict(spec.team, spec.user, limit)
-    if estimate is None:
-        estimate = limit
-    if estimate is not None and limit is not None:
-        estimate = min(estimate, limit)
+    estimate = estimate_for(book, spec, limit)
     ckey = job_filter(cls, spec)
     shape = shape_for(book, spec, ckey)
     book.seq += 1

@@ -1,6 +1,6 @@
 """Events: what each event does to the book before the pass (architecture section 1).
 
-Submissions, exits, cancels, operator requeues, adoptions, nodes and GPUs that come and
+Submissions, exits, cancels, operator requeues and updates (``core/amend.py``), adoptions, nodes and GPUs that come and
 go, MIG re-partitions and GPU usage samples. Each handler changes the book through its
 transitions only; none takes a scheduling decision (the cycle does, after the events of
 the instant).
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 
+from gpushepherd.core import amend
 from gpushepherd.core.filters import describe, inventory_misfit as _misfit, node_ok, share_fits_card, whole_gpus
 from gpushepherd.core.intake import SpecError, make_job, shape_for, units_of
 from gpushepherd.core.placement import place_counts
@@ -26,6 +27,7 @@ from gpushepherd.model.events import (
     JobFinished,
     JobRequeueRequested,
     JobSubmitted,
+    JobUpdated,
     MigReconfigured,
     NodeAdded,
     NodeLost,
@@ -63,6 +65,8 @@ def apply(book, e: Event, out: list[Decision], new: list[Job]) -> None:
         sample(book, e)
     elif isinstance(e, GpuUnmanaged):
         gpu_unmanaged(book, e)
+    elif isinstance(e, JobUpdated):
+        amend.apply(book, e)
     elif isinstance(e, Tick):
         pass
     else:  # pragma: no cover

@@ -2,11 +2,12 @@
 fair-share over exactly decayed GPU-seconds (design notes 004 and 006).
 
 ``score = class_weight * class + fair_share_weight * F + age_weight * age +
-size_weight * size + time_limit_weight * short + deadline_weight * urgency``, each
-factor in [0, 1]. The queue is ordered by ``(-score, submit time, job id)``; scores are
-recomputed every ``priority.recalc_s`` (at its multiples), as Slurm's
-``PriorityCalcPeriod``. ``urgency`` is least-laxity-first for jobs at risk of missing
-their deadline (note 034).
+size_weight * size + time_limit_weight * short + deadline_weight * urgency - nice``,
+each factor in [0, 1]; ``nice`` is the job's own adjustment in score points (Slurm's
+``nice``, an admin's nudge when negative; note 039). The queue is ordered by
+``(-score, submit time, job id)``; scores are recomputed every ``priority.recalc_s`` (at
+its multiples), as Slurm's ``PriorityCalcPeriod``. ``urgency`` is least-laxity-first for
+jobs at risk of missing their deadline (note 034).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def fair_share_factor(book, team: str, user: str = "") -> float:
 
 def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str, float]:
     """A job's priority factor by factor, weighted (what ``sprio`` shows): ``class``,
-    ``fair_share``, ``age``, ``size``, ``time_limit`` and their sum ``priority``."""
+    ``fair_share``, ``age``, ``size``, ``time_limit``, ``deadline``, ``nice`` (score
+    points subtracted, sprio's NICE column) and ``priority``: the factors' sum less
+    ``nice``."""
     pr = book.rules.priority
     out = {"class": pr.class_weight * cls.priority / book.max_prio, "fair_share": 0.0, "age": 0.0, "size": 0.0}
     if pr.fair_share_weight:
@@ -68,7 +71,8 @@ def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str
             out["deadline"] = pr.deadline_weight
         elif spec.deadline is not None:
             out["deadline"] = pr.deadline_weight * urgency(book, spec, cls, estimate)
-    out["priority"] = base + out["deadline"]
+    out["nice"] = float(spec.nice)
+    out["priority"] = base + out["deadline"] - spec.nice
     return out
 
 
@@ -99,7 +103,7 @@ def order_key(book, spec: JobSpec, cls, estimate: float | None = None) -> tuple:
     """Queue order: priority (high first), then submit time, then job id."""
     pr = book.rules.priority
     if not (pr.dynamic or pr.size_weight or pr.time_limit_weight):
-        return (-pr.class_weight * cls.priority / book.max_prio, spec.submit_time, natural_key(spec.id))
+        return (spec.nice - pr.class_weight * cls.priority / book.max_prio, spec.submit_time, natural_key(spec.id))
     return (-factors(book, spec, cls, estimate)["priority"], spec.submit_time, natural_key(spec.id))
 
 

@@ -20,7 +20,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from itertools import groupby
 
-from gpushepherd.core import cycle, estimates, expire, invariants, lifecycle, priority, snapshot
+from gpushepherd.core import amend, cycle, estimates, expire, invariants, lifecycle, priority, snapshot
 from gpushepherd.core.admission import Admission
 from gpushepherd.core.book import Book
 from gpushepherd.core.intake import SpecError, event_order, spec_with, validate_spec
@@ -37,6 +37,7 @@ from gpushepherd.model.events import (
     GpuUnmanaged,
     JobAdopted,
     JobSubmitted,
+    JobUpdated,
     MigReconfigured,
     NodeAdded,
     UsageSample,
@@ -144,12 +145,24 @@ class Scheduler:
             bad = sample_error(e.job_id, e.gpu_util_pct, e.mem_used_mib)
             if bad is not None:
                 raise ValueError(bad)
+        if isinstance(e, JobUpdated):
+            amend.check(book, e)
         if isinstance(e, (JobSubmitted, JobAdopted)):
             if e.spec is None:
                 raise SpecError("JobSubmitted without a spec")
             validate_spec(self.rules, e.spec)
             if e.spec.id in book.jobs:
                 raise SpecError(f"job {e.spec.id!r}: id: is not allowed: an id not used before")
+
+    def check_update(self, e: JobUpdated) -> None:
+        """Whether ``handle`` would take update ``e`` now (``core/amend.py``, note 039).
+
+        Raises:
+            SpecError: a change the rules refuse, naming the job, the field, the value and
+                what is allowed (above the class's max runtime, a raise of the time limit
+                or a lower nice not asked by an admin, a value out of range).
+        """
+        amend.check(self.book, e)
 
     def _schedule(self, out: list[Decision]) -> None:
         """Step 2 of the cycle: a pass (``_pass``), then - while the last pass began a

@@ -62,7 +62,7 @@ from gpushepherd.daemon.store import StorageUnavailable, audit_row, storage_reas
 from gpushepherd.daemon.terminal import async_deliver
 from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.daemon.unixsock import PEER_KEY
-from gpushepherd.model.job import GpuShare, JobSpec, first_control_char
+from gpushepherd.model.job import MAX_NICE, GpuShare, JobSpec, first_control_char
 from gpushepherd.policy.load import PolicyError, policy_from_dict
 from gpushepherd.timepoints import FORMS as TIME_FORMS, api_time_point
 
@@ -378,11 +378,16 @@ class SubmitBody(BaseModel):
 
 
 class UpdateBody(BaseModel):
-    """What ``PATCH /jobs/{id}`` may change of a pending job (note 021); only the fields
-    given change."""
+    """What ``PATCH /jobs/{id}`` may change of a job (``scontrol update``, notes 021 and
+    039); only the fields given change."""
 
     model_config = ConfigDict(extra="forbid")
-    time_limit_s: Seconds | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description=SECONDS_DOC)
+    time_limit_s: Seconds | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description=(
+        SECONDS_DOC + "; a pending or running job's: its user may lower it, an admin may raise it up to the "
+        "class's max runtime"))
+    nice: int | None = Field(None, ge=-MAX_NICE, le=MAX_NICE, strict=True, description=(
+        "priority adjustment in score points, subtracted from the job's priority (Slurm's nice): its user may "
+        "raise it (lower the job's priority), only an admin may lower it (a negative nice moves the job up)"))
     name: str | None = Field(None, description=f"{JOB_NAME_RULE}; '': none")
     begin: float | str | None = Field(None, description=BEGIN_RULE)
 
@@ -390,12 +395,12 @@ class UpdateBody(BaseModel):
     @classmethod
     def _only(cls, data):
         if isinstance(data, dict):
-            other = sorted(set(data) - {"time_limit_s", "name", "begin"})
+            other = sorted(set(data) - {"time_limit_s", "nice", "name", "begin"})
             if other:
-                raise ValueError(f"{', '.join(other)}: cannot be changed after submit: only time_limit_s, name and "
-                                 "begin (cancel and submit again for the rest)")
+                raise ValueError(f"{', '.join(other)}: cannot be changed after submit: only time_limit_s, nice, "
+                                 "name and begin (cancel and submit again for the rest)")
             if not data:
-                raise ValueError("nothing to change: give time_limit_s, name or begin")
+                raise ValueError("nothing to change: give time_limit_s, nice, name or begin")
         return data
 
     @field_validator("name")
@@ -866,7 +871,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         """A hold, release, update or requeue (note 021): the job's user or an admin only."""
         owner_only(kind, job_id, p, request, f"{kind} it")
         try:
-            return daemon.job_action(kind, job_id, changes, who=who_of(request, p))
+            return daemon.job_action(kind, job_id, changes, who=who_of(request, p), admin=p is None or p.admin)
         except KeyError:
             raise HTTPException(404, f"job {job_id!r}: no such job") from None
         except JobActionRefused as exc:
@@ -897,12 +902,17 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         Returns the job's view."""
         return act("requeue", job_id, p, request=request)
 
-    @app.patch("/jobs/{job_id}", responses={409: {"description": "Not a pending job the server keeps"}})
+    @app.patch("/jobs/{job_id}", responses={409: {"description": "A job that ended, or name/begin of a queued job"}})
     def update(job_id: str, body: UpdateBody, request: Request, p: Principal | None = Depends(principal)) -> dict:
-        """Change a pending job (``scontrol update``): ``time_limit_s`` (checked against its
-        class as at submit), ``name``, ``begin``; any other field is 422. Only a job the
-        server keeps from the scheduler (held, waiting for a dependency or begin time):
-        one queued in the scheduler already is 409 (note 021)."""
+        """Change a job (``scontrol update``): ``time_limit_s`` and ``nice`` of a pending or
+        running job (note 039: its user may lower the limit and raise the nice, an admin
+        token - or any caller without auth - also the reverse, the limit up to its class's
+        max runtime; a running job's limit below what it has run stops it at once, with
+        its grace); ``name`` and ``begin`` only of a job the server keeps from the
+        scheduler (held, waiting for a dependency or begin time, note 021), else 409. A
+        job that ended is 409; a rule broken is 422 naming the field; any other field is
+        422. Logged (event log, audit log, the job's history) and replayed after a
+        restart. Returns the job's view."""
         return act("update", job_id, p, body.model_dump(exclude_unset=True), request=request)
 
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)

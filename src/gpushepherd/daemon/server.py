@@ -28,6 +28,7 @@ from typing import Any
 
 from gpushepherd import __version__
 from gpushepherd.backends import Backend, BackendError, make_backend, node_mismatches as engine_mismatches
+from gpushepherd.core.amend import update_error
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.core.state import Transition
 from gpushepherd.core.filters import inventory_misfit, job_filter
@@ -80,6 +81,7 @@ from gpushepherd.model.events import (
     JobFinished,
     JobRequeueRequested,
     JobSubmitted,
+    JobUpdated,
     Tick,
     UsageSample,
 )
@@ -735,6 +737,8 @@ class Daemon:
                 "first_start": job.first_start, "runs": self.runs[job.id], "preemptions": job.preemptions,
                 "reason": str(job.reason) if job.state is JobState.REJECTED else None,
                 "priority": self.sched.priority_factors(job.id)["priority"] if job.id in self.sched.jobs else None,
+                "priority_factors": self.sched.priority_factors(job.id) if job.id in self.sched.jobs else None,
+                "time_limit_s": job.time_limit_s,
                 "usage": self._usage_view(job),
                 "lost": [[r.t, r.job_id, r.run, r.cause, r.final, r.reason] for r in self.lost.get(job.id, ())],
                 "launch_error": self.launch_errors.get(job.id),
@@ -1075,9 +1079,11 @@ class Daemon:
         return fut.result(timeout=timeout)
 
     def job_action(self, kind: str, job_id: str, changes: dict | None = None, timeout: float = 60.0,
-                   who: dict | None = None) -> dict:
-        """``hold``, ``release``, ``update`` (``changes``: ``time_limit_s``, ``name``,
-        ``begin``) or ``requeue`` a job in the loop (note 021); returns its view after.
+                   who: dict | None = None, admin: bool = True) -> dict:
+        """``hold``, ``release``, ``update`` (``changes``: ``time_limit_s``, ``nice``,
+        ``name``, ``begin``) or ``requeue`` a job in the loop (note 021); returns its view
+        after. ``admin``: asked by an admin, who may raise a time limit and lower a nice
+        (note 039).
 
         Raises:
             KeyError: no such job.
@@ -1088,7 +1094,7 @@ class Daemon:
         ``who``: audited as who asked (``Command.who``).
         """
         fut: Future = Command(who)
-        self.commands.put((kind, (job_id, dict(changes or {})), fut))
+        self.commands.put((kind, (job_id, dict(changes or {}), admin), fut))
         self.wake.set()
         return fut.result(timeout=timeout)
 
@@ -1754,7 +1760,8 @@ class Daemon:
             if self._busy is not None and k.spec.name:
                 self._busy.add((k.spec.name, k.spec.user))
 
-    def _job_action(self, now: float, kind: str, job_id: str, changes: dict, batch: list, replies: list) -> None:
+    def _job_action(self, now: float, kind: str, job_id: str, changes: dict, admin: bool, batch: list,
+                    replies: list) -> None:
         """One ``job_action`` in the loop: the events it adds to ``batch``.
 
         Raises:
@@ -1773,6 +1780,9 @@ class Daemon:
                                        "requeue); a pending job is queued already")
             if not any(isinstance(e, JobRequeueRequested) and e.job_id == job_id for e in batch):
                 batch.append(JobRequeueRequested(now, job_id))
+            return
+        if kind == "update" and k is None:
+            self._update_in_core(now, job_id, state, changes, admin, batch)
             return
         if k is None or k.state != "PENDING":
             if state == "PENDING" and kind == "release":
@@ -1793,8 +1803,15 @@ class Daemon:
             new = k.changed(now, "released", held=False) if k.held else k
         else:
             spec, begin = k.spec, k.begin
+            cls = self.rules.classes.get(spec.workload_class)  # none: validate_spec says so below
+            bad = None if cls is None or not {"time_limit_s", "nice"} & set(changes) else update_error(
+                spec, cls, changes.get("time_limit_s"), changes.get("nice"), admin)
+            if bad is not None:  # the core's rule (note 039)
+                raise SpecError(f"job {job_id!r}: {bad}")
             if "time_limit_s" in changes:
                 spec = replace(spec, time_limit_s=changes["time_limit_s"])
+            if "nice" in changes:
+                spec = replace(spec, nice=changes["nice"])
             if "name" in changes:
                 spec = replace(spec, name=changes["name"])
             validate_spec(self.rules, spec)  # SpecError naming the field
@@ -1810,6 +1827,33 @@ class Daemon:
         if new is not k:
             self._kept_staged[job_id] = new
             batch.append(JobKept(now, job_id, kept_to_dict(new, spec_to_dict)))
+
+    def _update_in_core(self, now: float, job_id: str, state: str, changes: dict, admin: bool, batch: list) -> None:
+        """``update`` of a job the core has (note 039): its time limit and nice, pending or
+        running, as a ``JobUpdated`` the core checks (``core/amend.py``) and applies.
+
+        Raises:
+            JobActionRefused: a job that ended, or a change of ``name`` or ``begin``
+                (those change only while the server keeps the job, note 021).
+            SpecError: a change the rules refuse (field, value, what is allowed).
+        """
+        if state not in ("PENDING", "RUNNING", "PREEMPTING", "STOPPING"):
+            raise JobActionRefused(f"job {job_id} is {state}: time_limit_s and nice change only for a pending or "
+                                   "running job")
+        other = sorted(set(changes) - {"time_limit_s", "nice"})
+        if other:
+            raise JobActionRefused(
+                f"job {job_id} is {state} (queued in the scheduler already): {', '.join(other)} cannot be changed "
+                "now; time_limit_s and nice can (name and begin change only while the job is held or waits for a "
+                "dependency or begin time, design note 021)")
+        if any(isinstance(e, JobUpdated) and e.job_id == job_id for e in batch):
+            # checked against the core as it is before this step: a second one would be
+            # judged on a stale state (the core would refuse it at apply, silently)
+            raise JobActionRefused(f"job {job_id} has another update in this step: send this one again")
+        event = JobUpdated(now, job_id, time_limit_s=changes.get("time_limit_s"), nice=changes.get("nice"),
+                           admin=admin)
+        self.sched.check_update(event)  # SpecError naming the field
+        batch.append(event)
 
     def _idempotent_replay(self, idem: tuple[str, str, str], fut: Future, replies: list, keys: list) -> bool:
         """Answer a submission whose ``Idempotency-Key`` is known - committed (memory,
@@ -2003,6 +2047,7 @@ class Daemon:
         reason = self.sched.pending_reason(job_id) if pending else None
         if job.state is JobState.REJECTED:  # the core keeps why (Reject's reason) on the job
             reason = job.reason
+        factors = self.sched.priority_factors(job_id)
         view = {
             "id": job_id, "state": job.state.value, "class": spec.workload_class, "team": spec.team,
             "user": spec.user, "project": spec.project, "name": spec.name, "gpus": spec.gpus,
@@ -2012,7 +2057,8 @@ class Daemon:
             "placement": str(self.placements[job_id]) if job.state.holds_gpus else None,
             "reason": str(reason) if reason is not None else None,
             **self._estimate_view(job_id, pending),
-            "priority": self.sched.priority_factors(job_id)["priority"],
+            "priority": factors["priority"], "priority_factors": factors,
+            "time_limit_s": job.time_limit_s, "nice": spec.nice,
             "command": json.loads(row["argv"]), "pty": bool(row.get("pty")), "exit_code": row["exit_code"],
             "launch_error": self.launch_errors.get(job_id),
             "lost_runs": len(self.lost.get(job_id, ())),
@@ -2073,7 +2119,7 @@ class Daemon:
             "launch_error": None, "lost_runs": 0,
             "failure": None, "end_reason": None, **NO_USAGE, **constraints_view(spec), "deadline_at_risk": [],
             "dependency": k.dependency or None, "begin_time": k.begin, "held": k.held,
-            "time_limit_s": spec.time_limit_s,
+            "time_limit_s": spec.time_limit_s, "nice": spec.nice, "priority_factors": None,
         }
         if history:
             view["history"] = [{"t": t, "from": a, "to": b, "reason": r} for t, a, b, r in k.history]
@@ -2103,7 +2149,8 @@ class Daemon:
             "share": str(share) if share else None, "submit_time": spec["submit_time"],
             "first_start": rec["first_start"], "runs": rec["runs"], "preemptions": rec["preemptions"],
             "placement": None, "reason": rec["reason"], "estimated_start": None, "estimated_start_basis": None,
-            "priority": rec["priority"],
+            "priority": rec["priority"], "priority_factors": rec.get("priority_factors"),  # absent: an older record
+            "time_limit_s": rec.get("time_limit_s", spec.get("time_limit_s")), "nice": spec.get("nice", 0),
             "command": json.loads(row["argv"]), "pty": bool(row.get("pty")), "exit_code": row["exit_code"],
             "launch_error": rec.get("launch_error") or self.launch_errors.get(job_id), "lost_runs": len(lost),
             **self._failure_view(job_id, next((r.reason for r in lost if r.final), None), rec), **rec["usage"],

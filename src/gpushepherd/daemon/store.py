@@ -57,6 +57,7 @@ from gpushepherd.model.events import (
     JobFinished,
     JobRequeueRequested,
     JobSubmitted,
+    JobUpdated,
     NodeAdded,
     NodeLost,
     Tick,
@@ -400,6 +401,9 @@ def event_row(e: Event) -> dict:
         return {"kind": "cancel", "job_id": e.job_id, "payload": "{}"}
     if isinstance(e, JobRequeueRequested):
         return {"kind": "requeue", "job_id": e.job_id, "payload": "{}"}
+    if isinstance(e, JobUpdated):  # scontrol update (note 039)
+        return {"kind": "update", "job_id": e.job_id,
+                "payload": json.dumps({"time_limit_s": e.time_limit_s, "nice": e.nice, "admin": e.admin})}
     if isinstance(e, Tick):
         return {"kind": "tick", "job_id": None, "payload": "{}"}
     if isinstance(e, UsageSample):  # GPU samples (note 008 "GPU inventory and samples")
@@ -461,6 +465,8 @@ def event_from_row(t: float, kind: str, job_id: str | None, payload: str) -> Eve
         return JobCancelled(t, job_id)
     if kind == "requeue":
         return JobRequeueRequested(t, job_id)
+    if kind == "update":
+        return JobUpdated(t, job_id, data.get("time_limit_s"), data.get("nice"), bool(data.get("admin", True)))
     if kind == "tick":
         return Tick(t)
     if kind == "usage":

@@ -112,6 +112,25 @@ class JobRequeueRequested(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class JobUpdated(Event):
+    """An operator or the job's user changes a job after submit (Slurm's ``scontrol
+    update``, design note 039): its time limit ``time_limit_s`` (seconds, at most its
+    class's ``max_runtime_s``) and/or its ``nice`` (a priority adjustment in score
+    points, subtracted from its priority as Slurm's ``nice``); ``None``: unchanged.
+    ``admin``: who asks may raise the time limit and lower the nice; otherwise only the
+    reverse is allowed (Slurm's rule for users). A pending job is re-queued in its new
+    order; a running job's planned end and time-limit stop move (a limit at or below
+    the time it has run stops it at once, with its grace). A no-op for a job that ended
+    or is unknown."""
+
+    job_id: str = ""
+    time_limit_s: float | None = None
+    nice: int | None = None
+    admin: bool = True
+    rank: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
 class JobAdopted(Event):
     """A job found already running on ``placement`` (a re-attach after a restart, or a
     scenario's initial allocation): the core takes it over as RUNNING since

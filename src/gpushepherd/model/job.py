@@ -78,6 +78,9 @@ def natural_key(text: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != "")
 
 
+#: the largest nice either way (Slurm's ``NICE_OFFSET - 3``)
+MAX_NICE = 2_147_483_645
+
 #: kinds of GPU sharing (a class may also allow ``whole``: whole GPUs)
 SHARE_KINDS = ("fraction", "time_slice", "mps", "mig")
 #: quota units per GPU: the least common multiple of milli-GPUs and MIG's seven
@@ -181,6 +184,9 @@ class JobSpec:
             ``grace_period_s``, which is the default (``None``); as the class's, only a
             job that checkpoints gets one (Kubernetes' ``terminationGracePeriodSeconds``
             per pod; note 027).
+        nice: a priority adjustment in score points, subtracted from the job's
+            priority (Slurm's ``nice``: positive lowers it; a negative one, an admin's
+            nudge, raises it). 0 at submit; changed by ``JobUpdated`` (note 039).
     """
 
     id: str
@@ -209,6 +215,7 @@ class JobSpec:
     mem_mib: int = 0
     cpus: float = 0.0
     grace_period_s: float | None = None
+    nice: int = 0
 
     @property
     def pods(self) -> int:

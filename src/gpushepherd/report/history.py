@@ -17,7 +17,7 @@ import pandas as pd
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.core.state import Transition
 from gpushepherd.model.decisions import Preempt, Start
-from gpushepherd.model.events import JobFinished, UsageSample
+from gpushepherd.model.events import JobFinished, JobSubmitted, JobUpdated, UsageSample
 from gpushepherd.model.job import JobSpec, JobState
 from gpushepherd.model.placement import Placement
 from gpushepherd.model.rules import Rules
@@ -109,13 +109,15 @@ class Recorder:
     #: value)`` as logged (``PREEMPTED``: it saved and asked to be requeued, exit 85;
     #: ``FAILED``: killed at the end of its grace period, or died on the signal)
     victim_exits: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    #: the log's changes of jobs after submit (time limit, nice; note 039), in order
+    updates: list[JobUpdated] = field(default_factory=list)
 
     def harvest(self, sched: Scheduler) -> None:
         """Take the transitions added since the last harvest."""
         for n in sched.rules.nodes:
             self.node_types.setdefault(n.name, n.gpu_type)
         for job_id, job in sched.jobs.items():
-            self.specs[job_id] = job.spec
+            self.specs.setdefault(job_id, job.spec)  # as submitted (``replay``), before any update
             self.fraction[job_id] = job.fraction
             self.checkpointable[job_id] = job.checkpointable
             seen = self.cursor.get(job_id, 0)
@@ -285,6 +287,10 @@ def replay(batches: Iterable[tuple[float, str, object]]) -> Replay:
             raise HistoryError("the event log has events before any policy: not a gpushepherd log")
         events = list(item)
         rec.samples.extend(e for e in events if isinstance(e, UsageSample))
+        rec.updates.extend(e for e in events if isinstance(e, JobUpdated))
+        for e in events:
+            if isinstance(e, JobSubmitted) and e.spec is not None:
+                rec.specs.setdefault(e.spec.id, e.spec)
         exits = [e for e in events if isinstance(e, JobFinished)]
         states = {e.job_id: sched.jobs[e.job_id].state for e in exits if e.job_id in sched.jobs}
         decisions = sched.handle(events)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from gpushepherd.core.scheduler import SpecError, validate_spec
-from gpushepherd.model.events import Event, JobCancelled
+from gpushepherd.model.events import Event, JobCancelled, JobUpdated
 from gpushepherd.model.rules import Rules
 from gpushepherd.report.history import History, Replay
 from gpushepherd.sim.engine import SignalAnswer, SimJob, SimProgress, SimResult, Simulator
@@ -28,7 +28,8 @@ def workload(rp: Replay, t_from: float, t_to: float) -> tuple[list[SimJob], list
     same time after its submit; a job not ended by the last event, or rejected, is
     cancelled at ``t_to``, or at the last event if that is earlier (censored: the log
     knows nothing later; review issue 9b). Each job answers preemption signals as its
-    victims' exits in the log did (note 026)."""
+    victims' exits in the log did (note 026); its updates (time limit, nice; note 039)
+    come at the times they were made, on the spec it was submitted with."""
     hist = rp.history()
     rec = rp.recorder
     runs = {job_id: g for job_id, g in hist.held.groupby("job_id")}
@@ -50,7 +51,24 @@ def workload(rp: Replay, t_from: float, t_to: float) -> tuple[list[SimJob], list
         else:
             events.append(JobCancelled(max(min(t_to, rp.t_last), spec.submit_time), row.job_id))
         jobs.append(SimJob(spec, duration, signal_answers=answers))
+    chosen = set(sel["job_id"])
+    events.extend(e for e in rec.updates if e.job_id in chosen)  # scontrol update (note 039), as logged
     return jobs, events
+
+
+def updates_under(rules: Rules, jobs: list[SimJob], events: list[Event]) -> list[Event]:
+    """``events`` with each logged update of one of ``jobs`` (``JobUpdated``, note 039) as
+    ``rules`` can take it: made by an admin (it was allowed when made) and its time limit
+    at most the job's class's max runtime under ``rules``; the other events unchanged."""
+    classes = {sj.spec.id: rules.classes[sj.spec.workload_class] for sj in jobs}
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, JobUpdated):
+            cap = classes[e.job_id].max_runtime_s
+            limit = e.time_limit_s if e.time_limit_s is None or cap is None else min(e.time_limit_s, cap)
+            e = replace(e, admin=True, time_limit_s=limit)
+        out.append(e)
+    return out
 
 
 def victim_answers(spans: list[tuple[float, float]], signals: list[tuple[float, float]],
@@ -193,7 +211,7 @@ def run_whatif(rp: Replay, proposed: Rules, t_from: float, t_to: float, source: 
     jobs, not_replayed = split_workload(proposed, jobs, source)
     kept = {sj.spec.id for sj in jobs}
     events = [e for e in events if e.job_id in kept]
-    runs = [Simulator(rules, jobs, events, record_reasons=record_reasons,
+    runs = [Simulator(rules, jobs, updates_under(rules, jobs, events), record_reasons=record_reasons,
                       on_progress=progress(f"{which} policy", len(jobs)) if progress else None).run()
             for which, rules in (("current", rp.rules), ("proposed", proposed))]
     measured = _measured(rp.history(), kept, min(t_to, rp.t_last))

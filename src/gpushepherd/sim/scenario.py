@@ -26,6 +26,7 @@ from gpushepherd.model.events import (
     JobAdopted,
     JobCancelled,
     JobRequeueRequested,
+    JobUpdated,
     NodeAdded,
     NodeLost,
     UsageSample,
@@ -100,8 +101,8 @@ class JobEntry(_Strict):
 
 class EventEntry(_Strict):
     t: Annotated[float, Field(ge=0)]
-    type: Literal["cancel", "requeue", "restart", "gpu_unhealthy", "gpu_healthy", "node_lost", "node_added",
-                  "usage", "gpu_unmanaged", "gpu_managed"]
+    type: Literal["cancel", "requeue", "update", "restart", "gpu_unhealthy", "gpu_healthy", "node_lost",
+                  "node_added", "usage", "gpu_unmanaged", "gpu_managed"]
     job: str | None = None
     node: str | None = None
     gpu: Annotated[int, Field(ge=0)] | None = None
@@ -113,6 +114,12 @@ class EventEntry(_Strict):
     mem_used_mib: Annotated[int, Field(ge=0)] = 0
     every_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     until: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    #: ``update`` (``scontrol update``, note 039): the job's new time limit (seconds)
+    #: and/or nice (score points subtracted from its priority); ``admin``: asked by an
+    #: admin (may raise the limit, lower the nice)
+    time_limit: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    nice: int | None = None
+    admin: bool = True
 
 
 class InitialAllocation(_Strict):
@@ -370,15 +377,17 @@ def validate_scenario(spec: ScenarioSpec, source: str = "<scenario>") -> None:
     for i, e in enumerate(sorted(enumerate(spec.events), key=lambda ie: ie[1].t)):
         idx, e = e
         path = f"events[{idx}]"
-        needs = {"cancel": ("job",), "requeue": ("job",), "gpu_unhealthy": ("node", "gpu"),
+        needs = {"cancel": ("job",), "requeue": ("job",), "update": ("job",), "gpu_unhealthy": ("node", "gpu"),
                  "gpu_healthy": ("node", "gpu"), "node_lost": ("node",), "node_added": ("node", "gpus"),
                  "usage": ("job", "gpu_util_pct"), "gpu_unmanaged": ("node", "gpu"),
                  "gpu_managed": ("node", "gpu")}.get(e.type, ())
         for name in needs:
             if getattr(e, name) is None:
                 fail(f"{path}.{name}", None, f"a value: a {e.type} event needs '{name}'")
-        if e.type in ("cancel", "requeue", "usage") and e.job not in ids:
+        if e.type in ("cancel", "requeue", "update", "usage") and e.job not in ids:
             fail(f"{path}.job", e.job, "a job of the scenario")
+        if e.type == "update" and e.time_limit is None and e.nice is None:
+            fail(f"{path}.time_limit", None, "a value: an update event needs 'time_limit' or 'nice'")
         if e.type == "usage" and e.every_s is not None:
             if e.until is None or e.until < e.t:
                 fail(f"{path}.until", e.until, f"a time >= t ({e.t}) up to which the sample repeats")
@@ -640,6 +649,10 @@ def _event(e: EventEntry, known: dict[str, Node] | None = None) -> Event | Resta
         return JobCancelled(e.t, need("job"))
     if e.type == "requeue":
         return JobRequeueRequested(e.t, need("job"))
+    if e.type == "update":
+        if e.time_limit is None and e.nice is None:
+            raise ScenarioError(f"events: an update event at t={e.t} needs 'time_limit' or 'nice'")
+        return JobUpdated(e.t, need("job"), e.time_limit, e.nice, e.admin)
     if e.type == "restart":
         return Restart(e.t)
     if e.type in ("gpu_unhealthy", "gpu_healthy"):
