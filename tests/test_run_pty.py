@@ -139,11 +139,23 @@ def terminals():
         t.close()
 
 
+#: this test session's temporary base directory: every server of these tests keeps its data
+#: (so its jobs' SHEPHERD_CHECKPOINT_DIR) under it
+_BASE: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _base_temp(tmp_path_factory):
+    _BASE[:] = [str(tmp_path_factory.getbasetemp())]
+
+
 def job_processes(job_id: str, argv0: str) -> list[int]:
-    """Pids of processes of job ``job_id`` (by their environment) running ``argv0``."""
-    want = (f"SHEPHERD_JOB_ID={job_id}".encode(), argv0.encode())
+    """Pids of processes of job ``job_id`` of a server of this test session (by their
+    environment: the job id, and a checkpoint directory under this session's temporary
+    base - another server on the machine numbers its jobs 1, 2, ... too) running ``argv0``."""
+    job, ckpt = f"SHEPHERD_JOB_ID={job_id}".encode(), f"SHEPHERD_CHECKPOINT_DIR={_BASE[0]}/".encode()
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and (read := env_and_argv(int(e))) is not None
-            and want[0] in read[0] and read[1][0] == want[1]]
+            and job in read[0] and any(v.startswith(ckpt) for v in read[0]) and read[1][0] == argv0.encode()]
 
 
 def test_python_on_the_jobs_terminal_answers_and_its_exit_code_is_runs(server, terminals):
