@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from builders import job, node, policy, policy_dict, simulate
+from builders import job, node, policy, policy_dict, scheduler, simulate, submit
 
 from gpushepherd.cli.policy import summary
 from gpushepherd.policy import PolicyError, policy_from_dict
@@ -112,3 +112,16 @@ def test_a_job_of_several_types_reclaims_on_the_type_it_is_guaranteed():
     got = _starts(res)
     assert got["NH"][1] == [10.0] and got["NA"] == ([0.0], [])
     assert got["C"][0] == [10.0] and res.records["C"].starts[0][1].parts[0][0] == "h1"
+
+
+def test_the_estimated_start_of_a_job_of_several_types_is_its_earliest_over_them():
+    # ml's H100s are held until 100, its A100s until 50: Y (either type) starts at 50 on
+    # the A100s, though 2 H100s are free now (ml may not use them) and o's Z frees an A100
+    # at 20 (an estimate blind to the types would say 20)
+    rules = policy(NODES, teams={"ml": {"max_gpus": {"H100-80GB": 2, "A100-80GB": 2}}, "o": {}}, preemption=False)
+    sched, _out = scheduler(rules, job("H", 2, team="ml", gpu_types=("H100-80GB",), time_limit_s=100.0),
+                            job("X", 2, team="ml", time_limit_s=50.0),
+                            job("Z", 1, team="o", gpu_types=("A100-80GB",), time_limit_s=20.0))
+    sched.handle(submit(job("Y", 2, team="ml", submit=1, time_limit_s=10.0)))
+    assert sched.estimated_start("Y") == 50.0
+    assert str(sched.pending_reason("Y")) == "QuotaExceeded(teams.ml.max_gpus[H100-80GB]=2, in use 2)"
