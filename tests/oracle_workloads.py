@@ -15,7 +15,8 @@ that Hypothesis shrinks goes towards the first option / the low end / "no".
 A workload is 1-4 nodes (mixed sizes and GPU types, NVLink islands, labels, taints, two
 pools, time-slicing, MPS, MIG GPUs), teams with hard limits, per-user caps, job counts,
 per-class limits and a parent, cohorts (nominal quota, borrowing and lending limits,
-each reclaim mode, a cohort for one pool), classes with ``reserved_gpus``, grace
+each reclaim mode, a cohort for one pool), quotas per GPU type (``max_gpus`` and a
+cohort's nominal / borrowing / lending limits per type, note 038), classes with ``reserved_gpus``, grace
 periods, max runtimes, anti-affinity, sharing kinds, time windows (Europe/Berlin or
 America/New_York starting at local midnight of a DST change, ``drain`` or
 ``checkpoint-and-stop``), multifactor priority (fair-share, age, time limit) with a

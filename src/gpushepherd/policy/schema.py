@@ -59,8 +59,8 @@ def _gpu_quota(value: Any) -> int | dict[str, int]:
 #: ResourceFlavor): a type not named is not limited by the field (note 038)
 GpuQuota = Annotated[int | dict[str, int], PlainValidator(_gpu_quota), WithJsonSchema({"anyOf": [
     {"type": "integer", "minimum": 0},
-    {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}, "minProperties": 1,
-     "maxProperties": 64}]})]
+    {"type": "object", "patternProperties": {"^[A-Za-z0-9][A-Za-z0-9_.\\-]*$": {"type": "integer", "minimum": 0}},
+     "minProperties": 1, "maxProperties": 64}]})]
 
 #: units the reference names
 SECONDS, GPUS, MIB, PERCENT, JOBS, GPU_HOUR = "seconds", "GPUs", "MiB", "percent", "jobs", "currency per GPU-hour"
