@@ -42,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 
-from gpushepherd.core import admission as A
+from gpushepherd.core import admission as A, typed
 from gpushepherd.core.filters import share_can_join
 from gpushepherd.core.profile import Profile
 from gpushepherd.core.scheduler import Scheduler
@@ -255,8 +255,9 @@ class Checker:
                              f"but waits, reason {text}{ahead}")
                 continue
             rep.counts["c_reason"] += 1
-            self.lift(sched, job, profile, v, text)
-            self.named(sched, job, reason, v, wake)
+            with typed.bound(job, v.variant):  # per-GPU-type quotas: on the type the verdict is for (note 038)
+                self.lift(sched, job, profile, v, text)
+                self.named(sched, job, reason, v, wake)
             if ((reason.code is ReasonCode.WINDOW_LIMIT and not adm.never_fits(job))  # a window to wait for
                     or (reason.code is ReasonCode.NO_PREEMPTIBLE_VICTIMS and reason.detail.startswith("min_runtime"))):
                 rep.counts["g_live"] += 1

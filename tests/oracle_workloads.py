@@ -15,7 +15,8 @@ that Hypothesis shrinks goes towards the first option / the low end / "no".
 A workload is 1-4 nodes (mixed sizes and GPU types, NVLink islands, labels, taints, two
 pools, time-slicing, MPS, MIG GPUs), teams with hard limits, per-user caps, job counts,
 per-class limits and a parent, cohorts (nominal quota, borrowing and lending limits,
-each reclaim mode, a cohort for one pool), classes with ``reserved_gpus``, grace
+each reclaim mode, a cohort for one pool), quotas per GPU type (``max_gpus`` and a
+cohort's nominal / borrowing / lending limits per type, note 038), classes with ``reserved_gpus``, grace
 periods, max runtimes, anti-affinity, sharing kinds, time windows (Europe/Berlin or
 America/New_York starting at local midnight of a DST change, ``drain`` or
 ``checkpoint-and-stop``), multifactor priority (fair-share, age, time limit) with a
@@ -254,7 +255,77 @@ def _later_rules(src, raw: dict, scale: float) -> bool:
         name = src.choice(["batch", "sandbox", "research-training", "training"])
         raw["teams"][team].setdefault("classes", {}).setdefault(name, {})["queueing"] = "strict_fifo"
         changed = True
+    types: dict[str, int] = {}
+    for n in raw["cluster"]["nodes"]:
+        types[n["gpu_type"]] = types.get(n["gpu_type"], 0) + n["gpus"]
+    if len(types) >= 2 and src.chance(0.35):
+        _per_type_quotas(src, raw, types)
+        changed = True
     return changed
+
+
+def _per_type_quotas(src, raw: dict, types: dict[str, int]) -> None:
+    """Quotas per GPU type (note 038): some teams' ``max_gpus`` per type, and the cohort
+    ``co`` with every member's nominal / borrowing / lending limits per type (GPUs no
+    member is guaranteed are then the cohort's own)."""
+    names = sorted(types)
+    teams = raw["teams"]
+    for name in sorted(teams):
+        t = teams[name]
+        if src.chance(0.5) and not any("max_gpus" in w for w in t.get("windows", ())):
+            t["max_gpus"] = {g: src.integer(0, types[g]) for g in names if src.chance(0.7)} or {names[0]: 1}
+    co = raw.get("cohorts", {}).get("co")
+    if co is None or not src.chance(0.7):
+        return
+    left = dict(types)
+    for m in co["members"]:
+        teams[m].pop("nominal_gpus", None)
+    reserved = sum(c.get("reserved_gpus", 0) for c in raw.get("classes", {}).values())
+    budget = sum(types.values()) - reserved - sum(
+        t["nominal_gpus"] for t in teams.values() if t.get("parent") is None and "nominal_gpus" in t)
+    for m in co["members"]:
+        t = teams[m]
+        cap = t.get("max_gpus")
+        nom = {}
+        for g in names:
+            if src.chance(0.6):
+                v = min(src.integer(0, left[g]), max(0, budget))
+                if isinstance(cap, dict) and g in cap:
+                    v = min(v, cap[g])
+                left[g] -= v
+                budget -= v
+                nom[g] = v
+        if isinstance(cap, int) and sum(nom.values()) > cap:
+            nom = {g: 0 for g in nom}
+        old_bl = t.pop("borrowing_limit", None)
+        t.pop("lending_limit", None)
+        if nom:
+            t["nominal_gpus"] = nom
+            if src.chance(0.4):
+                t["lending_limit"] = {g: src.integer(0, v) for g, v in nom.items()}
+        else:
+            t.pop("nominal_gpus", None)
+        if src.chance(0.4):
+            t["borrowing_limit"] = {g: src.integer(0, types[g]) for g in names if src.chance(0.7)} or {names[0]: 0}
+        if not nom and "borrowing_limit" not in t:
+            t["borrowing_limit"] = {names[-1]: types[names[-1]]}  # the cohort is per type: some field names one
+        for entry in raw["cohorts"].get("co_inf", {}).get("members", ()):
+            if entry["team"] == m:  # co_inf stays in GPUs of every type: its own numbers
+                if "borrowing_limit" not in entry:  # (the whole cluster: no limit)
+                    entry["borrowing_limit"] = old_bl if old_bl is not None else sum(types.values())
+                entry.setdefault("lending_limit", entry["nominal_gpus"])
+    _fix_children(teams)
+
+
+def _fix_children(teams: dict) -> None:
+    """A child's nominal quota stays within its parent's."""
+    for t in teams.values():
+        parent = t.get("parent")
+        if parent is not None and "nominal_gpus" in t:
+            pn = teams[parent].get("nominal_gpus")
+            total = sum(pn.values()) if isinstance(pn, dict) else (pn or 0)
+            if t["nominal_gpus"] > total:
+                t["nominal_gpus"] = total
 
 
 def _nodes(src) -> list[dict]:

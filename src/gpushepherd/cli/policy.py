@@ -83,12 +83,21 @@ def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:
             other.append(f"{lim.path.rsplit('.', 1)[0]}: {value}")
     for team in sorted(rules.teams):
         quota = [f"nominal_gpus={rules.nominal_gpus[team]}"] if rules.nominal_gpus.get(team) else []
+        if team in rules.nominal_by_type:  # per GPU type (note 038)
+            quota = [f"nominal_gpus[{t}]={n}" for t, n in rules.nominal_by_type[team]]
         quota += team_limits.get(team, [])
         parts = ([", ".join(quota)] if quota else []) + in_cohorts.get(team, [])
         parent = f" (in {rules.teams[team]})" if rules.teams[team] else ""
         lines.append(f"team {team}{parent}: {'; '.join(parts) or 'no quota'}")
     lines += cohort_lines
     lines += [f"limit {x}" for x in other]
+    for key, co in sorted(rules.cohorts.items()):
+        cap = next((lim.max for lim in rules.limits if lim.cohort == co.name and lim.gpu_type == co.gpu_type
+                    and lim.pools == co.pools and "(keeping" not in lim.path), None)
+        guaranteed = sum(m.nominal for m in co.members)
+        if cap is not None:
+            lines.append(f"cohort {key}: capacity {cap} GPUs, {guaranteed} guaranteed to members ("
+                         + ", ".join(f"{m.team} {m.nominal}" for m in co.members) + f"), {cap - guaranteed} to none")
     windows = {w.name: w for lim in rules.limits for w, _ in lim.windows}
     days = "Mon Tue Wed Thu Fri Sat Sun".split()
     for w in sorted(windows.values(), key=lambda w: w.name):

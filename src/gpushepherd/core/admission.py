@@ -26,6 +26,7 @@ A job that passes all nine starts on the best placement satisfying all of them a
 from __future__ import annotations
 
 
+from gpushepherd.core import typed
 from gpushepherd.core.filters import share_can_join
 from gpushepherd.core.placement import Counts, members_of, place_counts, place_live, tightest_in_buckets
 from gpushepherd.core.profile import Claim, Profile
@@ -98,10 +99,41 @@ class Admission(ShareRules):
         #: the reservations that do not bind the job being decided (``Profile.reclaimers_of``)
         self._exempt: tuple = ()
 
-    # ----------------------------------------------------------- the rule
+    # ---------------------------------------- per-GPU-type quotas (note 038)
     def decide(self, job: Job, profile: Profile | None, scratch: Scratch | None = None,
                before_claims=None, no_room: bool = False, memo: dict | None = None,
                within: dict[int, int] | None = None) -> Verdict:
+        """The admission rule (``_decide``). A job of several GPU types that per-type
+        quotas charge by its placement (``Job.variants``) is decided once per type, in
+        ``Rules.gpu_types`` order when it is at rest (bound to its base): the first type
+        that admits it wins; refused on all, the verdict of the type closest to starting
+        (``_TYPE_RANK``; a capacity refusal where it may reclaim lent GPUs first; then type
+        order) is the answer, its index in ``Verdict.variant``.
+        The job's binding is left as it was (``typed.py``). A job bound to one type (a
+        preemptor, a preemption plan of its turn) is decided on that type only."""
+        if not typed.at_rest(job):
+            return self._decide(job, profile, scratch, before_claims, no_room, memo, within)
+        from gpushepherd.core.preemption import may_reclaim  # (preemption imports this module)
+
+        best, best_rank = None, 0
+        with typed.bound(job, 0):
+            for n, var in enumerate(job.variants):
+                typed.bind(job, var)
+                v = self._decide(job, profile, scratch, before_claims, no_room, memo, within)
+                v.variant = n
+                if v.admitted:
+                    return v
+                rank = _TYPE_RANK[v.rule]
+                if v.rule in CAPACITY_RULES and job.shape.mode != "share" and may_reclaim(self.book, job):
+                    rank -= len(_TYPE_RANK)  # it may take lent GPUs of this type back: first
+                if best is None or rank < best_rank:
+                    best, best_rank = v, rank
+        return best
+
+    # ----------------------------------------------------------- the rule
+    def _decide(self, job: Job, profile: Profile | None, scratch: Scratch | None = None,
+                before_claims=None, no_room: bool = False, memo: dict | None = None,
+                within: dict[int, int] | None = None) -> Verdict:
         """Apply rules 1-9 to ``job`` now (on ``scratch`` when given). ``before_claims``
         is called once rules 1-8 admit it, before rule 9 reads ``profile`` (the pass
         computes its deferred reservations then). ``no_room``: the caller knows rule 5
@@ -217,7 +249,9 @@ class Admission(ShareRules):
                 continue  # started earlier in this pass
             if mine is None:
                 mine = book.nodes_for(job)
-            if mine.isdisjoint(book.nodes_for(head)) or not self.may_ever_start(head, head.charges):
+            # per GPU type (note 038): on some type it may use that could ever take it
+            if not typed.any_variant(head, lambda h: not mine.isdisjoint(book.nodes_for(h))
+                                     and self.may_ever_start(h, h.charges)):
                 continue
             return head
         return None
@@ -472,6 +506,14 @@ class Admission(ShareRules):
         if not covered and units == job.units:
             return 0, job.charges
         return covered, self.book.charges_with(job, units, covered)
+
+#: per-GPU-type quotas (note 038): which type's refusal a job refused on every type
+#: reads - the one closest to starting: a capacity refusal (preemption, reclaim and a
+#: reservation may help), then its strict queue's order, a hard limit now, and last
+#: what never fits
+_TYPE_RANK = {CLAIMS: 0, CLASS_HOLD: 1, ANTI: 2, COHORT: 3, FREE: 4, ORDER: 5, HARD_NOW: 6, NEVER_FITS: 7,
+              HARD_NEVER: 8}
+
 
 def fits_island(free_mask: int, k: int, islands: tuple[tuple[int, ...], ...]) -> bool:
     """Whether ``k`` GPUs of ``free_mask`` fit one NVLink island (no islands: yes)."""

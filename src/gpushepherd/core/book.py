@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 
-from gpushepherd.core import priority
+from gpushepherd.core import priority, typed
 from gpushepherd.core.fairshare import UsageBook
 from gpushepherd.core.filters import node_ok
 from gpushepherd.core.ledger import Ledger, bits
@@ -207,10 +207,10 @@ class Book:
                 end = max(end, other.end_est)
         return end
 
-    def cohort_of(self, team: str, pools):
-        key = (team, pools)
+    def cohort_of(self, team: str, pools, gpu_type: str | None = None):
+        key = (team, pools, gpu_type)
         if key not in self.cohort_cache:
-            self.cohort_cache[key] = self.rules.cohort_of(team, pools) if self.rules.cohorts else None
+            self.cohort_cache[key] = self.rules.cohort_of(team, pools, gpu_type) if self.rules.cohorts else None
         return self.cohort_cache[key]
 
     def uniform_nodes(self) -> int:
@@ -268,13 +268,14 @@ class Book:
         """Put a job in its sub-queue (signature: shape, class, charges, estimate band,
         strict FIFO queue)."""
         job.pend_est = job.planned_run()
+        typed.rest(job)  # per-GPU-type quotas: a pending job at rest is bound to its base (note 038)
         shape = job.shape
         # failures are monotone in the GPU count within one filter and layout (and pod
         # size), so the memo key leaves the count out
         job.fkey = self.filter_id(shape)
         job.strict_q = self.rules.strict_queue(job.spec.team, job.cls.name)
         sig = (shape, job.cls.name, job.charges, estimate_band(None if job.pend_est == INF else job.pend_est),
-               job.strict_q)
+               job.strict_q, tuple((v.charges, v.cohort) for v in job.variants))
         job.sig = self.sig_ids.setdefault(sig, len(self.sig_ids))
         self.queue.add(job)
         if job.share is not None:
@@ -298,6 +299,8 @@ class Book:
         and restore (which gives the run's own ``start_no``)."""
         for idx, mask in alloc:
             self.ledger.allocate(job.id, idx, mask)
+        if job.variants and alloc:
+            typed.at_node(self, job, alloc[0][0])  # charged against the GPU type it is placed on (note 038)
         job.run_units = job.units if units is None else units
         job.covered = self.coverage_for(job, job.run_units) if covered is None else covered
         job.run_charges = self.charges_with(job, job.run_units, job.covered)

@@ -22,7 +22,7 @@ import heapq
 from bisect import bisect_left
 
 from gpushepherd.core import admission as A
-from gpushepherd.core import preemption, reasons
+from gpushepherd.core import preemption, reasons, typed
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import pick_gpus
 from gpushepherd.core.planning import reservation_for
@@ -104,6 +104,7 @@ class Turn:
                     self.start(p, v)
                 else:
                     self.book.clear_victims(p)
+                    typed.rest(p)  # every GPU type again (note 038)
                     del self.visited[p.id]  # an ordinary job now: its turn in order
 
     def turn(self, job: Job, no_room: bool = False) -> tuple[int, int]:
@@ -126,6 +127,19 @@ class Turn:
             self.visited[job.id] = (HELD, A.CLAIMS)
         v = self.adm.decide(job, self.profile, before_claims=self.materialize if self.deferred else None,
                             no_room=no_room, memo=None if preemptor else self.memo)
+        if not job.variants:
+            return self._decided(job, v, preemptor)
+        if v.variant >= 0:  # per-GPU-type quotas (note 038): its turn goes on on the type decided on
+            job.tv = v.variant
+            typed.bind(job, job.variants[v.variant])
+        try:
+            return self._decided(job, v, preemptor)
+        finally:  # back at rest, unless it started or holds GPUs it planned on
+            if job.state is JobState.PENDING and job.id not in book.preemptors:
+                typed.rest(job)
+
+    def _decided(self, job: Job, v: A.Verdict, preemptor: bool) -> tuple[int, int]:
+        book = self.book
         if v.admitted:
             if preemptor:
                 self.profile.drop_hold(job.id)
@@ -201,7 +215,7 @@ class Turn:
         p = job.cls.priority
         if any(q < p for q in book.evictable):
             return True
-        return job.cohort is not None and preemption.may_reclaim(book, job)
+        return typed.any_variant(job, lambda j: j.cohort is not None and preemption.may_reclaim(book, j))
 
     def materialize(self) -> None:
         """Compute the deferred reservations, in order, before anything in the pass could
@@ -219,11 +233,12 @@ class Turn:
             book.now = now
 
     def reserve(self, job: Job) -> bool:
-        found = reservation_for(self.book, self.profile, job)
-        if found is None:
-            return False
-        start, counts, free_at = found
-        self.profile.add_reservation(job, start, counts, "", free_at if free_at else None, job.lend)
+        with typed.turned(job):  # for the GPU type its turn was decided on (note 038)
+            found = reservation_for(self.book, self.profile, job)
+            if found is None:
+                return False
+            start, counts, free_at = found
+            self.profile.add_reservation(job, start, counts, "", free_at if free_at else None, job.lend)
         return True
 
     def claims_stand(self) -> bool:
@@ -244,10 +259,11 @@ class Turn:
             again.add_hold(p)
         for c in made:
             job = book.jobs[c.job_id]
-            found = reservation_for(book, again, job)
-            if found is None or found[0] != c.start or sorted(found[1]) != sorted(c.gpus.items()):
-                return False
-            again.add_reservation(job, found[0], found[1], "", found[2] or None, c.lend)
+            with typed.turned(job):
+                found = reservation_for(book, again, job)
+                if found is None or found[0] != c.start or sorted(found[1]) != sorted(c.gpus.items()):
+                    return False
+                again.add_reservation(job, found[0], found[1], "", found[2] or None, c.lend)
         return True
 
     # ----------------------------------------------------------- actions
@@ -350,8 +366,8 @@ def _may_evict(job: Job, victim: Job) -> bool:
 def _borrows_from(job: Job, victim: Job) -> bool:
     """Whether ``victim`` is a job of another member of ``job``'s cohort (evicted to give
     back lent quota: a reclaim)."""
-    return (job.cohort is not None and victim.cohort is not None and victim.cohort[0] is job.cohort[0]
-            and victim.cohort[1] is not job.cohort[1])
+    return victim.cohort is not None and any(c[0] is victim.cohort[0] and c[1] is not victim.cohort[1]
+                                             for c in typed.cohorts_of(job))
 
 
 def run_fast(sched, out: list[Decision]) -> Turn:
@@ -407,7 +423,7 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
             continue
         full = turn.n_reserved >= turn.depth
         outcome, rule = turn.turn(job, walk.fail_fit.get(job.fkey, INF) <= job.shape.k)
-        if rule == A.FREE:
+        if rule == A.FREE and not job.variants:
             walk.fail_fit[job.fkey] = min(walk.fail_fit.get(job.fkey, INF), job.shape.k)
         if outcome not in (STARTED, PREEMPTED, HELD) and full:
             walk.budget -= 1
@@ -507,14 +523,15 @@ class Walk:
                     break
             shape = job.shape
             no_room = fail_fit.get(job.fkey, INF) <= shape.k
-            if full and no_room and not strict and not turn.can_preempt(job) and job.id not in book.preemptors:
+            if (full and no_room and not strict and not turn.can_preempt(job) and job.id not in book.preemptors
+                    and not job.variants):
                 continue  # rule 5 (or an earlier one) refuses it and its sub-queue: nothing to do
             if full and self.budget <= 0:
                 heapq.heappush(cont, (job.key, sig, idx))
                 self.cut = True
                 break
             outcome, rule = turn.turn(job, no_room)
-            if rule == A.FREE:
+            if rule == A.FREE and not job.variants:  # one type's failure says nothing of the others (note 038)
                 fail_fit[job.fkey] = min(fail_fit.get(job.fkey, INF), shape.k)
             if outcome in (STARTED, PREEMPTED, HELD):
                 nxt = idx + 1
@@ -578,4 +595,5 @@ def pending_reason(sched, job: Job) -> PendingReason:
         return PendingReason(ReasonCode.PRIORITY, "not reached by the last pass")
     # behind the job that stops the strict order nothing acts, preemption included: the
     # reason is the capacity it lacks, never victims that would come of age (seed 4467)
-    return reasons.reason_of(book, adm, profile, job, v, may_preempt=not behind)
+    with typed.bound(job, v.variant):  # the GPU type its verdict is for (note 038)
+        return reasons.reason_of(book, adm, profile, job, v, may_preempt=not behind)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from bisect import bisect_right, insort
 from dataclasses import dataclass
 
+from gpushepherd.core import typed
 from gpushepherd.core.placement import place_counts
 from gpushepherd.core.planning import quota_start
 from gpushepherd.core.profile import basis_of
@@ -150,14 +151,14 @@ def plan_all(sched, limit: int | None = DEFAULT_LIMIT) -> dict[str, Estimate]:
             continue
         if job.shape.mode == "share":
             continue  # shares wait for a card; no claim to plan
-        found = _earliest(book, plan, claims, job)
+        found, charges = _earliest_typed(book, plan, claims, job)
         if found is None:
             continue
         t, counts = found
         run = job.planned_run()
         for n, c in counts:
             plan.take(n, c, t, t + run)
-        claims.append(_QuotaClaim(t, t + run, {(i, u): a for i, u, a in job.charges}, dict(counts)))
+        claims.append(_QuotaClaim(t, t + run, {(i, u): a for i, u, a in charges}, dict(counts)))
         if t <= now:
             t = _after(now, next_change)
             if t is None:
@@ -178,6 +179,21 @@ class _QuotaClaim:
 
     def quota_at(self, k, _q: float) -> int:
         return self.quota.get(k, 0)
+
+
+def _earliest_typed(book, plan: Plan, claims: list, job: Job) -> tuple[tuple[float, list] | None, tuple]:
+    """``_earliest`` and the charges it is for; a job at rest that may run on several GPU
+    types under per-type quotas: the earliest over its types (the first type on a tie;
+    note 038)."""
+    if not typed.at_rest(job):
+        return _earliest(book, plan, claims, job), job.charges
+    best, charges = None, ()
+    for n in range(len(job.variants)):
+        with typed.bound(job, n):
+            found = _earliest(book, plan, claims, job)
+            if found is not None and (best is None or found[0] < best[0]):
+                best, charges = found, job.charges
+    return best, charges
 
 
 def _earliest(book, plan: Plan, claims: list, job: Job) -> tuple[float, list] | None:

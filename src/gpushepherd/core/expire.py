@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 
+from gpushepherd.core import typed
 from gpushepherd.core.admission import CLASS_HOLD
 from gpushepherd.core.amend import timer_at
 from gpushepherd.core.lifecycle import idle_entry_live
@@ -111,8 +112,8 @@ def window_matters(book, adm) -> bool:
         job = sig_jobs[0]
         if not any(i in windowed for i, _u, _a in job.charges):
             continue
-        charges = book.charges_with(job, job.units, book.coverage_for(job, job.units))
-        if adm.may_ever_start(job, charges):
+        if typed.any_variant(job, lambda j: adm.may_ever_start(  # on some GPU type it may use (note 038)
+                j, book.charges_with(j, j.units, book.coverage_for(j, j.units)))):
             if book.reserved and adm.decide(job, None).rule == CLASS_HOLD:
                 # past every limit now, kept off by other classes' reserved_gpus (static,
                 # never windowed): a boundary cannot start it, a finish or submit can

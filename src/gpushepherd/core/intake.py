@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gpushepherd.core import typed
 from gpushepherd.core.filters import job_filter, node_ok, whole_gpus
 from gpushepherd.core.placement import Shape
 from gpushepherd.core.state import INF, Job
@@ -177,7 +178,8 @@ def make_job(book, spec: JobSpec) -> Job:
     checkpointable = cls.checkpointable if spec.checkpointable is None else spec.checkpointable
     evictable = preemptible and not (cls.preempt_only_if_checkpointable and not checkpointable)
     units = units_of(book, spec, ckey)
-    charges = book.quota.charges(spec.team, spec.workload_class, spec.user, units, evictable)
+    charges, cohort, base, variants = typed.of_job(book, spec, cls, ckey, shape, units, evictable, shape_for,
+                                                   units_of)
     book.teams_seen.add(spec.team)
     book.users_seen.setdefault(spec.team, set()).add(spec.user)
     job = Job(
@@ -191,8 +193,10 @@ def make_job(book, spec: JobSpec) -> Job:
         checkpointable=checkpointable,
         estimate_s=estimate,
         time_limit_s=limit,
-        cohort=book.cohort_of(spec.team, cls.pools),
+        cohort=cohort,
         units=units,
+        variants=variants,
+        base=base,
     )
     job.evictable = evictable
     grace = cls.grace_period_s if spec.grace_period_s is None else spec.grace_period_s

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 
-from gpushepherd.core import amend
+from gpushepherd.core import amend, typed
 from gpushepherd.core.filters import describe, inventory_misfit as _misfit, node_ok, share_fits_card, whole_gpus
 from gpushepherd.core.intake import SpecError, make_job, shape_for, units_of
 from gpushepherd.core.placement import place_counts
@@ -286,11 +286,17 @@ def node_added(book, node: Node | None) -> None:
     book.groups_changed()
     book.topology_changed()
     book.max_node_cache.clear()
+    if book.rules.typed:  # per GPU type (note 038): the types a job may use may have grown
+        for job in list(book.running.values()):
+            typed.retype(book, job, shape_for, units_of)
     for job in list(book.queue):
         book.queue.remove(job)
         if job.share is not None:
             book.pending_shares -= 1
-        job.shape = shape_for(book, job.spec, job.shape.ckey)
+        if book.rules.typed:
+            typed.retype(book, job, shape_for, units_of)
+        else:
+            job.shape = shape_for(book, job.spec, job.shape.ckey)
         book.enqueue(job)
 
 

@@ -53,8 +53,12 @@ class QuotaBook:
                 self.current[i] = value
         return changes
 
-    def applicable(self, team: str, workload_class: str, evictable: bool = True) -> tuple[int, ...]:
-        key = (team, workload_class, evictable)
+    def applicable(self, team: str, workload_class: str, evictable: bool = True,
+                   gpu_type: str | None = None) -> tuple[int, ...]:
+        """Indices of the limits a job of this team and class counts in (``gpu_type``:
+        placed on that GPU type - the per-type limits of that type count it too, note
+        038; ``None``: only the limits of every type)."""
+        key = (team, workload_class, evictable, gpu_type)
         found = self._applicable.get(key)
         if found is None:
             chain = set(self.rules.ancestors(team))
@@ -67,6 +71,7 @@ class QuotaBook:
                 and (lim.pools is None or (pools is not None and set(pools) <= set(lim.pools)))
                 and (lim.workload_class is None or lim.workload_class == workload_class)
                 and not (lim.unevictable_only and evictable)
+                and (lim.gpu_type is None or lim.gpu_type == gpu_type)
             )
             self._applicable[key] = found
         return found
@@ -78,12 +83,12 @@ class QuotaBook:
         return f"{value / self.scale[i]:.4g}" if value % self.scale[i] else str(value // self.scale[i])
 
     def charges(self, team: str, workload_class: str, user: str, units: int,
-                evictable: bool = True) -> tuple[Charge, ...]:
+                evictable: bool = True, gpu_type: str | None = None) -> tuple[Charge, ...]:
         """What a job of this team, class, user and size (``units``: GPU units, 7000
         per GPU) counts against each limit (``evictable``: whether it may be
-        preempted, which some limits ask)."""
+        preempted, which some limits ask; ``gpu_type``: the type it is placed on)."""
         out = []
-        for i in self.applicable(team, workload_class, evictable):
+        for i in self.applicable(team, workload_class, evictable, gpu_type):
             lim = self.limits[i]
             amount = units if lim.unit is LimitUnit.GPUS else 1
             out.append((i, user if lim.per_user else "", amount))

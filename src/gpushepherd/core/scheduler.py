@@ -20,7 +20,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from itertools import groupby
 
-from gpushepherd.core import amend, cycle, estimates, expire, invariants, lifecycle, priority, snapshot
+from gpushepherd.core import amend, cycle, estimates, expire, invariants, lifecycle, priority, snapshot, typed
 from gpushepherd.core.admission import Admission
 from gpushepherd.core.book import Book
 from gpushepherd.core.intake import SpecError, event_order, spec_with, validate_spec
@@ -285,8 +285,9 @@ class Scheduler:
                     found.add_hold(self.book.jobs[c.job_id])
             for c in claims:
                 if not c.hold and c.key < job.key:
-                    found.add_reservation(self.book.jobs[c.job_id], c.start, list(c.gpus.items()), c.basis,
-                                          lend=c.lend)
+                    owner = self.book.jobs[c.job_id]
+                    with typed.turned(owner):  # the GPU type it was reserved on (note 038)
+                        found.add_reservation(owner, c.start, list(c.gpus.items()), c.basis, lend=c.lend)
             self._prefix_profiles[n] = found
         return found
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import asdict
 
+from gpushepherd.core import typed
 from gpushepherd.core.intake import make_job
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.lifecycle import unmanaged_gpus
@@ -194,6 +195,8 @@ def restore_into(sched, snap: dict) -> None:
     for job in book.queue:
         if job.victims or job.plan:  # a hold stays in force until the preemptor's turn
             book.preemptors[job.id] = job
+            if job.plan:
+                typed.at_node(book, job, job.plan[0][0])  # held to the GPU type it planned on (note 038)
     for name, g in snap.get("unmanaged", []):  # after the jobs: those holding them keep them
         book.ledger.set_gpu_unmanaged(book.ledger.by_name[name], g, True)
         book.any_unmanaged = True

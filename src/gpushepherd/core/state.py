@@ -90,6 +90,12 @@ class Job:
     hold_gpus: dict[int, int] = field(default_factory=dict)
     #: its reservation in the pass is for a hard limit now (``Claim.lend``)
     lend: bool = False
+    #: quotas per GPU type (note 038, ``typed.py``): one ``Variant`` per GPU type it may
+    #: run on, when some per-type limit counts it (else empty); its base (every type);
+    #: the variant its last turn was decided on (``-1``: none)
+    variants: tuple = ()
+    base: object = None
+    tv: int = -1
 
     @property
     def id(self) -> str:

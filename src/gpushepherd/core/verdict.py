@@ -37,6 +37,8 @@ class Verdict:
         blocker: for ``CLAIMS``, the claim it would delay.
         holder: for ``CLASS_HOLD``, the class whose reservation binds.
         head: for ``ORDER``, the job ahead of it in its strict FIFO queue.
+        variant: for a job of several GPU types with per-type quotas, the index of the
+            variant decided on (``Job.variants``; ``-1``: none, note 038).
     """
 
     rule: int
@@ -49,6 +51,7 @@ class Verdict:
     holder: str = ""
     covered: int = 0
     head: str = ""
+    variant: int = -1
 
     @property
     def admitted(self) -> bool:

@@ -93,6 +93,9 @@ class Limit:
     #: ``reserved_gpus`` does not count here (the reserved GPUs are outside every
     #: nominal quota, so they are counted once; note 015)
     covers_reserved: bool = False
+    #: counts only the GPUs of jobs placed on this GPU type (a per-type quota, note 038;
+    #: ``None``: every type)
+    gpu_type: str | None = None
 
     @property
     def loosest(self) -> int:
@@ -157,6 +160,9 @@ class Cohort:
     members: tuple[CohortMember, ...]
     reclaim: str = "any"
     pools: tuple[str, ...] | None = None  # the pool its quota is for (None: all)
+    #: the GPU type its quota is for (a cohort of per-type quotas is one ``Cohort`` per
+    #: type, note 038; ``None``: every type)
+    gpu_type: str | None = None
 
     def covers(self, class_pools: tuple[str, ...] | None) -> bool:
         """Whether jobs of a class allowed ``class_pools`` count in this cohort."""
@@ -265,14 +271,24 @@ class Rules:
     #: teams whose limits a job may preempt lower-class jobs of the team for
     #: (``teams.T.preemption.within_team: lower_priority``, note 035)
     within_team: frozenset[str] = frozenset()
+    #: the cluster's GPU types in the order nodes first name them: the order a job that
+    #: may run on several types tries them when per-type quotas apply (note 038)
+    gpu_types: tuple[str, ...] = ()
+    #: some limit is per GPU type
+    typed: bool = False
+    #: a team's ``nominal_gpus`` per GPU type, where it is given so (``nominal_gpus``
+    #: holds the sum)
+    nominal_by_type: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
-    def cohort_of(self, team: str, class_pools: tuple[str, ...] | None = None) -> tuple[Cohort, CohortMember] | None:
+    def cohort_of(self, team: str, class_pools: tuple[str, ...] | None = None,
+                  gpu_type: str | None = None) -> tuple[Cohort, CohortMember] | None:
         """The cohort a job of ``team`` (through itself or an ancestor) whose class may
-        run in ``class_pools`` counts in, and its member; a pool's cohort first."""
+        run in ``class_pools`` counts in, and its member; a pool's cohort first. A
+        cohort of per-type quotas counts only a job placed on its type (``gpu_type``)."""
         chain = self.ancestors(team)
         found = None
         for cohort in self.cohorts.values():
-            if not cohort.covers(class_pools):
+            if not cohort.covers(class_pools) or (cohort.gpu_type is not None and cohort.gpu_type != gpu_type):
                 continue
             m = cohort.member(chain)
             if m is not None and (found is None or (found[0].pools is None and cohort.pools is not None)):

@@ -106,18 +106,21 @@ def export_kueue(policy: Policy) -> tuple[list[dict], list[str]]:
         borrow = t.borrowing_limit if borrow is None else borrow
         lend = t.lending_limit if lend is None else lend
         cohort = cohort_of.get(team) or t.parent
-        if cohort and t.max_gpus is not None and borrow is None:
-            borrow = max(0, t.max_gpus - (nominal or 0))
-        if not cohort:
-            nominal = t.max_gpus if t.max_gpus is not None else nominal
         flavor_rows = []
         for key, fl in flavors.items():
             cap = capacity[key]
-            rows = [{"name": GPU, "nominalQuota": str(cap if nominal is None else min(nominal, cap))}]
-            if cohort and borrow is not None:
-                rows[0]["borrowingLimit"] = str(borrow)
-            if cohort and lend is not None:
-                rows[0]["lendingLimit"] = str(lend)
+            # a quota per GPU type (note 038) is the flavor's own: a type not named has none
+            f_nom = _of_type(nominal, key[0], 0)
+            f_borrow, f_lend, f_max = (_of_type(v, key[0], None) for v in (borrow, lend, t.max_gpus))
+            if cohort and f_max is not None and f_borrow is None:
+                f_borrow = max(0, f_max - (f_nom or 0))
+            if not cohort:
+                f_nom = f_max if f_max is not None else f_nom
+            rows = [{"name": GPU, "nominalQuota": str(cap if f_nom is None else min(f_nom, cap))}]
+            if cohort and f_borrow is not None:
+                rows[0]["borrowingLimit"] = str(f_borrow)
+            if cohort and f_lend is not None:
+                rows[0]["lendingLimit"] = str(f_lend)
             for res in resources[1:]:
                 profile = res.removeprefix("nvidia.com/mig-")
                 rows.append({"name": res, "nominalQuota": str(mig_capacity.get(key, {}).get(profile, 0))})
@@ -225,3 +228,11 @@ def to_yaml(objects: list[dict], cannot: list[str], source: str) -> str:
     head += [f"#   - {line}" for line in cannot]
     docs = [yaml.safe_dump(o, sort_keys=False, default_flow_style=False) for o in objects]
     return "\n".join(head) + "\n---\n" + "---\n".join(docs)
+
+
+def _of_type(value, gpu_type: str, unnamed):
+    """A GPU quota field's value for one flavor's GPU type: the number, or the type's
+    entry of a per-type mapping (``unnamed`` when the mapping does not name it)."""
+    if isinstance(value, dict):
+        return value.get(gpu_type, unnamed)
+    return value

@@ -422,11 +422,12 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
         raise PolicyError(source, "classes.*.reserved_gpus", reserved_total,
                           f"reserved GPUs that add up to at most the cluster's {total_gpus} GPUs")
 
+    gpu_types = tuple(dict.fromkeys(n.gpu_type for n in nodes))
+    type_gpus = {t: sum(n.gpus for n in nodes if n.gpu_type == t) for t in gpu_types}
+    _check_gpu_types(spec, gpu_types, source)
     teams: dict[str, str | None] = {}
     for name, team in spec.teams.items():
-        if team.nominal_gpus is not None and team.max_gpus is not None and team.nominal_gpus > team.max_gpus:
-            raise PolicyError(source, f"teams.{name}.nominal_gpus", team.nominal_gpus,
-                              f"at most the team's max_gpus ({team.max_gpus})")
+        _check_nominal_within_max(name, team, source)
         if team.parent is not None and team.parent not in spec.teams:
             raise PolicyError(source, f"teams.{name}.parent", team.parent,
                               "a team defined under teams: " + ", ".join(sorted(spec.teams)))
@@ -439,19 +440,27 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
 
     # Guaranteed (nominal) GPUs must exist: top-level teams share the cluster, children
     # share their parent's nominal quota.
-    nominal = {n: t.nominal_gpus for n, t in spec.teams.items() if t.nominal_gpus is not None}
+    # (per GPU type: the sum over its types; note 038)
+    nominal = {n: _total(t.nominal_gpus) for n, t in spec.teams.items() if t.nominal_gpus is not None}
     top_sum = sum(v for n, v in nominal.items() if teams[n] is None) + reserved_total
     if top_sum > total_gpus:
         raise PolicyError(source, "teams.*.nominal_gpus", top_sum,
                           f"guaranteed GPUs (nominal_gpus of top-level teams plus reserved_gpus of classes) "
                           f"that add up to at most the cluster's {total_gpus} GPUs")
+    for gt in gpu_types:
+        typed_sum = sum(t.nominal_gpus.get(gt, 0) for n, t in spec.teams.items()
+                        if teams[n] is None and isinstance(t.nominal_gpus, dict))
+        if typed_sum > type_gpus[gt]:
+            raise PolicyError(source, f"teams.*.nominal_gpus[{gt}]", typed_sum,
+                              f"nominal GPUs of type {gt} of top-level teams that add up to at most the cluster's "
+                              f"{type_gpus[gt]} {gt} GPUs")
     kids_nominal: dict[str, int] = {}  # parent -> the sum of its children's nominal_gpus (one pass)
     for n, parent in teams.items():
         if parent is not None and n in nominal:
             kids_nominal[parent] = kids_nominal.get(parent, 0) + nominal[n]
     for parent, total in kids_nominal.items():
         cap = spec.teams[parent].nominal_gpus
-        if cap is not None and total > cap:
+        if cap is not None and total > _total(cap):
             raise PolicyError(source, f"teams.{parent}.nominal_gpus", cap,
                               f"at least the sum of its child teams' nominal_gpus ({total})")
 
@@ -464,7 +473,7 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
                           "ISO 8601 local time such as 2026-11-30T08:00:00 (clock.start)") from None
 
     limits = _limits(spec, source)
-    cohorts = _cohorts(spec, teams, nominal, limits, source, pool_gpus, [c.pools for c in classes.values()])
+    cohorts = _cohorts(spec, teams, nominal, limits, source, pool_gpus, [c.pools for c in classes.values()], nodes)
 
     if spec.default_team is not None and spec.teams and spec.default_team not in spec.teams:
         raise PolicyError(source, "default_team", spec.default_team, "a team defined under teams")
@@ -508,6 +517,10 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
                                 for cname, lim in team.classes.items() if lim.queueing == "strict_fifo"),
         within_team=frozenset(name for name, team in spec.teams.items()
                               if team.preemption.within_team == "lower_priority"),
+        gpu_types=gpu_types,
+        typed=any(lim.gpu_type is not None for lim in limits),
+        nominal_by_type={n: tuple(t.nominal_gpus.items()) for n, t in spec.teams.items()
+                         if isinstance(t.nominal_gpus, dict)},
     )
 
 
@@ -577,6 +590,15 @@ def _limits(spec: PolicySpec, source: str) -> list[Limit]:
             raise PolicyError(source, f"classes.{name}.windows", "max_running_jobs",
                               "max_gpus, max_gpus_per_user or max_running_jobs_per_user (classes count jobs per user)")
     for name, team in sorted(spec.teams.items()):
+        if isinstance(team.max_gpus, dict):  # per GPU type (note 038): windows change the other limits
+            if any(w.max_gpus is not None for w in team.windows):
+                raise PolicyError(source, f"teams.{name}.windows", "max_gpus",
+                                  f"no max_gpus in windows of a team whose max_gpus is per GPU type "
+                                  f"({dict(team.max_gpus)}); allowed: " + ", ".join(WINDOW_FIELDS[1:]))
+            out += _windowed_limits(f"teams.{name}", team, WINDOW_FIELDS[1:], team=name)
+            out += [Limit(f"teams.{name}.max_gpus[{gt}]", v, team=name, gpu_type=gt)
+                    for gt, v in team.max_gpus.items()]
+            continue
         out += _windowed_limits(f"teams.{name}", team, WINDOW_FIELDS, team=name)
         for cname, lim in sorted(team.classes.items()):
             if lim.max_gpus is not None:
@@ -594,7 +616,7 @@ MAX_GUARDED = 8
 
 def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, int],
              limits: list[Limit], source: str, pool_gpus: dict[str, int] | None = None,
-             class_pools: list | None = None) -> dict[str, Cohort]:
+             class_pools: list | None = None, nodes: tuple[Node, ...] = ()) -> dict[str, Cohort]:
     """Check the cohorts and compile them into limits (appended to ``limits``).
 
     A member T may hold at most ``nominal + borrowing_limit`` (a limit that also counts
@@ -603,14 +625,20 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
     every subset S of the guarded members, ``usage of the members outside S <= C - guard
     of S`` (design note 005). A cohort with a ``pool`` counts only the jobs whose class
     may run in that pool alone; a team is in at most one cohort per pool (and one
-    without a pool)."""
+    without a pool). A cohort of per-GPU-type quotas (note 038) compiles the same per
+    type, into one ``Cohort`` per type (``name[type]``) whose limits count only jobs
+    placed on that type; its capacity per type is the type's GPUs on the cohort's nodes
+    less other top-level teams' nominal GPUs of the type (at least the members' sum)."""
     pool_gpus = pool_gpus or {}
     where: dict[tuple[str, str | None], str] = {}
-    quota: dict[str, list[tuple[str, int, int | None, int | None]]] = {}
+    quota: dict[str, list[tuple[str, Any, Any, Any]]] = {}
+    typed: dict[str, bool] = {}
+    gpu_types = tuple(dict.fromkeys(n.gpu_type for n in nodes))
     for cname, co in sorted(spec.cohorts.items()):
         if co.pool is not None and co.pool not in pool_gpus:
             raise PolicyError(source, f"cohorts.{cname}.pool", co.pool, "a pool of the cluster: " + ", ".join(sorted(pool_gpus)))
         rows = []
+        given = []  # (field path, value) of each member's quota fields, for the typed/untyped check
         for k, entry in enumerate(co.members):
             field = f"cohorts.{cname}.members[{k}]"
             team = entry.team
@@ -623,13 +651,34 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
             where[(team, co.pool)] = cname
             t = spec.teams[team]
             # the entry's own quota fields, else the team's
-            nom = entry.nominal_gpus if entry.nominal_gpus is not None else nominal.get(team, 0)
-            bl = entry.borrowing_limit if entry.borrowing_limit is not None else t.borrowing_limit
-            ll = entry.lending_limit if entry.lending_limit is not None else t.lending_limit
-            lfield = f"{field}.lending_limit" if entry.lending_limit is not None else f"teams.{team}.lending_limit"
-            if ll is not None and ll > nom:
-                raise PolicyError(source, lfield, ll, f"at most the team's nominal_gpus in the cohort ({nom})")
-            rows.append((team, nom, bl, ll))
+            row = [team]
+            for fld in ("nominal_gpus", "borrowing_limit", "lending_limit"):
+                own = getattr(entry, fld)
+                value = own if own is not None else getattr(t, fld)
+                row.append(value)
+                if value is not None:
+                    given.append((f"{field}.{fld}" if own is not None else f"teams.{team}.{fld}", value))
+            rows.append(tuple(row))
+        typed[cname] = any(isinstance(v, dict) for _f, v in given)
+        if typed[cname]:
+            scalar = next(((f, v) for f, v in given if not isinstance(v, dict)), None)
+            if scalar is not None:
+                raise PolicyError(source, scalar[0], scalar[1],
+                                  f"a mapping GPU type -> GPUs, as the other members of cohort {cname} give theirs "
+                                  "(a cohort's quotas are all per GPU type or all in GPUs of every type)")
+        for k, (team, nom, _bl, ll) in enumerate(rows):
+            lfield = (f"cohorts.{cname}.members[{k}].lending_limit" if co.members[k].lending_limit is not None
+                      else f"teams.{team}.lending_limit")
+            if ll is None:
+                continue
+            if typed[cname]:
+                for gt, v in ll.items():
+                    if v > (nom or {}).get(gt, 0):
+                        raise PolicyError(source, f"{lfield}[{gt}]", v, f"at most the team's nominal_gpus of "
+                                          f"{gt} in the cohort ({(nom or {}).get(gt, 0)})")
+            elif ll > (nom if nom is not None else 0):
+                raise PolicyError(source, lfield, ll, "at most the team's nominal_gpus in the cohort "
+                                  f"({nom if nom is not None else 0})")
         members = [r[0] for r in rows]
         member_set = set(members)
         for team in members:  # chains are at most MAX_TEAM_DEPTH long: linear in the members
@@ -639,12 +688,13 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
                                   f"teams that are not each other's parents ({other} is an ancestor of {team})")
         have = pool_gpus[co.pool] if co.pool is not None else sum(pool_gpus.values())
         where_ = f"pool {co.pool}'s" if co.pool is not None else "the cluster's"
-        if sum(r[1] for r in rows) > have:
-            raise PolicyError(source, f"cohorts.{cname}.members", sum(r[1] for r in rows),
+        noms = [_total(r[1]) for r in rows]
+        if sum(noms) > have:
+            raise PolicyError(source, f"cohorts.{cname}.members", sum(noms),
                               f"nominal GPUs that add up to at most {where_} {have} GPUs")
         for k, (team, nom, _bl, _ll) in enumerate(rows):
             cap = spec.teams[team].max_gpus
-            if cap is not None and nom > cap:
+            if isinstance(cap, int) and noms[k] > cap:
                 raise PolicyError(source, f"cohorts.{cname}.members[{k}].nominal_gpus", nom,
                                   f"at most team {team}'s max_gpus ({cap})")
         if co.pool is not None and class_pools is not None and not any(
@@ -662,35 +712,110 @@ def _cohorts(spec: PolicySpec, teams: dict[str, str | None], nominal: dict[str, 
     out: dict[str, Cohort] = {}
     for cname, co in sorted(spec.cohorts.items()):
         pools = None if co.pool is None else (co.pool,)
-        members = []
-        guards = {}
-        for team, nom, bl, ll in quota[cname]:
-            idx = len(limits)
-            cap = UNLIMITED if bl is None else nom + bl
-            path = f"teams.{team}.borrowing_limit" if co.pool is None else f"cohorts.{cname}.{team}.borrowing_limit"
-            limits.append(Limit(path, cap, team=team, pools=pools, covers_reserved=True))
-            members.append(CohortMember(team, nom, idx))
-            # work that may not be preempted could never be reclaimed: it never borrows
-            prefix = f"teams.{team}" if co.pool is None else f"cohorts.{cname}.{team}"
-            limits.append(Limit(f"{prefix}.nominal_gpus(not preemptible)", nom, team=team, pools=pools,
-                                unevictable_only=True, covers_reserved=True))
-            if ll is not None and ll < nom:
-                guards[team] = nom - ll
-        capacity = sum(m.nominal for m in members)
-        if len(guards) > MAX_GUARDED:
-            raise PolicyError(source, f"cohorts.{cname}.members", len(guards),
-                              f"at most {MAX_GUARDED} members with a lending_limit below their nominal_gpus")
-        guarded = sorted(guards)
-        for bits in range(1 << len(guarded)):
-            subset = [g for j, g in enumerate(guarded) if bits >> j & 1]
-            outside = tuple(m.team for m in members if m.team not in subset)
-            if not outside:
-                continue
-            cap = capacity - sum(guards[g] for g in subset)
-            path = f"cohorts.{cname}" + (f"(keeping {'+'.join(subset)} lending_limit)" if subset else "")
-            limits.append(Limit(path, cap, members=outside, cohort=cname, pools=pools, covers_reserved=True))
-        out[cname] = Cohort(cname, tuple(members), co.reclaim, pools)
+        if not typed[cname]:
+            rows = [(team, nom if nom is not None else 0, bl, ll) for team, nom, bl, ll in quota[cname]]
+            out[cname] = _compile_cohort(cname, co, rows, pools, None, None, limits, source)
+            continue
+        scope = [n for n in nodes if co.pool is None or n.pool == co.pool]
+        members = {r[0] for r in quota[cname]}
+        named = {gt for row in quota[cname] for v in row[1:] if v for gt in v}
+        for gt in (g for g in gpu_types if g in named):  # a type no member names is outside the cohort
+            rows = [(team, (nom or {}).get(gt, 0), (bl or {}).get(gt), (ll or {}).get(gt))
+                    for team, nom, bl, ll in quota[cname]]
+            # the type's GPUs the cohort counts, less what other top-level teams are guaranteed of it
+            others = sum(t.nominal_gpus.get(gt, 0) for n, t in spec.teams.items()
+                         if teams[n] is None and isinstance(t.nominal_gpus, dict) and n not in members
+                         and not any(n in _chain(teams, m) for m in members))
+            have = sum(n.gpus for n in scope if n.gpu_type == gt)
+            capacity = max(sum(r[1] for r in rows), have - others)
+            out[f"{cname}[{gt}]"] = _compile_cohort(cname, co, rows, pools, gt, capacity, limits, source)
     return out
+
+
+def _compile_cohort(cname: str, co, rows: list, pools, gpu_type: str | None, capacity: int | None,
+                    limits: list[Limit], source: str) -> Cohort:
+    """One cohort's limits (appended to ``limits``) from its members' ``(team, nominal,
+    borrowing limit, lending limit)`` in GPUs (of ``gpu_type`` only, when given: paths
+    name it, ``cohorts.c[H100-80GB]``); ``capacity`` ``None``: the members' sum."""
+    tag = f"[{gpu_type}]" if gpu_type is not None else ""
+    members = []
+    guards = {}
+    for team, nom, bl, ll in rows:
+        idx = len(limits)
+        cap = UNLIMITED if bl is None else nom + bl
+        path = f"teams.{team}.borrowing_limit" if co.pool is None else f"cohorts.{cname}.{team}.borrowing_limit"
+        limits.append(Limit(path + tag, cap, team=team, pools=pools, covers_reserved=True, gpu_type=gpu_type))
+        members.append(CohortMember(team, nom, idx))
+        # work that may not be preempted could never be reclaimed: it never borrows
+        prefix = f"teams.{team}" if co.pool is None else f"cohorts.{cname}.{team}"
+        limits.append(Limit(f"{prefix}.nominal_gpus{tag}(not preemptible)", nom, team=team, pools=pools,
+                            unevictable_only=True, covers_reserved=True, gpu_type=gpu_type))
+        if ll is not None and ll < nom:
+            guards[team] = nom - ll
+    if capacity is None:
+        capacity = sum(m.nominal for m in members)
+    if len(guards) > MAX_GUARDED:
+        raise PolicyError(source, f"cohorts.{cname}.members", len(guards),
+                          f"at most {MAX_GUARDED} members with a lending_limit below their nominal_gpus")
+    guarded = sorted(guards)
+    for bits in range(1 << len(guarded)):
+        subset = [g for j, g in enumerate(guarded) if bits >> j & 1]
+        outside = tuple(m.team for m in members if m.team not in subset)
+        if not outside:
+            continue
+        cap = capacity - sum(guards[g] for g in subset)
+        path = f"cohorts.{cname}{tag}" + (f"(keeping {'+'.join(subset)} lending_limit)" if subset else "")
+        limits.append(Limit(path, cap, members=outside, cohort=cname, pools=pools, covers_reserved=True,
+                            gpu_type=gpu_type))
+    return Cohort(cname, tuple(members), co.reclaim, pools, gpu_type)
+
+
+def _total(value) -> int:
+    """GPUs of a quota field: the number, or the sum over its GPU types (``None``: 0)."""
+    if value is None:
+        return 0
+    return sum(value.values()) if isinstance(value, dict) else value
+
+
+_GPU_QUOTA_FIELDS = ("nominal_gpus", "max_gpus", "borrowing_limit", "lending_limit")
+
+
+def _check_gpu_types(spec: PolicySpec, gpu_types: tuple[str, ...], source: str) -> None:
+    """Every GPU type a per-type quota names is one some node has (note 038).
+
+    Raises:
+        PolicyError: naming the field (``teams.ml.max_gpus[H100-80GB]``), the type and
+            the cluster's types."""
+    known = set(gpu_types)
+    places = [(f"teams.{n}", t, _GPU_QUOTA_FIELDS) for n, t in spec.teams.items()]
+    places += [(f"cohorts.{c}.members[{k}]", m, ("nominal_gpus", "borrowing_limit", "lending_limit"))
+               for c, co in spec.cohorts.items() for k, m in enumerate(co.members)]
+    for prefix, holder, fields in places:
+        for fld in fields:
+            value = getattr(holder, fld)
+            if isinstance(value, dict):
+                for gt in value:
+                    if gt not in known:
+                        raise PolicyError(source, f"{prefix}.{fld}[{gt}]", gt,
+                                          "a GPU type of the cluster's nodes: " + ", ".join(sorted(known)))
+
+
+def _check_nominal_within_max(name: str, team, source: str) -> None:
+    """``nominal_gpus`` at most ``max_gpus``: per type where both are per type, in all
+    where both are numbers or the nominal per type and the cap a number.
+
+    Raises:
+        PolicyError: on ``teams.<name>.nominal_gpus`` (``[type]`` for a type)."""
+    nom, cap = team.nominal_gpus, team.max_gpus
+    if nom is None or cap is None:
+        return
+    if isinstance(nom, dict) and isinstance(cap, dict):
+        for gt, v in nom.items():
+            if gt in cap and v > cap[gt]:
+                raise PolicyError(source, f"teams.{name}.nominal_gpus[{gt}]", v,
+                                  f"at most the team's max_gpus[{gt}] ({cap[gt]})")
+    elif isinstance(cap, int) and _total(nom) > cap:
+        raise PolicyError(source, f"teams.{name}.nominal_gpus", nom, f"at most the team's max_gpus ({cap})")
 
 
 def _check_chains(teams: dict[str, str | None], spec: PolicySpec, source: str, max_depth: int | None) -> None:

@@ -73,6 +73,19 @@ EXAMPLES: list[tuple[str, str, dict[str, Any]]] = [
                 "serving": {}},
       "cohorts": {"research-pool": {"members": ["ml", "vision"], "pool": "training",
                                     "reclaim": "lower_priority"}}}),
+    ("Quotas per GPU type (Kueue's ResourceFlavor quotas)",
+     "`ml` may hold 2 H100s and 8 A100s; a job that may run on either type tries the H100s first (the order the "
+     "nodes name the types) and, refused there by `ml`'s H100 quota, starts on A100s, charged there. In cohort "
+     "`labs`, `cv` and `nlp` are guaranteed 2 H100s each; the cohort's H100 capacity is the 8 H100s less `ops`' "
+     "2, so 2 H100s are guaranteed to no member and either may borrow them (`nlp` at most 3 beyond its 2). A "
+     "member under its H100 nominal quota reclaims H100s, never A100s. A plain number still means every type.",
+     {"cluster": {"nodes": [{"name": "h100", "gpus": 8, "gpu_type": "H100-80GB"},
+                            {"name": "a100", "count": 2, "gpus": 8, "gpu_type": "A100-80GB"}]},
+      "teams": {"ml": {"max_gpus": {"H100-80GB": 2, "A100-80GB": 8}},
+                "ops": {"nominal_gpus": {"H100-80GB": 2}, "max_gpus": 4},
+                "cv": {"nominal_gpus": {"H100-80GB": 2}, "lending_limit": {"H100-80GB": 1}},
+                "nlp": {"nominal_gpus": {"H100-80GB": 2, "A100-80GB": 4}, "borrowing_limit": {"H100-80GB": 3}}},
+      "cohorts": {"labs": {"members": ["cv", "nlp"], "reclaim": "any"}}}),
     ("Sharing: MIG, MPS and time-slicing",
      "GPU 0 of `a100` is split into MIG instances; its other GPUs take fractions and MPS clients; `l40s` offers "
      "4 time-sliced replicas per GPU. Production inference takes whole GPUs or MIG instances only, sandbox "

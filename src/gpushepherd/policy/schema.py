@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator,
+                      model_validator)
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]
@@ -28,6 +29,38 @@ PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 #: a weight: finite, >= 0
 Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+_QUOTA_ALLOWED = "a number of GPUs >= 0, or a mapping GPU type -> GPUs >= 0 (1-64 types), e.g. {H100-80GB: 4}"
+
+
+def _gpu_quota(value: Any) -> int | dict[str, int]:
+    """A GPU quota field's value: a number (every type) or per GPU type (note 038).
+
+    Raises:
+        ValueError: naming the offending entry and what is allowed."""
+    def count(v: Any, where: str = "") -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{where}{v!r} is not a whole number of GPUs; allowed: {_QUOTA_ALLOWED}")
+        if v < 0:
+            raise ValueError(f"{where}input should be greater than or equal to 0")
+        return v
+
+    if isinstance(value, dict):
+        if not 1 <= len(value) <= 64:
+            raise ValueError(f"{len(value)} GPU types; allowed: {_QUOTA_ALLOWED}")
+        for k in value:
+            if not isinstance(k, str) or not _NAME.fullmatch(k):
+                raise ValueError(f"GPU type {k!r} is not a name (letters, digits, _ . -); allowed: {_QUOTA_ALLOWED}")
+        return {k: count(v, f"for {k}: ") for k, v in value.items()}
+    return count(value)
+
+
+#: GPUs of every type (a number), or per GPU type (``{H100-80GB: 4, A100-80GB: 8}``; Kueue's quota per
+#: ResourceFlavor): a type not named is not limited by the field (note 038)
+GpuQuota = Annotated[int | dict[str, int], PlainValidator(_gpu_quota), WithJsonSchema({"anyOf": [
+    {"type": "integer", "minimum": 0},
+    {"type": "object", "patternProperties": {"^[A-Za-z0-9][A-Za-z0-9_.\\-]*$": {"type": "integer", "minimum": 0}},
+     "minProperties": 1, "maxProperties": 64}]})]
 
 #: units the reference names
 SECONDS, GPUS, MIB, PERCENT, JOBS, GPU_HOUR = "seconds", "GPUs", "MiB", "percent", "jobs", "currency per GPU-hour"
@@ -408,22 +441,30 @@ class TeamSpec(_Strict):
 
     ``nominal_gpus`` is the team's guaranteed share (the sum over teams may not exceed
     the cluster); ``max_gpus`` the most it may hold at once; ``parent`` makes the team
-    count against its parent's limits too (hierarchical queues).
+    count against its parent's limits too (hierarchical queues). The four GPU quota
+    fields take a number (GPUs of every type) or a mapping GPU type -> GPUs (Kueue's
+    quota per ResourceFlavor, note 038): a job is charged against the type it is placed
+    on, and a job that may run on several types tries each.
     """
 
-    nominal_gpus: NonNegInt | None = Field(None, **doc(
+    nominal_gpus: GpuQuota | None = Field(None, **doc(
         "The team's guaranteed GPUs (Kueue ClusterQueue `nominalQuota`); top-level teams' nominal GPUs plus the "
         "classes' `reserved_gpus` add up to at most the cluster, a child's to at most its parent's. In a cohort "
-        "it is what the team lends and may reclaim.", 4, GPUS))
-    max_gpus: NonNegInt | None = Field(None, **doc(
+        "it is what the team lends and may reclaim. Per GPU type: `{H100-80GB: 2, A100-80GB: 4}` (a type not "
+        "named: 0 guaranteed; each type's sum at most the cluster's GPUs of that type).", 4, GPUS))
+    max_gpus: GpuQuota | None = Field(None, **doc(
         "The most GPUs the team holds at once (Slurm association `GrpTRES=gres/gpu`; Kueue nominalQuota + "
-        "borrowingLimit); at least `nominal_gpus`.", 6, GPUS))
-    borrowing_limit: NonNegInt | None = Field(None, **doc(
+        "borrowingLimit); at least `nominal_gpus`. Per GPU type: `{H100-80GB: 4, A100-80GB: 8}` caps the GPUs "
+        "of each type named (the issue's `teams.X.gpus`); a type not named is not capped; reasons read "
+        "`QuotaExceeded(teams.ml.max_gpus[H100-80GB]=4, in use 4)`.", 6, GPUS))
+    borrowing_limit: GpuQuota | None = Field(None, **doc(
         "In a cohort: how many GPUs beyond `nominal_gpus` the team may borrow (Kueue `borrowingLimit`); unset: "
-        "any. Only for a team in a cohort.", 2, GPUS))
-    lending_limit: NonNegInt | None = Field(None, **doc(
+        "any. Only for a team in a cohort. Per GPU type in a cohort of per-type quotas (a type not named: any).",
+        2, GPUS))
+    lending_limit: GpuQuota | None = Field(None, **doc(
         "In a cohort: how much of `nominal_gpus` others may borrow (Kueue `lendingLimit`); the rest stays the "
-        "team's even while idle. Unset: all of it. At most `nominal_gpus`; only for a team in a cohort.", 2, GPUS))
+        "team's even while idle. Unset: all of it. At most `nominal_gpus`; only for a team in a cohort. Per GPU "
+        "type in a cohort of per-type quotas (a type not named: all of it).", 2, GPUS))
     shares: PosInt | None = Field(None, **doc(
         "The team's relative weight in fair-share (Slurm's `Fairshare=` shares): its factor is 2^(-usage share / "
         "shares share); 1 when unset. The trace mapping spreads mapped jobs over teams by it.", 2))
@@ -451,15 +492,16 @@ class TeamSpec(_Strict):
 
 
 class CohortMemberSpec(_Strict):
-    """A team's quota in one cohort (overrides the team's own fields)."""
+    """A team's quota in one cohort (overrides the team's own fields); each a number or
+    per GPU type (note 038)."""
 
     team: Name = Field(**doc("A team of `teams`; in at most one cohort per pool (and one without a pool).", "ml"))
-    nominal_gpus: NonNegInt | None = Field(None, **doc(
+    nominal_gpus: GpuQuota | None = Field(None, **doc(
         "The team's nominal GPUs in this cohort (Kueue: the ClusterQueue's `nominalQuota` of the flavor); unset: "
-        "the team's `nominal_gpus`.", 4, GPUS))
-    borrowing_limit: NonNegInt | None = Field(None, **doc(
+        "the team's `nominal_gpus`. Per GPU type: `{H100-80GB: 2}`.", 4, GPUS))
+    borrowing_limit: GpuQuota | None = Field(None, **doc(
         "What it may borrow in this cohort; unset: the team's `borrowing_limit`.", 2, GPUS))
-    lending_limit: NonNegInt | None = Field(None, **doc(
+    lending_limit: GpuQuota | None = Field(None, **doc(
         "What it lends in this cohort; unset: the team's `lending_limit`.", 1, GPUS))
 
 
@@ -472,7 +514,10 @@ class CohortSpec(_Strict):
     members: Annotated[list[CohortMemberSpec], Field(min_length=1, max_length=1000)] = Field(**doc(
         "Team names (their `nominal_gpus`, `borrowing_limit` and `lending_limit` apply), or entries giving the "
         "team's quota in this cohort; members are not each other's ancestors. The cohort's capacity is the sum of "
-        "its members' nominal GPUs.", ["ml", {"team": "vision", "nominal_gpus": 2, "lending_limit": 1}]))
+        "its members' nominal GPUs; with quotas per GPU type (any member's field a mapping: then all are, note "
+        "038), each type's capacity is the cluster's GPUs of that type on the nodes the cohort counts (its pool) "
+        "less other top-level teams' nominal GPUs of that type: GPUs no member is guaranteed are borrowable by "
+        "every member within its `borrowing_limit`.", ["ml", {"team": "vision", "nominal_gpus": 2, "lending_limit": 1}]))
     pool: Name | None = Field(None, **doc(
         "The pool the cohort's quota is for (Kueue ResourceFlavor): it counts the jobs whose class may run only in "
         "this pool (`classes.<name>.pools`); unset: every job of its members, anywhere.", "training"))
