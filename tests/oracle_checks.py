@@ -28,6 +28,10 @@ many times each property was checked and every failure. The properties:
   and after every instant of the run
   without them a restored core decides nothing at the same instant (a full pass) and
   then the same as the uninterrupted one;
+* ``h_estimates`` - after every instant ``estimated_starts()`` answers (``squeue
+  --start``, design note 015 section 7): every estimate is of a pending job, after now
+  (never in the past, never "now" for a job that waits), on a stated basis, and equal
+  to ``estimated_start`` of the same job; asking changes no decision (``f_restart``);
 * ``g_live`` - at the end no pending job could start later (each is refused for good:
   a limit it can never fit, no healthy nodes that could hold it); after every instant,
   a job waiting on time (a window, a victim's minimum runtime) has ``next_wakeup()``.
@@ -53,7 +57,7 @@ from gpushepherd.model.reasons import ReasonCode
 from gpushepherd.model.rules import week_values
 from gpushepherd.sim.engine import SimJob, Simulator
 
-PROPERTIES = ("a_equal", "b_work", "c_reason", "d_reserved", "e_preemptor", "f_restart", "g_live")
+PROPERTIES = ("a_equal", "b_work", "c_reason", "d_reserved", "e_preemptor", "f_restart", "g_live", "h_estimates")
 MAX_CALLS = 3000  # a dozen jobs need a few dozen instants; many more is a livelock
 #: wake-ups in a row that decide nothing over more than this many seconds end a run as a
 #: livelock (``next_wakeup()`` asking for ticks that change nothing): every window of a
@@ -227,6 +231,24 @@ class Checker:
         self.pending(sched)
         self.reserved(sched, out)
         self.preemptions(sched, batch, out)
+        self.estimates(sched)
+
+    def estimates(self, sched) -> None:
+        """Property h: the estimated starts of every pending job (module docstring)."""
+        rep = self.report
+        t = sched.now
+        pending = {j.id for j in sched.pending_jobs()}
+        rep.counts["h_estimates"] += 1
+        for jid, est in sorted(sched.estimated_starts().items()):
+            if jid not in pending:
+                rep.fail("h_estimates", f"t={t:g}: an estimate for {jid}, which is not pending")
+            elif not est.t > t:
+                rep.fail("h_estimates", f"t={t:g}: {jid}'s estimated start {est.t:g} is not after now")
+            elif est.basis not in ("estimates", "time limits"):
+                rep.fail("h_estimates", f"t={t:g}: {jid}'s estimate rests on {est.basis!r}")
+            elif sched.estimated_start(jid) != est.t:
+                rep.fail("h_estimates", f"t={t:g}: {jid}: estimated_start {sched.estimated_start(jid)}, "
+                         f"estimated_starts {est.t:g}")
 
     def pending(self, sched) -> None:
         rep = self.report

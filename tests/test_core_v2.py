@@ -419,3 +419,20 @@ def test_the_core_reaches_the_rest_of_the_queue_on_its_own_wakeups():
         started |= {d.job_id for d in sched.handle([Tick(wake)]) if isinstance(d, Start)}
     assert "S" in started
     assert not started & {"L1", "L2", "L3", "L4"}
+
+
+def test_estimates_of_two_waiting_jobs_beside_a_class_reservation():
+    """Found by a newcomer on a live server (``shepherd queue`` answered 500, the loop
+    stalled): with a class's ``reserved_gpus``, the second waiting job is planned against
+    the first one's claim, which had no class (``AttributeError: '_QuotaClaim' object has
+    no attribute 'cls'``). The oracle now asks ``estimated_starts()`` after every instant
+    (property ``h_estimates``): 89 of seeds 0-599 crashed so before the fix."""
+    rules = policy([("n1", 4)], classes={"production-inference": {"reserved_gpus": 1}})
+    sched = Scheduler(rules)
+    out = sched.handle([JobSubmitted(0.0, job("A", 3, "batch", time_limit_s=100.0)),
+                        JobSubmitted(0.0, job("B", 1, "batch", submit=1, time_limit_s=100.0)),
+                        JobSubmitted(0.0, job("C", 1, "batch", submit=2, time_limit_s=100.0))])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["A"]  # B, C: the 4th GPU is inference's
+    est = sched.estimated_starts()
+    # at 100 A's 3 GPUs come free: 4 free, 1 kept for inference, so both fit then
+    assert {j: (e.t, e.basis) for j, e in est.items()} == {"B": (100.0, "time limits"), "C": (100.0, "time limits")}

@@ -176,6 +176,7 @@ class _QuotaClaim:
     quota: dict
     gpus: dict
     hold: bool = False
+    cls: str = ""  # the job's class: its claim fills that class's ``reserved_gpus`` (``profile._held_for``)
 
     def quota_at(self, k, _q: float) -> int:
         return self.quota.get(k, 0)
