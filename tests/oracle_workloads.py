@@ -16,13 +16,14 @@ A workload is 1-4 nodes (mixed sizes and GPU types, NVLink islands, labels, tain
 pools, time-slicing, MPS, MIG GPUs), teams with hard limits, per-user caps, job counts,
 per-class limits and a parent, cohorts (nominal quota, borrowing and lending limits,
 each reclaim mode, a cohort for one pool), classes with ``reserved_gpus``, grace
-periods, max runtimes, anti-affinity, sharing kinds, time windows (Europe/Berlin or
+periods, max runtimes, anti-affinity, sharing kinds, NVLink islands required, time windows (Europe/Berlin or
 America/New_York starting at local midnight of a DST change, ``drain`` or
 ``checkpoint-and-stop``), multifactor priority (fair-share, age, time limit) with a
 recalculation period, preemption with a minimum runtime, backfill depth 0-3, MIG
 reconfiguration and runtime prediction; jobs of every class - gangs, ``same_node``,
-time limits, estimates exact / over / under the true duration or none, shares
-(fraction, memory only, time-slicing, MPS, MIG), node selectors, tolerations, GPU
+``require_island`` (over its class's), time limits, estimates exact / over / under the
+true duration or none, shares (fraction, memory only, time-slicing, MPS, MIG), node
+selectors, tolerations, GPU
 types and memory, cache keys, deadlines; and events - cancels, operator requeues, node
 loss and return, a new node, GPUs going bad and back, and restarts of the core
 (``Restart``).
@@ -34,7 +35,7 @@ Every policy is valid by construction (``policy_from_dict`` accepts it; the test
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpushepherd.model.cluster import Node
 from gpushepherd.model.events import GpuHealthChanged, JobCancelled, JobRequeueRequested, NodeAdded, NodeLost
@@ -200,13 +201,32 @@ def build(src) -> Workload:
     # drawn last, so that the seeds found before these rules keep their workloads
     if _later_rules(src, raw, scale):
         rules = policy_from_dict(raw).rules
+    jobs = _later_jobs(src, jobs)
     return Workload(raw, jobs, events, rules=rules)
+
+
+def _later_jobs(src, jobs: list) -> list:
+    """Job fields added after most FOUND seeds (drawn last, as ``_later_rules``): a job's
+    own ``require_island`` over its class's; an MPS share without an SM percentage (1 /
+    ``max_clients`` where it lands), with several client processes or another memory
+    declaration (note 037)."""
+    out = []
+    for spec, duration in jobs:
+        if spec.share is None and spec.gpus > 1 and not spec.gpus_per_pod and src.chance(0.15):
+            spec = replace(spec, require_island=src.choice([True, True, False]))
+        elif spec.share is not None and spec.share.kind == "mps" and src.chance(0.5):
+            spec = replace(spec, share=replace(spec.share, milli=src.choice([0, 0, spec.share.milli]),
+                                               mem_mib=src.choice([0, 6144, spec.share.mem_mib]),
+                                               procs=src.integer(1, 3)))
+        out.append((spec, duration))
+    return out
 
 
 def _later_rules(src, raw: dict, scale: float) -> bool:
     """Rules added after most FOUND seeds: strict FIFO queues (note 031) - a class's, or
-    a team's own of a class - deadline ordering (note 034) and preemption within a
-    team's quota (note 035)."""
+    a team's own of a class - deadline ordering (note 034), preemption within a team's
+    quota (note 035), NVLink islands required by a class and an MPS memory cap per
+    client (note 037)."""
     changed = False
     if src.chance(0.25):
         team = src.choice(sorted(raw["teams"]))
@@ -225,6 +245,14 @@ def _later_rules(src, raw: dict, scale: float) -> bool:
         team = src.choice(sorted(raw["teams"]))
         name = src.choice(["batch", "sandbox", "research-training", "training"])
         raw["teams"][team].setdefault("classes", {}).setdefault(name, {})["queueing"] = "strict_fifo"
+        changed = True
+    if src.chance(0.2):  # NVLink islands as a requirement (note 037)
+        name = src.choice(["training", "batch", "research-training"])
+        raw.setdefault("classes", {}).setdefault(name, {})["require_island"] = True
+        changed = True
+    mps = [n["sharing"]["mps"] for n in raw["cluster"]["nodes"] if "mps" in n.get("sharing", {})]
+    if mps and src.chance(0.4):  # a per-client memory cap (note 037)
+        src.choice(mps)["max_memory_per_client_mib"] = src.choice([4096, 8192])
         changed = True
     return changed
 

@@ -97,7 +97,7 @@ def stranded_capacity(sched: "Scheduler") -> dict:
                 continue
             free += room
             if order and not any(j.shape.mode == "share" and j.share.kind == card.mode
-                                 and card.fits(*j.share.need()) for j in ok):
+                                 and card.fits(*j.share.need(node)) for j in ok):
                 strand(room, "share-size" if any(j.shape.mode == "share" and j.share.kind == card.mode for j in ok)
                        else _why_not(order, [j for j in ok if j.shape.mode == "share"], node, "sharing"))
         # free MIG instances

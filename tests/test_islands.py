@@ -1,0 +1,91 @@
+"""NVLink islands as a requirement and as a preference (issue 13 point 5, note 037)."""
+
+import pytest
+
+from gpushepherd.core.intake import SpecError, validate_spec
+from gpushepherd.model.job import JobSpec
+from gpushepherd.policy.load import policy_from_dict
+from gpushepherd.sim.scenario import ScenarioSpec, run_scenario, validate_scenario
+
+NODE = {"name": "n1", "gpus": 8, "gpu_type": "H100-80GB", "nvlink_islands": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+
+
+def _run(raw: dict):
+    spec = ScenarioSpec.model_validate(raw)
+    validate_scenario(spec)
+    outcomes = run_scenario(spec)
+    for o in outcomes:
+        assert o.passed, f"{o.name}: " + "; ".join(o.failures)
+    return outcomes
+
+
+def test_equal_cost_victims_keep_the_preemptor_on_one_island():
+    """Two victim sets of two batch jobs each: {A3, A2} comes first in victim order but
+    leaves 0,1,3 and 4,5 (no island of four); {A2, A1} frees island 4-7: at equal cost
+    the island wins over victim order, with or without the requirement."""
+    for require in (False, True):
+        _run({
+            "scenario": "equal-cost",
+            "policy": {"cluster": {"nodes": [NODE]}, "classes": {"batch": {"grace_period_s": 0}}},
+            "initial_allocations": [
+                {"job": "F", "team": "T", "class": "training", "node": "n1", "gpus": 1, "gpu_indices": [2],
+                 "ends": 100000, "preemptible": False},
+                *({"job": name, "team": "T", "class": "batch", "node": "n1", "gpus": 2, "gpu_indices": gpus,
+                   "ends": 100000} for name, gpus in (("A3", [0, 1]), ("A2", [4, 5]), ("A1", [6, 7]))),
+            ],
+            "jobs": [{"id": "P", "team": "T", "class": "training", "submit": 10, "gpus": 4, "duration": 100,
+                      "time_limit": 100, "require_island": require}],
+            "expect": {"starts": {"P": {"t": 10, "node": "n1", "gpus": [4, 5, 6, 7]}},
+                       "preempted": {"A2": [10], "A1": [10]}, "never_preempted": ["A3", "F"]},
+        })
+
+
+def test_the_reservation_is_planned_on_an_island():
+    """E3 frees GPU 2 at 50 (four free by count: 2,3,6,7, two islands), E1 frees 0,1 at
+    100 (island 0-3 whole). R (4 GPUs, require_island) is planned at 100, not 50, so B (1
+    GPU, limit 60) backfills at 20 - on GPU 3, the tighter island - and ends at 80
+    before R needs it; R runs 100-150 on 0-3. A count-only plan would have kept B
+    waiting as ReservedFor(R) until 50. R waits for GPUs (fewer than 4 free) until 80,
+    then for an island (2,3,6,7 free)."""
+    _run({
+        "scenario": "island-reservation",
+        "policy": {"cluster": {"nodes": [NODE]}, "classes": {"batch": {"require_island": True}},
+                   "preemption": {"enabled": False}},
+        "initial_allocations": [
+            {"job": "E1", "team": "T", "class": "batch", "node": "n1", "gpus": 2, "gpu_indices": [0, 1], "ends": 100},
+            {"job": "E3", "team": "T", "class": "batch", "node": "n1", "gpus": 1, "gpu_indices": [2], "ends": 50},
+            {"job": "E2", "team": "T", "class": "batch", "node": "n1", "gpus": 2, "gpu_indices": [4, 5], "ends": 200},
+        ],
+        "jobs": [{"id": "R", "team": "T", "class": "batch", "submit": 10, "gpus": 4, "duration": 50, "time_limit": 50},
+                 {"id": "B", "team": "T", "class": "batch", "submit": 20, "gpus": 1, "duration": 60, "time_limit": 60}],
+        "expect": {"starts": {"R": {"t": 100, "gpus": [0, 1, 2, 3]}, "B": {"t": 20, "gpus": [3]}},
+                   "ends": {"R": 150, "B": 80},
+                   "pending": {"R": [{"from": 10, "to": 80, "reason": "Resources"},  # 3 free GPUs, or 2
+                                     {"from": 80, "to": 100, "reason": "NoFit(nvlink-island)"}]}},
+    })
+
+
+def test_a_node_without_islands_is_one_island():
+    """A node that declares no islands holds a required job of all its GPUs."""
+    _run({
+        "scenario": "no-islands",
+        "policy": {"cluster": {"nodes": [{"name": "n1", "gpus": 8, "gpu_type": "H100-80GB"}]},
+                   "classes": {"batch": {"require_island": True}}},
+        "jobs": [{"id": "R", "team": "T", "class": "batch", "submit": 0, "gpus": 8, "duration": 10}],
+        "expect": {"starts": {"R": {"t": 0, "gpus": [0, 1, 2, 3, 4, 5, 6, 7]}}, "ends": {"R": 10}},
+    })
+
+
+def test_require_island_with_a_gang_of_pods_is_refused():
+    rules = policy_from_dict({"cluster": {"nodes": [NODE]}}).rules
+    spec = JobSpec(id="g", team="T", workload_class="batch", gpus=4, gpus_per_pod=2, require_island=True)
+    with pytest.raises(SpecError, match=r"require_island: True is not allowed with gpus_per_pod \(2\)"):
+        validate_spec(rules, spec)
+    validate_spec(rules, JobSpec(id="g", team="T", workload_class="batch", gpus=4, gpus_per_pod=2))
+
+
+def test_class_require_island_must_be_a_boolean():
+    with pytest.raises(Exception, match="require_island"):
+        policy_from_dict({"cluster": {"nodes": [NODE]}, "classes": {"batch": {"require_island": "often"}}})
+    rules = policy_from_dict({"cluster": {"nodes": [NODE]}, "classes": {"batch": {"require_island": True}}}).rules
+    assert rules.classes["batch"].require_island and not rules.classes["training"].require_island
