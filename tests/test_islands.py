@@ -89,3 +89,43 @@ def test_class_require_island_must_be_a_boolean():
         policy_from_dict({"cluster": {"nodes": [NODE]}, "classes": {"batch": {"require_island": "often"}}})
     rules = policy_from_dict({"cluster": {"nodes": [NODE]}, "classes": {"batch": {"require_island": True}}}).rules
     assert rules.classes["batch"].require_island and not rules.classes["training"].require_island
+
+
+def test_no_preemptible_victims_is_not_said_when_only_an_island_is_missing():
+    """F and G (production inference, as P) hold GPUs 2 and 5; the batch jobs on 0,1 and
+    4,6,7 may be evicted by P (production inference, 4 GPUs, require_island), but no
+    island of 0-3 or 4-7 can be whole while F and G run: evicting every lower job would
+    free 6 GPUs of n1, none 4 inside one island. P waits for GPUs (Resources), not for
+    victims that may not be evicted (NoPreemptibleVictims), and nobody is preempted."""
+    _run({
+        "scenario": "island-victims-none",
+        "policy": {"cluster": {"nodes": [NODE]}, "classes": {"batch": {"grace_period_s": 0}}},
+        "initial_allocations": [
+            {"job": "F", "team": "T", "class": "production-inference", "node": "n1", "gpus": 1,
+             "gpu_indices": [2], "ends": 1000},
+            {"job": "G", "team": "T", "class": "production-inference", "node": "n1", "gpus": 1,
+             "gpu_indices": [5], "ends": 1000},
+            {"job": "A", "team": "T", "class": "batch", "node": "n1", "gpus": 2, "gpu_indices": [0, 1], "ends": 1000},
+            {"job": "B", "team": "T", "class": "batch", "node": "n1", "gpus": 3, "gpu_indices": [4, 6, 7],
+             "ends": 1000},
+        ],
+        "jobs": [{"id": "P", "team": "T", "class": "production-inference", "submit": 10, "gpus": 4,
+                  "require_island": True, "duration": 10}],
+        "expect": {"starts": {"P": {"t": 1000, "gpus": [0, 1, 2, 3]}}, "never_preempted": ["A", "B"],
+                   "pending": {"P": {"from": 10, "to": 1000, "reason": "Resources"}}},
+    })
+
+
+def test_free_gpus_split_across_islands_are_stranded_for_a_required_job():
+    """On 6 GPUs in islands 0-2 and 3-5, a and b (2 GPUs each) take 0,1 and 3,4: the two
+    free GPUs are one in each island. c (2 GPUs, require_island) cannot use them - they
+    are stranded while it waits; without the requirement c takes them."""
+    from builders import job, node, policy, scheduler
+    from gpushepherd.model.decisions import Start
+
+    rules = policy(nodes=[node("n1", 6, nvlink_islands=[[0, 1, 2], [3, 4, 5]])])
+    sched, out = scheduler(rules, job("a", 2), job("b", 2), job("c", 2, submit=1, require_island=True))
+    assert {d.job_id: str(d.placement) for d in out if isinstance(d, Start)} == {"a": "n1:0,1", "b": "n1:3,4"}
+    assert sched.stranded_capacity()["stranded_gpus"] == 2.0
+    sched, out = scheduler(rules, job("a", 2), job("b", 2), job("c", 2, submit=1, require_island=False))
+    assert {d.job_id: str(d.placement) for d in out if isinstance(d, Start)}["c"] == "n1:2,5"

@@ -37,7 +37,7 @@ unless it works):
 from __future__ import annotations
 
 from gpushepherd.core.admission import Admission, Scratch, Verdict
-from gpushepherd.core.placement import fits_island, members_of, place_counts
+from gpushepherd.core.placement import best_fit_island, fits_island, members_of, place_counts
 from gpushepherd.core.profile import Profile
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState
@@ -355,6 +355,15 @@ def lower_jobs_would_make_room(book, job: Job) -> bool:
     totals = {i: ledger.slots[i].healthy for i in cand}
     if place_counts(avail, cand, totals, job.shape) is None:
         return False
+    if job.shape.island and book.on_islands(job):  # and inside one island (note 037)
+        masks = {i: ledger.slots[i].free_mask for i in cand}
+        for v in book.running.values():
+            if v.state is JobState.RUNNING and v.cls.priority < prio:
+                for idx, m in v.alloc:
+                    if idx in masks:
+                        masks[idx] |= m & ledger.slots[idx].healthy_mask
+        if best_fit_island(avail, cand, job.shape.k, ledger.slots, masks) is None:
+            return False
     if book.reserved:  # other classes' reserved GPUs are not room
         held = sum(max(0, r - book.class_units.get(c, 0)) for c, r in book.reserved.items() if c != job.cls.name)
         lower_total = sum(book.lower_gpus(i, prio, False) for i in range(len(ledger.slots)) if ledger.slots[i].alive)
