@@ -129,3 +129,21 @@ def test_free_gpus_split_across_islands_are_stranded_for_a_required_job():
     assert sched.stranded_capacity()["stranded_gpus"] == 2.0
     sched, out = scheduler(rules, job("a", 2), job("b", 2), job("c", 2, submit=1, require_island=False))
     assert {d.job_id: str(d.placement) for d in out if isinstance(d, Start)}["c"] == "n1:2,5"
+
+
+def test_the_api_cli_and_kueue_export_carry_require_island(tmp_path):
+    from gpushepherd.cli.daemon import constraint_fields, constraints_text
+    from gpushepherd.daemon.api import SubmitBody
+    from gpushepherd.daemon.server import constraints_view
+    from gpushepherd.policy.kueue import export_kueue
+
+    body = SubmitBody.model_validate({"class": "batch", "team": "T", "gpus": 4, "command": ["true"],
+                                      "cwd": str(tmp_path), "require_island": False})
+    spec = body.spec()
+    assert spec.require_island is False  # false is said, not dropped: it overrides a class that requires one
+    assert constraints_view(spec)["require_island"] is False
+    assert constraint_fields(require_island=False) == {"require_island": False} and constraint_fields() == {}
+    assert constraints_text({"require_island": True}) == "require_island=yes"
+    _objects, cannot = export_kueue(policy_from_dict({"cluster": {"nodes": [NODE]},
+                                                      "classes": {"batch": {"require_island": True}}}))
+    assert any(line.startswith("classes.batch.require_island") for line in cannot)
