@@ -90,3 +90,22 @@ def test_api_and_cli_take_replicas_and_processes():
     assert parse_share("mps:1::3", 0)["procs"] == 3
     with pytest.raises(typer.BadParameter):
         parse_share("mps:1:150", 0)
+
+
+def test_the_local_runner_sets_the_mps_limits(tmp_path):
+    import os
+    import sys
+
+    from test_local import wait_exits
+
+    from gpushepherd.daemon.local import LocalBackend
+    from gpushepherd.model.placement import Placement
+
+    backend = LocalBackend(tmp_path / "data")
+    code = ("import os; print(os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'], "
+            "os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'])")
+    backend.start("7", 1, [sys.executable, "-c", code], shell=False, env={}, cwd=str(tmp_path),
+                  placement=Placement((("n", (0,)),), share="mps:2x25%:2procs:8192MiB"))
+    assert wait_exits(backend) == [("7", 0)]
+    assert (backend.run_dir("7", 1) / "stdout").read_text().split() == ["25", "0=8192M"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
