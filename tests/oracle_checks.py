@@ -232,6 +232,7 @@ class Checker:
         self.reserved(sched, out)
         self.preemptions(sched, batch, out)
         self.estimates(sched)
+        self.islands(sched, out)
 
     def estimates(self, sched) -> None:
         """Property h: the estimated starts of every pending job (module docstring)."""
@@ -249,6 +250,21 @@ class Checker:
             elif sched.estimated_start(jid) != est.t:
                 rep.fail("h_estimates", f"t={t:g}: {jid}: estimated_start {sched.estimated_start(jid)}, "
                          f"estimated_starts {est.t:g}")
+
+    def islands(self, sched, out) -> None:
+        """d: a job that requires an NVLink island starts inside one island of one node
+        (a node without declared islands is one; note 037)."""
+        book = sched.book
+        for d in out:
+            if not isinstance(d, Start) or d.job_id not in book.jobs or not book.jobs[d.job_id].shape.island:
+                continue
+            self.report.counts["d_island"] += 1
+            parts = d.placement.parts
+            node = book.ledger.slots[book.ledger.by_name[parts[0][0]]].node if len(parts) == 1 else None
+            if node is None or (node.nvlink_islands and not any(set(parts[0][1]) <= set(i)
+                                                                for i in node.nvlink_islands)):
+                self.report.fail("d_island", f"{d.job_id} requires one NVLink island, started on {d.placement} "
+                                 f"at t={sched.now:g}")
 
     def pending(self, sched) -> None:
         rep = self.report
@@ -378,6 +394,8 @@ class Checker:
             if job.shape.mode != "share":
                 nodes = book.nodes_for(job)
                 avail = {n: book.ledger.slots[n].free for n in nodes}
+                if job.shape.island:  # only GPUs inside one island count (note 037)
+                    avail = {n: _island_free(book.ledger.slots[n]) for n in nodes}
                 if fits(job.shape, avail, {n: book.ledger.slots[n].healthy for n in nodes}):
                     rep.fail("c_reason", f"t={t:g}: {job.id} reads {text} but fits the free GPUs {avail}")
         elif rule == A.ANTI:
@@ -416,6 +434,8 @@ class Checker:
         self.report.counts["c_never_fits"] += 1
         ledger = book.ledger
         totals = {n: ledger.slots[n].healthy for n in book.nodes_for(job)}
+        if job.shape.island:  # only GPUs inside one island count (note 037)
+            totals = {n: _island_free(ledger.slots[n], ledger.slots[n].healthy_mask) for n in totals}
         other = sum(r for c, r in book.reserved.items() if c != job.cls.name)
         by_reservation = job.units > ledger.healthy_total * GPU_UNITS - other
         if fits(job.shape, totals, totals) and not by_reservation:
@@ -590,6 +610,14 @@ def profile_without(book, profile: Profile, claim) -> Profile:
         if c is not claim and not c.hold:
             out.add_reservation(book.jobs[c.job_id], c.start, list(c.gpus.items()), c.basis)
     return out
+
+
+def _island_free(slot, mask: int | None = None) -> int:
+    """The most GPUs of ``mask`` (default: the free ones) of a node inside one NVLink
+    island (no islands declared: the node is one island)."""
+    mask = slot.free_mask if mask is None else mask
+    islands = slot.node.nvlink_islands or (tuple(range(slot.total)),)
+    return max(sum(mask >> g & 1 for g in island) for island in islands)
 
 
 def fits(shape, avail: dict[int, int], totals: dict[int, int]) -> bool:

@@ -17,13 +17,14 @@ pools, time-slicing, MPS, MIG GPUs), teams with hard limits, per-user caps, job 
 per-class limits and a parent, cohorts (nominal quota, borrowing and lending limits,
 each reclaim mode, a cohort for one pool), quotas per GPU type (``max_gpus`` and a
 cohort's nominal / borrowing / lending limits per type, note 038), classes with ``reserved_gpus``, grace
-periods, max runtimes, anti-affinity, sharing kinds, time windows (Europe/Berlin or
+periods, max runtimes, anti-affinity, sharing kinds, NVLink islands required, time windows (Europe/Berlin or
 America/New_York starting at local midnight of a DST change, ``drain`` or
 ``checkpoint-and-stop``), multifactor priority (fair-share, age, time limit) with a
 recalculation period, preemption with a minimum runtime, backfill depth 0-3, MIG
 reconfiguration and runtime prediction; jobs of every class - gangs, ``same_node``,
-time limits, estimates exact / over / under the true duration or none, shares
-(fraction, memory only, time-slicing, MPS, MIG), node selectors, tolerations, GPU
+``require_island`` (over its class's), time limits, estimates exact / over / under the
+true duration or none, shares (fraction, memory only, time-slicing, MPS, MIG), node
+selectors, tolerations, GPU
 types and memory, cache keys, deadlines; and events - cancels, operator requeues, node
 loss and return, a new node, GPUs going bad and back, and restarts of the core
 (``Restart``).
@@ -35,7 +36,7 @@ Every policy is valid by construction (``policy_from_dict`` accepts it; the test
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpushepherd.model.cluster import Node
 from gpushepherd.model.events import (
@@ -209,6 +210,7 @@ def build(src) -> Workload:
     if _later_rules(src, raw, scale):
         rules = policy_from_dict(raw).rules
     events += _updates(src, scale, rules, jobs)
+    jobs = _later_jobs(src, jobs)
     return Workload(raw, jobs, events, rules=rules)
 
 
@@ -232,10 +234,28 @@ def _updates(src, scale: float, rules, jobs: list[tuple[JobSpec, float]]) -> lis
     return out
 
 
+def _later_jobs(src, jobs: list) -> list:
+    """Job fields added after most FOUND seeds (drawn last, as ``_later_rules``): a job's
+    own ``require_island`` over its class's; an MPS share without an SM percentage (1 /
+    ``max_clients`` where it lands), with several client processes or another memory
+    declaration (note 037)."""
+    out = []
+    for spec, duration in jobs:
+        if spec.share is None and spec.gpus > 1 and not spec.gpus_per_pod and src.chance(0.15):
+            spec = replace(spec, require_island=src.choice([True, True, False]))
+        elif spec.share is not None and spec.share.kind == "mps" and src.chance(0.5):
+            spec = replace(spec, share=replace(spec.share, milli=src.choice([0, 0, spec.share.milli]),
+                                               mem_mib=src.choice([0, 6144, spec.share.mem_mib]),
+                                               procs=src.integer(1, 3)))
+        out.append((spec, duration))
+    return out
+
+
 def _later_rules(src, raw: dict, scale: float) -> bool:
     """Rules added after most FOUND seeds: strict FIFO queues (note 031) - a class's, or
-    a team's own of a class - deadline ordering (note 034) and preemption within a
-    team's quota (note 035)."""
+    a team's own of a class - deadline ordering (note 034), preemption within a team's
+    quota (note 035), NVLink islands required by a class and an MPS memory cap per
+    client (note 037)."""
     changed = False
     if src.chance(0.25):
         team = src.choice(sorted(raw["teams"]))
@@ -260,6 +280,14 @@ def _later_rules(src, raw: dict, scale: float) -> bool:
         types[n["gpu_type"]] = types.get(n["gpu_type"], 0) + n["gpus"]
     if len(types) >= 2 and src.chance(0.35):
         _per_type_quotas(src, raw, types)
+        changed = True
+    if src.chance(0.2):  # NVLink islands as a requirement (note 037)
+        name = src.choice(["training", "batch", "research-training"])
+        raw.setdefault("classes", {}).setdefault(name, {})["require_island"] = True
+        changed = True
+    mps = [n["sharing"]["mps"] for n in raw["cluster"]["nodes"] if "mps" in n.get("sharing", {})]
+    if mps and src.chance(0.4):  # a per-client memory cap (note 037)
+        src.choice(mps)["max_memory_per_client_mib"] = src.choice([4096, 8192])
         changed = True
     return changed
 

@@ -31,10 +31,24 @@ def scan(book, job, nodes, totals, claims, run, t_min=None):
         avail = {n: max(0, min(sum(1 for r in releases[n] if r <= q)
                                - sum(c.gpus_at(n, q) for c in claims if c.start <= q < c.end) for q in probes))
                  for n in nodes}
+        if job.shape.island and any(book.ledger.slots[n].node.nvlink_islands for n in nodes):
+            # only a node where k GPUs free at t by planned ends fit one island (note 037)
+            ok = [n for n in nodes if avail[n] >= job.shape.k and _one_island(book, n, t, job.shape.k)]
+            best = min(((avail[n], n) for n in ok), default=None)
+            if best is not None:
+                return t, [(best[1], job.shape.k)]
+            continue
         counts = place_counts(avail, nodes, totals, job.shape)
         if counts is not None:
             return t, counts
     return None
+
+
+def _one_island(book, n, t, k) -> bool:
+    slot = book.ledger.slots[n]
+    free = {g for g in range(slot.total)
+            if (slot.free_mask >> g & 1 if t <= book.now else release_time(book, n, g) <= t)}
+    return any(len(free & set(island)) >= k for island in slot.node.nvlink_islands or (range(slot.total),))
 
 
 class Compare:

@@ -94,9 +94,7 @@ class BestFitAdmission(Admission):
         if share.kind == "mig":
             return super()._share_spot_in(job, groups, avoided, profile, end, fresh)
         ledger = self.book.ledger
-        need = share.need()
         kind = share.kind
-        primary = need[2] if kind == "time_slice" else need[0]
         self._bf_sync()
         free, rooms, health, slots = self._bf_free, self._bf_room, self._bf_health, ledger.slots
         cand = [i for i in members_of(ledger, groups) if i not in avoided]  # live nodes, ascending
@@ -115,6 +113,8 @@ class BestFitAdmission(Admission):
             if best is not None and f >= best_free:
                 continue  # ties: the lower index (candidates are ascending)
             slot = slots[idx]
+            need = share.need(slot.node)  # an MPS share's defaults are the node's (note 037)
+            primary = need[2] if kind == "time_slice" else need[0]
             if rooms[idx].get(kind, -1) < primary and not (slot.free and fresh_ok[slot.group]):
                 continue  # no card with room enough, no whole GPU to open
             if _first_fit(slot, kind, need, fresh_ok[slot.group], fresh_allowed) is not None:
@@ -122,7 +122,7 @@ class BestFitAdmission(Admission):
         if best is None:
             return None
         slot = ledger.slots[best]
-        gpu, opens = _first_fit(slot, kind, need, fresh_ok[slot.group], fresh_allowed)
+        gpu, opens = _first_fit(slot, kind, share.need(slot.node), fresh_ok[slot.group], fresh_allowed)
         return best, gpu, None, opens
 
 

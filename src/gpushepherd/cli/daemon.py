@@ -287,10 +287,11 @@ def selector_items(items: list[str], option: str = "--constraint") -> list[str]:
 def constraint_fields(*, constraint: list[str] = (), tolerations: list[str] = (), min_driver: str = "",
                       cache_key: str = "", cache_required: bool = False, deadline: float | None = None,
                       estimate_s: float | None = None, gpus_per_pod: int | None = None,
-                      same_node: bool = False, grace_s: float | None = None) -> dict[str, Any]:
+                      same_node: bool = False, grace_s: float | None = None,
+                      require_island: bool | None = None) -> dict[str, Any]:
     """The ``POST /jobs`` fields of a job's placement constraints, deadline (epoch seconds),
-    runtime estimate and grace period (seconds) (notes 022, 027), each left out when not
-    given (a server from before them refuses them)."""
+    runtime estimate, grace period (seconds) and NVLink island requirement (notes 022,
+    027, 037), each left out when not given (a server from before them refuses them)."""
     fields: dict[str, Any] = {"node_selector": selector_items(list(constraint)), "tolerations": list(tolerations),
                               "min_driver": min_driver, "cache_key": cache_key, "cache_required": cache_required,
                               "deadline": deadline, "runtime_estimate_s": estimate_s, "gpus_per_pod": gpus_per_pod,
@@ -298,6 +299,8 @@ def constraint_fields(*, constraint: list[str] = (), tolerations: list[str] = ()
     out = {k: v for k, v in fields.items() if v not in (None, "", [], False)}
     if grace_s is not None:
         out["grace_period_s"] = grace_s  # 0 is a grace asked for (none)
+    if require_island is not None:
+        out["require_island"] = require_island  # false overrides a class that requires one
     return out
 
 
@@ -406,8 +409,10 @@ def resource_fields(*, share: str | None, gpu_mem: int, env: list[str], mem: str
 
 
 def parse_share(text: str, mem_mib: int) -> dict:
-    """``fraction:0.25``, ``mig:1g.10gb``, ``time_slice[:N]``, ``mps:N[:PERCENT]`` or
-    ``mem`` (memory only, with ``--gpu-mem``) as the API's share body.
+    """``fraction:0.25``, ``mig:1g.10gb``, ``time_slice[:N]``,
+    ``mps:REPLICAS[:PERCENT[:PROCESSES]]`` (PERCENT of the SMs per replica, empty: 100 /
+    the node's ``max_clients``; note 037) or ``mem`` (memory only, with ``--gpu-mem``) as
+    the API's share body.
 
     Raises:
         typer.BadParameter: naming the value and what is allowed.
@@ -427,15 +432,17 @@ def parse_share(text: str, mem_mib: int) -> dict:
             return {"kind": "mig", "profile": arg}
         if kind == "time_slice":
             return {"kind": "time_slice", "slots": int(arg or 1), "mem_mib": mem_mib}
-        if kind == "mps":
-            n, _, pct = arg.partition(":")
-            if not 0 < float(pct or 100) <= 100:
+        if kind == "mps":  # N replicas, PERCENT of the SMs each (default: the node's share), PROCS processes
+            n, _, rest = arg.partition(":")
+            pct, _, procs = rest.partition(":")
+            if pct and not 0 < float(pct) <= 100:
                 raise typer.BadParameter(f"{text!r} is not allowed: mps:N:PERCENT with 0 < PERCENT <= 100")
-            return {"kind": "mps", "slots": int(n or 1), "milli": round(float(pct or 100) * 10), "mem_mib": mem_mib}
+            return {"kind": "mps", "slots": int(n or 1), "milli": round(float(pct or 0) * 10), "mem_mib": mem_mib,
+                    "procs": int(procs or 1)}
     except ValueError:
         pass
     raise typer.BadParameter(f"{text!r} is not allowed: fraction:F, mem, mig:PROFILE, time_slice[:N] or "
-                             "mps:N[:PERCENT]")
+                             "mps:REPLICAS[:PERCENT[:PROCESSES]]")
 
 
 _MEM = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
@@ -540,6 +547,8 @@ def constraints_text(j: dict) -> str:
         parts.append(f"gpus_per_pod={j['gpus_per_pod']}")
     if j.get("same_node"):
         parts.append("same_node")
+    if j.get("require_island") is not None:
+        parts.append(f"require_island={'yes' if j['require_island'] else 'no'}")
     if j.get("grace_period_s") is not None:
         parts.append(f"grace={j['grace_period_s']:g}s")
     return " ".join(parts) or "-"
@@ -1022,7 +1031,8 @@ def register(app: typer.Typer) -> None:
                                                     "scheduling).")] = "",
                gpus: Annotated[int, typer.Option("--gpus", "-G", min=1)] = 1,
                share: Annotated[Optional[str], typer.Option("--share", help="Part of one GPU: fraction:0.25, "
-                                                            "mem, mig:1g.10gb, time_slice[:N], mps:N[:PCT].")] = None,
+                                                            "mem, mig:1g.10gb, time_slice[:N], "
+                                                            "mps:N[:PCT[:PROCS]].")] = None,
                gpu_type: Annotated[list[str], typer.Option("--gpu-type", help="Allowed GPU type (repeat).")] = [],
                gpu_mem: Annotated[int, typer.Option("--gpu-mem", min=0, help="GPU memory, MiB.")] = 0,
                time_limit: Annotated[Optional[float], typer.Option("--time", "-t", metavar="DURATION", parser=TIME_LIMIT,
@@ -1075,6 +1085,9 @@ def register(app: typer.Typer) -> None:
                                                                     "one (Slurm's --gpus-per-task).")] = None,
                same_node: Annotated[bool, typer.Option("--same-node", help="All GPUs on one node (Slurm's "
                                                        "-N 1).")] = False,
+               require_island: Annotated[Optional[bool], typer.Option(
+                   "--require-island/--no-require-island", help="All GPUs inside one NVLink island of one node: "
+                   "the job waits rather than span islands (default: its class's require_island).")] = None,
                grace: Annotated[Optional[float], typer.Option("--grace", metavar="DURATION", parser=GRACE,
                                                               help="The grace period its stops get (preemption, "
                                                               "time limit): at most its class's, which is the "
@@ -1100,7 +1113,7 @@ def register(app: typer.Typer) -> None:
         body.update(constraint_fields(constraint=constraint, tolerations=toleration, min_driver=min_driver,
                                       cache_key=cache_key, cache_required=cache_required, deadline=deadline,
                                       estimate_s=estimate, gpus_per_pod=gpus_per_task, same_node=same_node,
-                                      grace_s=grace))
+                                      grace_s=grace, require_island=require_island))
         body.update(resource_fields(share=share, gpu_mem=gpu_mem, env=env, mem=mem, cpus=cpus))
         post_job(server, token, body)
 

@@ -288,7 +288,8 @@ def register(app: typer.Typer) -> None:
                                                         "$USER without a token.")] = None,
             gpus: Annotated[int, typer.Option("--gpus", "-G", min=1)] = 1,
             share: Annotated[Optional[str], typer.Option("--share", help="Part of one GPU: fraction:0.25, "
-                                                         "mem, mig:1g.10gb, time_slice[:N], mps:N[:PCT].")] = None,
+                                                         "mem, mig:1g.10gb, time_slice[:N], "
+                                                         "mps:N[:PCT[:PROCS]].")] = None,
             gpu_type: Annotated[list[str], typer.Option("--gpu-type", help="Allowed GPU type (repeat).")] = [],
             gpu_mem: Annotated[int, typer.Option("--gpu-mem", min=0, help="GPU memory, MiB.")] = 0,
             time_limit: Annotated[Optional[float], typer.Option("--time", "-t", metavar="DURATION",

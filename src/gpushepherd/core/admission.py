@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from gpushepherd.core import typed
 from gpushepherd.core.filters import share_can_join
-from gpushepherd.core.placement import Counts, members_of, place_counts, place_live, tightest_in_buckets
+from gpushepherd.core.placement import (Counts, best_fit_island, fits_island, members_of, place_counts,
+                                        place_live, tightest_in_buckets)
 from gpushepherd.core.profile import Claim, Profile
 from gpushepherd.core.state import INF, Job
 from gpushepherd.core.shares import ShareRules
@@ -308,7 +309,8 @@ class Admission(ShareRules):
             else:
                 cand = members_of(ledger, book.groups_for(job))
                 totals = {i: ledger.slots[i].healthy for i in cand}
-                never = place_counts(dict(totals), cand, totals, job.shape) is None
+                never = place_counts(dict(totals), cand, totals, job.shape) is None or (
+                    job.shape.island and best_fit_island(totals, cand, job.shape.k, ledger.slots, True) is None)
             book.cap_cache[key] = never
         if not never and book.reserved:
             other = sum(r for c, r in book.reserved.items() if c != job.cls.name)
@@ -444,6 +446,10 @@ class Admission(ShareRules):
         tiered = key and not job.spec.cache_required
         if within is not None:  # only the GPUs of a plan, no more than it counted per node
             cand = [i for i in members_of(ledger, groups) if i in within and i not in avoided]
+            if shape.island:  # note 037: only nodes where it fits one island
+                cand = [i for i in cand if fits_island(scratch.free_mask(i) if scratch is not None
+                                                       else ledger.slots[i].free_mask, shape.k,
+                                                       ledger.slots[i].node.nvlink_islands)]
             avail = {i: min(scratch.free(i) if scratch is not None else ledger.slots[i].free, within[i],
                             caps.get(i, within[i]) if caps is not None else within[i]) for i in cand}
             return place_counts(avail, cand, {i: ledger.slots[i].healthy for i in cand}, shape)
@@ -483,7 +489,8 @@ class Admission(ShareRules):
     def _best_fit_islands(self, job: Job, cand: list[int], avail: dict[int, int],
                           scratch: Scratch | None) -> Counts | None:
         """Single-node best fit that prefers nodes where the job fits one NVLink island:
-        ``(not on one island, free GPUs, node index)``."""
+        ``(not on one island, free GPUs, node index)``; only those for a job that
+        requires one (``require_island``, note 037)."""
         ledger = self.book.ledger
         k = job.shape.k
         best = None
@@ -494,6 +501,8 @@ class Admission(ShareRules):
             slot = ledger.slots[i]
             mask = scratch.free_mask(i) if scratch is not None else slot.free_mask
             key = (0 if fits_island(mask, k, slot.node.nvlink_islands) else 1, f, i)
+            if key[0] and job.shape.island:
+                continue
             if best is None or key < best:
                 best = key
         return None if best is None else [(best[2], k)]
@@ -513,19 +522,6 @@ class Admission(ShareRules):
 #: what never fits
 _TYPE_RANK = {CLAIMS: 0, CLASS_HOLD: 1, ANTI: 2, COHORT: 3, FREE: 4, ORDER: 5, HARD_NOW: 6, NEVER_FITS: 7,
               HARD_NEVER: 8}
-
-
-def fits_island(free_mask: int, k: int, islands: tuple[tuple[int, ...], ...]) -> bool:
-    """Whether ``k`` GPUs of ``free_mask`` fit one NVLink island (no islands: yes)."""
-    if not islands:
-        return True
-    for island in islands:
-        n = 0
-        for g in island:
-            n += free_mask >> g & 1
-        if n >= k:
-            return True
-    return False
 
 
 def _best_fit_capped(ledger, groups: list[int], k: int, caps: dict[int, int]) -> Counts | None:

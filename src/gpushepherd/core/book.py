@@ -164,7 +164,7 @@ class Book:
 
     def filter_id(self, shape) -> int:
         """A small int for a job's filter and layout (the memos and caches key on it)."""
-        fk = (shape.ckey, shape.mode, shape.per_pod if shape.mode == "pods" else 0, shape.share)
+        fk = (shape.ckey, shape.mode, shape.per_pod if shape.mode == "pods" else 0, shape.share, shape.island)
         return self.fkey_ids.setdefault(fk, len(self.fkey_ids))
 
     def groups_changed(self) -> None:

@@ -286,9 +286,9 @@ class Turn:
                 # pass at this instant sees it (seed 19272)
                 book.repass = True
             if pos is None:
-                ledger.allocate_share(job.id, idx, gpu, share.kind, share.need())
+                ledger.allocate_share(job.id, idx, gpu, share.kind, share.need(slot.node))
                 job.share_at = (gpu,)
-                what = str(share)
+                what = str(share.on(slot.node))  # as it is there: the runner's MPS limits (note 037)
             else:
                 ledger.allocate_mig(job.id, idx, gpu, pos)
                 job.share_at = (gpu, pos)

@@ -25,9 +25,9 @@ from bisect import bisect_right, insort
 from dataclasses import dataclass
 
 from gpushepherd.core import typed
-from gpushepherd.core.placement import place_counts
+from gpushepherd.core.placement import fits_island, place_counts
 from gpushepherd.core.planning import quota_start
-from gpushepherd.core.profile import basis_of
+from gpushepherd.core.profile import basis_of, free_mask_at
 from gpushepherd.core.releases import node_releases
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import JobState
@@ -224,8 +224,15 @@ def _gpus_from(plan: Plan, job: Job, nodes: list[int], totals: dict[int, int], r
     shape = job.shape
     if shape.mode == "single":
         best = None
+        book = plan.book
+        island = shape.island and book.on_islands(job)
         for n in nodes:
             found = plan.earliest(n, shape.k, run, t_min)
+            while found is not None and island and not fits_island(
+                    free_mask_at(book, n, found[0]), shape.k, book.ledger.slots[n].node.nvlink_islands):
+                # an island's GPUs, not only their number (note 037): from the next breakpoint
+                later = [t for t, _f in plan.of(n) if t > found[0]]
+                found = plan.earliest(n, shape.k, run, later[0]) if later else None
             if found is not None:
                 key = (found[0], found[1], n)
                 if best is None or key < best:

@@ -85,13 +85,13 @@ def share_fits_card(node: Node, share: GpuShare, reconfigurable: bool = False) -
             except MigError:
                 return False
         return any(inst.profile == share.profile for _g, layout in node.mig for inst in layout)
-    milli, mem, slots = share.need()
+    milli, mem, slots = share.need(node)
     if milli > 1000 or mem > node.gpu_mem_mib:
         return False
     if share.kind == "time_slice":
         return slots <= node.ts_replicas
-    if share.kind == "mps":
-        return slots <= node.mps_clients
+    if share.kind == "mps":  # within its clients, and a per-client memory cap (note 037)
+        return slots <= node.mps_clients and not (node.mps_mem_mib and share.mem_mib > node.mps_mem_mib)
     return True
 
 
@@ -99,7 +99,7 @@ def share_can_join(node: Node, share: GpuShare) -> bool:
     """Whether ``share`` could join a card of ``node`` another job opened: it leaves room
     for at least one other client there (it does not need all of the card's clients,
     time-slice replicas, compute or memory). Not for ``mig``."""
-    milli, mem, slots = share.need()
+    milli, mem, slots = share.need(node)
     if not share_fits_card(node, share) or milli >= 1000 or mem >= node.gpu_mem_mib:
         return False
     if share.kind == "time_slice":
@@ -131,6 +131,25 @@ def describe(cls: ClassRules, spec: JobSpec) -> str:
     return ",".join(parts)
 
 
+def needs_island(cls: ClassRules, spec: JobSpec) -> bool:
+    """Whether the job's GPUs must lie in one NVLink island of one node: its own
+    ``require_island``, else its class's; never for a share or a gang of pods (note 037)."""
+    if spec.share is not None or spec.gpus < 2:
+        return False
+    if spec.gpus_per_pod and spec.gpus_per_pod < spec.gpus and not spec.same_node:
+        return False
+    return cls.require_island if spec.require_island is None else spec.require_island
+
+
+def largest_island(node: Node) -> int:
+    """The most whole GPUs of ``node`` inside one NVLink island (a node that declares
+    no islands is one island of all its GPUs; note 037)."""
+    if not node.nvlink_islands:
+        return whole_gpus(node)
+    mig = {g for g, _layout in node.mig}
+    return max((sum(1 for g in island if g not in mig) for island in node.nvlink_islands), default=0)
+
+
 def inventory_misfit(nodes: Iterable[Node], cls: ClassRules, spec: JobSpec, ckey: tuple,
                      reconfigurable: bool = False) -> str | None:
     """Why no node of ``nodes`` could ever hold the job, even all idle; ``None`` when one
@@ -146,6 +165,9 @@ def inventory_misfit(nodes: Iterable[Node], cls: ClassRules, spec: JobSpec, ckey
         return None
     if spec.same_node and not any(whole_gpus(n) >= spec.gpus for n in eligible):
         return f"gpus={spec.gpus},same_node: at most {max(whole_gpus(n) for n in eligible)} on one node"
+    if needs_island(cls, spec) and not any(largest_island(n) >= spec.gpus for n in eligible):
+        return (f"gpus={spec.gpus},require_island: at most {max(largest_island(n) for n in eligible)} in one NVLink "
+                "island")
     total = sum(whole_gpus(n) for n in eligible)
     if spec.gpus > total:
         return f"gpus={spec.gpus}: the nodes it may use have {total} in all"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpushepherd.core import typed
-from gpushepherd.core.filters import job_filter, node_ok, whole_gpus
+from gpushepherd.core.filters import job_filter, needs_island, node_ok, whole_gpus
 from gpushepherd.core.placement import Shape
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.cluster import Node
@@ -28,7 +28,8 @@ def validate_spec(rules: Rules, spec: JobSpec) -> None:
 
     Raises:
         SpecError: unknown class or team, non-positive GPUs, a pod size that does not
-            divide the GPUs, negative times, a time limit above the class's max runtime.
+            divide the GPUs, negative times, a time limit above the class's max runtime,
+            ``require_island`` on a gang of pods.
     """
     where = f"job {spec.id!r}"
     if not spec.id:
@@ -55,6 +56,10 @@ def validate_spec(rules: Rules, spec: JobSpec) -> None:
                         f"({spec.submit_time})")
     cls = rules.classes[spec.workload_class]
     _validate_share(spec, cls, where)
+    if spec.require_island and spec.gpus_per_pod and spec.gpus_per_pod < spec.gpus and not spec.same_node:
+        raise SpecError(f"{where}: require_island: True is not allowed with gpus_per_pod ({spec.gpus_per_pod}): a "
+                        "gang of pods spans nodes, an NVLink island is inside one node (ask for same_node, or drop "
+                        "gpus_per_pod)")
     if spec.preemptible and cls.name == "production-inference":
         raise SpecError(f"{where}: preemptible: True is not allowed: production inference is never preempted "
                         "(use another class for work that may be)")
@@ -91,7 +96,7 @@ def _validate_share(spec: JobSpec, cls, where: str) -> None:
     if spec.gpus != 1 or spec.gpus_per_pod:
         raise SpecError(f"{where}: gpus: {spec.gpus!r} is not allowed with a {share.kind} share: 1 (a share is "
                         "part of one GPU)")
-    for name in ("milli", "mem_mib", "slots"):
+    for name in ("milli", "mem_mib", "slots", "procs"):
         value = getattr(share, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise SpecError(f"{where}: share.{name}: {value!r} is not allowed: an integer >= 0")
@@ -102,9 +107,12 @@ def _validate_share(spec: JobSpec, cls, where: str) -> None:
         raise SpecError(f"{where}: time_slice: replicas {share.slots}, gpu_mem_mib {share.mem_mib} is not allowed: "
                         "at least 1 replica and the GPU memory it uses declared (time-sliced jobs share memory "
                         "without isolation)")
-    if share.kind == "mps" and (share.slots < 1 or not 0 < share.milli <= 1000):
-        raise SpecError(f"{where}: mps: {share.slots} clients at {share.milli / 10:g}% SM is not allowed: at least "
-                        "1 client and an SM percentage in (0, 100]")
+    if share.kind == "mps" and (share.slots < 1 or not 0 <= share.milli <= 1000):
+        raise SpecError(f"{where}: mps: {share.slots} replicas at {share.milli / 10:g}% SM is not allowed: at least "
+                        "1 replica and an SM percentage in (0, 100] (0: 100 / the node's max_clients)")
+    if share.procs != 1 and (share.kind != "mps" or not 1 <= share.procs <= 48):
+        raise SpecError(f"{where}: share.procs: {share.procs!r} is not allowed: MPS client processes, 1 to 48 "
+                        "(CUDA's clients per GPU); 1 for other shares")
     if share.kind == "mig" and share.profile not in _MIG_NAMES:
         raise SpecError(f"{where}: mig_profile: {share.profile!r} is not allowed: a MIG profile as NVIDIA names it "
                         f"(lower case), one of {', '.join(_MIG_NAMES)}")
@@ -206,13 +214,15 @@ def make_job(book, spec: JobSpec) -> Job:
     return job
 
 
-def units_of(book, spec: JobSpec, ckey: tuple, card_mem_mib: int | None = None) -> int:
+def units_of(book, spec: JobSpec, ckey: tuple, node: Node | None = None) -> int:
     """GPU units (7000 per GPU) the job counts against quotas: whole GPUs x 7000; a
     fraction its milli x 7 (memory only: its memory over the memory of the card it holds,
-    ``card_mem_mib``, rounded up - while pending, over the largest card it may use, the
-    least it can be charged); time-slicing its replicas' share of the card (the most
-    replicas a node it may use offers); MPS its clients' SM share; MIG its compute
-    slices x 1000 (a seventh of the GPU each)."""
+    on ``node``, rounded up - while pending, over the largest card it may use, the least
+    it can be charged); time-slicing its replicas' share of the card (the most replicas a
+    node it may use offers); MPS its replicas' SM share (no SM percentage given: 1 /
+    ``max_clients`` per replica of ``node`` - while pending, of the node it may use with
+    the most clients, the least it can be charged; note 037); MIG its compute slices x
+    1000 (a seventh of the GPU each)."""
     share = spec.share
     if share is None:
         return spec.gpus * GPU_UNITS
@@ -220,13 +230,18 @@ def units_of(book, spec: JobSpec, ckey: tuple, card_mem_mib: int | None = None) 
     if share.kind == "fraction":
         if share.milli:
             return share.milli * 7
-        mem = card_mem_mib if card_mem_mib else max((n.gpu_mem_mib for n in nodes), default=0)
+        mem = node.gpu_mem_mib if node is not None and node.gpu_mem_mib else max((n.gpu_mem_mib for n in nodes),
+                                                                                 default=0)
         return GPU_UNITS if not mem else max(1, min(GPU_UNITS, -(-share.mem_mib * GPU_UNITS // mem)))
     if share.kind == "time_slice":
         reps = max((n.ts_replicas for n in nodes), default=0)
         return GPU_UNITS if not reps else max(1, min(GPU_UNITS, -(-share.slots * GPU_UNITS // reps)))
     if share.kind == "mps":
-        return min(GPU_UNITS, share.milli * share.slots * 7)
+        milli = share.milli
+        if not milli:
+            clients = node.mps_clients if node is not None else max((n.mps_clients for n in nodes), default=0)
+            milli = 1000 // clients if clients else 1000
+        return min(GPU_UNITS, milli * share.slots * 7)
     try:
         types = {n.gpu_type for n in nodes if n.mig}
         slices = max((mig_profile(t, share.profile).compute_slices for t in sorted(types)), default=7)
@@ -236,8 +251,9 @@ def units_of(book, spec: JobSpec, ckey: tuple, card_mem_mib: int | None = None) 
 
 
 def shape_for(book, spec: JobSpec, ckey: tuple) -> Shape:
-    """How the job's GPUs are laid out: ``share``, ``single`` (one node), ``multi``
-    (larger than any node it may use: whole nodes plus a remainder) or ``pods``."""
+    """How the job's GPUs are laid out: ``share``, ``single`` (one node; with ``island``
+    inside one NVLink island), ``multi`` (larger than any node it may use: whole nodes
+    plus a remainder) or ``pods``."""
     if spec.share is not None:
         return Shape(1, "share", 1, 1, ckey, spec.share)
     biggest = book.max_node_cache.get(ckey)
@@ -246,6 +262,8 @@ def shape_for(book, spec: JobSpec, ckey: tuple) -> Shape:
         book.max_node_cache[ckey] = biggest
     if spec.gpus_per_pod and spec.gpus_per_pod < spec.gpus and not spec.same_node:
         return Shape(spec.gpus, "pods", spec.gpus_per_pod, spec.gpus // spec.gpus_per_pod, ckey)
+    if spec.gpus > 1 and needs_island(book.rules.classes[spec.workload_class], spec):
+        return Shape(spec.gpus, "single", spec.gpus, 1, ckey, island=True)  # one island: one node
     if spec.same_node or spec.gpus <= biggest or biggest == 0:
         return Shape(spec.gpus, "single", spec.gpus, 1, ckey)
     return Shape(spec.gpus, "multi", spec.gpus, 1, ckey)

@@ -163,13 +163,13 @@ def _adopt_share(book, e: JobAdopted) -> None:
             ledger.allocate_mig(spec.id, idx, gpu, pos)
             job.share_at = (gpu, pos)
         else:
-            ledger.allocate_share(spec.id, idx, gpu, spec.share.kind, spec.share.need())
+            ledger.allocate_share(spec.id, idx, gpu, spec.share.kind, spec.share.need(node))
             job.share_at = (gpu,)
     except ValueError as exc:
         raise SpecError(f"{where} is not allowed: {exc}") from None
     book.jobs[spec.id] = job
     job.runs = 1
-    units = units_of(book, spec, job.shape.ckey, node.gpu_mem_mib)
+    units = units_of(book, spec, job.shape.ckey, node)
     book.occupy(job, [(idx, 0)], e.started_at if e.started_at is not None else book.now, JobState.RUNNING, units)
     job.first_start = job.run_start
     book.log(job, "", JobState.RUNNING, f"adopted on {e.placement}[{spec.share}]")

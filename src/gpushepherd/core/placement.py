@@ -29,7 +29,9 @@ Counts = list[tuple[int, int]]  # [(node index, GPUs on it)]
 @dataclass(frozen=True, slots=True)
 class Shape:
     """How a job's GPUs must be laid out. ``ckey`` keys the job's node filter;
-    ``mode`` ``share``: part of one GPU (``share``)."""
+    ``mode`` ``share``: part of one GPU (``share``). ``island``: a ``single`` job whose
+    ``k`` GPUs must lie in one NVLink island of its node (``require_island``, note 037;
+    a node that declares no islands is one island of all its GPUs)."""
 
     k: int
     mode: str  # "single" | "multi" | "pods" | "share"
@@ -37,6 +39,7 @@ class Shape:
     pods: int
     ckey: tuple
     share: GpuShare | None = None
+    island: bool = False
 
 
 def best_fit_counts(avail: dict[int, int], candidates: list[int], k: int) -> int | None:
@@ -162,6 +165,36 @@ def members_of(ledger: Ledger, groups: list[int]) -> list[int]:
         out.extend(ledger.groups[g].members)
     out.sort()
     return out
+
+
+def fits_island(free_mask: int, k: int, islands: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether ``k`` GPUs of ``free_mask`` fit one NVLink island (no islands declared:
+    the node is one island, so yes)."""
+    if not islands:
+        return True
+    for island in islands:
+        n = 0
+        for g in island:
+            n += free_mask >> g & 1
+        if n >= k:
+            return True
+    return False
+
+
+def best_fit_island(avail: dict[int, int], candidates: list[int], k: int, slots, masks) -> Counts | None:
+    """Single-node best fit (fewest GPUs left, then lowest index) among the candidates
+    where ``k`` GPUs fit one NVLink island: ``masks`` is ``True`` for each node's GPUs
+    in service, else a ``{node: mask}`` of the GPUs to fit in (note 037). ``slots``: the
+    ledger's node slots."""
+    best = None
+    for i in candidates:
+        f = avail.get(i, 0)
+        if f < k or (best is not None and (f, i) >= best):
+            continue
+        mask = slots[i].healthy_mask if masks is True else masks[i]
+        if fits_island(mask, k, slots[i].node.nvlink_islands):
+            best = (f, i)
+    return None if best is None else [(best[1], k)]
 
 
 def pick_gpus(free_mask: int, k: int, islands: tuple[tuple[int, ...], ...]) -> int:

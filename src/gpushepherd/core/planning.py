@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 
-from gpushepherd.core.placement import Counts, members_of, place_counts
-from gpushepherd.core.profile import Claim, Key, Profile, class_slack, gpus_free_at, release_time
+from gpushepherd.core.placement import Counts, best_fit_island, members_of, place_counts
+from gpushepherd.core.profile import (Claim, Key, Profile, class_slack, free_mask_at, gpus_free_at,
+                                      release_time)
 from gpushepherd.core.releases import node_releases
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS
@@ -33,7 +34,8 @@ def earliest_start(book, profile: Profile, job: Job, nodes: list[int], totals: d
     gclaims = [c for c in profile.claims if not node_set.isdisjoint(c.gpus)]
     qkeys = {(i, user) for i, user, _a in job.charges} if check_quota else set()
     qclaims = list(profile.claims)
-    if gclaims:
+    island = _on_islands(book, job)
+    if gclaims or island:  # an island's GPUs, not only their number: every instant checked
         found = _walk_claims(book, job, nodes, totals, gclaims, run)
     else:
         found = _walk_free(book, job, nodes, totals, free_out)
@@ -47,7 +49,7 @@ def earliest_start(book, profile: Profile, job: Job, nodes: list[int], totals: d
         return None
     if t_q == t:
         return found
-    if gclaims:  # availability is not monotone under claims: place again from there
+    if gclaims or island:  # availability is not monotone under claims: place again from there
         later = _walk_claims(book, job, nodes, totals, gclaims, run, t_min=t_q)
         if later is None:
             return None
@@ -103,7 +105,24 @@ def earliest_start_from(book, profile, job, nodes, totals, t_min: float):
 
 def _place_at(book, job: Job, nodes: list[int], totals: dict[int, int], t: float) -> Counts | None:
     avail = {n: gpus_free_at(book, n, t) for n in nodes}
-    return place_counts(avail, nodes, totals, job.shape)
+    return _place_counts(book, job, avail, nodes, totals, t)
+
+
+def _on_islands(book, job: Job) -> bool:
+    """Whether the job must fit one NVLink island and some node it may use declares
+    islands (elsewhere every node is one island: counts decide)."""
+    return job.shape.island and book.on_islands(job)
+
+
+def _place_counts(book, job: Job, avail: dict[int, int], nodes: list[int], totals: dict[int, int],
+                  t: float) -> Counts | None:
+    """``place_counts`` at instant ``t``; a job that requires one NVLink island only on a
+    node where ``k`` of the GPUs free at ``t`` by planned ends fit one (note 037: the
+    claims are counts, so an island is read from the planned ends alone)."""
+    if not _on_islands(book, job):
+        return place_counts(avail, nodes, totals, job.shape)
+    masks = {n: free_mask_at(book, n, t) for n in nodes if avail.get(n, 0) >= job.shape.k}
+    return best_fit_island(avail, list(masks), job.shape.k, book.ledger.slots, masks)
 
 
 def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
@@ -266,7 +285,7 @@ def _walk_claims(book, job: Job, nodes: list[int], totals: dict[int, int], claim
             here += least
         if here < need:
             continue  # fewer GPUs than it needs, wherever they are
-        counts = place_counts(avail, nodes, totals, job.shape)
+        counts = _place_counts(book, job, avail, nodes, totals, t)
         if counts is not None:
             return t, counts
     return None

@@ -21,9 +21,11 @@ unless it works):
 
 1. per piece of the job (the whole job, each pod, each whole node of a multi-node gang)
    the node whose victim set is cheapest - lowest highest victim class, fewest victims,
-   least work lost, then the victims first in the global victim order (lowest class,
-   most recently started, highest id), then a placement on one NVLink island, then the
-   node index; the set is minimal on its node. GPUs held for another preemptor, claimed
+   least work lost, then a placement on one NVLink island, then the victims first in
+   the global victim order (lowest class, most recently started, highest id), then the
+   node index; the set is minimal on its node. A single-node job that does not fit one
+   island after the fewest victims also weighs, on that node, the smallest set (victim
+   order) after which it does - the only set for a job that requires one (note 037). GPUs held for another preemptor, claimed
    by a reservation the job would delay, or kept for other classes' ``reserved_gpus``
    are not room;
 2. while the admission rule still refuses the job on the scratch state (a class hold, a
@@ -34,8 +36,8 @@ unless it works):
 
 from __future__ import annotations
 
-from gpushepherd.core.admission import Admission, Scratch, Verdict, fits_island
-from gpushepherd.core.placement import members_of, place_counts
+from gpushepherd.core.admission import Admission, Scratch, Verdict
+from gpushepherd.core.placement import best_fit_island, fits_island, members_of, place_counts
 from gpushepherd.core.profile import Profile
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState
@@ -246,17 +248,19 @@ def _node_plan(book, admission: Admission, profile: Profile | None, job: Job, no
             vs = _minimal_on(n, need, room, on_node.get(n, ()), chosen, ledger)
             if vs is None:
                 continue
-            island = 0
+            options = [(vs, 0)]
             if k_island > 1 and ledger.slots[n].node.nvlink_islands:
-                mask = ledger.slots[n].free_mask
-                for v in vs:
-                    for idx, m in v.alloc:
-                        if idx == n:
-                            mask |= m & ledger.slots[n].healthy_mask
-                island = 0 if fits_island(mask, k_island, ledger.slots[n].node.nvlink_islands) else 1
-            key = (_cost(vs, now), island, n)
-            if best is None or key < best[0]:
-                best = (key, n, vs)
+                if not fits_island(_freed_mask(n, vs, ledger), k_island, ledger.slots[n].node.nvlink_islands):
+                    # a set that keeps it on one island: the only one when it must (note 037)
+                    alt = _island_set(n, need, room, on_node.get(n, ()), chosen, ledger)
+                    options = [] if job.shape.island else [(vs, 1)]
+                    if alt is not None:
+                        options.append((alt, 0))
+            for vs, island in options:
+                cost = _cost(vs, now)
+                key = (cost[:3], island, cost[3], n)  # at equal cost one island first, then victim order
+                if best is None or key < best[0]:
+                    best = (key, n, vs)
         if best is None:
             return None
         _key, n, vs = best
@@ -293,6 +297,44 @@ def _minimal_on(n: int, need: int, room: dict[int, int], victims, chosen: dict[s
     return plan
 
 
+def _freed_mask(n: int, vs, ledger) -> int:
+    """The free GPUs of node ``n`` once the victims ``vs`` are gone, as a mask."""
+    slot = ledger.slots[n]
+    mask = slot.free_mask
+    for v in vs:
+        for idx, m in v.alloc:
+            if idx == n:
+                mask |= m & slot.healthy_mask
+    return mask
+
+
+def _island_set(n: int, need: int, room: dict[int, int], victims, chosen: dict[str, Job], ledger
+                ) -> list[Job] | None:
+    """A victim set on node ``n`` after which ``need`` GPUs fit one NVLink island: the
+    victims in victim order until they do, then, in reverse order, those not needed for
+    it dropped; ``None``: no set does (note 037)."""
+    islands = ledger.slots[n].node.nvlink_islands
+    out: list[Job] = []
+    have = room[n]
+    ok = False
+    for v in victims:
+        if v.id in chosen:
+            continue
+        out.append(v)
+        have += _on(v, n, ledger)
+        if have >= need and fits_island(_freed_mask(n, out, ledger), need, islands):
+            ok = True
+            break
+    if not ok:
+        return None
+    for v in reversed(out[:-1]):
+        rest = [x for x in out if x is not v]
+        if have - _on(v, n, ledger) >= need and fits_island(_freed_mask(n, rest, ledger), need, islands):
+            out = rest
+            have -= _on(v, n, ledger)
+    return out
+
+
 def _on(v: Job, n: int, ledger) -> int:
     for idx, mask in v.alloc:
         if idx == n:
@@ -313,6 +355,15 @@ def lower_jobs_would_make_room(book, job: Job) -> bool:
     totals = {i: ledger.slots[i].healthy for i in cand}
     if place_counts(avail, cand, totals, job.shape) is None:
         return False
+    if job.shape.island and book.on_islands(job):  # and inside one island (note 037)
+        masks = {i: ledger.slots[i].free_mask for i in cand}
+        for v in book.running.values():
+            if v.state is JobState.RUNNING and v.cls.priority < prio:
+                for idx, m in v.alloc:
+                    if idx in masks:
+                        masks[idx] |= m & ledger.slots[idx].healthy_mask
+        if best_fit_island(avail, cand, job.shape.k, ledger.slots, masks) is None:
+            return False
     if book.reserved:  # other classes' reserved GPUs are not room
         held = sum(max(0, r - book.class_units.get(c, 0)) for c, r in book.reserved.items() if c != job.cls.name)
         lower_total = sum(book.lower_gpus(i, prio, False) for i in range(len(ledger.slots)) if ledger.slots[i].alive)

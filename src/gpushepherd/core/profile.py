@@ -496,12 +496,22 @@ def release_time(book, n: int, g: int) -> float:
 
 def gpus_free_at(book, n: int, p: float) -> int:
     """Whole GPUs of node ``n`` free at ``p`` by planned ends (no claims)."""
+    return free_mask_at(book, n, p).bit_count()
+
+
+def free_mask_at(book, n: int, p: float) -> int:
+    """The whole GPUs of node ``n`` free at ``p`` by planned ends, as a mask (no claims;
+    an NVLink island is read from it, note 037)."""
     slot = book.ledger.slots[n]
     if not slot.alive:
         return 0
     if p <= book.now:
-        return slot.free
-    return sum(1 for g in range(slot.total) if release_time(book, n, g) <= p)
+        return slot.free_mask
+    mask = 0
+    for g in range(slot.total):
+        if release_time(book, n, g) <= p:
+            mask |= 1 << g
+    return mask
 
 
 def basis_of(book, jobs) -> str:

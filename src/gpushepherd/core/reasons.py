@@ -11,6 +11,7 @@ from gpushepherd.core import admission as A
 from gpushepherd.core.filters import describe, share_fits_card
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import members_of, place_counts
+from gpushepherd.core.shares import best_card_for
 from gpushepherd.core.preemption import lower_jobs_would_make_room, plan as preemption_plan
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, natural_key
@@ -82,6 +83,8 @@ def never_fits_reason(book, adm, job: Job) -> PendingReason:
     text = describe(job.cls, job.spec)
     if job.shape.mode == "single" and job.spec.same_node:
         text += ",same_node"
+    if job.shape.island:
+        text += ",nvlink-island"
     return PendingReason(R.EXCEEDS_CAPACITY, text)
 
 
@@ -121,6 +124,10 @@ def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> P
     groups = book.groups_for(job)
     if job.shape.mode == "share":
         return share_reason(book, job)
+    if job.shape.island:  # enough free GPUs on a node, but on no node inside one island
+        cand = members_of(ledger, groups)
+        if place_counts({i: ledger.slots[i].free for i in cand}, cand, {}, job.shape) is not None:
+            return PendingReason(R.NO_FIT, "nvlink-island")
     if (may_preempt and book.rules.preemption_enabled and any(q < job.cls.priority for q in book.running_prio)
             and lower_jobs_would_make_room(book, job)):
         found, until = preemption_plan(book, adm, profile, job)
@@ -165,8 +172,8 @@ def share_reason(book, job: Job) -> PendingReason:
         if coming:
             return PendingReason(R.NO_FIT, f"mig-slice {share.profile}, reconfiguring {','.join(coming)}")
         return PendingReason(R.NO_FIT, f"mig-slice {share.profile}")
-    milli, mem, slots = share.need()
-    if mem and ledger.best_card(groups, share.kind, milli, 0, slots) is not None:
+    if any(share.need(ledger.groups[g].node)[1] for g in groups) and best_card_for(ledger, groups, share,
+                                                                                    memory=False) is not None:
         return PendingReason(R.NO_FIT, "gpu-memory")
     if share.kind == "time_slice":
         return PendingReason(R.NO_FIT, "time-slice-replica")
@@ -175,4 +182,4 @@ def share_reason(book, job: Job) -> PendingReason:
     fresh = ledger.free_in([g for g in groups if share_fits_card(ledger.groups[g].node, share)]) > 0
     if fresh:  # pragma: no cover - a free GPU that fits would have been a spot
         return PendingReason(R.NO_FIT, "gpu")
-    return PendingReason(R.NO_FIT, "gpu-fraction" if milli else "gpu-memory")
+    return PendingReason(R.NO_FIT, "gpu-fraction" if share.milli else "gpu-memory")

@@ -177,11 +177,12 @@ class ShareRules:
     def _share_charges(self, job: Job, spot: tuple, scratch: Scratch | None = None,
                        profile: Profile | None = None) -> tuple[int, int, tuple]:
         """``(units, covered, charges)`` of a share on ``spot``: a memory-only share is
-        charged its memory over the card's."""
+        charged its memory over the card's, an MPS share without an SM percentage 1 /
+        the node's ``max_clients`` per replica (note 037)."""
         share = job.share
         units = job.units
-        if share.kind == "fraction" and not share.milli:
-            units = units_of(self.book, job.spec, job.shape.ckey, self.book.ledger.slots[spot[0]].node.gpu_mem_mib)
+        if share.kind in ("fraction", "mps") and not share.milli:
+            units = units_of(self.book, job.spec, job.shape.ckey, self.book.ledger.slots[spot[0]].node)
         covered, charges = self._charged(job, units, scratch, profile)
         return units, covered, charges
 
@@ -211,7 +212,7 @@ class ShareRules:
         if share.kind == "mig":
             found = ledger.best_mig(groups, share.profile, avoided)
             return None if found is None else (found[0], found[1], found[2], False)
-        found = ledger.best_card(groups, share.kind, *share.need(), exclude=avoided)
+        found = best_card_for(ledger, groups, share, avoided)
         if found is not None:
             return found[0], found[1], None, False
         if not fresh:
@@ -232,3 +233,25 @@ class ShareRules:
         slot = ledger.slots[idx]
         mask = pick_gpus(slot.free_mask, 1, slot.node.nvlink_islands)
         return idx, mask.bit_length() - 1, None, True
+
+
+def best_card_for(ledger, groups: list[int], share, exclude: frozenset = frozenset(),
+                  memory: bool = True) -> tuple[int, int] | None:
+    """``Ledger.best_card`` for ``share`` (not ``mig``): what it needs of a card on each
+    node - an MPS share without an SM percentage or memory takes the node's defaults
+    (note 037) - so the groups are asked per need and the tightest card of all wins;
+    ``memory`` False: as if it declared no memory. ``(node index, GPU)`` or ``None``."""
+    if share.kind != "mps" or (share.milli and share.mem_mib):
+        milli, mem, slots = share.need()
+        return ledger.best_card(groups, share.kind, milli, mem if memory else 0, slots, exclude=exclude)
+    by_need: dict[tuple, list[int]] = {}
+    for g in groups:
+        by_need.setdefault(share.need(ledger.groups[g].node), []).append(g)
+    best = None
+    for (milli, mem, slots), gs in by_need.items():
+        hit = ledger.best_card(gs, share.kind, milli, mem if memory else 0, slots, exclude=exclude)
+        if hit is not None:
+            key = ledger.slots[hit[0]].cards[hit[1]].key
+            if best is None or key < best[0]:
+                best = (key, hit)
+    return None if best is None else best[1]

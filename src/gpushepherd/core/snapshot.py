@@ -184,7 +184,8 @@ def restore_into(sched, snap: dict) -> None:
                 if len(alloc) != 1 or not at:
                     raise ValueError(f"snapshot: share job {spec.id} without its card")
                 if len(at) == 1:
-                    book.ledger.allocate_share(spec.id, alloc[0][0], at[0], spec.share.kind, spec.share.need())
+                    book.ledger.allocate_share(spec.id, alloc[0][0], at[0], spec.share.kind,
+                                               spec.share.need(book.ledger.slots[alloc[0][0]].node))
                 else:
                     book.ledger.allocate_mig(spec.id, alloc[0][0], at[0], at[1])
                 job.share_at = at

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpushepherd.core.filters import node_ok, share_fits_card
+from gpushepherd.core.placement import fits_island
 from gpushepherd.model.job import JobState
 from gpushepherd.model.mig import MigError, profile as mig_profile
 
@@ -81,7 +82,8 @@ def stranded_capacity(sched: "Scheduler") -> dict:
             if order:
                 usable = any(
                     (j.shape.mode == "share" and j.share.kind != "mig" and share_fits_card(node, j.share))
-                    or (j.shape.mode == "single" and slot.free >= j.shape.k)
+                    or (j.shape.mode == "single" and slot.free >= j.shape.k
+                        and (not j.shape.island or fits_island(slot.free_mask, j.shape.k, node.nvlink_islands)))
                     or (j.shape.mode == "pods" and slot.free >= j.shape.per_pod)
                     or j.shape.mode == "multi"
                     for j in ok)
@@ -97,7 +99,7 @@ def stranded_capacity(sched: "Scheduler") -> dict:
                 continue
             free += room
             if order and not any(j.shape.mode == "share" and j.share.kind == card.mode
-                                 and card.fits(*j.share.need()) for j in ok):
+                                 and card.fits(*j.share.need(node)) for j in ok):
                 strand(room, "share-size" if any(j.shape.mode == "share" and j.share.kind == card.mode for j in ok)
                        else _why_not(order, [j for j in ok if j.shape.mode == "share"], node, "sharing"))
         # free MIG instances

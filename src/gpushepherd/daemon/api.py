@@ -121,17 +121,22 @@ class ShareBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["fraction", "time_slice", "mps", "mig"]
-    milli: int = Field(0, ge=0, le=1000, description="fraction: compute in 1/1000 GPU; mps: SM percent x 10")
-    mem_mib: int = Field(0, ge=0, le=MAX_MEM_MIB, description="GPU memory in MiB")
-    slots: int = Field(1, ge=1, le=1024, description="time_slice: replicas; mps: client processes")
+    milli: int = Field(0, ge=0, le=1000, description="fraction: compute in 1/1000 GPU; mps: SM percent x 10 of "
+                       "each replica (0: 100 / the node's max_clients, charged where it lands)")
+    mem_mib: int = Field(0, ge=0, le=MAX_MEM_MIB, description="GPU memory in MiB (mps: per replica; 0: the node's "
+                         "max_memory_per_client_mib)")
+    slots: int = Field(1, ge=1, le=1024, description="time_slice: replicas; mps: MPS replicas (client slots of "
+                       "the card's max_clients) taken")
+    procs: int = Field(1, ge=1, le=48, description="mps: client processes the job runs; they share its replicas' "
+                       "SMs and memory, each limited to 1/procs of them")
     profile: str = Field("", max_length=64, description="mig: the MIG profile (1g.10gb)")
 
     @model_validator(mode="after")
     def _applies(self) -> "ShareBody":
         """A field the kind does not use is refused, not ignored (fraction: milli,
-        mem_mib; time_slice: slots, mem_mib; mps: slots, milli, mem_mib; mig: profile)."""
+        mem_mib; time_slice: slots, mem_mib; mps: slots, milli, mem_mib, procs; mig: profile)."""
         uses = {"fraction": {"milli", "mem_mib"}, "time_slice": {"slots", "mem_mib"},
-                "mps": {"slots", "milli", "mem_mib"}, "mig": {"profile"}}[self.kind]
+                "mps": {"slots", "milli", "mem_mib", "procs"}, "mig": {"profile"}}[self.kind]
         for name in sorted(self.model_fields_set - uses - {"kind"}):
             default = type(self).model_fields[name].default
             if getattr(self, name) != default:
@@ -277,6 +282,9 @@ class SubmitBody(BaseModel):
                                      "many GPUs each (a divisor of gpus; each pod on one node, pods may share one; "
                                      "Slurm's --gpus-per-task)")
     same_node: bool = Field(False, description="every GPU on one node (Slurm's -N 1)")
+    require_island: bool | None = Field(None, description="all its GPUs inside one NVLink island of one node: it "
+                                        "waits (NoFit(nvlink-island)) rather than span islands; null: its class's "
+                                        "require_island; not with gpus_per_pod (note 037)")
     grace_period_s: Seconds | None = Field(None, ge=0, le=MAX_SECONDS, allow_inf_nan=False,
                                            description="the grace its stops get, at most its class's (the default; "
                                            "only a job that checkpoints gets one): " + SECONDS_DOC)
@@ -374,7 +382,8 @@ class SubmitBody(BaseModel):
                        name=self.name, node_selector=tuple(self.node_selector), tolerations=tuple(self.tolerations),
                        min_driver=self.min_driver, cache_key=self.cache_key, cache_required=self.cache_required,
                        deadline=self.deadline, gpus_per_pod=self.gpus_per_pod, same_node=self.same_node,
-                       grace_period_s=self.grace_period_s, mem_mib=self.mem_mib or 0, cpus=self.cpus or 0.0)
+                       grace_period_s=self.grace_period_s, mem_mib=self.mem_mib or 0, cpus=self.cpus or 0.0,
+                       require_island=self.require_island)
 
 
 class UpdateBody(BaseModel):

@@ -45,7 +45,7 @@ from gpushepherd.daemon.terminal import Terminal, open_terminal
 from gpushepherd.gpu.inventory import Discovery
 from gpushepherd.gpu.procs import env_and_argv
 from gpushepherd.gpu.procs import stat_fields as _stat
-from gpushepherd.model.job import ExitStatus
+from gpushepherd.model.job import ExitStatus, mps_env
 from gpushepherd.model.placement import Placement
 
 log = logging.getLogger("gpushepherd.daemon")
@@ -383,6 +383,8 @@ class LocalBackend(RunFiles):
                         "SHEPHERD_MIG_DEVICE names the device", job_id, unresolved)
             job_env["SHEPHERD_MIG_DEVICE"] = unresolved
         job_env["CUDA_VISIBLE_DEVICES"] = visible_devices(placement, self.node, self.found)
+        # an MPS share's client limits, as the core resolved them on this node (note 037)
+        job_env.update(mps_env(placement.share))
         # the runner must import gpushepherd even when the job's cwd or env differ
         job_env.update(contract_env(job_id, run, ckpt, placement.share, env, inherit=owner is None))
         cmd = [sys.executable, "-m", "gpushepherd.daemon.runner"] + (["--shell"] if shell else [])

@@ -214,14 +214,14 @@ def constraints_view(spec: JobSpec) -> dict[str, Any]:
     """A job's placement constraints and deadline as ``GET /jobs/{id}`` shows them (note
     022): ``node_selector`` as ``["zone=a", "nvlink"]`` (a Slurm feature without ``=``),
     ``tolerations``, ``min_driver``, ``cache_key``, ``cache_required``, ``deadline`` (epoch
-    seconds or ``None``), ``gpus_per_pod``, ``same_node`` and ``grace_period_s`` (``None``: the
-    class's); and its cgroup limits (note 023): ``mem_mib`` (host memory, MiB) and
-    ``cpus``, ``None`` when not set."""
+    seconds or ``None``), ``gpus_per_pod``, ``same_node``, ``grace_period_s`` (``None``: the
+    class's) and ``require_island`` (``None``: the class's); and its cgroup limits (note
+    023): ``mem_mib`` (host memory, MiB) and ``cpus``, ``None`` when not set."""
     return {"node_selector": [f"{k}={v}" if v else k for k, v in spec.node_selector],
             "tolerations": list(spec.tolerations), "min_driver": spec.min_driver, "cache_key": spec.cache_key,
             "cache_required": spec.cache_required, "deadline": spec.deadline, "gpus_per_pod": spec.gpus_per_pod,
             "same_node": spec.same_node, "grace_period_s": spec.grace_period_s, "mem_mib": spec.mem_mib or None,
-            "cpus": spec.cpus or None}
+            "cpus": spec.cpus or None, "require_island": spec.require_island}
 
 
 class Daemon:

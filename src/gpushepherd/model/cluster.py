@@ -26,7 +26,9 @@ class Node:
         cached: model or dataset cache keys the node holds.
         fractions: whether its non-MIG GPUs may host ``fraction`` shares.
         ts_replicas: time-slicing replicas per GPU (0: no time-slicing).
-        mps_clients: MPS clients per GPU (0: no MPS).
+        mps_clients: MPS clients (replicas) per GPU (0: no MPS).
+        mps_mem_mib: GPU memory each MPS client may pin, MiB (0: no cap;
+            ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``).
         mig: ``(gpu index, layout)`` for each GPU in MIG mode; a layout is a tuple of
             ``gpushepherd.model.mig.MigInstance``. Such a GPU is never handed out whole.
     """
@@ -47,6 +49,7 @@ class Node:
     ts_replicas: int = 0
     mps_clients: int = 0
     mig: tuple = field(default=())
+    mps_mem_mib: int = 0
 
     def supports(self, kind: str) -> bool:
         """Whether the node offers this kind of share (``mig``: has a MIG GPU)."""
@@ -64,10 +67,12 @@ class Node:
         """Everything static a placement filter may look at, minus the name.
 
         Nodes with equal shape keys are interchangeable for filtering, so the core
-        groups them and filters a group once instead of node by node.
+        groups them and filters a group once instead of node by node (NVLink islands
+        included: whether a group has islands is read from one of its nodes).
         """
         return (self.gpus, self.gpu_type, self.gpu_mem_mib, self.pool, self.labels, self.driver, self.taints,
-                self.cached, self.fractions, self.ts_replicas, self.mps_clients, self.mig)
+                self.cached, self.fractions, self.ts_replicas, self.mps_clients, self.mig, self.nvlink_islands,
+                self.mps_mem_mib)
 
     def label(self, key: str) -> str | None:
         for k, v in self.labels:

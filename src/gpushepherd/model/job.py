@@ -95,16 +95,20 @@ class GpuShare:
     Attributes:
         kind: ``fraction`` (a compute fraction and/or GPU memory, the fractional-GPU
             model of Ray and KAI), ``time_slice`` (replicas of a time-sliced card, the
-            NVIDIA device plugin's model), ``mps`` (MPS client processes) or ``mig``
+            NVIDIA device plugin's model), ``mps`` (MPS clients of a card) or ``mig``
             (one MIG instance).
         milli: ``fraction``: compute share in 1/1000 GPU (0: memory only);
-            ``mps``: each client's SM percentage x 10 (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``);
-            the clients on one card add up to at most 100% (1000), so that each gets
-            what it was promised.
-        mem_mib: GPU memory in MiB the job declares (``mps``: per client); the sum of
+            ``mps``: each replica's SM percentage x 10 (0: 1000 / the node's
+            ``max_clients``, resolved where it lands: ``on``); the replicas on one card
+            add up to at most 100% (1000), so that each gets what it was promised.
+        mem_mib: GPU memory in MiB the job declares (``mps``: per replica; 0: the
+            node's ``max_memory_per_client_mib`` where it lands, else none); the sum of
             declared memory on a card never exceeds the card's memory.
-        slots: ``time_slice``: replicas taken; ``mps``: client processes.
+        slots: ``time_slice``: replicas taken; ``mps``: MPS replicas (client slots of
+            the card's ``max_clients``) taken.
         profile: ``mig``: the MIG profile name (``1g.10gb``).
+        procs: ``mps``: client processes the job runs on its replicas (they share its
+            SMs and memory: each is limited to 1/``procs`` of them; note 037).
     """
 
     kind: str
@@ -112,11 +116,24 @@ class GpuShare:
     mem_mib: int = 0
     slots: int = 1
     profile: str = ""
+    procs: int = 1
 
-    def need(self) -> tuple[int, int, int]:
-        """What it takes of a card: ``(milli, MiB, slots)`` (not for ``mig``)."""
+    def on(self, node) -> "GpuShare":
+        """The share as it is on ``node`` (a ``model.cluster.Node``, or ``None``: as
+        declared): an MPS share's default SM percentage and memory filled in from the
+        node's ``mps_clients`` and ``mps_mem_mib`` (note 037)."""
+        if self.kind != "mps" or node is None or (self.milli and (self.mem_mib or not node.mps_mem_mib)):
+            return self
+        milli = self.milli or (1000 // node.mps_clients if node.mps_clients else 0)
+        return GpuShare("mps", milli=milli, mem_mib=self.mem_mib or node.mps_mem_mib, slots=self.slots,
+                        procs=self.procs)
+
+    def need(self, node=None) -> tuple[int, int, int]:
+        """What it takes of a card (of ``node``: ``on``): ``(milli, MiB, slots)`` (not
+        for ``mig``)."""
         if self.kind == "mps":
-            return self.milli * self.slots, self.mem_mib * self.slots, self.slots
+            s = self.on(node)
+            return s.milli * s.slots, s.mem_mib * s.slots, s.slots
         if self.kind == "time_slice":
             return 0, self.mem_mib, self.slots
         return self.milli, self.mem_mib, 0
@@ -128,12 +145,34 @@ class GpuShare:
         if self.milli and self.kind == "fraction":
             parts.append(f"{self.milli / 1000:g}")
         if self.kind == "mps":
-            parts.append(f"{self.slots}x{self.milli / 10:g}%")
+            parts.append(f"{self.slots}x{self.milli / 10:g}%" if self.milli else f"{self.slots}x")
+            if self.procs != 1:
+                parts.append(f"{self.procs}procs")
         if self.kind == "time_slice":
             parts.append(f"{self.slots} replica" + ("s" if self.slots != 1 else ""))
         if self.mem_mib:
             parts.append(f"{self.mem_mib}MiB")
         return ":".join(parts)
+
+
+_MPS_TEXT = re.compile(r"mps:(\d+)x(\d+(?:\.\d+)?)%(?::(\d+)procs)?(?::(\d+)MiB)?")
+
+
+def mps_env(share: str) -> dict[str, str]:
+    """The MPS client limits for a placement's share text (``str(GpuShare.on(node))``,
+    ``mps:2x25%:4procs:4096MiB``): ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the job's SM
+    percentage - replicas x each replica's - over its client processes, floored to 0.1)
+    and, when it has a memory figure, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (its replicas'
+    memory over its processes, on device 0 as the job sees its one GPU). Empty for any
+    other share (note 037)."""
+    m = _MPS_TEXT.fullmatch(share)
+    if m is None:
+        return {}
+    replicas, pct, procs, mem = int(m[1]), float(m[2]), int(m[3] or 1), int(m[4] or 0)
+    out = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": f"{int(replicas * pct * 10 // procs) / 10:g}"}
+    if mem:
+        out["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={replicas * mem // procs}M"
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +226,9 @@ class JobSpec:
         nice: a priority adjustment in score points, subtracted from the job's
             priority (Slurm's ``nice``: positive lowers it; a negative one, an admin's
             nudge, raises it). 0 at submit; changed by ``JobUpdated`` (note 039).
+        require_island: a multi-GPU job's GPUs must lie in one NVLink island of one
+            node (it waits rather than span islands; note 037); ``None``: its class's
+            ``require_island``.
     """
 
     id: str
@@ -216,6 +258,7 @@ class JobSpec:
     cpus: float = 0.0
     grace_period_s: float | None = None
     nice: int = 0
+    require_island: bool | None = None
 
     @property
     def pods(self) -> int:

@@ -56,6 +56,9 @@ class ClassRules:
     stop_signal: str = "SIGTERM"
     #: ``queueing: strict_fifo``: the class is one strict FIFO queue (note 031)
     strict_fifo: bool = False
+    #: ``require_island``: a multi-GPU single-node job of the class must fit one NVLink
+    #: island (a job may say otherwise; note 037)
+    require_island: bool = False
 
 
 class LimitUnit(str, enum.Enum):

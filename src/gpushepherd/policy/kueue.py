@@ -184,6 +184,9 @@ def export_kueue(policy: Policy) -> tuple[list[dict], list[str]]:
         if cs.avoid_nodes_with:
             cannot.append(f"classes.{name}.avoid_nodes_with={','.join(cs.avoid_nodes_with)}: anti-affinity "
                           "between classes (pod anti-affinity in the pod templates comes closest)")
+        if cs.require_island:
+            cannot.append(f"classes.{name}.require_island: one NVLink island per job (the kubelet's TopologyManager "
+                          "policy single-numa-node is per node, not per priority class)")
         if cs.sharing and set(cs.sharing) - {"whole", "mig"}:
             cannot.append(f"classes.{name}.sharing={','.join(cs.sharing)}: fractions, time-slicing and MPS "
                           "shares are not Kueue resources (MIG instances are: nvidia.com/mig-*)")

@@ -289,7 +289,8 @@ def expand_nodes(spec: PolicySpec, source: str = "<policy>") -> tuple[Node, ...]
                               taints=tuple(sorted(group.taints)), cached=tuple(sorted(set(group.cached))),
                               fractions=sharing.fractions,
                               ts_replicas=sharing.time_slicing.replicas if sharing.time_slicing else 0,
-                              mps_clients=sharing.mps.max_clients if sharing.mps else 0, mig=mig))
+                              mps_clients=sharing.mps.max_clients if sharing.mps else 0, mig=mig,
+                              mps_mem_mib=(sharing.mps.max_memory_per_client_mib or 0) if sharing.mps else 0))
     return tuple(nodes)
 
 
@@ -346,6 +347,7 @@ def resolve_class(name: str, spec: ClassSpec | None) -> ClassRules:
         memory_overrun=base.get("memory_overrun") or "warn",
         stop_signal=base.get("stop_signal") or "SIGTERM",
         strict_fifo=base.get("queueing") == "strict_fifo",
+        require_island=bool(base.get("require_island", False)),
     )
 
 

@@ -96,8 +96,15 @@ class MpsSpec(_Strict):
     share a GPU's SMs, each client limited to an SM percentage."""
 
     max_clients: Annotated[int, Field(ge=1, le=48)] = Field(**doc(
-        "MPS client processes per GPU (at most 48, CUDA's limit); the clients on one GPU get at most 100 % of its "
-        "SMs in all (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`).", 8, "clients"))
+        "MPS clients (replicas) per GPU (at most 48, CUDA's limit): a job takes `mps_replicas` of them; the "
+        "clients on one GPU get at most 100 % of its SMs in all (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), and a "
+        "job that gives no SM percentage gets 100 / `max_clients` per replica, and is charged that in quotas "
+        "where it lands (note 037).", 8, "clients"))
+    max_memory_per_client_mib: Annotated[int, Field(ge=1)] | None = Field(None, **doc(
+        "GPU memory one MPS client (replica) may pin, MiB: set for the job's processes as "
+        "`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`; a job declaring more per replica does not run here, one declaring "
+        "none is counted this much per replica. At most the GPU memory (`gpu_mem_mib`). Unset: no cap.", 10240,
+        "MiB"))
 
 
 class SharingSpec(_Strict):
@@ -164,7 +171,9 @@ class NodeGroupSpec(_Strict):
                                     "Slurm feature is a label with value '').", {"zone": "a", "nvlink": ""}))
     nvlink_islands: list[list[NonNegInt]] = Field(default_factory=list, **doc(
         "Groups of GPU indices joined by NVLink; a multi-GPU job is placed inside one island when it can (a "
-        "preference, R11).", [[0, 1, 2, 3], [4, 5, 6, 7]]))
+        "preference, R11: in the node, the GPUs and the victims chosen), and only inside one for a job or class "
+        "with `require_island`. Empty: unknown topology, the node counts as one island of all its GPUs.",
+        [[0, 1, 2, 3], [4, 5, 6, 7]]))
     gpu_uuids: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default_factory=list, **doc(
         "The GPUs' UUIDs in index order (`nvidia-smi -L`), one per GPU, for a single node: the daemon checks them "
         "against NVML and sets `CUDA_VISIBLE_DEVICES` by UUID.", ["GPU-5f2a1c0e-0000-4000-8000-000000000000"]))
@@ -232,6 +241,15 @@ class NodeGroupSpec(_Strict):
                         f"allowed: distinct indices 0..{self.gpus - 1}"
                     )
                 seen.add(g)
+        return self
+
+    @model_validator(mode="after")
+    def _mps_memory_within_gpu(self) -> "NodeGroupSpec":
+        mps = self.sharing.mps if self.sharing is not None else None
+        cap = mps.max_memory_per_client_mib if mps is not None else None
+        if cap is not None and self.gpu_mem_mib and cap > self.gpu_mem_mib:
+            raise ValueError(f"sharing.mps.max_memory_per_client_mib: {cap} is not allowed: at most the GPU memory "
+                             f"(gpu_mem_mib {self.gpu_mem_mib})")
         return self
 
 
@@ -393,6 +411,13 @@ class ClassSpec(_Strict):
     stop_signal: Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"] | None = Field(None, **doc(
         "The signal its jobs get when preempted or stopped (time limit, window, idle), before SIGKILL at the end "
         "of the grace period (Slurm's `--signal`, Docker's `STOPSIGNAL`); SIGTERM when unset.", "SIGUSR1"))
+    require_island: bool | None = Field(None, **doc(
+        "Whether a multi-GPU job of the class must get all its GPUs inside one NVLink island of one node "
+        "(`cluster.nodes[].nvlink_islands`): it waits as `NoFit(nvlink-island)` rather than span islands, and one "
+        "no node's island can ever hold is refused as `ExceedsCapacity`. A node that declares no islands counts as "
+        "one island of all its GPUs. A job may say otherwise (`require_island`); gangs of pods ignore the class's "
+        "setting. Unset: false - islands are a preference (node, GPUs and victims are chosen to keep a job on one "
+        "island when they can).", True))
     description: str | None = Field(None, **doc("Free text (`policy check` shows it).", "exploratory runs"))
 
 

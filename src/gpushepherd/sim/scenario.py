@@ -64,6 +64,8 @@ class JobEntry(_Strict):
     gpus: Annotated[int, Field(ge=1)] | None = None
     gang: GangSpec | None = None
     same_node: bool = False
+    #: all its GPUs inside one NVLink island (unset: its class's ``require_island``; note 037)
+    require_island: bool | None = None
     duration: Annotated[float, Field(ge=0)] | Literal["unbounded"]
     time_limit: Annotated[float, Field(gt=0)] | None = None
     estimate: Annotated[float, Field(gt=0)] | None = None
@@ -78,9 +80,13 @@ class JobEntry(_Strict):
     #: part of one GPU (R10): a fraction, time-slicing replicas, MPS clients, a MIG profile
     gpu_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     ts_replicas: Annotated[int, Field(ge=1)] | None = None
-    mps_clients: Annotated[int, Field(ge=1)] | None = None
-    #: each MPS client's SM percentage (a multiple of 0.1; default: 100 / mps_clients)
+    #: MPS replicas (client slots of the card's ``max_clients``) the job takes
+    mps_replicas: Annotated[int, Field(ge=1)] | None = None
+    #: each replica's SM percentage (a multiple of 0.1; default: 100 / the node's
+    #: ``max_clients``, where it lands; note 037)
     mps_sm_percent: Annotated[float, Field(gt=0, le=100)] | None = None
+    #: MPS client processes it runs on its replicas (default 1; they share its SMs)
+    mps_processes: Annotated[int, Field(ge=1, le=48)] | None = None
     mig_profile: str | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[str] = Field(default_factory=list)
@@ -541,7 +547,7 @@ def _sim_job(job_id: str, data: dict) -> SimJob:
             None if data.get("time_limit") or duration == "unbounded" else float(duration) or None),
         preemptible=data.get("preemptible"), checkpointable=data.get("checkpointable"),
         submit_time=float(data["submit"]),
-        deadline=data.get("deadline"),
+        deadline=data.get("deadline"), require_island=data.get("require_island"),
     )
     if data.get("ignores_signal"):
         answers: tuple[SignalAnswer, ...] = (SignalAnswer(None),)
@@ -566,7 +572,7 @@ def _raise(path: str, value: Any, allowed: str) -> None:
     raise ScenarioError(f"{path}: {value!r} is not allowed: {allowed}")
 
 
-SHARE_FIELDS = ("gpu_fraction", "ts_replicas", "mps_clients", "mig_profile")
+SHARE_FIELDS = ("gpu_fraction", "ts_replicas", "mps_replicas", "mig_profile")
 
 
 def _check_share_fields(entry: JobEntry, path: str, fail) -> None:
@@ -575,8 +581,9 @@ def _check_share_fields(entry: JobEntry, path: str, fail) -> None:
     if len(given) > 1:
         fail(f"{path}.{given[1]}", getattr(entry, given[1]), f"one of {', '.join(SHARE_FIELDS)} per job "
              f"(it also has {given[0]})")
-    if entry.mps_sm_percent is not None and entry.mps_clients is None:
-        fail(f"{path}.mps_sm_percent", entry.mps_sm_percent, "only with mps_clients")
+    for name in ("mps_sm_percent", "mps_processes"):
+        if getattr(entry, name) is not None and entry.mps_replicas is None:
+            fail(f"{path}.{name}", getattr(entry, name), "only with mps_replicas")
     if given and (entry.gpus is not None or entry.gang is not None):
         fail(f"{path}.gpus", entry.gpus if entry.gpus is not None else "gang", f"no gpus or gang with {given[0]} "
              "(a share is part of one GPU)")
@@ -593,12 +600,11 @@ def _share_of(job_id: str, data: dict) -> GpuShare | None:
         return GpuShare("mig", profile=data["mig_profile"])
     if data.get("ts_replicas"):
         return GpuShare("time_slice", mem_mib=mem, slots=data["ts_replicas"])
-    if data.get("mps_clients"):
-        clients = data["mps_clients"]
+    if data.get("mps_replicas"):
         pct = data.get("mps_sm_percent")
-        milli = 1000 // clients if pct is None else _exact(pct, 10, f"{where}: mps_sm_percent",
-                                                            "a multiple of 0.1 percent", _raise)
-        return GpuShare("mps", milli=milli, mem_mib=mem, slots=clients)
+        milli = 0 if pct is None else _exact(pct, 10, f"{where}: mps_sm_percent", "a multiple of 0.1 percent", _raise)
+        return GpuShare("mps", milli=milli, mem_mib=mem, slots=data["mps_replicas"],
+                        procs=data.get("mps_processes") or 1)
     if data.get("gpu_fraction") is not None:
         return GpuShare("fraction", milli=_exact(data["gpu_fraction"], 1000, f"{where}: gpu_fraction",
                                                                "a multiple of 0.001 GPU", _raise), mem_mib=mem)
