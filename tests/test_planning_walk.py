@@ -46,9 +46,11 @@ def scan(book, job, nodes, totals, claims, run, t_min=None):
 
 def _one_island(book, n, t, k) -> bool:
     slot = book.ledger.slots[n]
+    if not slot.node.nvlink_islands:  # no islands declared: one island of all its GPUs, so counts decide
+        return True  # (at now a GPU of a job past its planned end counts as free, though not in the free mask)
     free = {g for g in range(slot.total)
             if (slot.free_mask >> g & 1 if t <= book.now else release_time(book, n, g) <= t)}
-    return any(len(free & set(island)) >= k for island in slot.node.nvlink_islands or (range(slot.total),))
+    return any(len(free & set(island)) >= k for island in slot.node.nvlink_islands)
 
 
 class Compare:
