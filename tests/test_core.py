@@ -366,6 +366,10 @@ def test_a_checkpointing_job_gets_its_class_grace_period_at_the_time_limit():
     # an exit of a stopping job ends it TIMEOUT whatever status the driver reports
     sched.handle([done(120, "a", ExitStatus.FAILED)])
     assert sched.jobs["a"].state is JobState.TIMEOUT
+    # exit 0 too (it caught the signal and exited cleanly): Slurm's TIMEOUT, not COMPLETED
+    # (a newcomer's `trap ... TERM; exit 0` job read COMPLETED)
+    sched.handle([done(121, "b", ExitStatus.COMPLETED)])
+    assert sched.jobs["b"].state is JobState.TIMEOUT
 
 
 def test_next_wakeup_is_the_earliest_time_limit_of_a_running_job():

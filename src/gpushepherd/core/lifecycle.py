@@ -181,7 +181,9 @@ def finished(book, e: JobFinished) -> None:
     if job is None or not job.state.holds_gpus:
         return  # a stale or repeated exit: usage is never released twice
     state, status = job.state, e.status
-    if status is ExitStatus.COMPLETED:
+    # a stopped job (time limit, idle, memory overrun) ends as its stop says, whatever its
+    # exit: one that catches the signal and exits 0 is TIMEOUT, as in Slurm
+    if status is ExitStatus.COMPLETED and state is not JobState.STOPPING:
         if book.predictor is not None:
             ran = (job.done_s if job.checkpointable else 0.0) + book.now - job.run_start
             book.predictor.observe(job.spec.team, job.spec.user, job.time_limit_s, ran)
