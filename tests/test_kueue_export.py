@@ -229,3 +229,17 @@ cohorts:
     text = "\n".join(cannot)
     assert "teams.flat.max_gpus=3 over 2 GPU flavors (a100-80gb, h100-80gb)" in text
     assert "teams.ml." not in text and "teams.cv." not in text and "teams.solo." not in text
+
+
+def test_a_flavor_of_a_pool_the_team_has_no_cohort_for_is_its_own_alone():
+    """team-c is in the h100 cohort only: on the a100 flavor it lends and borrows
+    nothing, with its max_gpus (else the flavor's GPUs) as nominal quota."""
+    policy = PER_POOL.replace("  team-b:\n    nominal_gpus: 12\n",
+                              "  team-b:\n    nominal_gpus: 12\n  team-c: {max_gpus: 5}\n").replace(
+        "    - {team: team-b, nominal_gpus: 4}\n",
+        "    - {team: team-b, nominal_gpus: 4}\n    - {team: team-c, nominal_gpus: 0, borrowing_limit: 2}\n")
+    objects, _ = export_kueue(parse_policy(policy))
+    assert gpu_rows(objects, "team-c") == {
+        "h100-80gb-h100": {"nominalQuota": "0", "borrowingLimit": "2"},
+        "a100-80gb-a100": {"nominalQuota": "5", "borrowingLimit": "0", "lendingLimit": "0"}}
+    assert by_kind(objects, "ClusterQueue")["team-c"]["spec"]["cohortName"] == "research-a100-research-h100"
