@@ -233,6 +233,19 @@ def test_promtool_accepts_the_alert_rules():
         in r.stdout + r.stderr
 
 
+def test_promtool_evaluates_the_alert_rules_on_the_quota_and_capacity_cases():
+    """deploy/prometheus/alerts_test.yaml (promtool's rule unit tests): a job pending
+    QuotaExceeded beside 3 free GPUs fires nothing for 2 h; usable free GPUs fire after
+    15 m, a capacity wait over 1 h, a 5xx answer and a failing scrape fire theirs."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not on PATH (Debian's prometheus package has it; .ci/run installs it as root)")
+    r = subprocess.run([promtool, "test", "rules", "alerts_test.yaml"], capture_output=True, text=True,
+                       check=False, timeout=120, cwd=ALERTS.parent)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout + r.stderr
+
+
 # -- 12: probes and the stalled loop ------------------------------------------------------
 def test_readyz_fails_while_the_loop_is_blocked_on_a_locked_database_and_recovers(tmp_path):
     s = Server(tmp_path)
