@@ -165,18 +165,22 @@ def test_pending_jobs_by_reason_and_usable_free_gpus_on_a_real_server(tmp_path):
         # capacity: a 4-GPU head of a strict-FIFO queue waits for Resources; the 1-GPU job behind it could run
         head = s.submit(wait_for_file(flag), gpus=4, cls="fifo")
         behind = s.submit(wait_for_file(flag), gpus=1, cls="fifo")
-        held = s.submit(wait_for_file(flag), gpus=1, hold=True)
+        s.submit(wait_for_file(flag), gpus=1, hold=True)
         wait_for("the head's reason", lambda: (s.job(head)["reason"] or "").startswith("Resources"))
         wait_for("a priority reason", lambda: (s.job(behind)["reason"] or "").startswith("Priority"))
+        submitted = s.job(quota)["submit_time"]
+        t0 = time.time()
         m = scrape(s)
+        t1 = time.time()
         assert value(m, "gpushepherd_pending_jobs", **{"class": "fifo", "team": "ml", "reason": "Resources"}) == 1
         assert value(m, "gpushepherd_pending_jobs", **{"class": "fifo", "team": "ml", "reason": "Priority"}) == 1
         assert value(m, "gpushepherd_pending_jobs", **{"class": "batch", "team": "ml", "reason": "JobHeldUser"}) == 1
         assert value(m, "gpushepherd_pending_jobs", **{"class": "batch", "team": "qa", "reason": "QuotaExceeded"}) == 1
         assert value(m, "gpushepherd_gpus_free") == 3
         assert value(m, "gpushepherd_gpus_free_usable") == 3  # the 1-GPU job fits any of them
-        assert held and all(
-            v >= 0 for (n, _l), v in m.items() if n == "gpushepherd_oldest_pending_by_reason_seconds")
+        v = value(m, "gpushepherd_oldest_pending_by_reason_seconds",
+                  **{"class": "batch", "team": "qa", "reason": "QuotaExceeded"})
+        assert t0 - submitted <= v <= t1 - submitted, (t0 - submitted, v, t1 - submitted)
     finally:
         flag.touch()
         s.stop()
