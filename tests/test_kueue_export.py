@@ -47,7 +47,8 @@ def test_teams_become_cluster_queues_with_their_quota_cohort_and_local_queue():
     assert sorted(cqs) == ["ml", "platform", "research"]
     ml = cqs["ml"]["spec"]
     assert ml["cohortName"] == "shared" and ml["fairSharing"] == {"weight": "2"}
-    assert ml["preemption"] == {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "LowerPriority"}
+    # within_team unset (never): preemption.enabled is class preemption, not withinClusterQueue (a note says so)
+    assert ml["preemption"] == {"withinClusterQueue": "Never", "reclaimWithinCohort": "LowerPriority"}
     group = ml["resourceGroups"][0]
     assert group["coveredResources"] == ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb",
                                          "nvidia.com/mig-3g.40gb"]
@@ -111,3 +112,134 @@ def test_the_example_policies_export():
         objects, cannot = export_kueue(load_policy(Path(__file__).resolve().parent.parent / "examples" / "policies"
                                                    / f"{name}.yaml"))
         assert by_kind(objects, "ClusterQueue") and cannot
+
+
+# -- a newcomer's policy: one cohort per pool, per-member quotas (issue 13 follow-up) ----------------
+PER_POOL = """\
+name: kueue-translation
+cluster:
+  pools: [{name: h100}, {name: a100}]
+  nodes:
+  - {name: h100-node, gpus: 8, gpu_type: H100-80GB, gpu_mem_mib: 81920, pool: h100}
+  - {name: a100-node, count: 2, gpus: 8, gpu_type: A100-80GB, gpu_mem_mib: 81920, pool: a100}
+classes:
+  high-h100: {priority: 1000, pools: [h100], preemptible: true, checkpointable: true}
+  low-h100:  {priority: 100,  pools: [h100], preemptible: true, checkpointable: true}
+  high-a100: {priority: 1000, pools: [a100], preemptible: true, checkpointable: true}
+  low-a100:  {priority: 100,  pools: [a100], preemptible: true, checkpointable: true}
+teams:
+  team-a:
+    nominal_gpus: 12
+    preemption: {within_team: lower_priority}
+    classes:
+      high-h100: {queueing: strict_fifo}
+      low-h100: {queueing: strict_fifo}
+      high-a100: {queueing: strict_fifo}
+      low-a100: {queueing: strict_fifo}
+  team-b:
+    nominal_gpus: 12
+cohorts:
+  research-h100:
+    pool: h100
+    reclaim: any
+    members:
+    - {team: team-a, nominal_gpus: 4, borrowing_limit: 4, lending_limit: 2}
+    - {team: team-b, nominal_gpus: 4}
+  research-a100:
+    pool: a100
+    reclaim: any
+    members:
+    - {team: team-a, nominal_gpus: 8, borrowing_limit: 0}
+    - {team: team-b, nominal_gpus: 8, borrowing_limit: 8}
+preemption: {enabled: true, min_runtime_s: 0}
+"""
+
+
+def gpu_rows(objects, team: str) -> dict[str, dict]:
+    """A ClusterQueue's nvidia.com/gpu row per flavor name, without the name."""
+    cq = by_kind(objects, "ClusterQueue")[team]["spec"]
+    return {f["name"]: {k: v for k, v in f["resources"][0].items() if k != "name"}
+            for f in cq["resourceGroups"][0]["flavors"]}
+
+
+def test_one_cohort_per_pool_exports_each_members_quota_on_its_pools_flavor():
+    objects, cannot = export_kueue(parse_policy(PER_POOL))
+    # hand-computed from the cohorts' members, flavor by flavor (Kueue: strings)
+    assert gpu_rows(objects, "team-a") == {
+        "h100-80gb-h100": {"nominalQuota": "4", "borrowingLimit": "4", "lendingLimit": "2"},
+        "a100-80gb-a100": {"nominalQuota": "8", "borrowingLimit": "0"}}
+    assert gpu_rows(objects, "team-b") == {
+        "h100-80gb-h100": {"nominalQuota": "4"},  # no borrowingLimit: unlimited
+        "a100-80gb-a100": {"nominalQuota": "8", "borrowingLimit": "8"}}
+    # a ClusterQueue has one cohort: the two pools' cohorts, sharing members, are one Kueue Cohort
+    assert sorted(by_kind(objects, "Cohort")) == ["research-a100-research-h100"]
+    cqs = by_kind(objects, "ClusterQueue")
+    assert {cqs[t]["spec"]["cohortName"] for t in cqs} == {"research-a100-research-h100"}
+    assert any("cohorts research-a100, research-h100" in line and "per flavor" in line for line in cannot)
+    # the team-level nominal 12 is used on no flavor: no warning about it
+    assert not any(line.startswith("teams.team-a.nominal_gpus") for line in cannot)
+
+
+def test_queueing_and_within_team_preemption_come_from_the_policy():
+    objects, cannot = export_kueue(parse_policy(PER_POOL))
+    cqs = by_kind(objects, "ClusterQueue")
+    a, b = cqs["team-a"]["spec"], cqs["team-b"]["spec"]
+    assert a["queueingStrategy"] == "StrictFIFO"  # every class team-a uses is strict_fifo for it
+    assert b["queueingStrategy"] == "BestEffortFIFO"
+    assert a["preemption"] == {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"}
+    assert b["preemption"] == {"withinClusterQueue": "Never", "reclaimWithinCohort": "Any"}  # within_team: never
+    text = "\n".join(cannot)
+    assert "teams.team-a: strict_fifo" in text and "whole ClusterQueue" in text
+    assert "preemption.enabled (class preemption)" in text and "withinClusterQueue" in text
+    # one strict class of two: Kueue's strategy is per ClusterQueue, so BestEffortFIFO and a note
+    mixed = PER_POOL.replace("      low-a100: {queueing: strict_fifo}\n", "")
+    objects, cannot = export_kueue(parse_policy(mixed))
+    assert by_kind(objects, "ClusterQueue")["team-a"]["spec"]["queueingStrategy"] == "BestEffortFIFO"
+    assert any(line.startswith("teams.team-a: strict_fifo for classes high-a100, high-h100, low-h100 only")
+               for line in cannot)
+
+
+def test_quotas_per_gpu_type_become_per_flavor_quotas():
+    """Note 038: `{GPU type: N}` quotas, one flavor per type, exported exactly; a number
+    over several flavors is named as the approximation it is."""
+    policy = """\
+name: per-type
+cluster:
+  nodes:
+  - {name: h, gpus: 8, gpu_type: H100-80GB}
+  - {name: a, gpus: 8, gpu_type: A100-80GB}
+teams:
+  ml: {nominal_gpus: {H100-80GB: 2, A100-80GB: 6}, max_gpus: {H100-80GB: 4}, lending_limit: {A100-80GB: 1}}
+  cv: {nominal_gpus: {H100-80GB: 6}, borrowing_limit: {A100-80GB: 3}}
+  solo: {max_gpus: {A100-80GB: 5}}
+  flat: {max_gpus: 3}
+cohorts:
+  shared: {members: [ml, cv]}
+"""
+    objects, cannot = export_kueue(parse_policy(policy))
+    assert sorted(by_kind(objects, "ResourceFlavor")) == ["a100-80gb", "h100-80gb"]
+    assert gpu_rows(objects, "ml") == {
+        "a100-80gb": {"nominalQuota": "6", "lendingLimit": "1"},          # no cap on A100: borrowing unlimited
+        "h100-80gb": {"nominalQuota": "2", "borrowingLimit": "2"}}        # max 4 - nominal 2
+    assert gpu_rows(objects, "cv") == {
+        "a100-80gb": {"nominalQuota": "0", "borrowingLimit": "3"},        # a type not named: none guaranteed
+        "h100-80gb": {"nominalQuota": "6"}}
+    assert gpu_rows(objects, "solo") == {"a100-80gb": {"nominalQuota": "5"}, "h100-80gb": {"nominalQuota": "8"}}
+    assert gpu_rows(objects, "flat") == {"a100-80gb": {"nominalQuota": "3"}, "h100-80gb": {"nominalQuota": "3"}}
+    text = "\n".join(cannot)
+    assert "teams.flat.max_gpus=3 over 2 GPU flavors (a100-80gb, h100-80gb)" in text
+    assert "teams.ml." not in text and "teams.cv." not in text and "teams.solo." not in text
+
+
+def test_a_flavor_of_a_pool_the_team_has_no_cohort_for_is_its_own_alone():
+    """team-c is in the h100 cohort only: on the a100 flavor it lends and borrows
+    nothing, with its max_gpus (else the flavor's GPUs) as nominal quota."""
+    policy = PER_POOL.replace("  team-b:\n    nominal_gpus: 12\n",
+                              "  team-b:\n    nominal_gpus: 12\n  team-c: {max_gpus: 5}\n").replace(
+        "    - {team: team-b, nominal_gpus: 4}\n",
+        "    - {team: team-b, nominal_gpus: 4}\n    - {team: team-c, nominal_gpus: 0, borrowing_limit: 2}\n")
+    objects, _ = export_kueue(parse_policy(policy))
+    assert gpu_rows(objects, "team-c") == {
+        "h100-80gb-h100": {"nominalQuota": "0", "borrowingLimit": "2"},
+        "a100-80gb-a100": {"nominalQuota": "5", "borrowingLimit": "0", "lendingLimit": "0"}}
+    assert by_kind(objects, "ClusterQueue")["team-c"]["spec"]["cohortName"] == "research-a100-research-h100"

@@ -287,7 +287,7 @@ def test_size_class_tails_and_user_fairness_over_the_window():
 
     rules = policy(nodes=[("n1", 8)])
     sched = Scheduler(rules)
-    d = SimpleNamespace(sched=sched, rules=rules, lock=threading.Lock(), clock=lambda: sched.now,
+    d = SimpleNamespace(sched=sched, rules=rules, kept={}, lock=threading.Lock(), clock=lambda: sched.now,
                         store=SimpleNamespace(errors={}), last_step_wall=0.0, node=None, found=None, sampled={})
     m = Metrics(d)
 

@@ -10,6 +10,7 @@ checked against bounds read from the clock before and after the scrape.
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import sqlite3
@@ -30,6 +31,24 @@ from test_metrics import metric_names, scrape, total, value
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
+#: series Prometheus itself writes for each scrape target (not on /metrics)
+PROMETHEUS_SERIES = {"up"}
+REASONS_POLICY = """\
+name: reasons-test
+cluster:
+  nodes:
+    - {name: local, gpus: 4, gpu_type: FAKE, gpu_mem_mib: 16384}
+classes:
+  batch: {grace_period_s: 1}
+  fifo: {grace_period_s: 1, priority: 50, queueing: strict_fifo}
+teams:
+  ml: {}
+  qa: {max_gpus: 1}
+"""
+
+
+def rules_by_name() -> dict[str, dict]:
+    return {r["alert"]: r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
 
 
 def ready(s: Server) -> httpx.Response:
@@ -91,15 +110,121 @@ def test_every_alert_expression_names_only_metrics_a_live_server_exports(gpu_ser
     for rule in rules:
         used = metric_names(rule["expr"])
         assert used, rule["alert"]
-        assert used - exported == set(), (rule["alert"], used - exported)
-    # the issue's five alerts, each on the metric that shows it
+        assert used - exported - PROMETHEUS_SERIES == set(), (rule["alert"], used - exported)
+    # the issue's five alerts, the server down and the 5xx answers, each on the metric that shows it
     by_metric = {n: r["alert"] for r in rules for n in metric_names(r["expr"])}
-    for name in ("gpushepherd_gpus_free", "gpushepherd_oldest_pending_seconds",
+    for name in ("gpushepherd_gpus_free_usable", "gpushepherd_oldest_pending_by_reason_seconds",
                  "gpushepherd_scheduling_loop_last_step_timestamp_seconds", "gpushepherd_store_errors_total",
-                 "gpushepherd_job_preemptions_total"):
+                 "gpushepherd_job_preemptions_total", "up", "gpushepherd_http_responses_total"):
         assert name in by_metric, name
     assert {r["labels"]["severity"] for r in rules} <= {"warning", "critical"}
     assert all(r["annotations"]["summary"] and r["annotations"]["description"] for r in rules)
+
+
+def test_the_alerts_on_waiting_jobs_name_the_capacity_reasons_only():
+    """GPUs idle while jobs wait and the oldest pending job count jobs that wait for
+    capacity only (CAPACITY_REASONS), never a quota, a window, a hold, a dependency or a
+    begin time (issue 18 follow-up: a quota wait fired both in normal multi-team use)."""
+    from gpushepherd.daemon.metrics import CAPACITY_REASONS
+
+    rules = rules_by_name()
+    assert metric_names(rules["GpuShepherdGpusFreeWhileJobsWait"]["expr"]) == {"gpushepherd_gpus_free_usable"}
+    old = rules["GpuShepherdOldestPendingJobTooOld"]["expr"]
+    assert metric_names(old) == {"gpushepherd_oldest_pending_by_reason_seconds"}
+    codes = set(re.search(r'reason=~"([^"]*)"', old)[1].split("|"))
+    assert codes == set(CAPACITY_REASONS) | {"New"}
+    assert not codes & {"QuotaExceeded", "CohortQuota", "WindowLimit", "ExceedsCapacity", "JobHeldUser",
+                        "Dependency", "BeginTime", "DependencyNeverSatisfied", "BadConstraints"}
+    down = rules["GpuShepherdServerDown"]["expr"]
+    assert 'up{job=~"gpushepherd.*"} == 0' in down and "absent(" in down
+    assert 'gpushepherd_http_responses_total{code="5xx"}' in rules["GpuShepherdApiServerErrors"]["expr"]
+
+
+def test_pending_jobs_by_reason_and_usable_free_gpus_on_a_real_server(tmp_path):
+    """A job held by its team's quota while 3 GPUs are free counts under QuotaExceeded and
+    leaves no usable free GPU (the alert stays quiet); a strict-FIFO job behind a head that
+    waits for Resources could use the free GPUs: they count as usable; a held job counts
+    under JobHeldUser."""
+    s = Server(tmp_path)
+    s.policy.write_text(REASONS_POLICY)
+    flag = tmp_path / "go"
+    s.start()
+    try:
+        a = s.submit(wait_for_file(flag), gpus=1, team="qa")
+        s.wait_state(a, "RUNNING")
+        quota = s.submit(wait_for_file(flag), gpus=1, team="qa")
+        wait_for("a quota reason", lambda: (s.job(quota)["reason"] or "").startswith("QuotaExceeded"))
+        m = scrape(s)
+        assert value(m, "gpushepherd_gpus_free") == 3
+        assert value(m, "gpushepherd_pending_jobs", **{"class": "batch", "team": "qa", "reason": "QuotaExceeded"}) == 1
+        assert total(m, "gpushepherd_pending_jobs") == 1
+        assert value(m, "gpushepherd_gpus_free_usable") == 0  # idle by policy, not a waste
+        assert value(m, "gpushepherd_oldest_pending_by_reason_seconds",
+                     **{"class": "batch", "team": "qa", "reason": "QuotaExceeded"}) >= 0
+        assert total(m, "gpushepherd_oldest_pending_by_reason_seconds", reason="Resources") == 0
+        # capacity: a 4-GPU head of a strict-FIFO queue waits for Resources; the 1-GPU job behind it could run
+        head = s.submit(wait_for_file(flag), gpus=4, cls="fifo")
+        behind = s.submit(wait_for_file(flag), gpus=1, cls="fifo")
+        s.submit(wait_for_file(flag), gpus=1, hold=True)
+        wait_for("the head's reason", lambda: (s.job(head)["reason"] or "").startswith("Resources"))
+        wait_for("a priority reason", lambda: (s.job(behind)["reason"] or "").startswith("Priority"))
+        submitted = s.job(quota)["submit_time"]
+        t0 = time.time()
+        m = scrape(s)
+        t1 = time.time()
+        assert value(m, "gpushepherd_pending_jobs", **{"class": "fifo", "team": "ml", "reason": "Resources"}) == 1
+        assert value(m, "gpushepherd_pending_jobs", **{"class": "fifo", "team": "ml", "reason": "Priority"}) == 1
+        assert value(m, "gpushepherd_pending_jobs", **{"class": "batch", "team": "ml", "reason": "JobHeldUser"}) == 1
+        assert value(m, "gpushepherd_pending_jobs", **{"class": "batch", "team": "qa", "reason": "QuotaExceeded"}) == 1
+        assert value(m, "gpushepherd_gpus_free") == 3
+        assert value(m, "gpushepherd_gpus_free_usable") == 3  # the 1-GPU job fits any of them
+        v = value(m, "gpushepherd_oldest_pending_by_reason_seconds",
+                  **{"class": "batch", "team": "qa", "reason": "QuotaExceeded"})
+        assert t0 - submitted <= v <= t1 - submitted, (t0 - submitted, v, t1 - submitted)
+    finally:
+        flag.touch()
+        s.stop()
+
+
+def test_api_responses_are_counted_by_route_and_status_class_and_a_500_is_logged(tmp_path):
+    """A 404 counts as 4xx on its route template; an exception in a handler answers 500,
+    counts as 5xx and logs its method, route and traceback (an SRE saw 500s while
+    /readyz stayed 200 and nothing in the metrics showed them)."""
+    import logging
+
+    from fastapi.testclient import TestClient
+
+    from gpushepherd.daemon.api import make_app
+    from gpushepherd.daemon.server import Daemon
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(METRICS_POLICY)
+    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05)
+    d.start()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("gpushepherd.daemon")
+    logger.addHandler(handler)
+    try:
+        def broken(job_id, history=False, row=None):
+            raise RuntimeError("boom in job_view")
+        with TestClient(make_app(d), raise_server_exceptions=False) as client:
+            assert client.get("/jobs/nope").status_code == 404
+            assert client.get("/healthz").status_code == 200
+            d.job_view = broken
+            assert client.get("/jobs/12").status_code == 500
+            m = {(s.name, frozenset(s.labels.items())): s.value
+                 for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples}
+        assert value(m, "gpushepherd_http_responses_total", route="/jobs/{job_id}", code="4xx") == 1
+        assert value(m, "gpushepherd_http_responses_total", route="/jobs/{job_id}", code="5xx") == 1
+        assert value(m, "gpushepherd_http_responses_total", route="/healthz", code="2xx") == 1
+        failed = [r for r in records if "failed" in r.getMessage()]
+        assert len(failed) == 1 and "GET /jobs/{job_id}" in failed[0].getMessage()
+        assert failed[0].exc_info and "boom in job_view" in str(failed[0].exc_info[1])
+    finally:
+        logger.removeHandler(handler)
+        d.stop()
 
 
 def test_promtool_accepts_the_alert_rules():
@@ -110,6 +235,19 @@ def test_promtool_accepts_the_alert_rules():
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"SUCCESS: {len([1 for g in yaml.safe_load(ALERTS.read_text())['groups'] for _ in g['rules']])} rules" \
         in r.stdout + r.stderr
+
+
+def test_promtool_evaluates_the_alert_rules_on_the_quota_and_capacity_cases():
+    """deploy/prometheus/alerts_test.yaml (promtool's rule unit tests): a job pending
+    QuotaExceeded beside 3 free GPUs fires nothing for 2 h; usable free GPUs fire after
+    15 m, a capacity wait over 1 h, a 5xx answer and a failing scrape fire theirs."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not on PATH (Debian's prometheus package has it; .ci/run installs it as root)")
+    r = subprocess.run([promtool, "test", "rules", "alerts_test.yaml"], capture_output=True, text=True,
+                       check=False, timeout=120, cwd=ALERTS.parent)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout + r.stderr
 
 
 # -- 12: probes and the stalled loop ------------------------------------------------------

@@ -55,6 +55,7 @@ from gpushepherd.daemon.jobpages import (MAX_PAGE_LIMIT, PAGE_LIMIT, JobIndex, d
                                          page, parse_limit)
 from gpushepherd.daemon.jobquery import JOB_NAME_RULE, JobFilter, QueryError, check_job_name
 from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gpushepherd.daemon.metrics import ResponseCount
 from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.report_api import mount_report
 from gpushepherd.daemon.server import Daemon, IdempotencyConflict, JobActionRefused
@@ -699,6 +700,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                   description="GPU workload scheduler: submit jobs, see the queue and why a job waits.",
                   responses=ERROR_RESPONSES)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(ResponseCount, metrics=daemon.metrics)  # outermost: a 413 is counted too (note 019)
 
     from sqlalchemy.exc import SQLAlchemyError
 

@@ -15,17 +15,20 @@ what ``observe`` kept of them.
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections import Counter as Tally
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpushepherd.core.stranded import stranded_capacity
 from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
 from gpushepherd.model.events import Event, JobSubmitted
 from gpushepherd.model.job import JobState
@@ -56,6 +59,15 @@ MIB = 1024 * 1024
 TAIL_WINDOW_S = 7 * 86400.0
 #: final states whose jobs count in the slowdown figures (ran to an end of their own or a limit)
 ENDED = (JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT)
+#: the pending-reason codes of a job that waits for capacity (GPUs, their shape, victims,
+#: its turn), not for its policy: a quota or a time window (QuotaExceeded, WindowLimit,
+#: CohortQuota), a spec no cluster fits (ExceedsCapacity), or, kept by the daemon, its
+#: user's hold, a dependency or a begin time (JobHeldUser, Dependency, BeginTime, ...).
+#: ``gpushepherd_gpus_free_usable`` counts free GPUs such a job could be placed on;
+#: deploy/prometheus/alerts.yaml names the same codes (a test checks they agree).
+CAPACITY_REASONS = ("Resources", "NoFit", "NoPreemptibleVictims", "ReservedFor", "HeldForPreemptor",
+                    "PreemptionInProgress", "Priority")
+log = logging.getLogger("gpushepherd.daemon")
 STRANDED_CONSTRAINTS = ("pool", "gpu_type", "gpu_memory", "node_selector", "taint", "driver", "cache", "sharing",
                         "single-node", "share-size", "mig-profile")
 
@@ -71,6 +83,13 @@ def cuda_oom_in(path: Path) -> bool:
     except OSError:
         return False
     return any(m in tail for m in OOM_MARKERS)
+
+
+def reason_code(reason: str | None) -> str:
+    """A pending reason's code, its text up to ``(`` (``QuotaExceeded(teams.a.max_gpus=3,
+    in use 3)`` -> ``QuotaExceeded``; ``None`` -> ``New``: not looked at yet). The code
+    only, never the detail: a bounded label value."""
+    return (reason or "").partition("(")[0] or "New"
 
 
 def reason_kind(reason: str) -> str:
@@ -131,6 +150,10 @@ class Metrics:
         self.cycle = Histogram("gpushepherd_scheduling_cycle_duration_seconds", "Wall seconds of one "
                                "Scheduler.handle in the reconcile loop (not in the replay).", buckets=CYCLE_BUCKETS,
                                registry=r)
+        self.http = Counter("gpushepherd_http_responses", "API responses by route template (the path as "
+                            "declared, e.g. /jobs/{job_id}; 'unmatched' for no route) and status class (2xx, "
+                            "3xx, 4xx, 5xx; an unhandled exception counts as 5xx), since this process started.",
+                            ["route", "code"], registry=r)
         self._runs: dict[str, tuple[float, int]] = {}  # job holding GPUs -> (run start, run number)
         self._ended: set[str] = set()  # jobs counted in ends
         self._idle: dict[str, tuple[int, float]] = {}  # job -> (run, first idle sample's time)
@@ -344,7 +367,8 @@ class GaugeCollector(Collector):
     def _families(self, d: "Daemon", now: float):
         sched, rules = d.sched, d.rules
         classes = sorted(rules.classes)
-        queue: Tally = Tally((j.spec.workload_class, j.spec.team) for j in sched.pending_jobs())
+        pending = sched.pending_jobs()
+        queue: Tally = Tally((j.spec.workload_class, j.spec.team) for j in pending)
         teams = sorted(set(rules.teams) | {t for _c, t in queue} | {j.spec.team for j in sched.holding()})
         running: Tally = Tally()
         allocated: Tally = Tally()
@@ -371,6 +395,7 @@ class GaugeCollector(Collector):
         yield _gauge("gpushepherd_gpus_allocated_idle", "GPUs held by running jobs whose utilisation samples "
                      "stayed below the idle threshold for the idle time (class idle_stop, else --idle-threshold-pct "
                      "and --idle-after).", ["class", "team"], ((p, idle[p]) for p in pairs))
+        yield from self._reasons(d, sched, pending, now)
         stranded = sched.stranded_capacity()
         yield _gauge("gpushepherd_gpus_free", "GPUs nobody holds (healthy, in service; shares and MIG "
                      "instances as fractions).", [], [((), stranded["free_gpus"])])
@@ -381,6 +406,41 @@ class GaugeCollector(Collector):
         yield from self._quota(sched, rules, teams)
         yield from self._tails(now)
         yield from self._gpus(d)
+
+    def _reasons(self, d: "Daemon", sched, pending: list, now: float):
+        """Pending jobs and the oldest of them by reason code (the core's pending jobs and
+        the ones the daemon keeps from it: held, dependency, begin time; note 019), and
+        the free GPUs a job waiting for capacity (``CAPACITY_REASONS``) could use."""
+        count: Tally = Tally()
+        oldest: dict[tuple[str, str, str], float] = {}
+        capacity = {}
+        rows = [(j, reason_code(str(r) if (r := sched.pending_reason(j.id)) is not None else None), pending_since(j))
+                for j in pending]
+        rows += [(k, reason_code(d.kept_why(k, now)), k.spec.submit_time)
+                 for _id, k in sorted(d.kept.items()) if k.state == "PENDING"]
+        for job, code, since in rows:
+            key = (job.spec.workload_class, job.spec.team, code)
+            count[key] += 1
+            oldest[key] = min(oldest.get(key, now), since)
+            if code in CAPACITY_REASONS and job.id in sched.jobs:
+                capacity[job.id] = job
+        keys = sorted(count)
+        yield _gauge("gpushepherd_pending_jobs", "Jobs pending, per workload class, team and pending-reason code "
+                     "(QuotaExceeded, Resources, Priority, ... and the daemon's JobHeldUser, Dependency, BeginTime; "
+                     "the code only, the detail is in `shepherd why`); absent for a code no job has.",
+                     ["class", "team", "reason"], ((k, count[k]) for k in keys))
+        yield _gauge("gpushepherd_oldest_pending_by_reason_seconds", "Seconds since the oldest pending job of a "
+                     "class and team with a pending-reason code last became pending (its submission, or its "
+                     "requeue); absent for a code no job has.", ["class", "team", "reason"],
+                     ((k, max(0.0, now - oldest[k])) for k in keys))
+        usable = 0.0
+        if capacity:  # the core's stranded measure over these jobs only: free minus what none of them can use
+            found = stranded_capacity(SimpleNamespace(ledger=sched.ledger, jobs=capacity))
+            usable = max(0.0, round(found["free_gpus"] - found["stranded_gpus"], 6))
+        yield _gauge("gpushepherd_gpus_free_usable", "Free GPUs that a job pending for capacity (reason "
+                     f"{', '.join(CAPACITY_REASONS)}) could be placed on now (its pool, type, memory, selector, "
+                     "taints, shape: gpushepherd.core.stranded), though it waits; jobs held by a quota, a window, "
+                     "a hold, a dependency or a begin time do not count. 0 with none.", [], [((), usable)])
 
     def _tails(self, now: float):
         fig = self.m.tails(now)
@@ -478,6 +538,42 @@ class GaugeCollector(Collector):
             yield _gauge(name, doc, dcgm if name.startswith("DCGM_") else ours, rows[name])
         yield _gauge("gpushepherd_gpu_unmanaged", "1 while a GPU runs processes gpushepherd did not start (not "
                      "handed out).", ours, unmanaged)
+
+
+class ResponseCount:
+    """ASGI middleware: counts each HTTP response in ``metrics.http`` by route template
+    and status class; an exception out of the app is logged with the request's method and
+    route and its traceback (``gpushepherd.daemon`` logger), counted as 5xx and raised on
+    (Starlette answers it 500)."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = []
+
+        async def sent(msg):
+            if msg["type"] == "http.response.start":
+                status.append(int(msg["status"]))
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, sent)
+        except Exception:
+            log.exception("API request %s %s failed (answered 500)", scope.get("method", "?"), route_of(scope))
+            self.metrics.http.labels(route_of(scope), "5xx").inc()
+            raise
+        code = status[0] if status else 500
+        self.metrics.http.labels(route_of(scope), f"{code // 100}xx").inc()
+
+
+def route_of(scope) -> str:
+    """The route template a request matched (``/jobs/{job_id}``), ``unmatched`` when none:
+    a bounded label value, never the path."""
+    route = scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
 
 
 def pending_since(job) -> float:

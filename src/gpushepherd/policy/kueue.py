@@ -24,6 +24,8 @@ API = "kueue.x-k8s.io/v1beta2"
 GPU = "nvidia.com/gpu"
 POOL_LABEL = "gpushepherd.io/pool"
 RECLAIM = {"any": "Any", "lower_priority": "LowerPriority", "never": "Never"}
+#: ``teams.X.preemption.within_team`` -> ``withinClusterQueue`` (note 035)
+WITHIN = {"lower_priority": "LowerPriority", "never": "Never"}
 
 
 def _dns(text: str) -> str:
@@ -68,28 +70,46 @@ def export_kueue(policy: Policy) -> tuple[list[dict], list[str]]:
         name = f"{gpu_type}-{pool}" if (multi_pool or pool != "default") else gpu_type
         flavors[key] = {"apiVersion": API, "kind": "ResourceFlavor", "metadata": _meta(name), "spec": body}
     resources = [GPU] + sorted({f"nvidia.com/mig-{p}" for d in mig_capacity.values() for p in d})
-    if len(flavors) > 1:
-        cannot.append(f"teams.*.nominal_gpus / max_gpus over {len(flavors)} GPU flavors: Kueue's quotas are per "
-                      "flavor; each flavor got the team's whole quota (capped at the flavor's GPUs), so a team "
-                      "could hold more in total than its limit")
     # ---------------------------------------------------------------- cohorts
-    cohort_of: dict[str, str] = {}
-    member_quota: dict[str, tuple[int | None, int | None, int | None]] = {}
-    reclaim_of: dict[str, str] = {}
-    cohorts: list[dict] = []
+    # A ClusterQueue has one cohort. Cohorts for different pools that share a member become
+    # one Kueue Cohort: Kueue's quotas and borrowing are per flavor, so each pool's quota is
+    # still lent and borrowed on its own flavors only (a member's values for its pool's flavors;
+    # 0 to lend and borrow on the flavors of a pool it is in no cohort of).
+    membership: dict[str, dict[str | None, tuple[str, object]]] = {}  # team -> pool -> (cohort, member)
+    group = {c: c for c in spec.cohorts}
+
+    def root(c: str) -> str:
+        while group[c] != c:
+            c = group[c]
+        return c
     for cname, co in sorted(spec.cohorts.items()):
-        if co.pool is not None:
-            cannot.append(f"cohorts.{cname}.pool={co.pool}: a cohort for one pool; Kueue's cohorts pool every "
-                          "flavor of their members")
-        cohorts.append({"apiVersion": API, "kind": "Cohort", "metadata": _meta(cname), "spec": {}})
         for m in co.members:
-            if m.team in cohort_of:
-                cannot.append(f"cohorts.{cname}: team {m.team} is also in cohort {cohort_of[m.team]}: a Kueue "
-                              "ClusterQueue has one cohort; exported in the first")
+            mine = membership.setdefault(m.team, {})
+            if co.pool in mine:  # pragma: no cover - the schema allows one cohort per pool per team
+                cannot.append(f"cohorts.{cname}: team {m.team} is also in cohort {mine[co.pool][0]} for the same "
+                              "pool: exported in the first")
                 continue
-            cohort_of[m.team] = cname
-            member_quota[m.team] = (m.nominal_gpus, m.borrowing_limit, m.lending_limit)
-            reclaim_of[m.team] = RECLAIM[co.reclaim]
+            for other, _m in mine.values():
+                group[root(cname)] = root(other)
+            mine[co.pool] = (cname, m)
+    merged: dict[str, list[str]] = {}
+    for cname in sorted(spec.cohorts):
+        merged.setdefault(root(cname), []).append(cname)
+    kueue_cohort = {c: "-".join(names) for names in merged.values() for c in names}
+    cohorts: list[dict] = []
+    for names in merged.values():
+        cohorts.append({"apiVersion": API, "kind": "Cohort", "metadata": _meta("-".join(names)), "spec": {}})
+        if len(names) > 1:
+            cannot.append(f"cohorts {', '.join(names)} (pools {', '.join(str(spec.cohorts[c].pool) for c in names)}) "
+                          f"share members: one Kueue Cohort {_dns('-'.join(names))} (a ClusterQueue has one "
+                          "cohort); quotas, borrowing and lending stay per flavor, so per pool")
+            reclaims = {spec.cohorts[c].reclaim for c in names}
+            if len(reclaims) > 1:
+                cannot.append(f"cohorts {', '.join(names)}: reclaim {', '.join(sorted(reclaims))} differ; Kueue's "
+                              "reclaimWithinCohort is one per ClusterQueue: each member got its first cohort's")
+    for cname, co in sorted(spec.cohorts.items()):
+        if co.pool is not None and not any(co.pool == n.pool for n in rules.nodes):  # pragma: no cover
+            cannot.append(f"cohorts.{cname}.pool={co.pool}: no node in the pool")
     parents = sorted({t.parent for t in spec.teams.values() if t.parent})
     for p in parents:
         cannot.append(f"teams.*.parent={p}: a parent's limits (max_gpus ...) cap its children together; exported "
@@ -98,20 +118,36 @@ def export_kueue(policy: Policy) -> tuple[list[dict], list[str]]:
             cohorts.append({"apiVersion": API, "kind": "Cohort", "metadata": _meta(p), "spec": {}})
     # ---------------------------------------------------------------- queues
     queues, local = [], []
-    within = "LowerPriority" if spec.preemption.enabled else "Never"
+    spread: dict[tuple[str, int], set[str]] = {}  # a quota value -> the flavors that got it whole
     for team in sorted(spec.teams):
         t = spec.teams[team]
-        nominal, borrow, lend = member_quota.get(team, (None, None, None))
-        nominal = t.nominal_gpus if nominal is None else nominal
-        borrow = t.borrowing_limit if borrow is None else borrow
-        lend = t.lending_limit if lend is None else lend
-        cohort = cohort_of.get(team) or t.parent
+        mine = membership.get(team, {})
+        first = mine[min(mine, key=lambda pool: mine[pool][0])][0] if mine else None
+        cohort = kueue_cohort[first] if first else t.parent
         flavor_rows = []
         for key, fl in flavors.items():
+            gpu_type, pool = key
             cap = capacity[key]
+            entry = mine.get(pool) or mine.get(None)
+            fields = ("nominal_gpus", "borrowing_limit", "lending_limit")
+            if entry is not None:  # the team's quota in the cohort of this flavor's pool (or of every pool)
+                cname, m = entry
+                src = [(f"cohorts.{cname}.members.{team}.{f}", getattr(m, f)) if getattr(m, f) is not None
+                       else (f"teams.{team}.{f}", getattr(t, f)) for f in fields]
+            elif mine:  # in a cohort, but of other pools: this flavor is the team's alone
+                src = [(f"teams.{team}.max_gpus", t.max_gpus), ("", 0), ("", 0)]
+            else:
+                src = [(f"teams.{team}.{f}", getattr(t, f)) for f in fields]
+            (nominal, borrow, lend) = (v for _f, v in src)
+            for field, v in src + [(f"teams.{team}.max_gpus", t.max_gpus)]:
+                if field and v is not None and (not isinstance(v, dict) or gpu_type in v):
+                    label = field if not isinstance(v, dict) else f"{field}[{gpu_type}]"
+                    spread.setdefault((label, _of_type(v, gpu_type, None)), set()).add(fl["metadata"]["name"])
             # a quota per GPU type (note 038) is the flavor's own: a type not named has none
-            f_nom = _of_type(nominal, key[0], 0)
-            f_borrow, f_lend, f_max = (_of_type(v, key[0], None) for v in (borrow, lend, t.max_gpus))
+            f_nom = _of_type(nominal, gpu_type, 0)
+            f_borrow, f_lend, f_max = (_of_type(v, gpu_type, None) for v in (borrow, lend, t.max_gpus))
+            if entry is None and mine:
+                f_nom = f_max
             if cohort and f_max is not None and f_borrow is None:
                 f_borrow = max(0, f_max - (f_nom or 0))
             if not cohort:
@@ -120,16 +156,18 @@ def export_kueue(policy: Policy) -> tuple[list[dict], list[str]]:
             if cohort and f_borrow is not None:
                 rows[0]["borrowingLimit"] = str(f_borrow)
             if cohort and f_lend is not None:
-                rows[0]["lendingLimit"] = str(f_lend)
+                rows[0]["lendingLimit"] = str(min(f_lend, cap if f_nom is None else min(f_nom, cap)))
             for res in resources[1:]:
                 profile = res.removeprefix("nvidia.com/mig-")
                 rows.append({"name": res, "nominalQuota": str(mig_capacity.get(key, {}).get(profile, 0))})
             flavor_rows.append({"name": fl["metadata"]["name"], "resources": rows})
+        strategy = _queueing(spec, rules, team, cannot)
         body = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": _dns(team)}},
-                "queueingStrategy": "BestEffortFIFO",
+                "queueingStrategy": strategy,
                 "resourceGroups": [{"coveredResources": resources, "flavors": flavor_rows}],
-                "preemption": {"withinClusterQueue": within,
-                               "reclaimWithinCohort": reclaim_of.get(team, "Any" if cohort else "Never")}}
+                "preemption": {"withinClusterQueue": WITHIN[t.preemption.within_team],
+                               "reclaimWithinCohort": (RECLAIM[spec.cohorts[first].reclaim] if first
+                                                       else "Any" if cohort else "Never")}}
         if cohort:
             body["cohortName"] = _dns(cohort)
         if t.shares is not None:
@@ -144,8 +182,15 @@ def export_kueue(policy: Policy) -> tuple[list[dict], list[str]]:
             cannot.append(f"teams.{team}.windows: limits by time of day and week (Kueue's quotas do not change "
                           "with time)")
         for cls, lim in sorted(t.classes.items()):
-            cannot.append(f"teams.{team}.classes.{cls}: a team's per-class limits (Kueue's quota is per "
-                          "ClusterQueue, not per priority class)")
+            if lim.max_gpus is not None or lim.max_running_jobs is not None:
+                cannot.append(f"teams.{team}.classes.{cls}: a team's per-class limits (Kueue's quota is per "
+                              "ClusterQueue, not per priority class)")
+    for (label, v), names in sorted(spread.items()):
+        if len(names) > 1:
+            cannot.append(f"{label}={v} over {len(names)} GPU flavors ({', '.join(sorted(names))}): Kueue's quotas "
+                          "are per flavor; each flavor got the whole value (capped at its GPUs), so a team could "
+                          "hold, borrow or lend more in total than the policy allows (a quota per GPU type, one "
+                          "type per pool, is exact)")
     # ---------------------------------------------------------------- classes
     prios = []
     for name in sorted(rules.classes):
@@ -194,8 +239,10 @@ def export_kueue(policy: Policy) -> tuple[list[dict], list[str]]:
     if spec.preemption.min_runtime_s:
         cannot.append(f"preemption.min_runtime_s={spec.preemption.min_runtime_s:g}: Kueue preempts jobs of any age")
     if spec.preemption.enabled:
-        cannot.append("preemption across teams outside a cohort: gpushepherd preempts any lower, preemptible "
-                      "class; Kueue preempts within a ClusterQueue, and in a cohort to reclaim quota")
+        cannot.append("preemption.enabled (class preemption): gpushepherd lets a higher class preempt lower, "
+                      "preemptible classes of any team when GPUs are short; Kueue preempts only to admit within "
+                      "quota: withinClusterQueue (from teams.*.preemption.within_team: a team's own jobs when its "
+                      "quota binds) and reclaimWithinCohort (from cohorts.*.reclaim: lent quota taken back)")
     w = spec.priority.weights
     if w.fair_share or w.age or w.size or w.time_limit:
         cannot.append("priority.weights (fair_share, age, size, time_limit): multifactor priority; Kueue orders "
@@ -231,6 +278,30 @@ def to_yaml(objects: list[dict], cannot: list[str], source: str) -> str:
     head += [f"#   - {line}" for line in cannot]
     docs = [yaml.safe_dump(o, sort_keys=False, default_flow_style=False) for o in objects]
     return "\n".join(head) + "\n---\n" + "---\n".join(docs)
+
+
+def _queueing(spec, rules, team: str, cannot: list[str]) -> str:
+    """A team's ClusterQueue ``queueingStrategy``: ``StrictFIFO`` when every class the
+    policy names (else every class) is ``strict_fifo`` for the team (``teams.X.classes.C.
+    queueing``, else ``classes.C.queueing``), else ``BestEffortFIFO``; a mix, and the
+    scope of strict order, are added to ``cannot``."""
+    t = spec.teams[team]
+    named = sorted(set(spec.classes) | set(t.classes)) or sorted(rules.classes)
+    strict = []
+    for c in named:
+        own = t.classes[c].queueing if c in t.classes else None
+        cls = spec.classes[c].queueing if c in spec.classes else None
+        if (own or cls or "best_effort_fifo") == "strict_fifo":
+            strict.append(c)
+    if not strict:
+        return "BestEffortFIFO"
+    if len(strict) < len(named):
+        cannot.append(f"teams.{team}: strict_fifo for classes {', '.join(strict)} only; Kueue's queueingStrategy "
+                      "is one per ClusterQueue: exported BestEffortFIFO")
+        return "BestEffortFIFO"
+    cannot.append(f"teams.{team}: strict_fifo holds a job back only behind an earlier one for the same GPU type or "
+                  "pool; Kueue's StrictFIFO holds the whole ClusterQueue behind its head")
+    return "StrictFIFO"
 
 
 def _of_type(value, gpu_type: str, unnamed):
