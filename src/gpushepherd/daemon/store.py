@@ -98,7 +98,8 @@ jobs = Table(
     Column("spec", Text, nullable=False),
     Column("argv", Text, nullable=False),
     Column("shell", Boolean, nullable=False, default=False),
-    Column("pty", Boolean, nullable=False, default=False, server_default=false()),  # note 041 (Alembic 0007)
+    # no client-side default: rows written without it (older writers, bench/restart.py) take the server's
+    Column("pty", Boolean, nullable=False, server_default=false()),  # note 041 (Alembic 0007)
     Column("env", Text, nullable=False, default="{}"),
     Column("cwd", String(4096), nullable=False),
     Column("state", String(16), nullable=False),
