@@ -89,3 +89,22 @@ def test_a_job_within_its_nominal_quota_still_reclaims():
     recs = res.records
     assert recs["71"].preempted_at == [] and [s[0] for s in recs["71"].starts] == [9550]
     assert len(recs["49"].preempted_at) + len(recs["110"].preempted_at) == 1
+
+
+def test_a_lenders_job_within_its_nominal_is_not_kept_waiting_for_a_borrower():
+    """Team-b's b0 (1 GPU) runs 0-500; team-a's ``a`` (8 GPUs, a higher class, 300 s)
+    arrives at 5 and, evicting no one (it would borrow), is reserved the node at 500.
+    Team-b's b1 (3 GPUs, 600 s) arrives at 10: team-b would then hold 4, its nominal
+    quota. Before, a's reservation kept b1 waiting (ReservedFor(a)); ``a`` started at
+    500 and b1 reclaimed its GPUs a second later. Now a borrower's reservation does not
+    bind a lender's job within its nominal quota (it would reclaim those GPUs at the
+    borrower's start anyway): b1 runs 10-610, ``a`` is reserved at 610 and runs 610-910;
+    nobody is preempted. Every job's time limit is its duration (the reservation can
+    be planned)."""
+    jobs = [SimJob(job("b0", 1, cls="low-h100", team="team-b", submit=0, time_limit_s=500), 500),
+            SimJob(job("a", 8, cls="high-h100", team="team-a", submit=5, time_limit_s=300), 300),
+            SimJob(job("b1", 3, cls="low-h100", team="team-b", submit=10, time_limit_s=600), 600)]
+    recs = _kueue(jobs).records
+    assert {j: r.preempted_at for j, r in recs.items()} == {"b0": [], "a": [], "b1": []}
+    assert [s[0] for s in recs["b1"].starts] == [10]
+    assert [s[0] for s in recs["a"].starts] == [610]
