@@ -81,14 +81,17 @@ def test_the_newcomers_three_jobs_no_longer_preempt_each_other():
 
 def test_a_job_within_its_nominal_quota_still_reclaims():
     """The same cohort, team-a's job asking 4 H100s (its nominal): it reclaims what
-    team-b borrows - 49, the cheapest victim set (one victim, then victim order:
-    most recently started) - and team-b does not take it back (team-a does not borrow)."""
+    team-b borrows. One victim makes room either way (3 GPUs free); at equal cost the
+    victim order decides (same class, most recently started first): 110. Team-b does
+    not take the GPUs back (team-a does not borrow); 110 would make team-b hold 5 while
+    team-a holds 4 of the cohort's 8, so it restarts when 71 ends, at 9650."""
     res = _kueue([SimJob(job("49", 1, cls="low-h100", team="team-b", submit=6759), 14400),
                   SimJob(job("110", 4, cls="low-h100", team="team-b", submit=9000), 11914),
                   SimJob(job("71", 4, cls="high-h100", team="team-a", submit=9550), 100)])
     recs = res.records
     assert recs["71"].preempted_at == [] and [s[0] for s in recs["71"].starts] == [9550]
-    assert len(recs["49"].preempted_at) + len(recs["110"].preempted_at) == 1
+    assert recs["49"].preempted_at == [] and recs["110"].preempted_at == [9550]
+    assert [s[0] for s in recs["110"].starts] == [9000, 9650]
 
 
 def test_a_lenders_job_within_its_nominal_is_not_kept_waiting_for_a_borrower():
