@@ -22,7 +22,10 @@ many times each property was checked and every failure. The properties:
   inside its reservation), and no limit a started job counts against is exceeded;
 * ``e_preemptor`` - every preemption's preemptor starts at the instant its last victim
   is gone, unless it was cancelled, hardware was lost or a window changed its limits in
-  between (counted apart as ``e_excused:<why>``);
+  between (counted apart as ``e_excused:<why>``); a preemptor that evicts a job of
+  another member of its cohort stays within its own nominal quota once it runs (Kueue's
+  ``borrowWithinCohort: Never``: borrowing by preemption is undone by the victim team's
+  reclaim, and round again - issue 20's endless loop; counted as ``e_no_borrow``);
 * ``f_restart`` - a ``Restart`` or a question changes no decision: the run with the
   workload's restarts that asks every pending reason decides as the run with neither;
   and after every instant of the run
@@ -529,6 +532,18 @@ class Checker:
         if used <= member.nominal * GPU_UNITS:
             self.report.fail("d_reserved", f"t={book.now:g}: {p.id} (team {p.spec.team}) preempts {v.id} of team "
                              f"{member.team}, which holds {used / GPU_UNITS:g} GPUs of its nominal {member.nominal}")
+        # the preemptor's team once it runs: at least what its jobs that ran before this
+        # instant hold (jobs started in this pass may have come after the plan) plus it
+        self.report.counts["e_no_borrow"] += 1
+        own = p.cohort[1]
+        t = book.now
+        held = book.quota.usage.get((own.limit, ""), 0) - sum(
+            a for j in book.running.values() if j.run_start >= t
+            for i, u, a in j.run_charges if i == own.limit and not u)
+        if held + p.units > own.nominal * GPU_UNITS:
+            self.report.fail("e_preemptor", f"t={t:g}: {p.id} (team {p.spec.team}) preempts {v.id} of team "
+                             f"{member.team} and would then borrow: its team holds at least "
+                             f"{(held + p.units) / GPU_UNITS:g} GPUs of its nominal {own.nominal}")
 
     # ------------------------------------------------------------------- g
     def end(self, sched) -> None:

@@ -86,8 +86,10 @@ def test_a_reclaimed_victim_is_not_told_it_waits_for_a_preemptor_that_started():
     res = Simulator(_cohort(2, 0, 2), jobs, record_reasons=True).run()
     assert res.records["A1"].starts[0][0] == 10
     # A1 is within team A's nominal quota: B1 (higher class, but borrowing) may not evict it
+    # (nor may any job that would borrow evict another member's: issue 20's loop)
     assert [r[2] for r in res.records["B1"].reasons] == [
-        "NoPreemptibleVictims(lower-priority jobs may not be preempted)"]
+        "NoPreemptibleVictims(B would borrow beyond its nominal 0 in cohorts.c: other members' jobs are not "
+        "preempted to borrow)"]
 
 
 def test_a_variant_policy_is_checked_before_anything_runs():

@@ -8,7 +8,9 @@ Candidates:
   have run ``preemption.min_runtime_s`` and were not placed at this very instant (they
   may be from the next second on: a wake-up is asked for then); in a
   cohort, a job of another member only while that member borrows (a member within its
-  nominal quota keeps its guarantee, as Kueue's ``borrowWithinCohort: Never``);
+  nominal quota keeps its guarantee) and only for a job whose team stays within its own
+  nominal quota once it runs (Kueue's ``borrowWithinCohort: Never``: a job that would
+  borrow preempts no other member, whose reclaim would undo it at once; issue 20);
 * *reclaim* - in the job's cohort, while its team stays within its nominal quota once
   admitted: jobs of other members that borrow (hold more than their nominal), of any
   class or only lower ones (``reclaim: lower_priority``), Kueue's ``reclaimWithinCohort``;
@@ -47,14 +49,19 @@ def _member_borrows(book, member) -> bool:
     return book.quota.usage.get((member.limit, ""), 0) > member.nominal * GPU_UNITS
 
 
+def stays_within_nominal(book, job: Job) -> bool:
+    """Whether the cohort member of ``job`` (a job in a cohort) holds at most its nominal
+    quota once the job runs, in GPU units: the job does not borrow."""
+    member = job.cohort[1]
+    return book.quota.usage.get((member.limit, ""), 0) + job.units <= member.nominal * GPU_UNITS
+
+
 def _within_nominal_to_reclaim(book, job: Job) -> bool:
     """Preemption is on, the job's cohort reclaims, and its team stays within its
     nominal quota once the job runs (Kueue's ``reclaimWithinCohort``)."""
     if not book.rules.preemption_enabled or job.cohort is None:
         return False
-    cohort, member = job.cohort
-    return (cohort.reclaim != "never"
-            and book.quota.usage.get((member.limit, ""), 0) + job.units <= member.nominal * GPU_UNITS)
+    return job.cohort[0].reclaim != "never" and stays_within_nominal(book, job)
 
 
 def may_reclaim(book, job: Job) -> bool:
@@ -78,6 +85,22 @@ def borrows(book, job: Job) -> bool:
     """Whether the cohort member of ``job`` (a job in a cohort) uses more than its
     nominal quota, in GPU units: it borrows, and its jobs may be reclaimed."""
     return _member_borrows(book, job.cohort[1])
+
+
+def kept_from_borrower(book, job: Job) -> str:
+    """Why lower-class jobs of other members of ``job``'s cohort are not its victims when
+    its team would borrow once it runs (``borrowWithinCohort: Never``), as a reason
+    detail; ``""`` when that is not so or no such job runs."""
+    if job.cohort is None or stays_within_nominal(book, job):
+        return ""
+    cohort, member = job.cohort
+    prio = job.cls.priority
+    for q, jobs in book.evictable.items():
+        if q < prio and any(v.cohort is not None and v.cohort[0] is cohort and v.cohort[1] is not member
+                            for v in jobs.values()):
+            return (f"{member.team} would borrow beyond its nominal {member.nominal} in cohorts.{cohort.name}: "
+                    f"other members' jobs are not preempted to borrow")
+    return ""
 
 
 def comes_of_age(book, v: Job) -> float:
@@ -113,7 +136,9 @@ def candidates(book, job: Job, reclaim: bool, young: bool = False, within: froze
     prio = job.cls.priority
     out: dict[str, Job] = {}
     borrowing = set()
-    if job.cohort is not None:
+    if job.cohort is not None and stays_within_nominal(book, job):
+        # a job that would borrow takes nothing from another member (borrowWithinCohort:
+        # Never): that member would reclaim it at once, and round again (issue 20)
         cohort, member = job.cohort
         borrowing = {m.team for m in cohort.members if m is not member and _member_borrows(book, m)}
 
@@ -126,7 +151,7 @@ def candidates(book, job: Job, reclaim: bool, young: bool = False, within: froze
                 for v in jobs.values():
                     if (job.cohort is not None and v.cohort is not None and v.cohort[0] is job.cohort[0]
                             and v.cohort[1] is not job.cohort[1] and v.cohort[1].team not in borrowing):
-                        continue  # another member within its nominal quota: its guarantee holds
+                        continue  # another member within its nominal quota, or the job would borrow
                     if eligible(v):
                         out[v.id] = v
     if reclaim:

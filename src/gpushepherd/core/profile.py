@@ -327,20 +327,24 @@ class Profile:
         return max(0, cap)
 
     def reclaimers_of(self, job: Job) -> tuple:
-        """The reservations in ``job``'s cohort that do not bind it while it borrows
-        (its member over its nominal quota once it runs), of another member's job that
+        """The reservations in ``job``'s cohort that do not bind it. While it borrows (its
+        member over its nominal quota once it runs): those of another member's job that
         either waits for its own team's hard limit now (its idle quota is lent: a
         lender's waiting job does not stop others from borrowing, scenario S07) or could
         reclaim ``job``'s GPUs at its start (within its nominal quota then; Kueue's
-        ``reclaimWithinCohort``): ``job`` may take their GPUs."""
+        ``reclaimWithinCohort``): ``job`` may take their GPUs. While it does not borrow:
+        those of another member's job that would borrow at its start, GPUs ``job``
+        would reclaim from it then (a lender's job is not kept waiting for a borrower
+        whose start it would undo a second later; issue 20, scenario V2-16)."""
         book = self.book
         if job.cohort is None or not self.claims:
             return ()
         cohort, member = job.cohort
         usage = book.quota.usage
-        if usage.get((member.limit, ""), 0) + job.units <= member.nominal * GPU_UNITS:
-            return ()  # within its own nominal quota: not a borrower
-        reclaim = book.rules.preemption_enabled and job.evictable and cohort.reclaim != "never"
+        within = usage.get((member.limit, ""), 0) + job.units <= member.nominal * GPU_UNITS
+        reclaims = book.rules.preemption_enabled and cohort.reclaim != "never"
+        if within and (not reclaims or job.shape.mode == "share"):
+            return ()  # a share reclaims nothing
         out = []
         for c in self.claims:
             if c.hold:
@@ -348,22 +352,33 @@ class Profile:
             r = book.jobs[c.job_id]
             if r.cohort is None or r.cohort[0] is not cohort or r.cohort[1] is member:
                 continue
+            if within:  # may job reclaim r's GPUs at r's start?
+                if (r.evictable and not (cohort.reclaim == "lower_priority" and r.cls.priority >= job.cls.priority)
+                        and self._held_at(r.cohort[1], c.start) + r.units > r.cohort[1].nominal * GPU_UNITS):
+                    out.append(c)
+                continue
             if c.lend:
                 out.append(c)
                 continue
-            if not reclaim or (cohort.reclaim == "lower_priority" and job.cls.priority >= r.cls.priority):
+            if (not reclaims or not job.evictable
+                    or (cohort.reclaim == "lower_priority" and job.cls.priority >= r.cls.priority)):
                 continue
-            their = r.cohort[1]
-            used = usage.get((their.limit, ""), 0)
-            for end, _seq, jid in book.ends:  # what they hold still at the claim's start
-                if end > c.start:
-                    break
-                holder = book.jobs[jid]
-                if holder.cohort is not None and holder.cohort[1] is their:
-                    used -= holder.run_units
-            if used + r.units <= their.nominal * GPU_UNITS:
+            if self._held_at(r.cohort[1], c.start) + r.units <= r.cohort[1].nominal * GPU_UNITS:
                 out.append(c)
         return tuple(out)
+
+    def _held_at(self, member, t: float) -> int:
+        """The units cohort member ``member`` holds still at ``t`` (its running jobs
+        planned to end by then left out)."""
+        book = self.book
+        used = book.quota.usage.get((member.limit, ""), 0)
+        for end, _seq, jid in book.ends:
+            if end > t:
+                break
+            holder = book.jobs[jid]
+            if holder.cohort is not None and holder.cohort[1] is member:
+                used -= holder.run_units
+        return used
 
     def quota_cap(self, job_id: str, k: Key, headroom: int, end: float, exempt: tuple = ()) -> int:
         """The most of limit key ``k`` (``headroom`` left of it now) a job may take now

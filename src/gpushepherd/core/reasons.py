@@ -12,7 +12,7 @@ from gpushepherd.core.filters import describe, share_fits_card
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import members_of, place_counts
 from gpushepherd.core.shares import best_card_for
-from gpushepherd.core.preemption import lower_jobs_would_make_room, plan as preemption_plan
+from gpushepherd.core.preemption import kept_from_borrower, lower_jobs_would_make_room, plan as preemption_plan
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, natural_key
 from gpushepherd.model.reasons import PendingReason, ReasonCode
@@ -134,6 +134,9 @@ def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> P
         if found is None:
             if until != INF:
                 return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, f"min_runtime: victims eligible at t={until:g}")
+            kept = kept_from_borrower(book, job)
+            if kept:
+                return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, kept)
             return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, "lower-priority jobs may not be preempted")
     free_here = ledger.free_in(groups)
     if free_here >= job.shape.k:
