@@ -554,15 +554,26 @@ class Checker:
             v = adm.decide(job, sched.profile_for(job))
             if v.rule in (A.HARD_NEVER, A.NEVER_FITS):
                 continue
-            if (v.rule == A.CLASS_HOLD and job.share is not None and job.share.kind != "mig"
-                    and any(share_can_join(sched.book.ledger.groups[g].node, job.share)
-                            for g in sched.book.groups_for(job))):
-                # a share other classes' reservations keep off a fresh GPU waits for a job
-                # of a reserved class to open a card it may join: a submission, not a stall
+            if _waits_for_a_card(sched, job, v):
                 self.report.counts["g_waits_for_a_card"] += 1
                 continue
+            if v.rule == A.ORDER:
+                head = sched.book.jobs[v.head]
+                if _waits_for_a_card(sched, head, adm.decide(head, sched.profile_for(head))):
+                    # behind such a share in its strict FIFO queue (note 031: a head that
+                    # could ever start holds back the jobs behind it): the same submission
+                    self.report.counts["g_behind_a_card"] += 1
+                    continue
             self.report.fail("g_live", f"the run ends with {job.id} pending, refused by rule {RULE_NAMES[v.rule]} "
                              f"({sched.pending_reason(job.id)}): it could start later")
+
+
+def _waits_for_a_card(sched, job, v) -> bool:
+    """Whether ``job``, refused by ``v``, is a share other classes' reservations keep off
+    a fresh GPU: it waits for a job of a reserved class to open a card it may join - a
+    submission, not a stall."""
+    return (v.rule == A.CLASS_HOLD and job.share is not None and job.share.kind != "mig"
+            and any(share_can_join(sched.book.ledger.groups[g].node, job.share) for g in sched.book.groups_for(job)))
 
 
 def _decide_with(adm, job, profile, obj, attr: str, value):

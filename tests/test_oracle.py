@@ -33,10 +33,13 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: first blocked job was a refused preemptor, or not turned by a walk that stopped with
 #: no free GPU; 18541, 21092 - a share kept off by a claim read ReservedFor naming none -
 #: only here; 84, 96 - a preemptor that borrowed by evicting another member's jobs, issue
-#: 20's loop, test_preemption_cycles.py): they stay in the suite's batch
-FOUND = (84, 96, 114, 320, 353, 446, 535, 732, 773, 820, 865, 1334, 1430, 1733, 2024, 2617, 2914, 2919, 3462, 4467, 7641,
-         9361, 10572, 12010, 12899, 12903, 13435, 13765, 14222, 15683, 17695, 18541, 18785, 19272, 20252, 21092,
-         22562, 22732)
+#: 20's loop, test_preemption_cycles.py; 1912 - a start beside a reservation changed the
+#: reserved job's GPU type and turn, test_oracle_faults.py; and 8914 - a fault of the
+#: check: a job behind a share that waits for a card in its strict FIFO queue waits for
+#: the same submission - only here): they stay in the suite's batch
+FOUND = (84, 96, 114, 320, 353, 446, 535, 732, 773, 820, 865, 1334, 1430, 1733, 1912, 2024, 2617, 2914, 2919, 3462,
+         4467, 7641, 8914, 9361, 10572, 12010, 12899, 12903, 13435, 13765, 14222, 15683, 17695, 18541, 18785, 19272,
+         20252, 21092, 22562, 22732)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

@@ -671,3 +671,31 @@ def test_a_reserved_classs_mig_start_lets_a_share_it_kept_off_start_in_the_stric
                                100.0)])
     assert [t for t, _ in result.records["P"].starts] == [1.0]
     assert [t for t, _ in result.records["S"].starts] == [1.0]
+
+
+def test_a_job_started_beside_a_reservation_that_puts_its_team_at_a_type_limit_redecides_the_type():
+    # seed 1912 (a second full pass at the same instant started a job the uninterrupted
+    # core held back): per-type quotas (note 038), team t may hold 2 L40S and 4 A100s.
+    # L holds an L40S for good (no estimate); X (team t) and Z hold A100s until 100. R
+    # (3 GPUs) is refused on L40S by the limit and on the A100s by free GPUs: decided on
+    # the A100s (closer to starting), reserved there at 100. B (team t, 1 A100) backfills
+    # beside the reservation (at 100 B + R = 4 A100s: within the limit) and puts t at
+    # its A100 limit now: R is refused by a hard limit on both types, and a full pass
+    # decides it on L40S (type order), where no start can be planned - no reservation.
+    # The core kept the stale A100 reservation: C, which would delay it, waited
+    # ReservedFor(R), and a restored core at the same instant started C.
+    a100, l40s = ("A100-80GB",), ("L40S",)
+    rules = policy(nodes=[node("nA", 4, "L40S", 46068), node("nB", 4)],
+                   teams={"t": {"max_gpus": {"L40S": 3, "A100-80GB": 4}}, "u": {}}, preemption=False, backfill=1)
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("L", 1, "batch", "t", 0, gpu_types=l40s)),
+                  JobSubmitted(0.0, job("X", 1, "batch", "t", 0, gpu_types=a100, runtime_estimate_s=100.0)),
+                  JobSubmitted(0.0, job("Z", 1, "batch", "u", 0, gpu_types=a100, runtime_estimate_s=100.0))])
+    assert sched.handle([JobSubmitted(1.0, job("R", 3, "batch", "t", 1, runtime_estimate_s=100.0))]) == []
+    assert sched.estimated_start("R") == 100.0
+    out = sched.handle([JobSubmitted(2.0, job("B", 1, "batch", "t", 2, gpu_types=a100, runtime_estimate_s=1000.0)),
+                        JobSubmitted(2.0, job("C", 1, "batch", "u", 2, gpu_types=a100,
+                                              runtime_estimate_s=1000.0))])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["B", "C"]
+    again = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot())))
+    assert again.handle([Tick(2.0)]) == []

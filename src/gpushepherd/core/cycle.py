@@ -27,6 +27,7 @@ from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import pick_gpus
 from gpushepherd.core.planning import reservation_for
 from gpushepherd.core.profile import Profile
+from gpushepherd.core.standing import reservations_stand
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.decisions import Decision
 from gpushepherd.model.job import JobState
@@ -57,9 +58,10 @@ class Turn:
         self.last_reserved: Job | None = None  # the last job given a slot of the depth
         #: a job started or preempted after the first reservation of the pass
         self.acted_after_reserve = False
-        #: claims in the profile when a job last started after a reservation (those
-        #: ``claims_stand`` checks)
-        self.claims_before_start = 0
+        #: the jobs given a slot of the depth, in order: ``(job, rule, GPU type variant)``
+        #: of their turn; those before the pass's last start are checked by ``claims_stand``
+        self.slots: list[tuple[Job, int, int]] = []
+        self.slots_before_start = 0
         self.walk: "Walk | None" = None
         #: preemptors whose turn came in this pass -> what it gave (``turn``)
         self.visited: dict[str, tuple[int, int]] = {}
@@ -182,6 +184,7 @@ class Turn:
             if self.n_reserved < self.depth:
                 job.lend = True  # its reservation lends its cohort's borrowers its GPUs
                 self.deferred.append(job)
+                self.slots.append((job, rule, job.tv))
                 self.n_reserved += 1
                 self.last_reserved = job
                 return RESERVED, rule
@@ -203,6 +206,7 @@ class Turn:
         if self.n_reserved < self.depth:
             job.lend = False
             self.deferred.append(job)
+            self.slots.append((job, rule, job.tv))
             self.n_reserved += 1  # a job whose start cannot be planned still takes its slot
             self.last_reserved = job
             return RESERVED, rule
@@ -243,35 +247,15 @@ class Turn:
 
     def claims_stand(self) -> bool:
         """Whether the pass's reservations are those a full pass on the state it leaves
-        would make: each recomputed in order, on that state, against the holds in force
-        and the reservations before it. A job started after a reservation never delays
-        it, but it changes the free GPUs a reservation's placement is chosen by (seed
-        12903: a share backfilled beside a reservation made another node the best fit
-        for it, and a full pass at the same instant then backfilled one more job)."""
-        book = self.book
-        # those made after the last start were made on this state already
-        made = [c for c in self.profile.claims[:self.claims_before_start] if not c.hold]
-        self.claims_before_start = 0  # asked once a pass
-        if not made:
-            return True
-        again = Profile(book)
-        for p in sorted(book.preemptors.values(), key=lambda j: j.key):
-            again.add_hold(p)
-        for c in made:
-            job = book.jobs[c.job_id]
-            with typed.turned(job):
-                found = reservation_for(book, again, job)
-                if found is None or found[0] != c.start or sorted(found[1]) != sorted(c.gpus.items()):
-                    return False
-                again.add_reservation(job, found[0], found[1], "", found[2] or None, c.lend)
-        return True
+        would make (``standing.reservations_stand``)."""
+        return reservations_stand(self)
 
     # ----------------------------------------------------------- actions
     def start(self, job: Job, v: A.Verdict) -> None:
         book = self.book
         if self.n_reserved:
             self.acted_after_reserve = True
-            self.claims_before_start = len(self.profile.claims)
+            self.slots_before_start = len(self.slots)
         ledger = book.ledger
         held_from = None
         if v.spot is not None:
