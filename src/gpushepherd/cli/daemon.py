@@ -948,6 +948,14 @@ def register(app: typer.Typer) -> None:
         if why:
             err.print(f"error: {why}", soft_wrap=True)
             raise typer.Exit(2)
+        tls = _tls_files(tls_cert, tls_key, host, insecure_http)
+        from gpushepherd.daemon.connlimit import guarded_protocol, listen_socket
+        try:  # bound before the data dir is touched: a port in use creates no database or lock file
+            sock, listen = listen_socket(host, port)
+        except OSError as exc:
+            err.print(f"error: --host {host} --port {port}: cannot listen there: {exc.strerror or exc}",
+                      soft_wrap=True)
+            raise typer.Exit(2) from None
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after,
@@ -956,29 +964,24 @@ def register(app: typer.Typer) -> None:
                             busy_timeout_s=db_busy_timeout, scrape_allow=scrape_allow,
                             ready_max_step_age_s=ready_max_step_age, dcgm_names=dcgm_names)
         except (SchemaError, ValueError) as exc:  # ValueError: SHEPHERD_RUN_AS, SHEPHERD_CGROUP (note 023)
+            sock.close()
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
         except (SQLAlchemyError, OSError) as exc:
+            sock.close()
             err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
             raise typer.Exit(2) from None
         if not is_loopback(host):
             if not daemon.store.active_tokens():
+                sock.close()
                 err.print(f"error: --host {host}: only a loopback address (127.0.0.1, ::1) while the database has "
                           "no API token; create one first with `shepherd token create --user U --team T`",
                           soft_wrap=True)
                 raise typer.Exit(2)
             auth = "required"  # reachable from other machines: never open, even if every token is revoked
-        from gpushepherd.daemon.connlimit import guarded_protocol, listen_socket
         from gpushepherd.daemon.unixsock import SOCKET_NAME, UnixListener, peer_protocol
 
-        tls = _tls_files(tls_cert, tls_key, host, insecure_http)
         unix = None if socket_path == "" else Path(socket_path) if socket_path else daemon.data_dir / SOCKET_NAME
-        try:  # bound before the daemon starts: a port in use takes nothing, and the first log line says where
-            sock, listen = listen_socket(host, port)
-        except OSError as exc:
-            err.print(f"error: --host {host} --port {port}: cannot listen there: {exc.strerror or exc}",
-                      soft_wrap=True)
-            raise typer.Exit(2) from None
         if tls:
             listen = "https" + listen[len("http"):]
         with _errors():
