@@ -212,6 +212,7 @@ def test_a_job_runs_as_its_user_with_its_groups_home_and_a_clean_environment(ten
     env = dict(line.split("=", 1) for line in out[4:] if "=" in line)
     assert env["MINE"] == "yes" and env["CUDA_VISIBLE_DEVICES"] == "0" and env["SHEPHERD_JOB_ID"] == job_id
     assert SECRET not in env and env["PATH"] == runas.DEFAULT_PATH  # nothing of root's environment
+    assert "PYTHONPATH" not in env  # the runner's (this package's root) is not the job's (issue 14, a newcomer)
     assert out[-1] == str(tenants.work)  # its directory, entered as alice
 
     # its files are alice's, 0600 in root's 0711 directories; its checkpoint directory alice's, 0700
@@ -292,6 +293,12 @@ def test_a_job_submitted_over_the_socket_runs_as_the_kernels_user_and_is_audited
         e for e in tenants.get("admin", "/audit", action="submit").json() if e["target"] == job_id])[0]
     assert (row["user"], row["uid"], row["token_id"]) == (users.alice, alice.uid, None)
     assert row["address"].startswith("unix socket (pid ")
+
+
+def test_a_job_s_pythonpath_is_the_one_its_submitter_sent(tenants, users):
+    job_id = tenants.submit(users.alice, 'echo "[$PYTHONPATH]"', env={"PYTHONPATH": "/opt/mine"})
+    assert tenants.server.wait_state(job_id, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert tenants.get(users.alice, f"/jobs/{job_id}/logs").text.split() == ["[/opt/mine]"]
 
 
 # -- point 3: containment -------------------------------------------------------------
