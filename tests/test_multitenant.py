@@ -301,6 +301,34 @@ def test_a_job_s_pythonpath_is_the_one_its_submitter_sent(tenants, users):
     assert tenants.get(users.alice, f"/jobs/{job_id}/logs").text.split() == ["[/opt/mine]"]
 
 
+def _over_socket(tenants, users, who: str, method: str, path: str, body: str | None = None) -> dict:
+    """``method path`` as Unix user ``who`` over the server's socket: ``{status, body}``."""
+    from test_identity import CLIENT
+
+    client = tenants.base / "client.py"
+    client.write_text(CLIENT)
+    client.chmod(0o644)
+    if users.as_user(who, "/usr/bin/python3", "-c", "pass").returncode != 0:
+        pytest.skip("no Python the test users may run (/usr/bin/python3) for a socket client")
+    r = users.as_user(who, "/usr/bin/python3", str(client), str(tenants.sock), method, path,
+                      *([body] if body is not None else []))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_the_audit_log_over_the_socket_is_a_member_s_own_teams_or_a_clear_403(tenants, users):
+    """Before: bob (a member of no team) got an empty list, and `shepherd audit` an empty
+    table with exit 0; alice (team ml's member) got nothing either (note 023's readers)."""
+    job_id = tenants.submit(users.alice, "true")
+    mine = wait_for("alice's submit", lambda: [
+        e for e in _over_socket(tenants, users, users.alice, "GET", "/audit")["body"] if e["target"] == job_id])
+    assert {e["team"] for e in _over_socket(tenants, users, users.alice, "GET", "/audit")["body"]} == {"ml"}
+    assert mine[0]["action"] == "submit"
+    refused = _over_socket(tenants, users, users.bob, "GET", "/audit")
+    assert refused["status"] == 403, refused
+    assert f"user {users.bob!r}" in refused["body"]["detail"] and "admins" in refused["body"]["detail"]
+
+
 # -- point 3: containment -------------------------------------------------------------
 DOUBLE_FORK = """trap '' TERM
 setsid sh -c 'trap "" TERM; echo $$ > {w}/{j}.setsid; exec sleep 600' &

@@ -1002,6 +1002,17 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         with daemon.lock:
             return [{k: v for k, v in x.items() if k != "policy"} for x in daemon.policies]
 
+    def audit_teams(p: Principal) -> list[str] | None:
+        """The teams whose audit entries non-admin ``p`` reads: a token's teams; on the
+        socket the policy's teams it may act for (``None``: every team - a policy of no
+        teams on a server without tokens)."""
+        if not p.via_socket:
+            return list(p.teams)
+        known = daemon.rules.teams
+        if not known:
+            return None if p.open_teams else []
+        return [t for t in sorted(known) if p.may_act_for(t)]
+
     @app.get("/audit")
     def audit(since: float | None = Query(None, ge=0, le=MAX_EPOCH, allow_inf_nan=False,
                                           description="only entries at or after this time, epoch seconds"),
@@ -1020,10 +1031,20 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         denied: 403, refused: 422/409, failed: storage) and ``detail`` (what). An admin token
         sees every entry; another token only the entries about jobs of its teams (submits,
         cancels and job actions of its teams, its teams' 403s) - never policy or token
-        entries; without tokens, everything."""
+        entries; a Unix-socket caller who is no admin those of the teams it may act for
+        (its members lists); without tokens, everything.
+
+        Raises:
+            HTTPException: 403 for a caller of no team (the audit log is for admins and
+                team members, note 023), naming the user and who may read it.
+        """
         def items(v: str | None) -> list[str] | None:
             return None if v is None else [x.strip() for x in v.split(",") if x.strip()]
-        teams = None if p is None or p.admin else list(p.teams)
+        teams = None if p is None or p.admin else audit_teams(p)
+        if teams == []:
+            raise HTTPException(403, f"the audit log is not allowed for user {p.user!r}: it is read by admins (root "
+                                "or the server's user on the socket, an admin token) and by a team's members for "
+                                "their team's jobs (design note 023), and this user may act for no team")
         return daemon.store.audit_entries(since=since, users=items(user), teams=teams, actions=items(action),
                                           limit=limit)
 
