@@ -63,3 +63,38 @@ def test_the_cli_says_why_a_closed_class_is_refused_and_exits_2(api, monkeypatch
     code, out, err = cli("submit", "-c", "production-inference", "-A", "data", "-D", str(tmp_path), "--", "true")
     assert code == 2 and "Submitted" not in out
     assert "is not allowed for team data: teams.data.classes.production-inference.max_gpus=0" in err
+
+
+def test_an_unconfirmed_submit_prints_its_idempotency_key_and_the_retry_that_submits_once(api, monkeypatch, tmp_path):
+    """Before: the 503 said "retry with the same Idempotency-Key", but the CLI sent none
+    and had no option to give one."""
+    import concurrent.futures
+
+    import gpushepherd.daemon.api as api_mod
+
+    cli = route_cli_to(api, monkeypatch)
+    d = api.daemon
+    sent = {}
+    real = d.submit_future
+
+    def stalled(*a, **kw):  # the loop never answers in time: the server's 503 "not confirmed"
+        sent["key"] = kw["idempotency"][1]
+        return concurrent.futures.Future()
+
+    monkeypatch.setattr(d, "submit_future", stalled)
+    monkeypatch.setattr(api_mod, "SUBMIT_TIMEOUT_S", 0.05)
+    argv = ["submit", "-c", "batch", "-A", "research", "-D", str(tmp_path), "--", "true"]
+    monkeypatch.setattr(sys, "argv", ["shepherd", *argv])
+    code, out, err = cli(*argv)
+    key = sent["key"]
+    assert code == 2 and "not confirmed" in err and f"Idempotency-Key is {key}" in err
+    retry = f"shepherd submit -c batch -A research -D {tmp_path} --idempotency-key {key} -- true"
+    assert retry in " ".join(err.split()), err
+
+    monkeypatch.setattr(d, "submit_future", real)
+    retry_argv = retry.split()[1:]
+    code, out, _ = cli(*retry_argv)
+    assert code == 0 and out.startswith("Submitted job ")
+    again = cli(*retry_argv)  # the same key again: the job first made, not a second one
+    assert again[0] == 0 and again[1] == out
+    assert len(api.get("/jobs", params={"all": "true"}).json()) == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -139,10 +140,12 @@ def _as_flag(d: dict, flags: dict[str, str]) -> dict:
 
 
 def _request(server: str | None, method: str, path: str, token: str | None = None, *,
-             raise_unreachable: bool = False, flags: dict[str, str] | None = None, **kw: Any):
+             raise_unreachable: bool = False, flags: dict[str, str] | None = None,
+             extra_headers: dict[str, str] | None = None, unconfirmed_hint: str = "", **kw: Any):
     """``method path`` on the server (its Unix socket or HTTP), the response; a refusal
     (>= 400) is one ``error:`` line (entries about ``flags``' fields name the flag,
-    ``_as_flag``) and exit 2.
+    ``_as_flag``; a 503 is followed by ``unconfirmed_hint`` when given) and exit 2.
+    ``extra_headers`` go with the request (an ``Idempotency-Key``).
 
     Raises:
         typer.Exit: refused (2), or no server (1) unless ``raise_unreachable``.
@@ -154,6 +157,7 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
     unix = local_socket(server, token)
     url = f"unix:{unix}" if unix is not None else _url(server)
     headers = {"Authorization": f"Bearer {token}"} if token and unix is None else {}
+    headers.update(extra_headers or {})
     try:
         if unix is not None:  # the kernel names the caller: no token is sent
             from gpushepherd.daemon.unixsock import short_path
@@ -179,6 +183,8 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
         if isinstance(detail, list):
             detail = "; ".join(_located(_as_flag(d, flags or {}) if isinstance(d, dict) else d) for d in detail)
         err.print(f"error: {_safe(detail)}", soft_wrap=True, markup=False)
+        if r.status_code == 503 and unconfirmed_hint:
+            err.print(unconfirmed_hint, soft_wrap=True, markup=False)
         raise typer.Exit(2)
     return r
 
@@ -361,19 +367,46 @@ def script_not_command(cmd: list[str], chdir: Path, shell: bool) -> None:
     raise typer.Exit(2)
 
 
+def with_key(argv: list[str], key: str) -> list[str]:
+    """``argv`` (``shepherd submit ... -- CMD``) with ``--idempotency-key KEY`` in place
+    of any it had, before the job's command (``--``)."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            break
+        if a == "--idempotency-key":
+            i += 2
+            continue
+        if not a.startswith("--idempotency-key="):
+            out.append(a)
+        i += 1
+    return out + ["--idempotency-key", key] + argv[i:]
+
+
 def post_job(server: str | None, token: str | None, body: dict, announce: bool = True,
-             to_stderr: bool = False) -> dict:
+             to_stderr: bool = False, idempotency_key: str | None = None, retry_argv: list[str] | None = None) -> dict:
     """``POST /jobs`` of a submission ``body`` and its one line: ``Submitted job N`` (or
     ``array N``) on stdout (``to_stderr``: on stderr; not ``announce``: none), or, when
     the server rejected it (no node could ever hold it), only ``rejected: REASON (job N)``
     on stderr and exit ``EXIT_REJECTED`` (3). Returns the server's view of the job.
+    ``idempotency_key``: sent as ``Idempotency-Key``; when the server could not confirm
+    the submission in time (503) the key and the command to retry safely with it
+    (``retry_argv``: the command line, ``shepherd submit ...``) follow the error.
 
     Raises:
         typer.Exit: rejected (3); refused (2) or no server (1), from ``_request``.
     """
     from gpushepherd.cli.main import _console, err
 
-    job = _request(server, "POST", "/jobs", token=token, json=body, flags=SUBMIT_FLAGS).json()
+    hint = ""
+    if idempotency_key is not None:
+        again = shlex.join(with_key(retry_argv, idempotency_key)) if retry_argv else (
+            f"the same command with --idempotency-key {shlex.quote(idempotency_key)}")
+        hint = (f"this submission's Idempotency-Key is {idempotency_key}: retry it with that key and the server "
+                f"submits it at most once: {again}")
+    job = _request(server, "POST", "/jobs", token=token, json=body, flags=SUBMIT_FLAGS, unconfirmed_hint=hint,
+                   extra_headers={"Idempotency-Key": idempotency_key} if idempotency_key is not None else None).json()
     if job.get("state") == "REJECTED":
         err.print(f"rejected: {_safe(job.get('reason') or 'no node could ever hold it')} (job {_safe(job['id'])})",
                   soft_wrap=True, markup=False)
@@ -1104,6 +1137,10 @@ def register(app: typer.Typer) -> None:
                cpus: Annotated[Optional[float], typer.Option("--cpus", min=0.01, help="CPU limit of the job's "
                                                              "processes together, in CPUs (its cgroup's "
                                                              "cpu.max).")] = None,
+               idempotency_key: Annotated[Optional[str], typer.Option(
+                   "--idempotency-key", metavar="KEY", help="Submit at most once under KEY (the Idempotency-Key "
+                   "header): a retry with the same KEY and job returns the job first made. Default: a new random "
+                   "key, printed when the server cannot confirm the submission in time.")] = None,
                server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py` (a batch
         script with #SBATCH lines: `shepherd sbatch FILE`)."""
@@ -1118,7 +1155,12 @@ def register(app: typer.Typer) -> None:
                                       estimate_s=estimate, gpus_per_pod=gpus_per_task, same_node=same_node,
                                       grace_s=grace, require_island=require_island))
         body.update(resource_fields(share=share, gpu_mem=gpu_mem, env=env, mem=mem, cpus=cpus))
-        post_job(server, token, body)
+        import uuid
+
+        key = idempotency_key if idempotency_key is not None else f"shepherd-submit-{uuid.uuid4()}"
+        argv = sys.argv[1:]  # the command line as typed, for the retry it prints (not under a test's runner)
+        post_job(server, token, body, idempotency_key=key,
+                 retry_argv=["shepherd", *argv] if argv[:1] == ["submit"] else None)
 
     @app.command("queue", help=QUEUE_HELP)
     def queue(state: Annotated[Optional[str], typer.Option("--state", "-t", help="Only these states, a comma "
