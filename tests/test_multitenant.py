@@ -329,6 +329,42 @@ def test_the_audit_log_over_the_socket_is_a_member_s_own_teams_or_a_clear_403(te
     assert f"user {users.bob!r}" in refused["body"]["detail"] and "admins" in refused["body"]["detail"]
 
 
+def test_another_team_sees_a_job_s_state_and_reason_but_not_what_it_runs_or_where(tenants, users):
+    """Before: bob (team cv) read alice's command line, directory and log paths in
+    `shepherd show`, and every job's name in `queue` (note 023, "What another team sees")."""
+    from gpushepherd.daemon.api import PRIVATE_FIELDS
+
+    job_id = tenants.submit(users.alice, "sleep 600 # secret-plan", name="secret-plan")
+    try:
+        theirs = tenants.get(users.bob, f"/jobs/{job_id}").json()
+        assert theirs["command"] is None and theirs["cwd"] is None and theirs["stdout"] is None
+        assert theirs["name"] is None and "secret-plan" not in json.dumps(theirs)
+        assert set(theirs["hidden"]) == {"name", "command", "cwd", "stdout", "stderr", "checkpoint_dir",
+                                         "launch_error"} <= set(PRIVATE_FIELDS)
+        assert (theirs["team"], theirs["class"], theirs["gpus"], theirs["user"]) == ("ml", "batch", 1, users.alice)
+        assert theirs["state"] in ("PENDING", "RUNNING") and "reason" in theirs and "estimated_start" in theirs
+        assert theirs["history"]  # its transitions and their reasons
+        listed = [j for j in tenants.get(users.bob, "/jobs").json() if j["id"] == job_id]
+        assert listed and listed[0]["command"] is None and listed[0]["name"] is None
+        assert tenants.get(users.bob, "/jobs", name="secret-plan").json() == []  # no probing by name
+        assert tenants.get(users.bob, "/jobs", name="secret-plan", limit="10").json()["jobs"] == []
+        for who in (users.alice, "admin"):  # its team's member and an admin see it whole
+            whole = tenants.get(who, f"/jobs/{job_id}").json()
+            assert whole["command"] == ["sleep 600 # secret-plan"] and whole["cwd"] and "hidden" not in whole
+            assert [j["id"] for j in tenants.get(who, "/jobs", name="secret-plan").json()] == [job_id]
+    finally:
+        httpx.post(f"{tenants.server.url}/jobs/{job_id}/cancel", timeout=60,
+                   headers={"Authorization": f"Bearer {tenants.tokens['admin']}"})
+
+
+def test_show_says_a_field_is_hidden():
+    from gpushepherd.cli.daemon import _shown
+
+    view = {"team": "ml", "command": None, "name": None, "project": "", "hidden": ["command", "name"]}
+    assert _shown(view, "command") == "(hidden: a job of team ml, seen by its members and admins)"
+    assert _shown(view, "name").startswith("(hidden") and _shown(view, "project") == "-"
+
+
 # -- point 3: containment -------------------------------------------------------------
 DOUBLE_FORK = """trap '' TERM
 setsid sh -c 'trap "" TERM; echo $$ > {w}/{j}.setsid; exec sleep 600' &

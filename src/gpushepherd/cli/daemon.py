@@ -189,6 +189,14 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
     return r
 
 
+def _shown(j: dict, key: str) -> Any:
+    """Field ``key`` of job view ``j`` as ``show`` prints it: ``-`` for no project or
+    name, a word for a field the server hid (another team's job, note 023)."""
+    if key in j.get("hidden", ()):
+        return f"(hidden: a job of team {j.get('team')}, seen by its members and admins)"
+    return (j.get(key) or "-") if key in ("project", "name") else j.get(key)
+
+
 def _num(v: Any) -> str:
     return "-" if v is None else str(v)
 
@@ -1193,8 +1201,7 @@ def register(app: typer.Typer) -> None:
         if j.get("array"):
             for key in ("id", "name", "array", "state", "class", "team", "user", "project", "gpus", "share", "throttle",
                         "max_retries", "retries_used", "running", "pending", "failed_indices", "command", "cwd"):
-                value = (j.get(key) or "-") if key in ("project", "name") else j.get(key)
-                out.print(_safe(f"{key}: {value}"), markup=False)
+                out.print(_safe(f"{key}: {_shown(j, key)}"), markup=False)
             out.print(f"progress: {j['done']}/{j['tasks']} done")
             out.print(_safe(f"constraints: {constraints_text(j)}"), markup=False)
             out.print(_safe(f"deadline: {deadline_text(j)}"), markup=False)
@@ -1206,8 +1213,7 @@ def register(app: typer.Typer) -> None:
         for key in ("id", "name", "state", "reason", "class", "team", "user", "project", "gpus", "share", "placement",
                     "time_limit_s", "priority", "nice", "runs", "preemptions", "lost_runs", "failure", "exit_code", "launch_error", "command",
                     "cwd", "stdout", "stderr", "checkpoint_dir"):
-            value = (j.get(key) or "-") if key in ("project", "name") else j.get(key)
-            out.print(_safe(f"{key}: {value}"), markup=False)
+            out.print(_safe(f"{key}: {_shown(j, key)}"), markup=False)
         if j.get("dependency") or j.get("begin_time") is not None or j.get("held"):  # kept (note 021)
             out.print(_safe(f"dependency: {j.get('dependency') or '-'}  begin_time: {_fmt_t(j.get('begin_time'))}  "
                             f"held: {'yes' if j.get('held') else 'no'}"), markup=False)
