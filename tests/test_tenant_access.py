@@ -88,7 +88,7 @@ def test_an_unconfirmed_submit_prints_its_idempotency_key_and_the_retry_that_sub
     code, out, err = cli(*argv)
     key = sent["key"]
     assert code == 2 and "not confirmed" in err and f"Idempotency-Key is {key}" in err
-    retry = f"shepherd submit -c batch -A research -D {tmp_path} --idempotency-key {key} -- true"
+    retry = f"shepherd submit --idempotency-key {key} -c batch -A research -D {tmp_path} -- true"
     assert retry in " ".join(err.split()), err
 
     monkeypatch.setattr(d, "submit_future", real)
@@ -98,3 +98,26 @@ def test_an_unconfirmed_submit_prints_its_idempotency_key_and_the_retry_that_sub
     again = cli(*retry_argv)  # the same key again: the job first made, not a second one
     assert again[0] == 0 and again[1] == out
     assert len(api.get("/jobs", params={"all": "true"}).json()) == 1
+
+
+def test_sbatch_takes_an_idempotency_key_and_a_retry_submits_once(api, monkeypatch, tmp_path):
+    cli = route_cli_to(api, monkeypatch)
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -p batch\n#SBATCH -A research\ntrue\n")
+    first = cli("sbatch", "--idempotency-key", "k-sbatch-1", str(script))
+    again = cli("sbatch", "--idempotency-key", "k-sbatch-1", str(script))
+    assert first[0] == 0 and first[1].startswith("Submitted job ") and again[:2] == first[:2]
+    code, _, err = cli("sbatch", str(script).replace("job.sh", "other.sh"))  # refused before any request
+    assert code == 2
+    script.write_text("#!/bin/sh\n#SBATCH -p batch\n#SBATCH -A research\n#SBATCH --idempotency-key k2\ntrue\n")
+    code, _, err = cli("sbatch", str(script))
+    assert code == 2 and "on the command line only" in err
+
+
+def test_with_key_puts_the_key_after_the_command_s_name_in_place_of_any():
+    from gpushepherd.cli.daemon import with_key
+
+    assert with_key(["shepherd", "submit", "--idempotency-key", "old", "-c", "b", "--", "x", "--idempotency-key"],
+                    "K") == ["shepherd", "submit", "--idempotency-key", "K", "-c", "b", "--", "x", "--idempotency-key"]
+    assert with_key(["shepherd", "sbatch", "--idempotency-key=old", "job.sh", "a"], "K") == [
+        "shepherd", "sbatch", "--idempotency-key", "K", "job.sh", "a"]

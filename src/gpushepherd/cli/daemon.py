@@ -376,9 +376,9 @@ def script_not_command(cmd: list[str], chdir: Path, shell: bool) -> None:
 
 
 def with_key(argv: list[str], key: str) -> list[str]:
-    """``argv`` (``shepherd submit ... -- CMD``) with ``--idempotency-key KEY`` in place
-    of any it had, before the job's command (``--``)."""
-    out, i = [], 0
+    """``argv`` (``shepherd submit|sbatch ...``) with ``--idempotency-key KEY`` right
+    after the command's name, in place of any it had before the job's command (``--``)."""
+    out, i = [], 2
     while i < len(argv):
         a = argv[i]
         if a == "--":
@@ -389,7 +389,7 @@ def with_key(argv: list[str], key: str) -> list[str]:
         if not a.startswith("--idempotency-key="):
             out.append(a)
         i += 1
-    return out + ["--idempotency-key", key] + argv[i:]
+    return [*argv[:2], "--idempotency-key", key, *out, *argv[i:]]
 
 
 def post_job(server: str | None, token: str | None, body: dict, announce: bool = True,
