@@ -392,6 +392,8 @@ class LocalBackend(RunFiles):
             job_env.pop("PYTHONPATH", None)
             if env.get("PYTHONPATH"):
                 job_env["PYTHONPATH"] = env["PYTHONPATH"]
+        else:  # job_env is the runner's: it hands the job the PYTHONPATH the job would have had without it
+            job_env[runas.JOB_PYTHONPATH_ENV] = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH") or ""
         cmd = [sys.executable, "-m", "gpushepherd.daemon.runner"] + (["--shell"] if shell else [])
         for d in cg.dirs() if cg is not None else ():
             cmd += ["--cgroup", str(d)]
