@@ -9,6 +9,7 @@ Everything has a default, so a test states only what it is about.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from gpushepherd.core.scheduler import Scheduler
@@ -107,6 +108,28 @@ def write_file(tmp_path, name: str, text: str):
     else:
         p.write_text(text)
     return p
+
+
+@contextmanager
+def in_process_api(tmp_path, policy_text: str, **daemon_kw: Any):
+    """An in-process server (``Daemon`` + ``make_app`` under Starlette's test client)
+    on SQLite in ``tmp_path/data`` with the policy ``policy_text``; yields the client,
+    whose ``daemon`` is the server."""
+    from fastapi.testclient import TestClient
+
+    from gpushepherd.daemon.api import make_app
+    from gpushepherd.daemon.server import Daemon
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text)
+    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05, **daemon_kw)
+    d.start()
+    try:
+        with TestClient(make_app(d)) as client:
+            client.daemon = d
+            yield client
+    finally:
+        d.stop()
 
 
 def route_cli_to(client, monkeypatch):

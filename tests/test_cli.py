@@ -227,6 +227,16 @@ def test_policy_check():
     assert res.exit_code == 0 and "OK - 1 node, 8 GPUs" in res.output
 
 
+def test_policy_check_shows_a_team_s_allowed_classes(tmp_path):
+    policy = tmp_path / "allowed.yaml"
+    policy.write_text("name: allowed\ncluster: {nodes: [{name: n1, gpus: 8}]}\n"
+                      "teams: {ml: {allowed_classes: [training, batch]}, cv: {max_gpus: 4}}\n")
+    res = run("policy", "check", str(policy))
+    lines = [ln.strip() for ln in res.output.splitlines()]
+    assert res.exit_code == 0 and "team ml: allowed classes training, batch" in lines, lines
+    assert "team cv: max_gpus=4" in lines, lines
+
+
 def test_policy_check_gives_a_cohort_member_s_limits_in_the_policy_s_own_numbers(tmp_path):
     # issue 14, point 4b: not the compiled cap (nominal + borrowing) under the name borrowing_limit
     policy = tmp_path / "cohort.yaml"

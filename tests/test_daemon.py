@@ -402,7 +402,7 @@ def test_a_start_decided_before_a_crash_but_never_launched_is_launched_at_restar
     store.append_policy(time.time(), yaml.safe_load(POLICY))
     spec = JobSpec(id="1", team="ml", workload_class="batch", gpus=1, submit_time=time.time())
     store.append(spec.submit_time, [JobSubmitted(spec.submit_time, spec)],
-                 [dict(id="1", num=1, spec=json.dumps(spec_to_dict(spec)), shell=False, env="{}", cwd=str(tmp_path),
+                 [dict(id="1", num=1, spec=json.dumps(spec_to_dict(spec)), shell=False, pty=False, env="{}", cwd=str(tmp_path),
                        argv=json.dumps([sys.executable, "-c", "print('launched late')"]), state="PENDING", run=0)])
     d = Daemon(data, db, poll_s=0.05)
     d.start()

@@ -90,6 +90,14 @@ def test_what_kueue_cannot_express_is_named_field_by_field():
     assert len(cannot) == len(set(cannot))
 
 
+def test_a_team_s_allowed_classes_are_named_as_what_kueue_cannot_express():
+    raw = yaml.safe_load(COHORTS)
+    team = next(iter(raw["teams"]))
+    raw["teams"][team]["allowed_classes"] = ["batch", "training"]
+    _, cannot = export_kueue(parse_policy(yaml.safe_dump(raw)))
+    assert any(c.startswith(f"teams.{team}.allowed_classes=batch,training: ") for c in cannot), cannot
+
+
 def test_the_cli_writes_multi_document_yaml_and_lists_the_rest_on_stderr(tmp_path):
     policy = tmp_path / "p.yaml"
     policy.write_text(COHORTS)

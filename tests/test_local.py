@@ -47,6 +47,23 @@ def test_a_job_runs_with_its_env_cwd_and_gpus_and_reports_its_exit(tmp_path):
     assert backend.checkpoint_dir("5").is_dir()
 
 
+@pytest.mark.parametrize("server_pp, sent, seen", [
+    (None, {}, "[]"),  # before: [<this package's root>]
+    ("/srv/lib", {}, "[/srv/lib]"),  # a single-user install's job inherits the server's environment
+    ("/srv/lib", {"PYTHONPATH": "/mine"}, "[/mine]"),
+])
+def test_a_job_s_pythonpath_is_its_own_not_the_runner_s(tmp_path, monkeypatch, server_pp, sent, seen):
+    if server_pp is None:
+        monkeypatch.delenv("PYTHONPATH", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONPATH", server_pp)
+    backend = LocalBackend(tmp_path / "data")
+    backend.start("1", 1, ['echo "[$PYTHONPATH]"; env | grep -c SHEPHERD_JOB_PYTHONPATH'], shell=True, env=sent,
+                  cwd=str(tmp_path), placement=Placement(()))
+    assert wait_exits(backend) == [("1", 1)]  # grep found no runner's variable either
+    assert (backend.run_dir("1", 1) / "stdout").read_text().split() == [seen, "0"]
+
+
 def test_a_shell_only_when_asked(tmp_path):
     backend = LocalBackend(tmp_path)
     backend.start("1", 1, ["echo $((40+2)) > out"], shell=True, env={}, cwd=str(tmp_path), placement=Placement(()))

@@ -212,6 +212,7 @@ def test_a_job_runs_as_its_user_with_its_groups_home_and_a_clean_environment(ten
     env = dict(line.split("=", 1) for line in out[4:] if "=" in line)
     assert env["MINE"] == "yes" and env["CUDA_VISIBLE_DEVICES"] == "0" and env["SHEPHERD_JOB_ID"] == job_id
     assert SECRET not in env and env["PATH"] == runas.DEFAULT_PATH  # nothing of root's environment
+    assert "PYTHONPATH" not in env  # the runner's (this package's root) is not the job's (issue 14, a newcomer)
     assert out[-1] == str(tenants.work)  # its directory, entered as alice
 
     # its files are alice's, 0600 in root's 0711 directories; its checkpoint directory alice's, 0700
@@ -292,6 +293,76 @@ def test_a_job_submitted_over_the_socket_runs_as_the_kernels_user_and_is_audited
         e for e in tenants.get("admin", "/audit", action="submit").json() if e["target"] == job_id])[0]
     assert (row["user"], row["uid"], row["token_id"]) == (users.alice, alice.uid, None)
     assert row["address"].startswith("unix socket (pid ")
+
+
+def test_a_job_s_pythonpath_is_the_one_its_submitter_sent(tenants, users):
+    job_id = tenants.submit(users.alice, 'echo "[$PYTHONPATH]"', env={"PYTHONPATH": "/opt/mine"})
+    assert tenants.server.wait_state(job_id, "COMPLETED", "FAILED")["state"] == "COMPLETED"
+    assert tenants.get(users.alice, f"/jobs/{job_id}/logs").text.split() == ["[/opt/mine]"]
+
+
+def _over_socket(tenants, users, who: str, method: str, path: str, body: str | None = None) -> dict:
+    """``method path`` as Unix user ``who`` over the server's socket: ``{status, body}``."""
+    from test_identity import CLIENT
+
+    client = tenants.base / "client.py"
+    client.write_text(CLIENT)
+    client.chmod(0o644)
+    if users.as_user(who, "/usr/bin/python3", "-c", "pass").returncode != 0:
+        pytest.skip("no Python the test users may run (/usr/bin/python3) for a socket client")
+    r = users.as_user(who, "/usr/bin/python3", str(client), str(tenants.sock), method, path,
+                      *([body] if body is not None else []))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_the_audit_log_over_the_socket_is_a_member_s_own_teams_or_a_clear_403(tenants, users):
+    """Before: bob (a member of no team) got an empty list, and `shepherd audit` an empty
+    table with exit 0; alice (team ml's member) got nothing either (note 023's readers)."""
+    job_id = tenants.submit(users.alice, "true")
+    mine = wait_for("alice's submit", lambda: [
+        e for e in _over_socket(tenants, users, users.alice, "GET", "/audit")["body"] if e["target"] == job_id])
+    assert {e["team"] for e in _over_socket(tenants, users, users.alice, "GET", "/audit")["body"]} == {"ml"}
+    assert mine[0]["action"] == "submit"
+    refused = _over_socket(tenants, users, users.bob, "GET", "/audit")
+    assert refused["status"] == 403, refused
+    assert f"user {users.bob!r}" in refused["body"]["detail"] and "admins" in refused["body"]["detail"]
+
+
+def test_another_team_sees_a_job_s_state_and_reason_but_not_what_it_runs_or_where(tenants, users):
+    """Before: bob (team cv) read alice's command line, directory and log paths in
+    `shepherd show`, and every job's name in `queue` (note 023, "What another team sees")."""
+    from gpushepherd.daemon.api import PRIVATE_FIELDS
+
+    job_id = tenants.submit(users.alice, "sleep 600 # secret-plan", name="secret-plan")
+    try:
+        theirs = tenants.get(users.bob, f"/jobs/{job_id}").json()
+        assert theirs["command"] is None and theirs["cwd"] is None and theirs["stdout"] is None
+        assert theirs["name"] is None and "secret-plan" not in json.dumps(theirs)
+        assert set(theirs["hidden"]) == {"name", "command", "cwd", "stdout", "stderr", "checkpoint_dir",
+                                         "launch_error"} <= set(PRIVATE_FIELDS)
+        assert (theirs["team"], theirs["class"], theirs["gpus"], theirs["user"]) == ("ml", "batch", 1, users.alice)
+        assert theirs["state"] in ("PENDING", "RUNNING") and "reason" in theirs and "estimated_start" in theirs
+        assert theirs["history"]  # its transitions and their reasons
+        listed = [j for j in tenants.get(users.bob, "/jobs").json() if j["id"] == job_id]
+        assert listed and listed[0]["command"] is None and listed[0]["name"] is None
+        assert tenants.get(users.bob, "/jobs", name="secret-plan").json() == []  # no probing by name
+        assert tenants.get(users.bob, "/jobs", name="secret-plan", limit="10").json()["jobs"] == []
+        for who in (users.alice, "admin"):  # its team's member and an admin see it whole
+            whole = tenants.get(who, f"/jobs/{job_id}").json()
+            assert whole["command"] == ["sleep 600 # secret-plan"] and whole["cwd"] and "hidden" not in whole
+            assert [j["id"] for j in tenants.get(who, "/jobs", name="secret-plan").json()] == [job_id]
+    finally:
+        httpx.post(f"{tenants.server.url}/jobs/{job_id}/cancel", timeout=60,
+                   headers={"Authorization": f"Bearer {tenants.tokens['admin']}"})
+
+
+def test_show_says_a_field_is_hidden():
+    from gpushepherd.cli.daemon import _shown
+
+    view = {"team": "ml", "command": None, "name": None, "project": "", "hidden": ["command", "name"]}
+    assert _shown(view, "command") == "(hidden: a job of team ml, seen by its members and admins)"
+    assert _shown(view, "name").startswith("(hidden") and _shown(view, "project") == "-"
 
 
 # -- point 3: containment -------------------------------------------------------------

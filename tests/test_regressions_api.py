@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from builders import route_cli_to
-from fastapi.testclient import TestClient
+from builders import in_process_api, route_cli_to
 
 POLICY = """\
 name: api-regressions
@@ -27,19 +26,8 @@ teams:
 
 @pytest.fixture
 def api(tmp_path):
-    from gpushepherd.daemon.api import make_app
-    from gpushepherd.daemon.server import Daemon
-
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    d = Daemon(tmp_path / "data", policy_path=policy, poll_s=0.05)
-    d.start()
-    try:
-        with TestClient(make_app(d)) as client:
-            client.daemon = d
-            yield client
-    finally:
-        d.stop()
+    with in_process_api(tmp_path, POLICY) as client:
+        yield client
 
 
 def body(tmp_path: Path, **kw) -> dict:

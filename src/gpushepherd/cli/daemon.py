@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -139,10 +140,12 @@ def _as_flag(d: dict, flags: dict[str, str]) -> dict:
 
 
 def _request(server: str | None, method: str, path: str, token: str | None = None, *,
-             raise_unreachable: bool = False, flags: dict[str, str] | None = None, **kw: Any):
+             raise_unreachable: bool = False, flags: dict[str, str] | None = None,
+             extra_headers: dict[str, str] | None = None, unconfirmed_hint: str = "", **kw: Any):
     """``method path`` on the server (its Unix socket or HTTP), the response; a refusal
     (>= 400) is one ``error:`` line (entries about ``flags``' fields name the flag,
-    ``_as_flag``) and exit 2.
+    ``_as_flag``; a 503 is followed by ``unconfirmed_hint`` when given) and exit 2.
+    ``extra_headers`` go with the request (an ``Idempotency-Key``).
 
     Raises:
         typer.Exit: refused (2), or no server (1) unless ``raise_unreachable``.
@@ -154,6 +157,7 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
     unix = local_socket(server, token)
     url = f"unix:{unix}" if unix is not None else _url(server)
     headers = {"Authorization": f"Bearer {token}"} if token and unix is None else {}
+    headers.update(extra_headers or {})
     try:
         if unix is not None:  # the kernel names the caller: no token is sent
             from gpushepherd.daemon.unixsock import short_path
@@ -179,8 +183,18 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
         if isinstance(detail, list):
             detail = "; ".join(_located(_as_flag(d, flags or {}) if isinstance(d, dict) else d) for d in detail)
         err.print(f"error: {_safe(detail)}", soft_wrap=True, markup=False)
+        if r.status_code == 503 and unconfirmed_hint:
+            err.print(unconfirmed_hint, soft_wrap=True, markup=False)
         raise typer.Exit(2)
     return r
+
+
+def _shown(j: dict, key: str) -> Any:
+    """Field ``key`` of job view ``j`` as ``show`` prints it: ``-`` for no project or
+    name, a word for a field the server hid (another team's job, note 023)."""
+    if key in j.get("hidden", ()):
+        return f"(hidden: a job of team {j.get('team')}, seen by its members and admins)"
+    return (j.get(key) or "-") if key in ("project", "name") else j.get(key)
 
 
 def _num(v: Any) -> str:
@@ -361,19 +375,46 @@ def script_not_command(cmd: list[str], chdir: Path, shell: bool) -> None:
     raise typer.Exit(2)
 
 
+def with_key(argv: list[str], key: str) -> list[str]:
+    """``argv`` (``shepherd submit|sbatch ...``) with ``--idempotency-key KEY`` right
+    after the command's name, in place of any it had before the job's command (``--``)."""
+    out, i = [], 2
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            break
+        if a == "--idempotency-key":
+            i += 2
+            continue
+        if not a.startswith("--idempotency-key="):
+            out.append(a)
+        i += 1
+    return [*argv[:2], "--idempotency-key", key, *out, *argv[i:]]
+
+
 def post_job(server: str | None, token: str | None, body: dict, announce: bool = True,
-             to_stderr: bool = False) -> dict:
+             to_stderr: bool = False, idempotency_key: str | None = None, retry_argv: list[str] | None = None) -> dict:
     """``POST /jobs`` of a submission ``body`` and its one line: ``Submitted job N`` (or
     ``array N``) on stdout (``to_stderr``: on stderr; not ``announce``: none), or, when
     the server rejected it (no node could ever hold it), only ``rejected: REASON (job N)``
     on stderr and exit ``EXIT_REJECTED`` (3). Returns the server's view of the job.
+    ``idempotency_key``: sent as ``Idempotency-Key``; when the server could not confirm
+    the submission in time (503) the key and the command to retry safely with it
+    (``retry_argv``: the command line, ``shepherd submit ...``) follow the error.
 
     Raises:
         typer.Exit: rejected (3); refused (2) or no server (1), from ``_request``.
     """
     from gpushepherd.cli.main import _console, err
 
-    job = _request(server, "POST", "/jobs", token=token, json=body, flags=SUBMIT_FLAGS).json()
+    hint = ""
+    if idempotency_key is not None:
+        again = shlex.join(with_key(retry_argv, idempotency_key)) if retry_argv else (
+            f"the same command with --idempotency-key {shlex.quote(idempotency_key)}")
+        hint = (f"this submission's Idempotency-Key is {idempotency_key}: retry it with that key and the server "
+                f"submits it at most once: {again}")
+    job = _request(server, "POST", "/jobs", token=token, json=body, flags=SUBMIT_FLAGS, unconfirmed_hint=hint,
+                   extra_headers={"Idempotency-Key": idempotency_key} if idempotency_key is not None else None).json()
     if job.get("state") == "REJECTED":
         err.print(f"rejected: {_safe(job.get('reason') or 'no node could ever hold it')} (job {_safe(job['id'])})",
                   soft_wrap=True, markup=False)
@@ -948,6 +989,14 @@ def register(app: typer.Typer) -> None:
         if why:
             err.print(f"error: {why}", soft_wrap=True)
             raise typer.Exit(2)
+        tls = _tls_files(tls_cert, tls_key, host, insecure_http)
+        from gpushepherd.daemon.connlimit import guarded_protocol, listen_socket
+        try:  # bound before the data dir is touched: a port in use creates no database or lock file
+            sock, listen = listen_socket(host, port)
+        except OSError as exc:
+            err.print(f"error: --host {host} --port {port}: cannot listen there: {exc.strerror or exc}",
+                      soft_wrap=True)
+            raise typer.Exit(2) from None
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after,
@@ -956,29 +1005,24 @@ def register(app: typer.Typer) -> None:
                             busy_timeout_s=db_busy_timeout, scrape_allow=scrape_allow,
                             ready_max_step_age_s=ready_max_step_age, dcgm_names=dcgm_names)
         except (SchemaError, ValueError) as exc:  # ValueError: SHEPHERD_RUN_AS, SHEPHERD_CGROUP (note 023)
+            sock.close()
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
         except (SQLAlchemyError, OSError) as exc:
+            sock.close()
             err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
             raise typer.Exit(2) from None
         if not is_loopback(host):
             if not daemon.store.active_tokens():
+                sock.close()
                 err.print(f"error: --host {host}: only a loopback address (127.0.0.1, ::1) while the database has "
                           "no API token; create one first with `shepherd token create --user U --team T`",
                           soft_wrap=True)
                 raise typer.Exit(2)
             auth = "required"  # reachable from other machines: never open, even if every token is revoked
-        from gpushepherd.daemon.connlimit import guarded_protocol, listen_socket
         from gpushepherd.daemon.unixsock import SOCKET_NAME, UnixListener, peer_protocol
 
-        tls = _tls_files(tls_cert, tls_key, host, insecure_http)
         unix = None if socket_path == "" else Path(socket_path) if socket_path else daemon.data_dir / SOCKET_NAME
-        try:  # bound before the daemon starts: a port in use takes nothing, and the first log line says where
-            sock, listen = listen_socket(host, port)
-        except OSError as exc:
-            err.print(f"error: --host {host} --port {port}: cannot listen there: {exc.strerror or exc}",
-                      soft_wrap=True)
-            raise typer.Exit(2) from None
         if tls:
             listen = "https" + listen[len("http"):]
         with _errors():
@@ -1101,6 +1145,10 @@ def register(app: typer.Typer) -> None:
                cpus: Annotated[Optional[float], typer.Option("--cpus", min=0.01, help="CPU limit of the job's "
                                                              "processes together, in CPUs (its cgroup's "
                                                              "cpu.max).")] = None,
+               idempotency_key: Annotated[Optional[str], typer.Option(
+                   "--idempotency-key", metavar="KEY", help="Submit at most once under KEY (the Idempotency-Key "
+                   "header): a retry with the same KEY and job returns the job first made. Default: a new random "
+                   "key, printed when the server cannot confirm the submission in time.")] = None,
                server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Submit a job: `shepherd submit --class batch --team ml --gpus 1 -- python train.py` (a batch
         script with #SBATCH lines: `shepherd sbatch FILE`)."""
@@ -1115,7 +1163,12 @@ def register(app: typer.Typer) -> None:
                                       estimate_s=estimate, gpus_per_pod=gpus_per_task, same_node=same_node,
                                       grace_s=grace, require_island=require_island))
         body.update(resource_fields(share=share, gpu_mem=gpu_mem, env=env, mem=mem, cpus=cpus))
-        post_job(server, token, body)
+        import uuid
+
+        key = idempotency_key if idempotency_key is not None else f"shepherd-submit-{uuid.uuid4()}"
+        argv = sys.argv[1:]  # the command line as typed, for the retry it prints (not under a test's runner)
+        post_job(server, token, body, idempotency_key=key,
+                 retry_argv=["shepherd", *argv] if argv[:1] == ["submit"] else None)
 
     @app.command("queue", help=QUEUE_HELP)
     def queue(state: Annotated[Optional[str], typer.Option("--state", "-t", help="Only these states, a comma "
@@ -1148,8 +1201,7 @@ def register(app: typer.Typer) -> None:
         if j.get("array"):
             for key in ("id", "name", "array", "state", "class", "team", "user", "project", "gpus", "share", "throttle",
                         "max_retries", "retries_used", "running", "pending", "failed_indices", "command", "cwd"):
-                value = (j.get(key) or "-") if key in ("project", "name") else j.get(key)
-                out.print(_safe(f"{key}: {value}"), markup=False)
+                out.print(_safe(f"{key}: {_shown(j, key)}"), markup=False)
             out.print(f"progress: {j['done']}/{j['tasks']} done")
             out.print(_safe(f"constraints: {constraints_text(j)}"), markup=False)
             out.print(_safe(f"deadline: {deadline_text(j)}"), markup=False)
@@ -1161,8 +1213,7 @@ def register(app: typer.Typer) -> None:
         for key in ("id", "name", "state", "reason", "class", "team", "user", "project", "gpus", "share", "placement",
                     "time_limit_s", "priority", "nice", "runs", "preemptions", "lost_runs", "failure", "exit_code", "launch_error", "command",
                     "cwd", "stdout", "stderr", "checkpoint_dir"):
-            value = (j.get(key) or "-") if key in ("project", "name") else j.get(key)
-            out.print(_safe(f"{key}: {value}"), markup=False)
+            out.print(_safe(f"{key}: {_shown(j, key)}"), markup=False)
         if j.get("dependency") or j.get("begin_time") is not None or j.get("held"):  # kept (note 021)
             out.print(_safe(f"dependency: {j.get('dependency') or '-'}  begin_time: {_fmt_t(j.get('begin_time'))}  "
                             f"held: {'yes' if j.get('held') else 'no'}"), markup=False)

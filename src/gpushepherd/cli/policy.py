@@ -55,7 +55,7 @@ def _cohort_terms(spec: PolicySpec | None) -> tuple[dict[str, list[str]], list[s
 
 def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:
     """Lines describing a compiled policy: pools (nodes, GPUs), classes (priority,
-    preemptible), teams (nominal quota and limits; with ``spec``, a cohort member's
+    preemptible), teams (nominal quota, limits and allowed classes; with ``spec``, a cohort member's
     nominal_gpus, borrowing_limit and lending_limit as the policy writes them), cohorts,
     other limits, windows."""
     pools: dict[str, list[int]] = {}
@@ -87,6 +87,8 @@ def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:
             quota = [f"nominal_gpus[{t}]={n}" for t, n in rules.nominal_by_type[team]]
         quota += team_limits.get(team, [])
         parts = ([", ".join(quota)] if quota else []) + in_cohorts.get(team, [])
+        if team in rules.allowed_classes:  # teams.T.allowed_classes
+            parts.append("allowed classes " + (", ".join(rules.allowed_classes[team]) or "none"))
         parent = f" (in {rules.teams[team]})" if rules.teams[team] else ""
         lines.append(f"team {team}{parent}: {'; '.join(parts) or 'no quota'}")
     lines += cohort_lines

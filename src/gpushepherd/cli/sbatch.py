@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -43,8 +44,8 @@ VALUED = {"--gres": "gres", "--gpus": "gpus", "-G": "gpus", "--gpus-per-node": "
           "--constraint": "constraint", "-C": "constraint", "--deadline": "deadline",
           "--gpus-per-task": "gpus_per_task",
           # the command line only (a script cannot name its server)
-          "--server": "server", "--token": "token"}
-CLI_ONLY = {"server", "token"}
+          "--server": "server", "--token": "token", "--idempotency-key": "idempotency_key"}
+CLI_ONLY = {"server", "token", "idempotency_key"}
 #: directives without a value: name -> the key they set to True
 FLAGS = {"--hold": "hold", "-H": "hold"}
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -290,8 +291,9 @@ class), -o/--output and -e/--error (%j job id, %A array id, %a task index; -o al
 takes stderr too; without them `shepherd logs`), -a/--array, -D/--chdir, --wckey
 (the project), -C/--constraint LABEL[=VALUE][&...] (node labels), --deadline TIME
 (2025-06-01T18:00, now+2hours), -N 1 (one node), -n N --gpus-per-task G (a gang of N
-tasks), -d/--dependency, -b/--begin TIME, -H/--hold (note 021); --server and --token on
-the command line only. Any other directive is refused naming it (--exclusive, --mem,
+tasks), -d/--dependency, -b/--begin TIME, -H/--hold (note 021); --server, --token and
+--idempotency-key KEY (submit at most once under KEY; default a random one, printed when
+the server cannot confirm in time) on the command line only. Any other directive is refused naming it (--exclusive, --mem,
 ...).
 The script runs with its #! interpreter."""
 
@@ -322,4 +324,9 @@ def register(app) -> None:
                         server=opts["server"])
         body.update(constraint_fields(constraint=opts.get("node_selector", []), deadline=opts.get("deadline"),
                                       gpus_per_pod=opts.get("gpus_per_pod"), same_node=opts.get("same_node", False)))
-        post_job(opts["server"], opts["token"], body)
+        import uuid
+
+        key = opts.get("idempotency_key") or f"shepherd-sbatch-{uuid.uuid4()}"
+        argv = sys.argv[1:]  # the command line as typed, for the retry it prints (not under a test's runner)
+        post_job(opts["server"], opts["token"], body, idempotency_key=key,
+                 retry_argv=["shepherd", *argv] if argv[:1] == ["sbatch"] else None)

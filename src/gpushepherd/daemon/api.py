@@ -68,6 +68,9 @@ from gpushepherd.policy.load import PolicyError, policy_from_dict
 from gpushepherd.timepoints import FORMS as TIME_FORMS, api_time_point
 
 
+#: what a job's view leaves out for a caller of another team (no admin, not its user;
+#: note 023, "What another team sees"): what it runs, where, and its files
+PRIVATE_FIELDS = ("name", "command", "cwd", "env", "stdout", "stderr", "checkpoint_dir", "launch_error")
 #: seconds ``POST /jobs`` waits for the loop to take a submission (then 503: not confirmed)
 SUBMIT_TIMEOUT_S = 60.0
 #: the largest request body, bytes (413 above it; note 008, "Input limits")
@@ -733,6 +736,33 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             errors.append(err)
         return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
 
+    def sees_all(p: Principal | None, user: str | None, team: str | None) -> bool:
+        return p is None or p.admin or user == p.user or p.may_act_for(team or "")
+
+    class SeenFilter:
+        """``JobFilter`` as ``p`` sees the jobs: a name ``p`` may not see never matches."""
+
+        def __init__(self, inner: JobFilter, p: Principal | None):
+            self.inner, self.p = inner, p
+
+        def __call__(self, view: dict) -> bool:
+            return self.match(view["state"], view.get)
+
+        def match(self, state: str, field) -> bool:
+            if sees_all(self.p, field("user"), field("team")):
+                return self.inner.match(state, field)
+            return self.inner.match(state, lambda f: None if f in PRIVATE_FIELDS else field(f))
+
+    def seen_by(v: dict, p: Principal | None) -> dict:
+        """``v`` (a job's or array's view) as ``p`` may see it (note 023, "What another
+        team sees"): whole for an admin, the job's user, a member of its team and on a
+        server without tokens; else with ``PRIVATE_FIELDS`` set to ``None`` and listed
+        in ``hidden`` - state, team, class, GPUs, reason and estimate stay."""
+        if sees_all(p, v.get("user"), v.get("team")):
+            return v
+        hidden = [k for k in PRIVATE_FIELDS if k in v]
+        return {**v, **dict.fromkeys(hidden), "hidden": hidden}
+
     def view(job_id: str, history: bool = False) -> dict:
         with daemon.lock:
             v = daemon.job_view(job_id, history=history)
@@ -802,7 +832,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                  f"a page of at most this many jobs (1-{MAX_PAGE_LIMIT}); the answer is then an object "
                  "{jobs, next, limit}")),
              cursor: str | None = Query(None, max_length=256, description=(
-                 f"the page after this one: the 'next' of an earlier page (pages of {PAGE_LIMIT} unless 'limit')"))):
+                 f"the page after this one: the 'next' of an earlier page (pages of {PAGE_LIMIT} unless 'limit')")),
+             p: Principal | None = Depends(principal)):
         """Jobs in submission order (by job number): state, reason, estimated start,
         priority. An array is one entry (``done``/``tasks``) unless ``children``. Filters
         (design note 020) must all match; a bad value is 422 naming the parameter.
@@ -812,9 +843,10 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         ``next`` is null. Every job is on one page only; one submitted meanwhile comes on
         a later page. A page may hold fewer than ``limit`` jobs (even none) and still have
         a ``next``: each page looks at a bounded number of jobs. Without either, the whole
-        list (as before)."""
+        list (as before). Jobs of teams the caller is no member of come without their
+        ``PRIVATE_FIELDS`` (note 023), and a ``name`` filter does not match their names."""
         try:
-            keep = JobFilter(state=state, user=user, team=team, name=name)
+            keep = SeenFilter(JobFilter(state=state, user=user, team=team, name=name), p)
             size = parse_limit(limit) if limit is not None else PAGE_LIMIT
             after = decode_cursor(cursor) if cursor is not None else 0
         except QueryError as exc:
@@ -823,9 +855,10 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         if limit is None and cursor is None:
             with daemon.lock:
                 out = daemon.jobs_view(children=children)
-            return [j for j in out if keep(j)]
+            return [seen_by(j, p) for j in out if keep(j)]
         with daemon.lock:
             views, nxt = page(daemon, index, keep, size, after, children=children)
+        views = [seen_by(j, p) for j in views]
         out = {"jobs": views, "next": encode_cursor(nxt) if nxt is not None else None, "limit": size}
         try:  # the views are JSON data already: FastAPI's jsonable_encoder took 70 % of a page's time
             text = json.dumps(out, allow_nan=False, separators=(",", ":"))
@@ -848,9 +881,11 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         return {"auth": True, "user": p.user, "teams": list(p.teams), "admin": p.admin}
 
     @app.get("/jobs/{job_id}")
-    def job(job_id: str) -> dict:
-        """One job: its transitions (history) and why it waits now."""
-        return view(job_id, history=True)
+    def job(job_id: str, p: Principal | None = Depends(principal)) -> dict:
+        """One job: its transitions (history) and why it waits now. A job of a team the
+        caller is no member of comes without its ``PRIVATE_FIELDS`` (``hidden`` lists
+        them; note 023)."""
+        return seen_by(view(job_id, history=True), p)
 
     @app.post("/jobs/{job_id}/cancel")
     def cancel(job_id: str, request: Request, p: Principal | None = Depends(principal)) -> dict:
@@ -1004,6 +1039,17 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         with daemon.lock:
             return [{k: v for k, v in x.items() if k != "policy"} for x in daemon.policies]
 
+    def audit_teams(p: Principal) -> list[str] | None:
+        """The teams whose audit entries non-admin ``p`` reads: a token's teams; on the
+        socket the policy's teams it may act for (``None``: every team - a policy of no
+        teams on a server without tokens)."""
+        if not p.via_socket:
+            return list(p.teams)
+        known = daemon.rules.teams
+        if not known:
+            return None if p.open_teams else []
+        return [t for t in sorted(known) if p.may_act_for(t)]
+
     @app.get("/audit")
     def audit(since: float | None = Query(None, ge=0, le=MAX_EPOCH, allow_inf_nan=False,
                                           description="only entries at or after this time, epoch seconds"),
@@ -1022,10 +1068,20 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         denied: 403, refused: 422/409, failed: storage) and ``detail`` (what). An admin token
         sees every entry; another token only the entries about jobs of its teams (submits,
         cancels and job actions of its teams, its teams' 403s) - never policy or token
-        entries; without tokens, everything."""
+        entries; a Unix-socket caller who is no admin those of the teams it may act for
+        (its members lists); without tokens, everything.
+
+        Raises:
+            HTTPException: 403 for a caller of no team (the audit log is for admins and
+                team members, note 023), naming the user and who may read it.
+        """
         def items(v: str | None) -> list[str] | None:
             return None if v is None else [x.strip() for x in v.split(",") if x.strip()]
-        teams = None if p is None or p.admin else list(p.teams)
+        teams = None if p is None or p.admin else audit_teams(p)
+        if teams == []:
+            raise HTTPException(403, f"the audit log is not allowed for user {p.user!r}: it is read by admins (root "
+                                "or the server's user on the socket, an admin token) and by a team's members for "
+                                "their team's jobs (design note 023), and this user may act for no team")
         return daemon.store.audit_entries(since=since, users=items(user), teams=teams, actions=items(action),
                                           limit=limit)
 

@@ -387,6 +387,13 @@ class LocalBackend(RunFiles):
         job_env.update(mps_env(placement.share))
         # the runner must import gpushepherd even when the job's cwd or env differ
         job_env.update(contract_env(job_id, run, ckpt, placement.share, env, inherit=owner is None))
+        if owner is not None:  # its runner gets this package's root apart (runner_env): the job's own
+            # environment has the PYTHONPATH its submitter sent, or none (the clean environment, note 023)
+            job_env.pop("PYTHONPATH", None)
+            if env.get("PYTHONPATH"):
+                job_env["PYTHONPATH"] = env["PYTHONPATH"]
+        else:  # job_env is the runner's: it hands the job the PYTHONPATH the job would have had without it
+            job_env[runas.JOB_PYTHONPATH_ENV] = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH") or ""
         cmd = [sys.executable, "-m", "gpushepherd.daemon.runner"] + (["--shell"] if shell else [])
         for d in cg.dirs() if cg is not None else ():
             cmd += ["--cgroup", str(d)]

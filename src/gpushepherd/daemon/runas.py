@@ -21,6 +21,10 @@ from dataclasses import dataclass
 #: default when the server is root) or ``server`` (every job as the server's user)
 RUN_AS_ENV = "SHEPHERD_RUN_AS"
 RUN_AS_MODES = ("user", "server")
+#: the variable that gives the runner of a job run as the server's user the PYTHONPATH
+#: of the job itself (its submitter's, else the server's; '' for none): the runner's own
+#: starts with this package's root, which the job is not to see (note 023)
+JOB_PYTHONPATH_ENV = "SHEPHERD_JOB_PYTHONPATH"
 #: PATH of a job that names none (systemd's default for services)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: variables a per-user job takes from the server's environment (locale and time zone

@@ -44,6 +44,8 @@ import subprocess
 import sys
 import termios
 
+from gpushepherd.daemon.runas import JOB_PYTHONPATH_ENV
+
 #: prctl option: orphaned descendants are re-parented to this process (Linux >= 3.4)
 PR_SET_CHILD_SUBREAPER = 36
 #: the signals a policy may choose as its stop signal (``classes.X.stop_signal``)
@@ -198,6 +200,13 @@ def main(args: list[str]) -> int:
         except (OSError, ValueError) as exc:
             print(f"shepherd: cannot read the job's environment {opts.env_file}: {exc}", file=sys.stderr)
             return 2
+    elif JOB_PYTHONPATH_ENV in os.environ:  # the job's own PYTHONPATH, not the runner's (note 023)
+        env = dict(os.environ)
+        theirs = env.pop(JOB_PYTHONPATH_ENV)
+        if theirs:
+            env["PYTHONPATH"] = theirs
+        else:
+            env.pop("PYTHONPATH", None)
     exit_file = opts.exit_file
     if opts.pty:
         try:  # we lead a session of our own (the server's start_new_session): the terminal becomes its

@@ -73,6 +73,7 @@ from gpushepherd.daemon.store import (
     spec_to_dict,
     storage_reason,
 )
+from gpushepherd.model.access import class_refusal
 from gpushepherd.model.decisions import Decision, Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import (
     Event,
@@ -1586,7 +1587,7 @@ class Daemon:
             kept = None
             try:
                 validate_spec(self.rules, spec)
-                why = self._unrunnable(spec) or self._no_terminal(pty, array)
+                why = class_refusal(self.rules, spec) or self._unrunnable(spec) or self._no_terminal(pty, array)
                 if why is not None:
                     raise SpecError(f"job {job_id!r}: {why}")
                 if defer is not None:

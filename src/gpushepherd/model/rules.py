@@ -282,6 +282,10 @@ class Rules:
     #: a team's ``nominal_gpus`` per GPU type, where it is given so (``nominal_gpus``
     #: holds the sum)
     nominal_by_type: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    #: team -> the workload classes it may submit (``teams.T.allowed_classes``; a team
+    #: not here: any class). Checked at submit (``gpushepherd.model.access``), not by
+    #: the core's admission rule: a job of another class is never queued
+    allowed_classes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def cohort_of(self, team: str, class_pools: tuple[str, ...] | None = None,
                   gpu_type: str | None = None) -> tuple[Cohort, CohortMember] | None:

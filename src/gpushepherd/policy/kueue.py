@@ -181,6 +181,10 @@ def export_kueue(policy: Policy) -> tuple[list[dict], list[str]]:
         if t.windows:
             cannot.append(f"teams.{team}.windows: limits by time of day and week (Kueue's quotas do not change "
                           "with time)")
+        if t.allowed_classes is not None:
+            cannot.append(f"teams.{team}.allowed_classes={','.join(t.allowed_classes) or '[]'}: which classes a team "
+                          "may submit (every LocalQueue may use every WorkloadPriorityClass; an admission policy "
+                          "on the kueue.x-k8s.io/priority-class label can refuse the others)")
         for cls, lim in sorted(t.classes.items()):
             if lim.max_gpus is not None or lim.max_running_jobs is not None:
                 cannot.append(f"teams.{team}.classes.{cls}: a team's per-class limits (Kueue's quota is per "

@@ -437,6 +437,10 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
             if cname not in classes:
                 raise PolicyError(source, f"teams.{name}.classes.{cname}", cname,
                                   "a workload class: " + ", ".join(sorted(classes)))
+        for k, cname in enumerate(team.allowed_classes or ()):
+            if cname not in classes:
+                raise PolicyError(source, f"teams.{name}.allowed_classes[{k}]", cname,
+                                  "a workload class: " + ", ".join(sorted(classes)))
         teams[name] = team.parent
     _check_chains(teams, spec, source, max_depth)
 
@@ -515,6 +519,8 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
             deadline_horizon_s=spec.priority.deadline_horizon_s,
         ),
         pricing=pricing,
+        allowed_classes={n: tuple(dict.fromkeys(t.allowed_classes)) for n, t in spec.teams.items()
+                         if t.allowed_classes is not None},
         strict_queues=frozenset((name, cname) for name, team in spec.teams.items()
                                 for cname, lim in team.classes.items() if lim.queueing == "strict_fifo"),
         within_team=frozenset(name for name, team in spec.teams.items()

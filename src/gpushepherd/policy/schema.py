@@ -513,6 +513,11 @@ class TeamSpec(_Strict):
         "Who may submit for the team, cancel its jobs and read their logs (note 025): Unix user names, or "
         "`@group` for a Unix group (resolved at each check). Unset: the tokens' teams decide; `[]`: admins only.",
         ["alice", "@ml-team"]))
+    allowed_classes: Annotated[list[Name], Field(max_length=1000)] | None = Field(None, **doc(
+        "The workload classes the team may submit (Kueue: the ClusterQueues a namespace's LocalQueues point to; "
+        "Slurm: the account's `AllowQOS`/`QOS=` list); each a class of `classes`. A submission of another class is "
+        "refused at submit (HTTP 422, naming this field); a child team may use only what every ancestor allows. "
+        "Unset: every class. Jobs queued before a policy narrows it are not touched.", ["training", "batch"]))
 
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
+from gpushepherd.model.access import class_refusal
 from gpushepherd.model.decisions import Preempt, ReconfigureMig, Reject, Start, Stop
 from gpushepherd.model.events import Event, JobAdopted, JobFinished, JobSubmitted, MigReconfigured, Tick
 from gpushepherd.model.job import ExitStatus, JobSpec, JobState
@@ -425,12 +426,15 @@ class Simulator:
         return result
 
     def _refusal(self, spec: JobSpec) -> str:
-        """The core's submit validation's refusal of ``spec`` ('' when it takes it)."""
+        """The submit refusal of ``spec`` ('' when it is taken): the core's submit
+        validation, then a class the team may never use (``class_refusal``), as the
+        daemon's submit refuses them."""
         try:
             validate_spec(self.rules, spec)
         except SpecError as exc:
             return str(exc)
-        return ""
+        why = class_refusal(self.rules, spec)
+        return f"job {spec.id!r}: {why}" if why is not None else ""
 
     def _report(self, p: SimProgress) -> None:
         if self.progress is not None:
