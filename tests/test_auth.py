@@ -163,12 +163,18 @@ def test_token_list_and_revoke(authed):
 
 def test_without_tokens_the_server_listens_on_loopback_only(plain):
     s = plain
-    r = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(s.data),
-                        "--policy", str(s.policy), "--host", "0.0.0.0", "--port", str(free_port())],
-                       capture_output=True, text=True, timeout=120)
+
+    def serve(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(s.data),
+                               "--policy", str(s.policy), "--host", "0.0.0.0", "--port", str(free_port()), *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    r = serve()  # plain HTTP off loopback is refused first, before the data dir is opened
+    assert r.returncode == 2 and r.stderr.startswith("error: --host 0.0.0.0: plain HTTP is not allowed")
+    r = serve("--insecure-http")  # TLS aside: no token in the database, so loopback only
+    lines = r.stderr.splitlines()
     assert r.returncode == 2
-    assert r.stderr.startswith("error: --host 0.0.0.0: only a loopback address") and r.stderr.count("\n") == 1
-    assert "shepherd token create" in r.stderr
+    assert lines[-1].startswith("error: --host 0.0.0.0: only a loopback address") and "shepherd token create" in lines[-1]
     s.start()  # loopback without tokens: open, as before
     assert call(s, "GET", "/jobs", None).status_code == 200
 
