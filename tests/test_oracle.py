@@ -36,10 +36,13 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: 20's loop, test_preemption_cycles.py; 1912 - a start beside a reservation changed the
 #: reserved job's GPU type and turn, test_oracle_faults.py; and 8914 - a fault of the
 #: check: a job behind a share that waits for a card in its strict FIFO queue waits for
-#: the same submission - only here): they stay in the suite's batch
+#: the same submission - only here; 9955, 11023, 11959, 15977, 17570, 18216, 19084 - a MIG
+#: job whose free slice was on a card of a type its per-type quota forbids was never given
+#: a re-partitioned card of a type it may take, waiting for ever - only here): they stay in
+#: the suite's batch
 FOUND = (84, 96, 114, 320, 353, 446, 535, 732, 773, 820, 865, 1334, 1430, 1733, 1912, 2024, 2617, 2914, 2919, 3462,
-         4467, 7641, 8914, 9361, 10572, 12010, 12899, 12903, 13435, 13765, 14222, 15683, 17695, 18541, 18785, 19272,
-         20252, 21092, 22562, 22732)
+         4467, 7641, 8914, 9361, 9955, 10572, 11023, 11959, 12010, 12899, 12903, 13435, 13765, 14222, 15683, 15977,
+         17570, 17695, 18216, 18541, 18785, 19084, 19272, 20252, 21092, 22562, 22732)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

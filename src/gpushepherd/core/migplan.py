@@ -10,7 +10,7 @@ reports ``MigReconfigured``.
 
 from __future__ import annotations
 
-from gpushepherd.core import admission as A
+from gpushepherd.core import admission as A, typed
 from gpushepherd.core.placement import members_of
 from gpushepherd.model.decisions import Decision, ReconfigureMig
 from gpushepherd.model.job import JobState
@@ -38,14 +38,16 @@ def plan_mig(book, adm, out: list[Decision]) -> None:
     relied: set[tuple[int, int]] = set()
     for i, job in enumerate(waiting):
         prof = job.share.profile
-        if adm.decide(job, None).rule in (A.HARD_NEVER, A.HARD_NOW, A.NEVER_FITS, A.COHORT):
+        v = adm.decide(job, None)
+        if v.rule in (A.HARD_NEVER, A.HARD_NOW, A.NEVER_FITS, A.COHORT):
             continue  # a limit, not a missing instance, keeps it waiting
-        groups = book.groups_for(job)
+        with typed.bound(job, v.variant):  # per-type quotas: only cards of a type it may take (note 038)
+            groups = book.groups_for(job)
+            nodes = book.nodes_for(job)
         free = ledger.best_mig(groups, prof)
         if free is not None:
             relied.add(free[:2])
             continue  # an instance is free: the job waits for something else
-        nodes = book.nodes_for(job)
         served = next((k for k in sorted(supply) if k[0] in nodes and prof in supply[k]), None)
         if served is not None:
             supply[served].remove(prof)
