@@ -173,3 +173,45 @@ def remove_unix_users(names: Iterable[str], group: str, home: bool = False) -> N
             left.append(name)
     subprocess.run(["groupdel", group], check=False, capture_output=True)
     assert not left, f"test users not removed: {left} (userdel them)"
+
+
+#: a newcomer's Kueue setup translated (a cohort per ResourceFlavor/pool, a class per
+#: WorkloadPriorityClass x flavor), as they wrote it: test_kueue_export, test_preemption_cycles
+KUEUE_TRANSLATION = """\
+name: kueue-translation
+cluster:
+  pools: [{name: h100}, {name: a100}]
+  nodes:
+  - {name: h100-node, gpus: 8, gpu_type: H100-80GB, gpu_mem_mib: 81920, pool: h100}
+  - {name: a100-node, count: 2, gpus: 8, gpu_type: A100-80GB, gpu_mem_mib: 81920, pool: a100}
+classes:
+  high-h100: {priority: 1000, pools: [h100], preemptible: true, checkpointable: true}
+  low-h100:  {priority: 100,  pools: [h100], preemptible: true, checkpointable: true}
+  high-a100: {priority: 1000, pools: [a100], preemptible: true, checkpointable: true}
+  low-a100:  {priority: 100,  pools: [a100], preemptible: true, checkpointable: true}
+teams:
+  team-a:
+    nominal_gpus: 12
+    preemption: {within_team: lower_priority}
+    classes:
+      high-h100: {queueing: strict_fifo}
+      low-h100: {queueing: strict_fifo}
+      high-a100: {queueing: strict_fifo}
+      low-a100: {queueing: strict_fifo}
+  team-b:
+    nominal_gpus: 12
+cohorts:
+  research-h100:
+    pool: h100
+    reclaim: any
+    members:
+    - {team: team-a, nominal_gpus: 4, borrowing_limit: 4, lending_limit: 2}
+    - {team: team-b, nominal_gpus: 4}
+  research-a100:
+    pool: a100
+    reclaim: any
+    members:
+    - {team: team-a, nominal_gpus: 8, borrowing_limit: 0}
+    - {team: team-b, nominal_gpus: 8, borrowing_limit: 8}
+preemption: {enabled: true, min_runtime_s: 0}
+"""

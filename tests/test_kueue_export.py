@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from builders import KUEUE_TRANSLATION
 
 from gpushepherd.policy.kueue import export_kueue
 from gpushepherd.policy.load import load_policy, parse_policy
@@ -123,44 +124,7 @@ def test_the_example_policies_export():
 
 
 # -- a newcomer's policy: one cohort per pool, per-member quotas (issue 13 follow-up) ----------------
-PER_POOL = """\
-name: kueue-translation
-cluster:
-  pools: [{name: h100}, {name: a100}]
-  nodes:
-  - {name: h100-node, gpus: 8, gpu_type: H100-80GB, gpu_mem_mib: 81920, pool: h100}
-  - {name: a100-node, count: 2, gpus: 8, gpu_type: A100-80GB, gpu_mem_mib: 81920, pool: a100}
-classes:
-  high-h100: {priority: 1000, pools: [h100], preemptible: true, checkpointable: true}
-  low-h100:  {priority: 100,  pools: [h100], preemptible: true, checkpointable: true}
-  high-a100: {priority: 1000, pools: [a100], preemptible: true, checkpointable: true}
-  low-a100:  {priority: 100,  pools: [a100], preemptible: true, checkpointable: true}
-teams:
-  team-a:
-    nominal_gpus: 12
-    preemption: {within_team: lower_priority}
-    classes:
-      high-h100: {queueing: strict_fifo}
-      low-h100: {queueing: strict_fifo}
-      high-a100: {queueing: strict_fifo}
-      low-a100: {queueing: strict_fifo}
-  team-b:
-    nominal_gpus: 12
-cohorts:
-  research-h100:
-    pool: h100
-    reclaim: any
-    members:
-    - {team: team-a, nominal_gpus: 4, borrowing_limit: 4, lending_limit: 2}
-    - {team: team-b, nominal_gpus: 4}
-  research-a100:
-    pool: a100
-    reclaim: any
-    members:
-    - {team: team-a, nominal_gpus: 8, borrowing_limit: 0}
-    - {team: team-b, nominal_gpus: 8, borrowing_limit: 8}
-preemption: {enabled: true, min_runtime_s: 0}
-"""
+PER_POOL = KUEUE_TRANSLATION
 
 
 def gpu_rows(objects, team: str) -> dict[str, dict]:

@@ -6,52 +6,13 @@ would reclaim the GPUs by preempting it, and round again. Scenario V2-16 shows t
 on one node; the oracle checks it as part of ``e_preemptor``."""
 
 import yaml
-from builders import job
+from builders import KUEUE_TRANSLATION, job
 
 from gpushepherd.model import Preempt
 from gpushepherd.policy import policy_from_dict
 from gpushepherd.sim.engine import SimJob, Simulator
 
-#: the newcomer's policy (a Kueue setup translated: a cohort per ResourceFlavor, a
-#: class per WorkloadPriorityClass x flavor), as they wrote it
-KUEUE_POLICY = """
-name: kueue-translation
-cluster:
-  pools: [{name: h100}, {name: a100}]
-  nodes:
-  - {name: h100-node, gpus: 8, gpu_type: H100-80GB, gpu_mem_mib: 81920, pool: h100}
-  - {name: a100-node, count: 2, gpus: 8, gpu_type: A100-80GB, gpu_mem_mib: 81920, pool: a100}
-classes:
-  high-h100: {priority: 1000, pools: [h100], preemptible: true, checkpointable: true}
-  low-h100:  {priority: 100,  pools: [h100], preemptible: true, checkpointable: true}
-  high-a100: {priority: 1000, pools: [a100], preemptible: true, checkpointable: true}
-  low-a100:  {priority: 100,  pools: [a100], preemptible: true, checkpointable: true}
-teams:
-  team-a:
-    nominal_gpus: 12
-    preemption: {within_team: lower_priority}
-    classes:
-      high-h100: {queueing: strict_fifo}
-      low-h100: {queueing: strict_fifo}
-      high-a100: {queueing: strict_fifo}
-      low-a100: {queueing: strict_fifo}
-  team-b:
-    nominal_gpus: 12
-cohorts:
-  research-h100:
-    pool: h100
-    reclaim: any
-    members:
-    - {team: team-a, nominal_gpus: 4, borrowing_limit: 4, lending_limit: 2}
-    - {team: team-b, nominal_gpus: 4}
-  research-a100:
-    pool: a100
-    reclaim: any
-    members:
-    - {team: team-a, nominal_gpus: 8, borrowing_limit: 0}
-    - {team: team-b, nominal_gpus: 8, borrowing_limit: 8}
-preemption: {enabled: true, min_runtime_s: 0}
-"""
+KUEUE_POLICY = KUEUE_TRANSLATION  # the newcomer's policy, as they wrote it
 
 
 def _kueue(jobs):
