@@ -89,6 +89,8 @@ def rest(job: Job) -> None:
 
 
 def current(job: Job) -> Variant:
+    """The job's present binding (shape, filter id, charges, cohort, units) as a
+    ``Variant`` without a GPU type, so that ``bound`` can put it back (note 038)."""
     return Variant(None, job.shape, job.fkey, job.charges, job.cohort, job.units)
 
 

@@ -737,6 +737,9 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
 
     def sees_all(p: Principal | None, user: str | None, team: str | None) -> bool:
+        """Whether ``p`` sees a job's private fields (``PRIVATE_FIELDS``: name, command,
+        cwd, env, paths): no principal (tokens off), an admin, the job's user or a member
+        of its team (note 023)."""
         return p is None or p.admin or user == p.user or p.may_act_for(team or "")
 
     class SeenFilter:

@@ -288,6 +288,8 @@ class RunGroup:
         return all([remove(d) for d in self.dirs()])
 
     def exists(self) -> bool:
+        """Whether any of the run's cgroup directories (one per hierarchy it uses, v2 and
+        v1) is still there (note 036)."""
         return any(d.is_dir() for d in self.dirs())
 
 
