@@ -436,3 +436,16 @@ def test_estimates_of_two_waiting_jobs_beside_a_class_reservation():
     est = sched.estimated_starts()
     # at 100 A's 3 GPUs come free: 4 free, 1 kept for inference, so both fit then
     assert {j: (e.t, e.basis) for j, e in est.items()} == {"B": (100.0, "time limits"), "C": (100.0, "time limits")}
+
+
+def test_a_planned_job_of_a_reserved_class_fills_its_reservation_in_the_estimates():
+    """The estimates' plan counts a planned job of a class with ``reserved_gpus`` as
+    filling that reservation, as a pass's reservation does: at 100, P (inference, 2 GPUs)
+    covers inference's 1 reserved GPU, so B (batch, 2) fits beside it then, not after P."""
+    rules = policy([("n1", 4)], classes={"production-inference": {"reserved_gpus": 1}}, preemption=False)
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("A", 3, "batch", time_limit_s=100.0))])  # A runs; GPU 4 is reserved
+    sched.handle([JobSubmitted(1.0, job("P", 2, "production-inference", submit=1, time_limit_s=50.0)),
+                  JobSubmitted(1.0, job("B", 2, "batch", submit=1, time_limit_s=100.0))])
+    assert [j.id for j in sched.pending_jobs()] == ["P", "B"]
+    assert {j: e.t for j, e in sched.estimated_starts().items()} == {"P": 100.0, "B": 100.0}

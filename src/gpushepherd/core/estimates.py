@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from gpushepherd.core import typed
 from gpushepherd.core.placement import fits_island, place_counts
 from gpushepherd.core.planning import quota_start
-from gpushepherd.core.profile import basis_of, free_mask_at
+from gpushepherd.core.profile import Claim, basis_of, free_mask_at
 from gpushepherd.core.releases import node_releases
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import JobState
@@ -131,7 +131,7 @@ def plan_all(sched, limit: int | None = DEFAULT_LIMIT) -> dict[str, Estimate]:
     out: dict[str, Estimate] = {}
     running_basis = basis_of(book, book.running.values())
     next_change = next((e for e, _s, _j in book.ends if e > now and e != INF), None)
-    claims: list[_QuotaClaim] = []  # the planned jobs' claims, for quota and class holds
+    claims: list[Claim] = []  # the planned jobs' claims, for quota and class holds
     for p in sorted(book.preemptors.values(), key=lambda j: j.key):
         exits = [book.jobs[v].end_est for v in p.victims]
         start = max([now] + exits)
@@ -158,28 +158,15 @@ def plan_all(sched, limit: int | None = DEFAULT_LIMIT) -> dict[str, Estimate]:
         run = job.planned_run()
         for n, c in counts:
             plan.take(n, c, t, t + run)
-        claims.append(_QuotaClaim(t, t + run, {(i, u): a for i, u, a in charges}, dict(counts)))
+        # a reservation as a pass makes one: its class fills that class's ``reserved_gpus``
+        claims.append(Claim(job.id, False, t, t + run, dict(counts), quota={(i, u): a for i, u, a in charges},
+                            cls=job.cls.name))
         if t <= now:
             t = _after(now, next_change)
             if t is None:
                 continue
         out[job.id] = Estimate(t, running_basis)
     return out
-
-
-@dataclass(slots=True)
-class _QuotaClaim:
-    """A planned job's claim as ``planning.quota_start`` reads it."""
-
-    start: float
-    end: float
-    quota: dict
-    gpus: dict
-    hold: bool = False
-    cls: str = ""  # the job's class: its claim fills that class's ``reserved_gpus`` (``profile._held_for``)
-
-    def quota_at(self, k, _q: float) -> int:
-        return self.quota.get(k, 0)
 
 
 def _earliest_typed(book, plan: Plan, claims: list, job: Job) -> tuple[tuple[float, list] | None, tuple]:
