@@ -1,0 +1,194 @@
+"""Benchmark: how many pending reasons shown on a replay are wrong (issue 20, acceptance:
+"the reason-accuracy figure on a live run").
+
+    .venv/bin/python bench/reasons.py                          # Philly days 40-47 at 192x8, mixed rules
+    .venv/bin/python bench/reasons.py --days 40:70 --every 200 --per-call 40
+    .venv/bin/python bench/reasons.py --plain                  # philly.yaml as it is
+
+Replays a Philly window through the simulator (``Simulator``, the same core the daemon
+runs) and, after every ``--every``-th ``Scheduler.handle`` call, takes up to
+``--per-call`` pending jobs (evenly spaced in queue order, so the head and the tail are
+both seen) and checks the reason each would be shown (``Scheduler.pending_reason``, what
+``shepherd why``, ``GET /jobs`` and ``/ui`` print) with the oracle's own checks
+(``tests/oracle_checks.py``, ``Checker.pending``):
+
+* **b_work** - the job passes the one admission rule right now but waits: its reason
+  hides a start the core missed;
+* **c_reason** - the reason is not the real blocker: lifted (that limit raised, that
+  reservation or hold removed, that strict queue left, anti-affinity off), the job is not
+  admitted and not refused by a later rule; or the ids and times it names are not what
+  it says (victims that are not exiting, a hold nobody has, an eligibility time nobody
+  wakes for).
+
+A job counts as *wrong* when any check fails for it; the figure is wrong / checked.
+
+By default the window runs under ``examples/policies/philly.yaml`` with the rules a
+combined-rules site uses laid over it (``--plain`` turns this off): every team in one
+cohort with nominal GPUs in proportion to its shares (reclaim of lower classes),
+``production-inference.reserved_gpus: 16``, a night window on ``batch``, a per-user cap on
+``sandbox`` (16 GPUs), class preemption on with a 600 s minimum runtime, EASY backfill with 4
+reservations. The trace has no production-inference jobs: the reservation only takes
+GPUs away from everyone else, which is what it does on a site whose serving is idle.
+
+Prints the checked count, the share wrong, a breakdown by the admission rule that
+refused each checked job (``RULE_NAMES``) and the first few failures in full, and the
+replay's CPU seconds beside the same replay without checks (the baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "philly_rfold" / "philly_trace.csv.gz"
+
+from oracle_checks import RULE_NAMES, Checker, Report  # noqa: E402
+
+
+def mixed(raw: dict, gpus: int) -> dict:
+    """``raw`` (a policy dict) with the combined rules of the module docstring laid over
+    it; ``gpus``: the cluster's GPUs (nominal quotas add up to at most it less the
+    reservation)."""
+    teams = raw.get("teams", {})
+    total = sum(t.get("shares", 1) for t in teams.values()) or 1
+    room = gpus - 16
+    new_teams = {name: {**t, "nominal_gpus": room * t.get("shares", 1) // total} for name, t in sorted(teams.items())}
+    return {**raw,
+            "teams": new_teams,
+            "cohorts": {"all": {"members": sorted(new_teams), "reclaim": "lower_priority"}} if new_teams else {},
+            "classes": {**raw.get("classes", {}),
+                        "production-inference": {"reserved_gpus": 16},
+                        "batch": {"windows": [{"name": "night", "from": "20:00", "to": "08:00",
+                                               "max_gpus": gpus // 2}], "max_gpus": gpus // 4},
+                        "sandbox": {"max_gpus_per_user": 16}},
+            "preemption": {"enabled": True, "min_runtime_s": 600},
+            "backfill": {"enabled": True, "reservations": 4}}
+
+
+class _One:
+    """The scheduler as the checks see it, with one pending job (the one checked)."""
+
+    def __init__(self, sched, job):
+        self._sched, self._job = sched, job
+
+    def pending_jobs(self):
+        return [self._job]
+
+    def __getattr__(self, name):
+        return getattr(self._sched, name)
+
+
+class _Counting(Report):
+    def fail(self, prop: str, text: str) -> None:
+        self.counts["fail:" + prop] += 1
+        super().fail(prop, text)
+
+
+def run(args) -> dict:
+    from gpushepherd.policy import override_cluster, policy_from_dict, read_policy_dict
+    from gpushepherd.sim.engine import Simulator
+    from gpushepherd.sim.mapping import to_sim_jobs
+    from gpushepherd.sim.traces import parse_days, read_trace, select
+
+    raw = override_cluster(read_policy_dict(args.policy), args.cluster)
+    n, g = (int(x) for x in args.cluster.split("x"))
+    if not args.plain:
+        raw = mixed(raw, n * g)
+    pol = policy_from_dict(raw, args.policy)
+    rows = select(read_trace(args.trace, "philly"), parse_days(args.days))
+    jobs = to_sim_jobs(rows, pol.rules, estimates="limit")
+
+    t0 = time.process_time()
+    Simulator(pol.rules, jobs).run()
+    plain_cpu = time.process_time() - t0
+
+    sim = Simulator(pol.rules, jobs)
+    sched = sim.sched
+    inner = sched.handle
+    report = _Counting()
+    checker = Checker(SimpleNamespace(rules=pol.rules), report)
+    by_rule: Counter = Counter()
+    by_reason: Counter = Counter()
+    wrong_by_rule: Counter = Counter()
+    state = {"calls": 0, "checked": 0, "wrong": 0, "check_cpu": 0.0}
+
+    def handle(events):
+        out = inner(events)
+        state["calls"] += 1
+        if state["calls"] % args.every:
+            return out
+        c0 = time.process_time()
+        pending = list(sched.pending_jobs())
+        if pending:
+            step = max(1, len(pending) // args.per_call)
+            for job in pending[::step][:args.per_call]:
+                before = sum(v for k, v in report.counts.items() if k.startswith("fail:"))
+                v = sched.admission.decide(job, sched.profile_for(job))
+                checker.pending(_One(sched, job))
+                after = sum(v for k, v in report.counts.items() if k.startswith("fail:"))
+                name = RULE_NAMES.get(v.rule, str(v.rule))
+                by_reason[re.sub(r"\d+(\.\d+)?", "N", str(sched.pending_reason(job.id)))] += 1
+                state["checked"] += 1
+                by_rule[name] += 1
+                if after > before:
+                    state["wrong"] += 1
+                    wrong_by_rule[name] += 1
+        state["check_cpu"] += time.process_time() - c0
+        return out
+
+    sched.handle = handle
+    t0 = time.process_time()
+    sim.run()
+    cpu = time.process_time() - t0 - state["check_cpu"]
+    return {"state": state, "by_rule": by_rule, "by_reason": by_reason, "wrong_by_rule": wrong_by_rule, "report": report,
+            "plain_cpu": plain_cpu, "cpu": cpu, "jobs": len(jobs)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
+    ap.add_argument("--policy", default=str(ROOT / "examples" / "policies" / "philly.yaml"))
+    ap.add_argument("--cluster", default="192x8")
+    ap.add_argument("--days", default="40:47")
+    ap.add_argument("--every", type=int, default=200, help="check after every Nth handle call (default 200)")
+    ap.add_argument("--per-call", type=int, default=40, help="pending jobs checked per sampled call (default 40)")
+    ap.add_argument("--plain", action="store_true", help="the policy as it is, no combined rules laid over it")
+    args = ap.parse_args()
+    if not Path(args.trace).exists():
+        print(f"bench: trace {args.trace} not found (it lives in ../shared/traces)", file=sys.stderr)
+        return 2
+    if args.every < 1 or args.per_call < 1:
+        print("bench: --every and --per-call must be >= 1", file=sys.stderr)
+        return 2
+    r = run(args)
+    st = r["state"]
+    rules = "philly.yaml as it is" if args.plain else "philly.yaml + cohort, reservation, window, caps, preemption"
+    print(f"Philly days {args.days} at {args.cluster}, {r['jobs']} jobs, {rules}; every {args.every}th call, "
+          f"up to {args.per_call} pending jobs each")
+    share = st["wrong"] / st["checked"] if st["checked"] else 0.0
+    print(f"  reasons checked: {st['checked']}   wrong: {st['wrong']} ({share:.2%})")
+    counts = r["report"].counts
+    print(f"  failed checks: b_work {counts['fail:b_work']}, c_reason {counts['fail:c_reason']}, "
+          f"g_live {counts['fail:g_live']}")
+    print("  by the rule that refused the job:   checked   wrong")
+    for name, k in sorted(r["by_rule"].items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"    {name:<28} {k:>9} {r['wrong_by_rule'][name]:>7}")
+    print("  the reasons shown (numbers as N), most common first:")
+    for text, k in sorted(r["by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))[:8]:
+        print(f"    {k:>7}  {text}")
+    for f in r["report"].failures[:10]:
+        print(f"  - {f}")
+    print(f"  replay CPU s: {r['cpu']:.1f} with reasons asked (checks excluded, {st['check_cpu']:.1f} s), "
+          f"baseline without: {r['plain_cpu']:.1f}")
+    return 1 if st["wrong"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
