@@ -63,7 +63,8 @@ from gpushepherd.model.reasons import ReasonCode
 from gpushepherd.model.rules import week_values
 from gpushepherd.sim.engine import SimJob, Simulator
 
-PROPERTIES = ("a_equal", "b_work", "c_reason", "d_reserved", "e_preemptor", "f_restart", "g_live", "h_estimates")
+PROPERTIES = ("a_equal", "b_work", "c_reason", "d_reserved", "e_preemptor", "f_restart", "g_live", "h_estimates",
+              "i_share_victims")
 MAX_CALLS = 3000  # a dozen jobs need a few dozen instants; many more is a livelock
 #: wake-ups in a row that decide nothing over more than this many seconds end a run as a
 #: livelock (``next_wakeup()`` asking for ticks that change nothing): every window of a

@@ -285,6 +285,8 @@ def _share_preemption(src, scale: float, raw: dict, rules, jobs: list) -> list:
         duration = float(src.integer(20, 60)) * scale
         if src.chance(0.5):
             kw["runtime_estimate_s"] = duration
+        if cls.on_window_close == "checkpoint-and-stop":
+            kw["checkpointable"] = True  # else a run longer than its window restarts for ever (as in _jobs)
         submit = float(src.integer(0, 4) if low else src.integer(5, 30)) * scale
         spec = JobSpec(id=f"j{len(jobs) + i + 1}", team=src.choice(teams), workload_class=name, gpus=gpus,
                        user=src.choice(["u1", "u2"]), submit_time=submit, **kw)

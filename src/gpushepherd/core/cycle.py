@@ -476,6 +476,7 @@ class Walk:
         heads, cont, fail_fit = self.heads, self.cont, self.fail_fit
         strict = not book.rules.backfill_enabled
         cohorts = bool(book.rules.cohorts)
+        within = bool(book.rules.within_team)
         n_heads = len(heads)
         self.cut = self.stopped = False
         pre = self.pre
@@ -506,7 +507,7 @@ class Walk:
             full = turn.n_reserved >= turn.depth
             if (full and book.ledger.free_total == 0 and not book.pending_shares and not cohorts
                     and self.pi >= len(pre)):
-                if not (book.rules.preemption_enabled and book.evictable):
+                if not ((book.rules.preemption_enabled or within) and book.evictable):
                     self.stopped = True
                     break  # nothing can start, preempt or reserve any more
                 if self.prio_top is None:
@@ -517,8 +518,10 @@ class Walk:
             shape = job.shape
             no_room = fail_fit.get(job.fkey, INF) <= shape.k
             if (full and no_room and not strict and not turn.can_preempt(job) and job.id not in book.preemptors
-                    and not job.variants):
-                continue  # rule 5 (or an earlier one) refuses it and its sub-queue: nothing to do
+                    and not job.variants and not (within and preemption.within_team(book, job))):
+                # rule 5 (or an earlier one) refuses it and its sub-queue: nothing to do - unless
+                # its team's limit lets it preempt within the team, preemption off or not (seed 724)
+                continue
             if full and self.budget <= 0:
                 heapq.heappush(cont, (job.key, sig, idx))
                 self.cut = True
