@@ -195,3 +195,16 @@ def test_a_mig_instance_never_preempts():
     out = sched.handle([JobSubmitted(10, job("p", cls="batch", submit=10,
                                              share=GpuShare("mig", profile="7g.80gb")))])
     assert preempted(out) == []
+
+
+def test_no_share_takes_the_room_a_share_preemptor_is_owed():
+    rules = policy(nodes=[("n1", 1)], classes={"sandbox": {"grace_period_s": 30}})
+    sched, out = scheduler(rules, job("s1", cls="sandbox", share=frac(500)), job("s2", cls="sandbox", share=frac(250)))
+    out = sched.handle([JobSubmitted(10, job("b", cls="batch", submit=10, share=frac(750)))])
+    assert preempted(out) == ["s1"]  # 0.25 free, s1's 0.5 back: 0.75
+    # the card's free 0.25 is b's too: n would leave b 0.5 once s1 is gone
+    out = sched.handle([JobSubmitted(11, job("n", cls="sandbox", submit=11, share=frac(250)))])
+    assert started(out) == {}
+    assert str(sched.pending_reason("n")) == "HeldForPreemptor(b)"
+    out = sched.handle(gone(40, "s1"))
+    assert started(out) == {"b": "n1:0[fraction:0.75]"}
