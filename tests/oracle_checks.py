@@ -35,6 +35,9 @@ many times each property was checked and every failure. The properties:
   --start``, design note 015 section 7): every estimate is of a pending job, after now
   (never in the past, never "now" for a job that waits), on a stated basis, and equal
   to ``estimated_start`` of the same job; asking changes no decision (``f_restart``);
+* ``i_share_victims`` - preemption of and for shares (note 042), written plainly: a
+  class-preemption victim is of a lower class and evictable, never a MIG instance; a
+  share preemptor's victims are shares on one card;
 * ``g_live`` - at the end no pending job could start later (each is refused for good:
   a limit it can never fit, no healthy nodes that could hold it); after every instant,
   a job waiting on time (a window, a victim's minimum runtime) has ``next_wakeup()``.
@@ -60,7 +63,8 @@ from gpushepherd.model.reasons import ReasonCode
 from gpushepherd.model.rules import week_values
 from gpushepherd.sim.engine import SimJob, Simulator
 
-PROPERTIES = ("a_equal", "b_work", "c_reason", "d_reserved", "e_preemptor", "f_restart", "g_live", "h_estimates")
+PROPERTIES = ("a_equal", "b_work", "c_reason", "d_reserved", "e_preemptor", "f_restart", "g_live", "h_estimates",
+              "i_share_victims")
 MAX_CALLS = 3000  # a dozen jobs need a few dozen instants; many more is a livelock
 #: wake-ups in a row that decide nothing over more than this many seconds end a run as a
 #: livelock (``next_wakeup()`` asking for ticks that change nothing): every window of a
@@ -483,6 +487,7 @@ class Checker:
         book = sched.book
         t = sched.now
         started = {d.job_id for d in out if isinstance(d, Start)}
+        self.share_victims(book, [d for d in out if isinstance(d, Preempt) and d.preemptor])
         for d in out:
             if isinstance(d, Preempt) and d.preemptor:
                 self.guarantee(book, d)
@@ -518,6 +523,41 @@ class Checker:
                 continue
             self.report.fail("e_preemptor", f"t={t:g}: the last victim of {pid} (preempted {sorted(w['victims'])} at "
                              f"t={w['t']:g}) is gone and {pid} does not start: {sched.pending_reason(pid)}")
+
+    def share_victims(self, book, preempts: list) -> None:
+        """Preemption of and for shares, written plainly (note 042): a class-preemption
+        victim is of a lower class and may be evicted, never a MIG instance; a share
+        preemptor's victims are shares on one card; a whole-GPU preemptor's share
+        victims leave their card empty or free quota it needs (counted apart)."""
+        by: dict[str, list] = {}
+        for d in preempts:
+            by.setdefault(d.preemptor, []).append(book.jobs[d.job_id])
+        for pid, victims in sorted(by.items()):
+            p = book.jobs[pid]
+            shares = [v for v in victims if v.share is not None]
+            if not shares:
+                continue
+            self.report.counts["i_share_victims"] += 1
+            t = book.now
+            for v in victims:
+                if p.reclaim:
+                    continue
+                if not (v.cls.priority < p.cls.priority and v.evictable) or (v.share and v.share.kind == "mig"):
+                    self.report.fail("i_share_victims", f"t={t:g}: {pid} ({p.cls.name}) preempts {v.id} "
+                                     f"({v.cls.name}, evictable {v.evictable}, {v.share})")
+            if p.share is not None:
+                self.report.counts["i_share_preemptor"] += 1
+                cards = {(v.alloc[0][0], v.share_at) for v in victims if v.share is not None}
+                if len(cards) != 1 or len(shares) != len(victims):
+                    self.report.fail("i_share_victims", f"t={t:g}: share {pid} preempts "
+                                     f"{sorted(v.id for v in victims)} on {len(cards)} cards")
+            else:
+                ids = {v.id for v in victims}
+                for v in shares:
+                    card = book.ledger.slots[v.alloc[0][0]].cards.get(v.share_at[0])
+                    if card is not None and not set(card.holders) <= ids | {
+                            h for h in card.holders if book.jobs[h].state is JobState.PREEMPTING}:
+                        self.report.counts["i_share_for_quota"] += 1
 
     def guarantee(self, book, d: Preempt) -> None:
         """A job of another member of the preemptor's cohort is evicted only while its

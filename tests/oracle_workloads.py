@@ -211,6 +211,7 @@ def build(src) -> Workload:
         rules = policy_from_dict(raw).rules
     events += _updates(src, scale, rules, jobs)
     jobs = _later_jobs(src, jobs)
+    jobs = _share_preemption(src, scale, raw, rules, jobs)
     return Workload(raw, jobs, events, rules=rules)
 
 
@@ -247,6 +248,48 @@ def _later_jobs(src, jobs: list) -> list:
             spec = replace(spec, share=replace(spec.share, milli=src.choice([0, 0, spec.share.milli]),
                                                mem_mib=src.choice([0, 6144, spec.share.mem_mib]),
                                                procs=src.integer(1, 3)))
+        out.append((spec, duration))
+    return out
+
+
+def _share_preemption(src, scale: float, raw: dict, rules, jobs: list) -> list:
+    """Shares as victims and as preemptors (note 042; drawn last, as ``_later_jobs``):
+    sometimes a few more jobs of one share kind the nodes offer - lower classes early,
+    mostly shares with long or no runs, higher classes later, shares where their class
+    may share, else whole GPUs (production inference always). Not with classes'
+    ``reserved_gpus``: a share of another class joining the card a reserved class's share
+    opened leaves that reservation short (``d_reserved``) with or without preemption -
+    a gap of class reservations of its own, reported with note 042."""
+    kinds = [k for k in ("fraction", "time_slice", "mps") if any(n.supports(k) for n in rules.nodes)]
+    if not kinds or any(c.reserved_gpus for c in rules.classes.values()) or not src.chance(0.35):
+        return jobs
+    kind = src.choice(kinds)
+    teams = list(raw["teams"])
+    out = list(jobs)
+    for i in range(src.integer(3, 8)):
+        low = src.chance(0.6)
+        name = src.choice(["sandbox", "research-training", "batch"] if low else ["batch", "training",
+                                                                                   "production-inference"])
+        cls = rules.classes[name]
+        kw: dict = {}
+        if (cls.sharing is None or kind in cls.sharing) and src.chance(0.8):
+            if kind == "fraction":
+                kw["share"] = GpuShare("fraction", milli=src.choice([250, 500, 750, 1000]))
+            elif kind == "time_slice":
+                kw["share"] = GpuShare("time_slice", mem_mib=8192, slots=src.integer(1, 2))
+            else:
+                kw["share"] = GpuShare("mps", milli=src.choice([250, 500]), slots=src.integer(1, 2))
+            gpus = 1
+        else:
+            gpus = src.choice([1, 1, 2, 4])
+        duration = float(src.integer(20, 60)) * scale
+        if src.chance(0.5):
+            kw["runtime_estimate_s"] = duration
+        if cls.on_window_close == "checkpoint-and-stop":
+            kw["checkpointable"] = True  # else a run longer than its window restarts for ever (as in _jobs)
+        submit = float(src.integer(0, 4) if low else src.integer(5, 30)) * scale
+        spec = JobSpec(id=f"j{len(jobs) + i + 1}", team=src.choice(teams), workload_class=name, gpus=gpus,
+                       user=src.choice(["u1", "u2"]), submit_time=submit, **kw)
         out.append((spec, duration))
     return out
 

@@ -38,9 +38,11 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: check: a job behind a share that waits for a card in its strict FIFO queue waits for
 #: the same submission - only here; 9955, 11023, 11959, 15977, 17570, 18216, 19084 - a MIG
 #: job whose free slice was on a card of a type its per-type quota forbids was never given
-#: a re-partitioned card of a type it may take, waiting for ever - only here): they stay in
-#: the suite's batch
-FOUND = (84, 96, 114, 320, 353, 446, 535, 732, 773, 820, 865, 1334, 1430, 1733, 1912, 2024, 2617, 2914, 2919, 3462,
+#: a re-partitioned card of a type it may take, waiting for ever - only here; 724 - a full
+#: walk skipped a job refused at rule 5 whose team limit let it preempt within the team
+#: with preemption off, which a continued pass did not - only here): they stay in the
+#: suite's batch
+FOUND = (84, 96, 114, 320, 353, 446, 535, 724, 732, 773, 820, 865, 1334, 1430, 1733, 1912, 2024, 2617, 2914, 2919, 3462,
          4467, 7641, 8914, 9361, 9955, 10572, 11023, 11959, 12010, 12899, 12903, 13435, 13765, 14222, 15683, 15977,
          17570, 17695, 18216, 18541, 18785, 19084, 19272, 20252, 21092, 22562, 22732)
 SEEDS = [*range(60 * SCALE), *FOUND]
@@ -168,4 +170,5 @@ def test_hypothesis_and_seeded_sources_build_the_same_structure():
     # the same generator behind both: a seeded source's workload has the shape a
     # Hypothesis one has (nodes, teams, jobs, events), both valid
     wl = build(RandomSource(7))
-    assert 1 <= len(wl.raw["cluster"]["nodes"]) <= 4 and 2 <= len(wl.jobs) <= 12
+    # up to 12 jobs, and up to 8 more shares and their preemptors (note 042)
+    assert 1 <= len(wl.raw["cluster"]["nodes"]) <= 4 and 2 <= len(wl.jobs) <= 20

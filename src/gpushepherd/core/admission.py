@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from gpushepherd.core import typed
 from gpushepherd.core.filters import share_can_join
+from gpushepherd.core.freed import card_relief, freed_parts
 from gpushepherd.core.placement import (Counts, best_fit_island, fits_island, members_of, place_counts,
                                         place_live, tightest_in_buckets)
 from gpushepherd.core.profile import Claim, Profile
@@ -41,10 +42,11 @@ from gpushepherd.model.job import GPU_UNITS, JobState
 
 class Scratch:
     """The allocation as it would be with ``victims`` gone (nothing in the book changes):
-    their GPUs in service are free, their charges and class units released."""
+    their GPUs in service are free (a shared card's once all its holders are among
+    them: ``freed.freed_parts``), their charges and class units released."""
 
     __slots__ = ("book", "victims", "freed", "free_total", "quota", "class_units", "covered", "node_classes",
-                 "ends")
+                 "ends", "relief")
 
     def __init__(self, book, victims: list[Job]):
         self.book = book
@@ -56,13 +58,14 @@ class Scratch:
         self.class_units: dict[str, int] = {}
         self.covered: dict[str, int] = {}
         freed_n = 0
+        for idx, m, end in freed_parts(ledger, victims):  # a shared card once all its holders go (note 042)
+            self.freed[idx] = self.freed.get(idx, 0) | m
+            self.ends.append((idx, m.bit_count(), end))
+            freed_n += m.bit_count()
+        #: shared cards some holders of which are victims: ``(node, GPU) -> (milli, MiB,
+        #: slots)`` they give back (a card they all leave is in ``freed``; note 042)
+        self.relief = card_relief(ledger, victims, self.freed)
         for v in victims:
-            for idx, mask in v.alloc:
-                m = mask & ledger.slots[idx].healthy_mask
-                if m:
-                    self.freed[idx] = self.freed.get(idx, 0) | m
-                    self.ends.append((idx, m.bit_count(), v.end_est))
-                    freed_n += m.bit_count()
             for i, user, a in v.run_charges:
                 self.quota[(i, user)] = self.quota.get((i, user), 0) + a
             self.class_units[v.cls.name] = self.class_units.get(v.cls.name, 0) + v.run_units

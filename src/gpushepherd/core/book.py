@@ -16,6 +16,7 @@ from bisect import bisect_left, insort
 from gpushepherd.core import priority, typed
 from gpushepherd.core.fairshare import UsageBook
 from gpushepherd.core.filters import node_ok
+from gpushepherd.core.freed import share_victim
 from gpushepherd.core.ledger import Ledger, bits
 from gpushepherd.core.placement import members_of
 from gpushepherd.core.predict import RuntimePredictor
@@ -421,14 +422,15 @@ class Book:
 
     def count_running(self, job: Job, sign: int) -> None:
         """The indexes of RUNNING jobs by class priority: counts of all, the evictable
-        whole-GPU ones themselves, and per node the GPUs of lower classes."""
+        ones themselves (whole-GPU jobs and shares but MIG instances, note 042), and per
+        node the whole GPUs of lower classes."""
         p = job.cls.priority
         left = self.running_prio.get(p, 0) + sign
         if left:
             self.running_prio[p] = left
         else:
             del self.running_prio[p]
-        victim = job.evictable and job.share is None  # shares free no whole GPU
+        victim = job.evictable and share_victim(job)  # a MIG instance is no victim (note 042)
         if victim:
             if sign > 0:
                 self.evictable.setdefault(p, {})[job.id] = job

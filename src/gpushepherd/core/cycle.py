@@ -169,18 +169,17 @@ class Turn:
         if rule not in A.RESERVABLE:
             return BLOCKED, rule
         if job.shape.mode == "share":
+            if rule == A.FREE and self.can_preempt(job):  # lower shares on one card (note 042)
+                if self.preempt(job, preemption.share_plan):
+                    return PREEMPTED, rule
+                self.no_victims.append(job)
             if A.stops_strict_order(job, rule) and self.first_blocked is None:
                 self.first_blocked = job
-            return BLOCKED, rule  # shares neither preempt nor take reservations
+            return BLOCKED, rule  # shares take no reservations
         if rule == A.HARD_NOW:
             within = preemption.within_team(self.book, job)
-            if within:
-                self.materialize()
-                found, until = preemption.plan(self.book, self.adm, self.profile, job, within)
-                if found is not None:
-                    self.begin_preemption(job, *found)
-                    return PREEMPTED, rule
-                self.sched.wake_at(until)
+            if within and self.preempt(job, preemption.plan, within):
+                return PREEMPTED, rule
             if self.n_reserved < self.depth:
                 job.lend = True  # its reservation lends its cohort's borrowers its GPUs
                 self.deferred.append(job)
@@ -190,12 +189,8 @@ class Turn:
                 return RESERVED, rule
             return BLOCKED, rule
         if self.can_preempt(job):
-            self.materialize()
-            found, until = preemption.plan(self.book, self.adm, self.profile, job)
-            if found is not None:
-                self.begin_preemption(job, *found)
+            if self.preempt(job, preemption.plan):
                 return PREEMPTED, rule
-            self.sched.wake_at(until)
             self.no_victims.append(job)
         elif preemption.may_reclaim_later(self.book, job):
             self.no_victims.append(job)  # a borrower started later in the pass may be its victim
@@ -212,11 +207,24 @@ class Turn:
             return RESERVED, rule
         return BLOCKED, rule
 
+    def preempt(self, job: Job, planner, *args) -> bool:
+        """Step 5 with ``planner`` (``preemption.plan``, ``share_plan``): the preemption it
+        finds begins (``True``); else a wake-up when a too-young victim would do."""
+        self.materialize()
+        found, until = planner(self.book, self.adm, self.profile, job, *args)
+        if found is not None:
+            self.begin_preemption(job, *found)
+            return True
+        self.sched.wake_at(until)
+        return False
+
     def can_preempt(self, job: Job) -> bool:
         book = self.book
-        if not book.rules.preemption_enabled or job.shape.mode == "share":
+        if not book.rules.preemption_enabled:
             return False
         p = job.cls.priority
+        if job.shape.mode == "share":  # class preemption of shares only, never for MIG (note 042)
+            return job.share.kind != "mig" and any(q < p for q in book.evictable)
         if any(q < p for q in book.evictable):
             return True
         return typed.any_variant(job, lambda j: j.cohort is not None and preemption.may_reclaim(book, j))
@@ -313,13 +321,14 @@ class Turn:
         book = self.book
         if self.n_reserved:
             self.acted_after_reserve = True
-        reclaiming = preemption.may_reclaim(book, job)
+        reclaiming = job.shape.mode != "share" and preemption.may_reclaim(book, job)
         taken = [x for x in victims if reclaiming and _borrows_from(job, x)]
         reclaim = bool(taken)
         for x in victims:
             book.preempt(x, job, self.out, "reclaim" if x in taken else "")
         job.victims = {x.id for x in victims}
-        job.plan = list(v.counts or [])
+        # a share holds the GPU it opens once its victims leave a card empty (note 042)
+        job.plan = list(v.counts or []) if v.spot is None else [(v.spot[0], 1)] if v.spot[3] else []
         scratch = A.Scratch(book, victims)
         job.hold_gpus = {idx: pick_gpus(scratch.free_mask(idx), c, book.ledger.slots[idx].node.nvlink_islands)
                          for idx, c in job.plan}
@@ -467,6 +476,7 @@ class Walk:
         heads, cont, fail_fit = self.heads, self.cont, self.fail_fit
         strict = not book.rules.backfill_enabled
         cohorts = bool(book.rules.cohorts)
+        within = bool(book.rules.within_team)
         n_heads = len(heads)
         self.cut = self.stopped = False
         pre = self.pre
@@ -497,7 +507,7 @@ class Walk:
             full = turn.n_reserved >= turn.depth
             if (full and book.ledger.free_total == 0 and not book.pending_shares and not cohorts
                     and self.pi >= len(pre)):
-                if not (book.rules.preemption_enabled and book.evictable):
+                if not ((book.rules.preemption_enabled or within) and book.evictable):
                     self.stopped = True
                     break  # nothing can start, preempt or reserve any more
                 if self.prio_top is None:
@@ -508,8 +518,10 @@ class Walk:
             shape = job.shape
             no_room = fail_fit.get(job.fkey, INF) <= shape.k
             if (full and no_room and not strict and not turn.can_preempt(job) and job.id not in book.preemptors
-                    and not job.variants):
-                continue  # rule 5 (or an earlier one) refuses it and its sub-queue: nothing to do
+                    and not job.variants and not (within and preemption.within_team(book, job))):
+                # rule 5 (or an earlier one) refuses it and its sub-queue: nothing to do - unless
+                # its team's limit lets it preempt within the team, preemption off or not (seed 724)
+                continue
             if full and self.budget <= 0:
                 heapq.heappush(cont, (job.key, sig, idx))
                 self.cut = True

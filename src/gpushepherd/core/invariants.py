@@ -3,6 +3,7 @@ the property and oracle tests after every instant."""
 
 from __future__ import annotations
 
+from gpushepherd.core.freed import share_victim
 from gpushepherd.core.ledger import MIG, SHARED, bits
 from gpushepherd.model.job import JobState
 
@@ -81,7 +82,7 @@ def check_invariants(book) -> None:
             covered[job.cls.name] = covered.get(job.cls.name, 0) + job.covered
         if job.state is JobState.RUNNING:
             allc[job.cls.priority] = allc.get(job.cls.priority, 0) + 1
-            if job.evictable and job.share is None:
+            if job.evictable and share_victim(job):
                 counts[job.cls.priority] = counts.get(job.cls.priority, 0) + 1
     assert counts == {p: len(js) for p, js in book.evictable.items()}, "preemptible index drifted"
     assert allc == book.running_prio, "running counters drifted"
@@ -94,7 +95,7 @@ def check_invariants(book) -> None:
     lower_vic = [[0] * n for _ in book.lower_vic]
     for job in book.running.values():
         if job.state is JobState.RUNNING:
-            victim = job.evictable and job.share is None
+            victim = job.evictable and share_victim(job)
             for idx, mask in job.alloc:
                 for j, q in enumerate(book.prios):
                     if job.cls.priority < q:

@@ -4,6 +4,8 @@ may start (R6; design note 015, section 4).
 Candidates:
 
 * *class preemption* - RUNNING jobs of a strictly lower class that may be evicted
+  (whole-GPU jobs and shares but MIG instances: a share frees its card's GPU only with
+  every other holder of the card, ``freed.py``; note 042)
   (preemptible, checkpointable where the class asks; production inference never), that
   have run ``preemption.min_runtime_s`` and were not placed at this very instant (they
   may be from the next second on: a wake-up is asked for then); in a
@@ -22,7 +24,8 @@ The plan, on a scratch copy of the allocation (KAI's ``Statement``; nothing is e
 unless it works):
 
 1. per piece of the job (the whole job, each pod, each whole node of a multi-node gang)
-   the node whose victim set is cheapest - lowest highest victim class, fewest victims,
+   the node whose victim set is cheapest (made of units: a whole-GPU victim, or a shared
+   card with all its holders, ``_units``) - lowest highest victim class, fewest victims,
    least work lost, then a placement on one NVLink island, then the victims first in
    the global victim order (lowest class, most recently started, highest id), then the
    node index; the set is minimal on its node. A single-node job that does not fit one
@@ -39,6 +42,9 @@ unless it works):
 from __future__ import annotations
 
 from gpushepherd.core.admission import Admission, Scratch, Verdict
+from gpushepherd.core.filters import share_fits_card
+from gpushepherd.core.freed import card_of, freed_masks, freed_parts, lower_cards
+from gpushepherd.core.ledger import FULL_MILLI
 from gpushepherd.core.placement import best_fit_island, fits_island, members_of, place_counts
 from gpushepherd.core.profile import Profile
 from gpushepherd.core.state import INF, Job
@@ -194,6 +200,97 @@ def plan(book, admission: Admission, profile: Profile | None, job: Job,
     return None, min(comes_of_age(book, v) for v in young)
 
 
+def share_plan(book, admission: Admission, profile: Profile | None, job: Job
+               ) -> tuple[tuple[list[Job], Verdict] | None, float]:
+    """For a share (not MIG) no card or free GPU takes (rule 5): the fewest lower-priority
+    shares to evict on the one card where it then fits, and the verdict it then gets
+    (``None``: no card works); on a failure, the instant a too-young share comes of age
+    that would make a set work (``INF``: none would). Note 042.
+
+    The candidates are ``candidates``' (class preemption) that hold a shared card. Per
+    card of a node the job may use, a minimal set of its candidates after whom the job
+    fits the card (``_card_set``; all of its holders gone: an empty GPU, of any mode);
+    the cards by ``_cost`` of their sets (lowest highest victim class, fewest victims,
+    least work lost, victim order), then node and GPU; the first whose set the
+    admission rule admits the job after wins."""
+    if job.share.kind == "mig":
+        return None, INF
+    cands = [v for v in candidates(book, job, False) if card_of(v) is not None]
+    found = _share_plan_with(book, admission, profile, job, cands) if cands else None
+    if found is not None:
+        return found, INF
+    young = [v for v in candidates(book, job, False, young=True) if card_of(v) is not None]
+    if not young:
+        return None, INF
+    found = _share_plan_with(book, admission, profile, job, sorted(cands + young, key=lambda v: v.vkey))
+    if found is None:
+        return None, INF
+    return None, min(comes_of_age(book, v) for v in (set(found[0]) & set(young) or young))
+
+
+def _share_plan_with(book, admission: Admission, profile: Profile | None, job: Job,
+                     cands: list[Job]) -> tuple[list[Job], Verdict] | None:
+    ledger = book.ledger
+    nodes = set(members_of(ledger, book.groups_for(job)))
+    on_card: dict[tuple[int, int], list[Job]] = {}
+    for v in cands:
+        where = card_of(v)
+        if where[0] in nodes:
+            on_card.setdefault(where, []).append(v)
+    options = []
+    for (n, g), vs in sorted(on_card.items()):
+        slot = ledger.slots[n]
+        card = slot.cards.get(g)
+        if card is not None and slot.healthy_mask >> g & 1:
+            chosen = _card_set(card, slot.node, job.share, vs)
+            if chosen is not None:
+                options.append((_cost(chosen, book.now), n, g, chosen))
+    for _key, _n, _g, chosen in sorted(options, key=lambda o: o[:3]):
+        verdict = admission.decide(job, profile, Scratch(book, chosen))
+        if verdict.admitted:
+            return sorted(chosen, key=lambda v: v.vkey), verdict
+    return None
+
+
+def _card_set(card, node, share, victims: list[Job]) -> list[Job] | None:
+    """A minimal set of ``victims`` (holders of ``card``) after whom ``share`` fits the
+    card - joining it (same mode), or all holders gone, as an empty GPU of ``node`` - or
+    ``None`` (none does, or it fits without any): the victims taken lowest class first,
+    then biggest share first (time-slice replicas, else milli-GPU, then memory: the fewest
+    victims where one dimension binds), then in victim order, until it fits; then those
+    not needed dropped, the last taken first."""
+    holders = card.holders
+    need = share.need(node)
+
+    def fits(gone: list[Job]) -> bool:
+        if len(gone) == len(holders):
+            return share_fits_card(node, share)
+        if card.mode != share.kind:
+            return False
+        back = [holders[v.id] for v in gone]
+        return (card.milli - sum(b[0] for b in back) + need[0] <= FULL_MILLI
+                and card.mem - sum(b[1] for b in back) + need[1] <= card.cap_mem
+                and (not card.cap_slots or card.slots - sum(b[2] for b in back) + need[2] <= card.cap_slots))
+
+    if fits([]):
+        return None
+    out: list[Job] = []
+    ts = card.mode == "time_slice"
+    # the lowest class first, then the biggest share (fewest victims), then victim order
+    for v in sorted(victims, key=lambda v: (v.cls.priority, -holders[v.id][2 if ts else 0], -holders[v.id][1],
+                                            v.vkey)):
+        out.append(v)
+        if fits(out):
+            break
+    else:
+        return None
+    for v in reversed(out[:-1]):  # minimal: drop a victim whose share is not needed
+        rest = [x for x in out if x is not v]
+        if fits(rest):
+            out = rest
+    return out
+
+
 def _plan_with(book, admission: Admission, profile: Profile | None, job: Job,
                cands: list[Job]) -> tuple[list[Job], Verdict] | None:
     """Steps 1-4 of the module docstring with ``cands`` as the possible victims."""
@@ -202,9 +299,8 @@ def _plan_with(book, admission: Admission, profile: Profile | None, job: Job,
     end = book.now + job.planned_run()
     # necessary: the job's GPUs fit once every candidate is gone (claims aside)
     gain: dict[int, int] = {}
-    for v in cands:
-        for idx, mask in v.alloc:
-            gain[idx] = gain.get(idx, 0) + (mask & ledger.slots[idx].healthy_mask).bit_count()
+    for idx, m, _end in freed_parts(ledger, cands):
+        gain[idx] = gain.get(idx, 0) + m.bit_count()
     totals = {i: ledger.slots[i].healthy for i in nodes}
     upper = {i: ledger.slots[i].free + gain.get(i, 0) for i in nodes}
     if place_counts(upper, nodes, totals, job.shape) is None:
@@ -258,6 +354,7 @@ def _node_plan(book, admission: Admission, profile: Profile | None, job: Job, no
     for v in cands:
         for idx, _mask in v.alloc:
             on_node.setdefault(idx, []).append(v)
+    cand_ids = {v.id for v in cands}
     room = {}
     for n in nodes:
         room[n] = admission._cap(job, profile, n, end, None) if profile else ledger.slots[n].free
@@ -270,14 +367,15 @@ def _node_plan(book, admission: Admission, profile: Profile | None, job: Job, no
         for n in nodes:
             if distinct and n in used:
                 continue
-            vs = _minimal_on(n, need, room, on_node.get(n, ()), chosen, ledger)
+            units = _units(n, on_node.get(n, ()), cand_ids, chosen, ledger)
+            vs = _minimal_on(n, need, room, units, chosen)
             if vs is None:
                 continue
             options = [(vs, 0)]
             if k_island > 1 and ledger.slots[n].node.nvlink_islands:
                 if not fits_island(_freed_mask(n, vs, ledger), k_island, ledger.slots[n].node.nvlink_islands):
                     # a set that keeps it on one island: the only one when it must (note 037)
-                    alt = _island_set(n, need, room, on_node.get(n, ()), chosen, ledger)
+                    alt = _island_set(n, need, room, units, chosen, ledger)
                     options = [] if job.shape.island else [(vs, 1)]
                     if alt is not None:
                         options.append((alt, 0))
@@ -289,75 +387,101 @@ def _node_plan(book, admission: Admission, profile: Profile | None, job: Job, no
         if best is None:
             return None
         _key, n, vs = best
+        before = freed_masks(ledger, list(chosen.values()))
         for v in vs:
             chosen[v.id] = v
-            for idx, mask in v.alloc:
-                if idx in room:
-                    room[idx] += (mask & ledger.slots[idx].healthy_mask).bit_count()
+        after = freed_masks(ledger, list(chosen.values()))
+        for idx, m in after.items():  # what the piece's victims free, on every node
+            if idx in room:
+                room[idx] += m.bit_count() - before.get(idx, 0).bit_count()
         room[n] -= need
         used.add(n)
     return list(chosen.values())
 
 
-def _minimal_on(n: int, need: int, room: dict[int, int], victims, chosen: dict[str, Job], ledger) -> list[Job] | None:
-    """The fewest victims (in victim order) on node ``n`` that leave ``need`` GPUs there,
-    given its room now and what already chosen victims free."""
+def _units(n: int, victims, cand_ids: set[str], chosen: dict[str, Job], ledger) -> list[tuple]:
+    """The ways to free GPUs on node ``n`` by evicting: ``(victims, GPUs freed there)``
+    per unit - a whole-GPU victim alone, or a shared card in service with every one of
+    its holders (all candidates: a card with one holder kept frees nothing; note 042).
+    Units already freed by ``chosen`` are left out. In order: the lowest highest victim
+    class, the fewest victims not chosen yet, then the victim order - for whole-GPU
+    victims alone, the victim order itself."""
+    slot = ledger.slots[n]
+    out = []
+    for v in victims:
+        if v.share is None and v.id not in chosen:
+            out.append(((v,), _on(v, n, ledger)))
+    by_id = {v.id: v for v in victims}
+    for g in sorted(slot.cards):
+        holders = slot.cards[g].holders
+        if not slot.healthy_mask >> g & 1 or not all(h in cand_ids and h in by_id for h in holders):
+            continue
+        if all(h in chosen for h in holders):
+            continue
+        out.append((tuple(sorted((by_id[h] for h in holders), key=lambda v: v.vkey)), 1))
+
+    def key(unit):
+        vs = unit[0]
+        return (max(v.cls.priority for v in vs), sum(1 for v in vs if v.id not in chosen),
+                tuple(v.vkey for v in vs))
+    return sorted(out, key=key)
+
+
+def _minimal_on(n: int, need: int, room: dict[int, int], units: list[tuple], chosen: dict[str, Job]
+                ) -> list[Job] | None:
+    """The fewest victims on node ``n`` that leave ``need`` GPUs there, given its room
+    now and what already chosen victims free: ``units`` (``_units``) in order until
+    they do, then those not needed dropped, the last added first."""
     have = room[n]
     if have >= need:
         return []
-    plan: list[Job] = []
-    for v in victims:
-        if v.id in chosen:
-            continue
-        plan.append(v)
-        have += _on(v, n, ledger)
+    plan: list[tuple] = []
+    for u in units:
+        plan.append(u)
+        have += u[1]
         if have >= need:
             break
     else:
         return None
-    for v in reversed(plan[:-1]):  # minimal: drop a victim whose GPUs are not needed
-        if have - _on(v, n, ledger) >= need:
-            plan.remove(v)
-            have -= _on(v, n, ledger)
-    return plan
+    for u in reversed(plan[:-1]):  # minimal: drop a unit whose GPUs are not needed
+        if have - u[1] >= need:
+            plan.remove(u)
+            have -= u[1]
+    return [v for u in plan for v in u[0] if v.id not in chosen]
 
 
 def _freed_mask(n: int, vs, ledger) -> int:
     """The free GPUs of node ``n`` once the victims ``vs`` are gone, as a mask."""
-    slot = ledger.slots[n]
-    mask = slot.free_mask
-    for v in vs:
-        for idx, m in v.alloc:
-            if idx == n:
-                mask |= m & slot.healthy_mask
-    return mask
+    return ledger.slots[n].free_mask | freed_masks(ledger, vs).get(n, 0)
 
 
-def _island_set(n: int, need: int, room: dict[int, int], victims, chosen: dict[str, Job], ledger
+def _island_set(n: int, need: int, room: dict[int, int], units: list[tuple], chosen: dict[str, Job], ledger
                 ) -> list[Job] | None:
     """A victim set on node ``n`` after which ``need`` GPUs fit one NVLink island: the
-    victims in victim order until they do, then, in reverse order, those not needed for
+    ``units`` in order until they do, then, in reverse order, those not needed for
     it dropped; ``None``: no set does (note 037)."""
     islands = ledger.slots[n].node.nvlink_islands
-    out: list[Job] = []
+
+    def victims(us):
+        return [v for u in us for v in u[0] if v.id not in chosen]
+
+    out: list[tuple] = []
     have = room[n]
     ok = False
-    for v in victims:
-        if v.id in chosen:
-            continue
-        out.append(v)
-        have += _on(v, n, ledger)
-        if have >= need and fits_island(_freed_mask(n, out, ledger), need, islands):
+    for u in units:
+        out.append(u)
+        have += u[1]
+        if have >= need and fits_island(_freed_mask(n, victims(out), ledger), need, islands):
             ok = True
             break
     if not ok:
         return None
-    for v in reversed(out[:-1]):
-        rest = [x for x in out if x is not v]
-        if have - _on(v, n, ledger) >= need and fits_island(_freed_mask(n, rest, ledger), need, islands):
+    for u in reversed(out[:-1]):
+        rest = [x for x in out if x is not u]
+        if have - u[1] >= need and fits_island(_freed_mask(n, victims(rest), ledger), need, islands):
             out = rest
-            have -= _on(v, n, ledger)
-    return out
+            have -= u[1]
+    return victims(out)
 
 
 def _on(v: Job, n: int, ledger) -> int:
@@ -373,7 +497,8 @@ def lower_jobs_would_make_room(book, job: Job) -> bool:
     ledger = book.ledger
     cand = members_of(ledger, book.groups_for(job))
     prio = job.cls.priority
-    lower = {i: book.lower_gpus(i, prio, False) for i in cand}
+    cards = {i: lower_cards(book, i, prio) for i in cand}  # shared cards of lower jobs only (note 042)
+    lower = {i: book.lower_gpus(i, prio, False) + cards[i].bit_count() for i in cand}
     if not any(lower.values()):
         return False
     avail = {i: ledger.slots[i].free + lower[i] for i in cand}
@@ -381,7 +506,7 @@ def lower_jobs_would_make_room(book, job: Job) -> bool:
     if place_counts(avail, cand, totals, job.shape) is None:
         return False
     if job.shape.island and book.on_islands(job):  # and inside one island (note 037)
-        masks = {i: ledger.slots[i].free_mask for i in cand}
+        masks = {i: ledger.slots[i].free_mask | cards[i] for i in cand}
         for v in book.running.values():
             if v.state is JobState.RUNNING and v.cls.priority < prio:
                 for idx, m in v.alloc:
@@ -391,7 +516,28 @@ def lower_jobs_would_make_room(book, job: Job) -> bool:
             return False
     if book.reserved:  # other classes' reserved GPUs are not room
         held = sum(max(0, r - book.class_units.get(c, 0)) for c, r in book.reserved.items() if c != job.cls.name)
-        lower_total = sum(book.lower_gpus(i, prio, False) for i in range(len(ledger.slots)) if ledger.slots[i].alive)
+        lower_total = sum(book.lower_gpus(i, prio, False) + lower_cards(book, i, prio).bit_count()
+                          for i in range(len(ledger.slots)) if ledger.slots[i].alive)
         if held and (ledger.free_total + lower_total) * GPU_UNITS - job.units < held:
             return False
     return True
+
+
+def lower_shares_would_make_room(book, job: Job) -> bool:
+    """Whether evicting *every* lower-priority running share (evictable or not) on some
+    card would make share ``job`` (not MIG) fit it: then its blocker is "no preemptible
+    victims", not the card's room (note 042)."""
+    if job.share.kind == "mig" or not any(q < job.cls.priority for q in book.running_prio):
+        return False
+    ledger = book.ledger
+    prio = job.cls.priority
+    for n in members_of(ledger, book.groups_for(job)):
+        slot = ledger.slots[n]
+        for g in sorted(slot.cards):
+            if not slot.healthy_mask >> g & 1:
+                continue
+            lower = [v for v in (book.jobs[h] for h in slot.cards[g].holders)
+                     if v.state is JobState.RUNNING and v.cls.priority < prio]
+            if lower and _card_set(slot.cards[g], slot.node, job.share, lower) is not None:
+                return True
+    return False

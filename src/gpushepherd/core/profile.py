@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpushepherd.core.freed import card_of, freed_count, freed_parts
 from gpushepherd.core.placement import Counts
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState
@@ -67,6 +68,9 @@ class Claim:
     #: (``exit``); before, it takes only ``need_now`` / ``quota_now`` (``gpus_at``)
     exits: dict[int, float] = field(default_factory=dict)
     exit: float = -INF
+    #: a hold: the shared cards ``(node index, GPU)`` its victims hold - no other share
+    #: joins them while the hold stands (what they free is the preemptor's; note 042)
+    cards: frozenset = frozenset()
 
     def gpus_at(self, n: int, q: float) -> int:
         """GPUs of node ``n`` the claim takes at ``q``: a hold takes those free now it
@@ -113,11 +117,12 @@ class Profile:
         qcoming: dict[Key, int] = {}
         exits: dict[int, float] = {}
         exit_t = book.now
-        for vid in sorted(job.victims):
-            v = book.jobs[vid]
+        victims = [book.jobs[vid] for vid in sorted(job.victims)]
+        for idx, m, _end in freed_parts(book.ledger, victims):  # shared cards too (note 042)
+            coming[idx] = coming.get(idx, 0) + m.bit_count()
+        for v in victims:
             exit_t = max(exit_t, v.end_est)
-            for idx, mask in v.alloc:
-                coming[idx] = coming.get(idx, 0) + (mask & book.ledger.slots[idx].healthy_mask).bit_count()
+            for idx, _mask in v.alloc:
                 exits[idx] = max(exits.get(idx, book.now), v.end_est)
             for i, user, amount in v.run_charges:
                 qcoming[(i, user)] = qcoming.get((i, user), 0) + amount
@@ -132,7 +137,8 @@ class Profile:
         claim = Claim(job.id, True, book.now, exit_t + job.planned_run(), gpus,
                       {n: max(0, c - coming.get(n, 0)) for n, c in gpus.items()}, quota,
                       {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key,
-                      cls=job.cls.name, covered=covered, exits=exits, exit=exit_t)
+                      cls=job.cls.name, covered=covered, exits=exits, exit=exit_t,
+                      cards=frozenset(c for c in map(card_of, victims) if c is not None))
         self.claims.append(claim)
         self._touched.clear()
         for n, c in claim.need_now.items():
@@ -182,11 +188,7 @@ class Profile:
         every hold takes, less what other classes' reservations keep free for its class."""
         book = self.book
         holds = [c for c in self.claims if c.hold]
-        coming = 0
-        for c in holds:
-            for vid in book.jobs[c.job_id].victims:
-                v = book.jobs[vid]
-                coming += sum((m & book.ledger.slots[i].healthy_mask).bit_count() for i, m in v.alloc)
+        coming = sum(_coming(book, c.job_id) for c in holds)
         taken = sum(sum(c.gpus.values()) for c in holds)
         # a hold starts once its victims are gone: their class's reservation no longer
         # counts what they covered
@@ -233,9 +235,7 @@ class Profile:
         if not c.hold:
             return own.total_at(c.start)
         book = self.book
-        coming = sum((m & book.ledger.slots[i].healthy_mask).bit_count()
-                     for vid in book.jobs[own.job_id].victims for i, m in book.jobs[vid].alloc)
-        return sum(own.gpus.values()) - coming
+        return sum(own.gpus.values()) - _coming(book, own.job_id)
 
     def takes(self, c: Claim, job: Job, x: int) -> tuple[int, int]:
         """``(GPUs, units)``: what ``job`` taking ``x`` whole GPUs takes from claim ``c``'s
@@ -585,3 +585,8 @@ def class_slack(book, cls: str, p: float, claims, into: Claim | None = None) -> 
         unfilled = into.gunfilled = {}
     held = _held_for(book, cls, p, claims, unfilled=unfilled)
     return free - -(-held // GPU_UNITS)
+
+
+def _coming(book, job_id: str) -> int:
+    """The whole GPUs the victims of preemptor ``job_id`` free (``freed.freed_count``)."""
+    return freed_count(book.ledger, [book.jobs[vid] for vid in sorted(book.jobs[job_id].victims)])

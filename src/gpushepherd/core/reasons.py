@@ -12,7 +12,8 @@ from gpushepherd.core.filters import describe, share_fits_card
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import members_of, place_counts
 from gpushepherd.core.shares import best_card_for
-from gpushepherd.core.preemption import kept_from_borrower, lower_jobs_would_make_room, plan as preemption_plan
+from gpushepherd.core.preemption import (kept_from_borrower, lower_jobs_would_make_room, lower_shares_would_make_room,
+                                         plan as preemption_plan, share_plan)
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, natural_key
 from gpushepherd.model.reasons import PendingReason, ReasonCode
@@ -123,6 +124,10 @@ def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> P
     ledger = book.ledger
     groups = book.groups_for(job)
     if job.shape.mode == "share":
+        if may_preempt and book.rules.preemption_enabled and lower_shares_would_make_room(book, job):
+            found, until = share_plan(book, adm, profile, job)
+            if found is None:
+                return _no_victims(book, job, until)
         return share_reason(book, job)
     if job.shape.island:  # enough free GPUs on a node, but on no node inside one island
         cand = members_of(ledger, groups)
@@ -132,12 +137,7 @@ def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> P
             and lower_jobs_would_make_room(book, job)):
         found, until = preemption_plan(book, adm, profile, job)
         if found is None:
-            if until != INF:
-                return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, f"min_runtime: victims eligible at t={until:g}")
-            kept = kept_from_borrower(book, job)
-            if kept:
-                return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, kept)
-            return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, "lower-priority jobs may not be preempted")
+            return _no_victims(book, job, until)
     free_here = ledger.free_in(groups)
     if free_here >= job.shape.k:
         what = {"single": "single-node", "multi": "whole-nodes", "pods": "pods"}[job.shape.mode]
@@ -147,6 +147,17 @@ def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> P
     if any(ledger.groups[g].node.mig or any(ledger.groups[g].open.values()) for g in groups):
         return PendingReason(R.NO_FIT, "whole-gpu")  # capacity left only as shares or MIG instances
     return PendingReason(R.RESOURCES)
+
+
+def _no_victims(book, job: Job, until: float) -> PendingReason:
+    """``NoPreemptibleVictims``: when a too-young victim comes of age (``until``), or why
+    none may be evicted."""
+    if until != INF:
+        return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, f"min_runtime: victims eligible at t={until:g}")
+    kept = kept_from_borrower(book, job)
+    if kept:
+        return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, kept)
+    return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, "lower-priority jobs may not be preempted")
 
 
 def constraint_names(job: Job) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from gpushepherd.core.filters import share_fits_card
 from gpushepherd.core.intake import units_of
+from gpushepherd.core.ledger import FULL_MILLI
 from gpushepherd.core.placement import members_of, pick_gpus
 from gpushepherd.core.profile import Claim, Profile
 from gpushepherd.core.state import Job
@@ -63,7 +64,7 @@ class ShareRules:
         if v is not None:
             return v
         groups = book.groups_for(job)
-        spot = self.share_spot(job, groups, frozenset(), None, None)
+        spot = self.share_spot(job, groups, frozenset(), None, None, scratch=scratch)
         if spot is None:
             return Verdict(FREE, units=job.units, charges=charges)
         units, covered, charges = self._share_charges(job, spot, scratch, profile)
@@ -77,7 +78,7 @@ class ShareRules:
                 return Verdict(COHORT, limit=hit, units=units, charges=charges)
         avoided = book.avoided_nodes(job) if book.anti and job.cls.avoid else frozenset()
         if avoided and spot[0] in avoided:
-            spot = self.share_spot(job, groups, avoided, None, None)
+            spot = self.share_spot(job, groups, avoided, None, None, scratch=scratch)
             if spot is None:
                 return Verdict(ANTI, units=units, charges=charges)
             units, covered, charges = self._share_charges(job, spot, scratch, profile)
@@ -88,7 +89,7 @@ class ShareRules:
             holder = self._class_hold(job, GPU_UNITS, scratch)
             if holder:
                 # a shared card with room would not take a reserved GPU
-                card = self.share_spot(job, groups, avoided, None, None, fresh=False)
+                card = self.share_spot(job, groups, avoided, None, None, fresh=False, scratch=scratch)
                 if card is None:
                     return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
                 spot = card
@@ -100,7 +101,7 @@ class ShareRules:
                 kept, first = profile.avoiding(job, end, self._exempt)
                 if spot[0] in kept:  # its class would keep a claim's job off the claim's node
                     skip.update(kept)
-                    spot = self.share_spot(job, groups, frozenset(skip), profile, end)
+                    spot = self.share_spot(job, groups, frozenset(skip), profile, end, scratch=scratch)
                     if spot is None:
                         return Verdict(CLAIMS, units=units, charges=charges, blocker=first)
             delayed = None
@@ -112,7 +113,7 @@ class ShareRules:
                     break
                 delayed = delayed or found
                 skip.add(spot[0])
-                spot = self.share_spot(job, groups, frozenset(skip), profile, end)
+                spot = self.share_spot(job, groups, frozenset(skip), profile, end, scratch=scratch)
             if spot is None:
                 return Verdict(CLAIMS, units=units, charges=charges, blocker=delayed)
             units, covered, charges = self._share_charges(job, spot, scratch, profile)
@@ -127,8 +128,9 @@ class ShareRules:
     def _share_delays(self, job: Job, profile: Profile, spot: tuple, end: float,
                       scratch: Scratch | None) -> Claim | None:
         """The claim a share on ``spot`` until ``end`` would delay (``None``: none): a
-        fresh GPU the claims need, or - joining a card - keeping its GPU from coming free
-        from the card's planned end on, where a claim point counts on it."""
+        fresh GPU the claims need, or - joining a card - the hold of a preemptor whose
+        victims hold the card (note 042), or keeping its GPU from coming free from the
+        card's planned end on, where a claim point counts on it."""
         n = spot[0]
         if spot[3]:
             if self._cap(job, profile, n, end, scratch) >= 1:
@@ -136,7 +138,10 @@ class ShareRules:
             return self._claim_on(job, profile, n, end)
         if spot[2] is not None:
             return None  # a MIG instance: its GPU is never handed out whole
-        free_from = self.card_end(n, spot[1])
+        for c in profile.claims:  # a card a preemptor's victims are leaving (note 042)
+            if c.cards and c.job_id != job.id and c not in self._exempt and (n, spot[1]) in c.cards:
+                return c
+        free_from = self.card_end(n, spot[1], scratch)
         if end <= free_from:
             return None
         now = self.book.now
@@ -165,14 +170,15 @@ class ShareRules:
         return next((c for c in profile.claims if c.job_id != job.id and c not in self._exempt
                      and c.gpus.get(n, 0) and (c.hold or c.start < end)), None)
 
-    def card_end(self, n: int, g: int) -> float:
+    def card_end(self, n: int, g: int, scratch: Scratch | None = None) -> float:
         """When the shared card ``g`` of node ``n`` is planned to come free (its last
-        holder's planned end, now at the earliest)."""
+        holder's planned end - ``scratch``'s victims gone - now at the earliest)."""
         book = self.book
         card = book.ledger.slots[n].cards.get(g)
         if card is None:
             return book.now
-        return max([book.now] + [book.jobs[h].end_est for h in card.holders])
+        gone = {v.id for v in scratch.victims} if scratch is not None else ()
+        return max([book.now] + [book.jobs[h].end_est for h in card.holders if h not in gone])
 
     def _share_charges(self, job: Job, spot: tuple, scratch: Scratch | None = None,
                        profile: Profile | None = None) -> tuple[int, int, tuple]:
@@ -187,11 +193,12 @@ class ShareRules:
         return units, covered, charges
 
     def share_spot(self, job: Job, groups: list[int], avoided: frozenset, profile: Profile | None,
-                   end: float | None, fresh: bool = True) -> tuple | None:
+                   end: float | None, fresh: bool = True, scratch: Scratch | None = None) -> tuple | None:
         """Where a share goes: ``(node index, GPU, MIG instance position or None, opens a
         fresh GPU)``. Nodes holding the job's cache key first (when it names one); within
         them the tightest card that fits, else (``fresh``) a whole free GPU by best fit on
-        a node where the claims of ``profile`` leave one."""
+        a node where the claims of ``profile`` leave one; none, on ``scratch``: where its
+        victims leave room (``_scratch_spot``)."""
         spec = job.spec
         ledger = self.book.ledger
         tiers = [groups]
@@ -203,6 +210,44 @@ class ShareRules:
             spot = self._share_spot_in(job, tier, avoided, profile, end, fresh)
             if spot is not None:
                 return spot
+        if scratch is not None and (scratch.relief or scratch.freed):
+            return self._scratch_spot(job, groups, avoided, profile, end, fresh, scratch)
+        return None
+
+    def _scratch_spot(self, job: Job, groups: list[int], avoided: frozenset, profile: Profile | None,
+                      end: float | None, fresh: bool, scratch: Scratch) -> tuple | None:
+        """Where a share (not MIG) goes once ``scratch``'s victims are gone and no card or
+        free GPU takes it now (a share preemptor's plan, note 042): the tightest card of
+        its kind they leave room on (room left, then node and GPU), else (``fresh``) a GPU
+        they leave empty, on the lowest node where the claims of ``profile`` leave one."""
+        ledger = self.book.ledger
+        share = job.share
+        if share.kind == "mig":
+            return None
+        nodes = {i for i in members_of(ledger, groups) if i not in avoided}
+        best = None
+        for (n, g), (dm, dmem, dslots) in scratch.relief.items():
+            card = ledger.slots[n].cards.get(g)
+            if n not in nodes or card is None or card.mode != share.kind or not card.key:
+                continue
+            milli, mem, slots = share.need(ledger.slots[n].node)
+            used_m, used_mem, used_s = card.milli - dm + milli, card.mem - dmem + mem, card.slots - dslots + slots
+            if used_m > FULL_MILLI or used_mem > card.cap_mem or (card.cap_slots and used_s > card.cap_slots):
+                continue
+            primary = card.cap_slots - used_s if share.kind == "time_slice" else FULL_MILLI - used_m
+            key = (primary, card.cap_mem - used_mem, n, g)
+            if best is None or key < best:
+                best = key
+        if best is not None:
+            return best[2], best[3], None, False
+        if not fresh:
+            return None
+        for n in sorted(scratch.freed):
+            node = ledger.slots[n].node
+            if (n in nodes and share_fits_card(node, share)
+                    and not (profile and self._cap(job, profile, n, end, scratch) < 1)):
+                mask = pick_gpus(scratch.freed[n], 1, node.nvlink_islands)
+                return n, mask.bit_length() - 1, None, True
         return None
 
     def _share_spot_in(self, job: Job, groups: list[int], avoided: frozenset, profile: Profile | None,
