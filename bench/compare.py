@@ -21,7 +21,8 @@ Every run is under ``--policy`` (default ``examples/policies/philly.yaml``), eac
 its own process (``--jobs`` at a time); ``--schedulers`` picks the rows (default: all
 but ``bestfit``, which differs only for GPU shares), ``--bf-depth`` the reservation
 depth of the Slurm rows. With ``--perfect`` the schedulers that use runtime estimates
-also run with perfect ones, for reference only.
+also run with perfect ones, for reference only (under submit order or the ``slurm`` row's
+class order a perfect row may be worse: design note 044, ``bench/estimate_accuracy.py``).
 
 Each row is printed as it finishes, and appended to ``--jsonl FILE`` (one JSON object
 a line, flushed) so that a long run keeps what it did. Figures per row: average JCT

@@ -37,3 +37,13 @@ def test_fault_campaign_runs_a_few_kill_points_and_everything_holds():
     assert "Traceback" not in out, out
     assert '"lost": 0' in out and '"doubled": 0' in out and '"relaunch_loops": 0' in out, out
     assert p.returncode == 0 and "verdict: all held" in out, out
+
+
+def test_estimate_accuracy_bench_runs_a_row_per_estimate_kind():
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "estimate_accuracy.py"), "--schedulers", "slurm-default",
+                        "--factors", "limit,1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "Traceback" not in out, out
+    rows = [line.split() for line in out.splitlines() if line.startswith("slurm-default")]
+    assert [r[1] for r in rows] == ["limit", "1x"], out
+    assert all(float(r[2]) >= 1.0 for r in rows), out  # JCT over its lower bound
