@@ -61,6 +61,8 @@ def _error(raw) -> str:
     ({"cluster": CLUSTER, "classes": {"sandbox": {"pools": ["dev"]}}}, "classes.sandbox.pools", "a pool of the cluster"),
     ({"cluster": CLUSTER, "classes": {"production-inference": {"reserved_gpus": 20}}}, "classes.*.reserved_gpus", "16"),
     ({"teams": {}}, "cluster", "a value is required"),
+    ({"cluster": CLUSTER, "classes": {"production-inference": {"preemptible": True}}},
+     "classes.production-inference.preemptible", "production inference is never preempted"),
     ({"cluster": CLUSTER, "teams": {"ml": {"allowed_classes": ["batch", "trainnig"]}}},
      "teams.ml.allowed_classes[1]", "'trainnig' is not allowed: a workload class: batch, production-inference"),
 ])

@@ -392,6 +392,10 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
                               "a priority (integer) for a class that is not one of the standard ones: "
                               + ", ".join(STANDARD_CLASSES))
         classes[name] = resolve_class(name, cls)
+    if classes["production-inference"].preemptible:  # R1, R6: serving is never interrupted
+        raise PolicyError(source, "classes.production-inference.preemptible", True,
+                          "false (or unset): production inference is never preempted (requirements R1, R6); "
+                          "put serving that may be preempted in a class of its own")
     for name, cls in classes.items():
         for pool in cls.pools or ():
             if pool not in known_pools:
