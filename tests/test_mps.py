@@ -109,3 +109,21 @@ def test_the_local_runner_sets_the_mps_limits(tmp_path):
     assert wait_exits(backend) == [("7", 0)]
     assert (backend.run_dir("7", 1) / "stdout").read_text().split() == ["25", "0=8192M"]
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("fraction:0.0015", "a multiple of 0.001"),   # was rounded to 0.002 without a word
+    ("fraction:0.0005", "a multiple of 0.001"),   # was rounded to 0: a memory-only share
+    ("mps:0", "N >= 1 replicas"),
+    ("mps:1::0", "PROCESSES >= 1"),
+    ("mps:1:33.33", "a multiple of 0.1"),
+    ("time_slice:0", "N >= 1 replicas"),
+])
+def test_the_cli_refuses_a_share_it_would_have_to_round(text, fragment):
+    """`submit --share` refuses what the API would get changed (newcomer trial of note 042):
+    the value typed and what is allowed are named."""
+    with pytest.raises(typer.BadParameter, match=fragment) as err:
+        parse_share(text, 4096)
+    assert repr(text) in str(err.value)
+    assert parse_share("fraction:0.125", 0)["milli"] == 125
+    assert parse_share("mps:1:12.5", 0)["milli"] == 125

@@ -462,8 +462,9 @@ def parse_share(text: str, mem_mib: int) -> dict:
     try:
         if kind == "fraction":
             f = float(arg)
-            if not 0 < f <= 1:
-                raise typer.BadParameter(f"{text!r} is not allowed: fraction:F with 0 < F <= 1")
+            if not 0 < f <= 1 or abs(f * 1000 - round(f * 1000)) > 1e-6:
+                raise typer.BadParameter(f"{text!r} is not allowed: fraction:F with 0 < F <= 1, a multiple of "
+                                         "0.001 GPU (as a scenario's gpu_fraction)")
             return {"kind": "fraction", "milli": round(f * 1000), "mem_mib": mem_mib}
         if kind == "mem":
             if mem_mib <= 0:
@@ -472,12 +473,18 @@ def parse_share(text: str, mem_mib: int) -> dict:
         if kind == "mig" and arg:
             return {"kind": "mig", "profile": arg}
         if kind == "time_slice":
+            if int(arg or 1) < 1:
+                raise typer.BadParameter(f"{text!r} is not allowed: time_slice:N with N >= 1 replicas")
             return {"kind": "time_slice", "slots": int(arg or 1), "mem_mib": mem_mib}
         if kind == "mps":  # N replicas, PERCENT of the SMs each (default: the node's share), PROCS processes
             n, _, rest = arg.partition(":")
             pct, _, procs = rest.partition(":")
-            if pct and not 0 < float(pct) <= 100:
-                raise typer.BadParameter(f"{text!r} is not allowed: mps:N:PERCENT with 0 < PERCENT <= 100")
+            if int(n or 1) < 1 or int(procs or 1) < 1:
+                raise typer.BadParameter(f"{text!r} is not allowed: mps:N[:PERCENT[:PROCESSES]] with N >= 1 "
+                                         "replicas and PROCESSES >= 1")
+            if pct and (not 0 < float(pct) <= 100 or abs(float(pct) * 10 - round(float(pct) * 10)) > 1e-6):
+                raise typer.BadParameter(f"{text!r} is not allowed: mps:N:PERCENT with 0 < PERCENT <= 100, "
+                                         "a multiple of 0.1")
             return {"kind": "mps", "slots": int(n or 1), "milli": round(float(pct or 0) * 10), "mem_mib": mem_mib,
                     "procs": int(procs or 1)}
     except ValueError:
