@@ -19,7 +19,9 @@ many times each property was checked and every failure. The properties:
   none on the empty healthy nodes); the job ids a reason names are what it says;
 * ``d_reserved`` - after every instant with a start: the free GPUs cover every class's
   unused ``reserved_gpus`` (a start that leaves them short must be of the class itself
-  inside its reservation), and no limit a started job counts against is exceeded;
+  inside its reservation - a share joining a card only another short reserved class held
+  takes the card from it as a fresh GPU would, note 042), and no limit a started job
+  counts against is exceeded;
 * ``e_preemptor`` - every preemption's preemptor starts at the instant its last victim
   is gone, unless it was cancelled, hardware was lost or a window changed its limits in
   between (counted apart as ``e_excused:<why>``); a preemptor that evicts a job of
@@ -462,16 +464,23 @@ class Checker:
         held = {c: max(0, r - used.get(c, 0)) for c, r in book.reserved.items()}
         slack = book.ledger.free_total * GPU_UNITS - sum(held.values())
         if slack < 0:
+            order = {d.job_id: n for n, d in enumerate(starts)}
             for d in starts:
                 job = book.jobs[d.job_id]
-                if not job.state.holds_gpus or not _takes_gpu(book, job):
+                if not job.state.holds_gpus:
                     continue
                 name = job.cls.name
                 if name in book.reserved and used.get(name, 0) <= book.reserved[name]:
                     continue  # inside its class's own reservation: the slack is as before
-                rep.fail("d_reserved", f"t={t:g}: after {job.id} ({name}) started, {book.ledger.free_total} "
-                         f"GPUs are free for unused reservations {_gpus(held)}")
-                break
+                if _takes_gpu(book, job):
+                    rep.fail("d_reserved", f"t={t:g}: after {job.id} ({name}) started, {book.ledger.free_total} "
+                             f"GPUs are free for unused reservations {_gpus(held)}")
+                    break
+                joined = _joined_class(book, job, order)
+                if joined is not None and held.get(joined):
+                    rep.fail("d_reserved", f"t={t:g}: {job.id} ({name}) joined a card only {joined} held; "
+                             f"{book.ledger.free_total} GPUs are free for unused reservations {_gpus(held)}")
+                    break
         quota = book.quota
         for d in starts:
             job = book.jobs[d.job_id]
@@ -636,6 +645,23 @@ def _takes_gpu(book, job) -> bool:
     idx = job.alloc[0][0]
     card = book.ledger.slots[idx].cards.get(job.share_at[0])
     return card is not None and list(card.holders) == [job.id]
+
+
+def _joined_class(book, job, order: dict[str, int]) -> str | None:
+    """The class whose card a share joined: the one class of the card's holders before
+    it (running before this instant, or started earlier in it), when that class is
+    another with ``reserved_gpus`` - the card counted whole for it before (``_class_use``)."""
+    if job.share is None or len(job.share_at) != 1:
+        return None
+    card = book.ledger.slots[job.alloc[0][0]].cards.get(job.share_at[0])
+    if card is None:
+        return None
+    mine = order[job.id]
+    before = {book.jobs[h].cls.name for h in card.holders if h != job.id and order.get(h, -1) < mine}
+    if len(before) != 1:
+        return None
+    (name,) = before
+    return name if name != job.cls.name and name in book.reserved else None
 
 
 def _class_use(book) -> dict[str, int]:

@@ -256,12 +256,11 @@ def _share_preemption(src, scale: float, raw: dict, rules, jobs: list) -> list:
     """Shares as victims and as preemptors (note 042; drawn last, as ``_later_jobs``):
     sometimes a few more jobs of one share kind the nodes offer - lower classes early,
     mostly shares with long or no runs, higher classes later, shares where their class
-    may share, else whole GPUs (production inference always). Not with classes'
-    ``reserved_gpus``: a share of another class joining the card a reserved class's share
-    opened leaves that reservation short (``d_reserved``) with or without preemption -
-    a gap of class reservations of its own, reported with note 042."""
+    may share, else whole GPUs (production inference always); with classes'
+    ``reserved_gpus`` too (a share joining a card only a short reserved class holds,
+    note 042 "Class reservations")."""
     kinds = [k for k in ("fraction", "time_slice", "mps") if any(n.supports(k) for n in rules.nodes)]
-    if not kinds or any(c.reserved_gpus for c in rules.classes.values()) or not src.chance(0.35):
+    if not kinds or not src.chance(0.35):
         return jobs
     kind = src.choice(kinds)
     teams = list(raw["teams"])

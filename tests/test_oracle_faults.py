@@ -750,3 +750,26 @@ def test_a_share_of_another_class_joins_a_reserved_classs_card_while_free_gpus_c
     assert [(d.job_id, d.placement.parts) for d in out if isinstance(d, Start)] == [
         ("P", (("n1", (0,)),)), ("B", (("n1", (0,)),))]
     assert str(sched.pending_reason("W")) == "ReservedFor(classes.training.reserved_gpus)"
+
+
+def test_a_share_joining_a_card_takes_nothing_from_a_preemptors_class_hold_slack():
+    # seed 59 (drawn once the share draws took classes' reserved_gpus): production
+    # inference reserves 1 of n1's 7 GPUs. X (batch, a time-slice replica) holds GPU 0's
+    # card, V (sandbox, 2 GPUs) GPUs 1-2; P (batch, 4 GPUs) preempts V at 10 and holds 4
+    # GPUs while V's grace runs: 4 free + V's 2 - 4 = 2, one of them production
+    # inference's - one GPU of slack. At 20 S (research-training, a replica) joins X's
+    # card: it takes no free GPU. J (sandbox, 1 GPU) takes the slack's GPU and should
+    # start at 20; the pass took S's card GPU from the hold's slack too, and J waited
+    # while a second pass at the same instant started it.
+    rules = policy(nodes=[node("n1", 7, sharing={"time_slicing": {"replicas": 2}})],
+                   classes={"production-inference": {"reserved_gpus": 1}, "sandbox": {"grace_period_s": 100.0}})
+    replica = GpuShare("time_slice", mem_mib=8192, slots=1)
+    sched = Scheduler(rules)
+    out = sched.handle([JobSubmitted(0.0, job("X", 1, "batch", "t", 0, share=replica)),
+                        JobSubmitted(0.0, job("V", 2, "sandbox", "t", 0))])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["X", "V"]
+    out = sched.handle([JobSubmitted(10.0, job("P", 4, "batch", "t", 10))])
+    assert [d.job_id for d in out] == ["V"]  # preempted
+    out = sched.handle([JobSubmitted(20.0, job("S", 1, "research-training", "t", 20, share=replica)),
+                        JobSubmitted(20.0, job("J", 1, "sandbox", "t", 20))])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["S", "J"]
