@@ -141,9 +141,11 @@ class Workload:
         p.text(repr(self))
 
 
-def workload_from_seed(seed: int) -> Workload:
-    """The workload of ``seed`` (the bench's and the suite's seeded batch)."""
-    wl = build(RandomSource(seed))
+def workload_from_seed(seed: int, share_preemption: bool = True) -> Workload:
+    """The workload of ``seed`` (the bench's and the suite's seeded batch);
+    ``share_preemption`` False: without the jobs ``_share_preemption`` adds (a seed's
+    workload before those draws, or before they took classes' ``reserved_gpus``)."""
+    wl = build(RandomSource(seed), share_preemption)
     wl.seed = seed
     return wl
 
@@ -160,7 +162,7 @@ def workloads():
 
 
 # ------------------------------------------------------------------- generator
-def build(src) -> Workload:
+def build(src, share_preemption: bool = True) -> Workload:
     """One workload from the choices of ``src`` (``RandomSource`` or ``HypothesisSource``)."""
     windows_on = src.chance(0.35)
     # time scale: workloads with windows span hours (the DST change at t = 7200)
@@ -211,7 +213,8 @@ def build(src) -> Workload:
         rules = policy_from_dict(raw).rules
     events += _updates(src, scale, rules, jobs)
     jobs = _later_jobs(src, jobs)
-    jobs = _share_preemption(src, scale, raw, rules, jobs)
+    if share_preemption:
+        jobs = _share_preemption(src, scale, raw, rules, jobs)
     return Workload(raw, jobs, events, rules=rules)
 
 

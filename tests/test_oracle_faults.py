@@ -648,7 +648,8 @@ def test_a_preemptor_whose_victims_left_is_not_charged_its_own_hold_against_anot
     from oracle_checks import drive
     from oracle_workloads import workload_from_seed
 
-    result, _calls = drive(workload_from_seed(12010), restarts=False, record_reasons=False)
+    # (the seed's workload before the share draws took classes' reserved_gpus)
+    result, _calls = drive(workload_from_seed(12010, share_preemption=False), restarts=False, record_reasons=False)
     assert result.records["j6"].preempted_at == [5.0]
     assert [t for t, _ in result.records["j11"].starts][:1] == [17.0]
 
