@@ -774,3 +774,22 @@ def test_a_share_joining_a_card_takes_nothing_from_a_preemptors_class_hold_slack
     out = sched.handle([JobSubmitted(20.0, job("S", 1, "research-training", "t", 20, share=replica)),
                         JobSubmitted(20.0, job("J", 1, "sandbox", "t", 20))])
     assert [d.job_id for d in out if isinstance(d, Start)] == ["S", "J"]
+
+
+def test_a_share_preemptor_wakes_when_the_first_card_it_could_empty_comes_of_age():
+    # seed 5099: min_runtime 5 s. A and B (sandbox) each fill a time-sliced card of n1,
+    # started at 1 and 3. R (research-training, a whole card's replicas) at 4 may evict
+    # neither yet. A's card works from 6, B's from 8: R's reason and wake-up must say 6.
+    # The plan with every young share picked B's card (less work lost) and said 8; a
+    # pass at 6 (a restored core) preempted A.
+    rules = policy(nodes=[node("n1", 2, sharing={"time_slicing": {"replicas": 2}})],
+                   preemption={"enabled": True, "min_runtime_s": 5.0})
+    card = GpuShare("time_slice", mem_mib=8192, slots=2)
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(1.0, job("A", 1, "sandbox", "t", 1, share=card))])
+    sched.handle([JobSubmitted(3.0, job("B", 1, "sandbox", "t", 3, share=card))])
+    assert sched.handle([JobSubmitted(4.0, job("R", 1, "research-training", "t", 4, share=card))]) == []
+    assert str(sched.pending_reason("R")) == "NoPreemptibleVictims(min_runtime: victims eligible at t=6)"
+    assert sched.next_wakeup() == 6.0
+    out = sched.handle([Tick(6.0)])
+    assert [(type(d).__name__, d.job_id) for d in out] == [("Preempt", "A")]
