@@ -332,8 +332,9 @@ class Admission(ShareRules):
                 # fraction by SMs beside one by memory)
                 ledger = book.ledger
                 kind = job.share.kind
+                classes = book.rules.classes
                 never = not any(slot.migs for slot in ledger.slots) or not any(
-                    c != job.cls.name and (book.rules.classes[c].sharing is None or kind in book.rules.classes[c].sharing)
+                    c != job.cls.name and (classes[c].sharing is None or kind in classes[c].sharing)
                     for c in book.reserved)
                 if not never:  # and only if it leaves room for that class's job on a card
                     never = not any(share_can_join(ledger.groups[g].node, job.share) for g in book.groups_for(job))
