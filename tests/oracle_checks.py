@@ -19,10 +19,13 @@ many times each property was checked and every failure. The properties:
   none on the empty healthy nodes); the job ids a reason names are what it says;
 * ``d_reserved`` - after every instant with a start: the free GPUs cover every class's
   unused ``reserved_gpus`` (a start that leaves them short must be of the class itself
-  inside its reservation), and no limit a started job counts against is exceeded;
+  inside its reservation - a share joining a card only another short reserved class held
+  takes the card from it as a fresh GPU would, note 042), and no limit a started job
+  counts against is exceeded;
 * ``e_preemptor`` - every preemption's preemptor starts at the instant its last victim
-  is gone, unless it was cancelled, hardware was lost or a window changed its limits in
-  between (counted apart as ``e_excused:<why>``); a preemptor that evicts a job of
+  is gone, unless it was cancelled, hardware was lost, a window changed its limits or a
+  job of a class whose ``reserved_gpus`` now keep it out left in between (counted apart
+  as ``e_excused:<why>``); a preemptor that evicts a job of
   another member of its cohort stays within its own nominal quota once it runs (Kueue's
   ``borrowWithinCohort: Never``: borrowing by preemption is undone by the victim team's
   reclaim, and round again - issue 20's endless loop; counted as ``e_no_borrow``);
@@ -46,6 +49,7 @@ many times each property was checked and every failure. The properties:
 from __future__ import annotations
 
 import json
+import re
 import time
 import traceback
 from collections import Counter
@@ -462,16 +466,23 @@ class Checker:
         held = {c: max(0, r - used.get(c, 0)) for c, r in book.reserved.items()}
         slack = book.ledger.free_total * GPU_UNITS - sum(held.values())
         if slack < 0:
+            order = {d.job_id: n for n, d in enumerate(starts)}
             for d in starts:
                 job = book.jobs[d.job_id]
-                if not job.state.holds_gpus or not _takes_gpu(book, job):
+                if not job.state.holds_gpus:
                     continue
                 name = job.cls.name
                 if name in book.reserved and used.get(name, 0) <= book.reserved[name]:
                     continue  # inside its class's own reservation: the slack is as before
-                rep.fail("d_reserved", f"t={t:g}: after {job.id} ({name}) started, {book.ledger.free_total} "
-                         f"GPUs are free for unused reservations {_gpus(held)}")
-                break
+                if _takes_gpu(book, job):
+                    rep.fail("d_reserved", f"t={t:g}: after {job.id} ({name}) started, {book.ledger.free_total} "
+                             f"GPUs are free for unused reservations {_gpus(held)}")
+                    break
+                joined = _joined_class(book, job, order)
+                if joined is not None and held.get(joined):
+                    rep.fail("d_reserved", f"t={t:g}: {job.id} ({name}) joined a card only {joined} held; "
+                             f"{book.ledger.free_total} GPUs are free for unused reservations {_gpus(held)}")
+                    break
         quota = book.quota
         for d in starts:
             job = book.jobs[d.job_id]
@@ -496,7 +507,8 @@ class Checker:
                     p = book.jobs[d.preemptor]
                     w = self.watch[d.preemptor] = {
                         "t": t, "victims": {}, "cancelled": False, "hw": len(self.hw_lost_at),
-                        "limits": {i: book.quota.current[i] for i, _u, _a in p.charges}}
+                        "limits": {i: book.quota.current[i] for i, _u, _a in p.charges},
+                        "reserved": _class_use(book) if book.reserved else {}}
                 w["victims"][d.job_id] = book.jobs[d.job_id].runs
         for pid in sorted(self.watch):
             w = self.watch[pid]
@@ -518,6 +530,8 @@ class Checker:
                 why = "hardware lost"
             elif any(book.quota.current[i] != m for i, m in w["limits"].items()):
                 why = "window changed its limits"
+            elif _reservation_left(book, w["reserved"], sched.pending_reason(pid)):
+                why = "a reserved class's job left"
             if why is not None:
                 self.report.counts[f"e_excused:{why}"] += 1
                 continue
@@ -636,6 +650,35 @@ def _takes_gpu(book, job) -> bool:
     idx = job.alloc[0][0]
     card = book.ledger.slots[idx].cards.get(job.share_at[0])
     return card is not None and list(card.holders) == [job.id]
+
+
+def _reservation_left(book, before: dict[str, int], reason) -> bool:
+    """Whether ``reason`` is a class reservation (``ReservedFor(classes.X.reserved_gpus)``)
+    whose class holds less than ``before`` (at the preemption): a job of it ended or left,
+    earlier than planned, and the GPUs the plan left others are its reservation's again
+    (oracle seed 20199: production inference's MIG job ended before its estimate)."""
+    m = re.fullmatch(r"classes\.(.+)\.reserved_gpus", reason.detail or "")
+    if reason.code is not ReasonCode.RESERVED_FOR or m is None:
+        return False
+    name = m.group(1)
+    return _class_use(book).get(name, 0) < before.get(name, 0)
+
+
+def _joined_class(book, job, order: dict[str, int]) -> str | None:
+    """The class whose card a share joined: the one class of the card's holders before
+    it (running before this instant, or started earlier in it), when that class is
+    another with ``reserved_gpus`` - the card counted whole for it before (``_class_use``)."""
+    if job.share is None or len(job.share_at) != 1:
+        return None
+    card = book.ledger.slots[job.alloc[0][0]].cards.get(job.share_at[0])
+    if card is None:
+        return None
+    mine = order[job.id]
+    before = {book.jobs[h].cls.name for h in card.holders if h != job.id and order.get(h, -1) < mine}
+    if len(before) != 1:
+        return None
+    (name,) = before
+    return name if name != job.cls.name and name in book.reserved else None
 
 
 def _class_use(book) -> dict[str, int]:

@@ -141,9 +141,11 @@ class Workload:
         p.text(repr(self))
 
 
-def workload_from_seed(seed: int) -> Workload:
-    """The workload of ``seed`` (the bench's and the suite's seeded batch)."""
-    wl = build(RandomSource(seed))
+def workload_from_seed(seed: int, share_preemption: bool = True) -> Workload:
+    """The workload of ``seed`` (the bench's and the suite's seeded batch);
+    ``share_preemption`` False: without the jobs ``_share_preemption`` adds (a seed's
+    workload before those draws, or before they took classes' ``reserved_gpus``)."""
+    wl = build(RandomSource(seed), share_preemption)
     wl.seed = seed
     return wl
 
@@ -160,7 +162,7 @@ def workloads():
 
 
 # ------------------------------------------------------------------- generator
-def build(src) -> Workload:
+def build(src, share_preemption: bool = True) -> Workload:
     """One workload from the choices of ``src`` (``RandomSource`` or ``HypothesisSource``)."""
     windows_on = src.chance(0.35)
     # time scale: workloads with windows span hours (the DST change at t = 7200)
@@ -211,7 +213,8 @@ def build(src) -> Workload:
         rules = policy_from_dict(raw).rules
     events += _updates(src, scale, rules, jobs)
     jobs = _later_jobs(src, jobs)
-    jobs = _share_preemption(src, scale, raw, rules, jobs)
+    if share_preemption:
+        jobs = _share_preemption(src, scale, raw, rules, jobs)
     return Workload(raw, jobs, events, rules=rules)
 
 
@@ -256,12 +259,11 @@ def _share_preemption(src, scale: float, raw: dict, rules, jobs: list) -> list:
     """Shares as victims and as preemptors (note 042; drawn last, as ``_later_jobs``):
     sometimes a few more jobs of one share kind the nodes offer - lower classes early,
     mostly shares with long or no runs, higher classes later, shares where their class
-    may share, else whole GPUs (production inference always). Not with classes'
-    ``reserved_gpus``: a share of another class joining the card a reserved class's share
-    opened leaves that reservation short (``d_reserved``) with or without preemption -
-    a gap of class reservations of its own, reported with note 042."""
+    may share, else whole GPUs (production inference always); with classes'
+    ``reserved_gpus`` too (a share joining a card only a short reserved class holds,
+    note 042 "Class reservations")."""
     kinds = [k for k in ("fraction", "time_slice", "mps") if any(n.supports(k) for n in rules.nodes)]
-    if not kinds or any(c.reserved_gpus for c in rules.classes.values()) or not src.chance(0.35):
+    if not kinds or not src.chance(0.35):
         return jobs
     kind = src.choice(kinds)
     teams = list(raw["teams"])

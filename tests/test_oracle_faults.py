@@ -488,7 +488,9 @@ def test_a_share_that_needs_a_whole_card_under_reservations_that_keep_every_fres
     sched.handle([JobSubmitted(0.0, job("W", 1, "batch", "t", 0, share=whole_card)),
                   JobSubmitted(0.0, job("J", 1, "batch", "t", 0, share=GpuShare("mps", milli=500, mem_mib=4096)))])
     assert sched.pending_reason("W").code.value == "ExceedsCapacity"
-    assert sched.pending_reason("J").code.value == "ReservedFor"  # it may join such a card
+    # J may not join such a card either while training holds less than its GPU (rule 8,
+    # note 042 "Class reservations"), and no MIG instance can hold training's reservation
+    assert sched.pending_reason("J").code.value == "ExceedsCapacity"
 
 
 def test_a_preemptor_whose_victims_left_starts_beside_another_preemptors_hold():
@@ -511,19 +513,30 @@ def test_a_preemptor_whose_victims_left_starts_beside_another_preemptors_hold():
 
 
 def test_a_share_refused_a_fresh_gpu_joins_a_card_a_later_share_opened_in_the_same_pass():
-    # seeds 19272, 5991, 9908, 17184: batch and production inference reserve a GPU each;
-    # with X on 2 of 4 GPUs, S (research-training, a quarter of a card) may not open one
-    # of the 2 free GPUs. At 5, B (batch, 20 GiB of a card) opens GPU 2 - after S's turn
-    # in the pass; S may join that card without a fresh GPU and should start at 5.
-    rules = policy(nodes=[("n1", 4)], classes={"production-inference": {"reserved_gpus": 1},
-                                               "batch": {"reserved_gpus": 1}})
+    # seeds 19272, 5991, 9908, 17184: batch and production inference reserved a GPU each
+    # (shrunk again with training for production inference, which takes no fractions) of
+    # n1's 4. M (training, half a card) and Z (sandbox) fill GPU 0, X holds GPU 1:
+    # training still needs half a GPU, batch a whole one, so S
+    # (research-training, a quarter of a card) may not open one of the 2 free GPUs. At 5,
+    # B (batch, half a card's memory) opens GPU 2 - after S's turn in the pass. The free
+    # GPU left still covers both reservations' unused halves (rule 8 lets S join B's card,
+    # note 042 "Class reservations"): S should start at 5, on B's card.
+    # (Before that rule, the fault was shown with X on 2 GPUs and no M or Z; S joining
+    # B's card there left batch's reservation short, see the test below.)
+    rules = policy(nodes=[("n1", 4)], preemption=False,
+                   classes={"training": {"reserved_gpus": 1}, "batch": {"reserved_gpus": 1}})
+    half = GpuShare(kind="fraction", milli=500, mem_mib=40960)
     quarter = GpuShare(kind="fraction", milli=250, mem_mib=20480)
-    memory = GpuShare(kind="fraction", milli=0, mem_mib=20480)
-    result = simulate(rules, [(job("X", 2, "sandbox", "t", 0), 100.0),
+    memory = GpuShare(kind="fraction", milli=0, mem_mib=40960)
+    result = simulate(rules, [(job("M", 1, "training", "t", 0, share=half), 100.0),
+                              (job("Z", 1, "sandbox", "t", 0, share=half), 100.0),
+                              (job("X", 1, "sandbox", "t", 0), 100.0),
                               (job("S", 1, "research-training", "t", 1, share=quarter), 50.0),
                               (job("B", 1, "batch", "t", 5, share=memory), 50.0)])
+    assert [p.parts for _t, p in result.records["Z"].starts] == [p.parts for _t, p in result.records["M"].starts]
     assert [t for t, _ in result.records["B"].starts] == [5.0]
     assert [t for t, _ in result.records["S"].starts] == [5.0]
+    assert [p.parts for _t, p in result.records["S"].starts] == [p.parts for _t, p in result.records["B"].starts]
 
 
 def test_a_job_of_a_reserved_class_whose_reservation_is_held_does_not_take_a_preemptors_class_slack():
@@ -578,11 +591,11 @@ def test_a_window_boundary_does_not_wake_a_job_only_other_classes_reservations_k
                    teams={"b": {"max_gpus": 1, "windows": [{"from": "02:00", "to": "04:00", "max_gpus": 1}]}})
     sched = Scheduler(rules)
     sched.handle([NodeLost(0.0, "n2")])
-    # an MPS client: it could join a card a training job opens (so it is not refused
-    # for good), but not open one
+    # an MPS client: it may neither open a card nor join one a training job opens while
+    # training holds less than its GPU (rule 8, note 042 "Class reservations")
     mps = GpuShare(kind="mps", milli=100, mem_mib=4096)
     sched.handle([JobSubmitted(1.0, job("J", 1, "research-training", "b", 1, share=mps))])
-    assert str(sched.pending_reason("J")).startswith("ReservedFor(classes.")
+    assert str(sched.pending_reason("J")).startswith("ExceedsCapacity(classes.")
     assert sched.next_wakeup() is None
 
 
@@ -609,14 +622,20 @@ def test_a_share_kept_off_fresh_gpus_by_class_reservations_does_not_stop_the_str
     # each of 2. S (research-training, a quarter of a card) may not open a card on either:
     # it waits for a job of a reserved class to open one. B (batch, a quarter) behind it
     # is such a job - if S stopped the strict order, B waited behind S and S for B, for
-    # ever. B opens a card at 1 and S joins it.
+    # ever. B opens a card at 1. S may not join it (batch would hold a quarter of its GPU
+    # with no free GPU for the rest: rule 8, note 042 "Class reservations"), nor any other
+    # card while batch holds less than its GPU: it never fits.
     rules = policy(nodes=[("n1", 2)], backfill=False,
                    classes={"production-inference": {"reserved_gpus": 1}, "batch": {"reserved_gpus": 1}})
     quarter = GpuShare(kind="fraction", milli=250)
     result = simulate(rules, [(job("S", 1, "research-training", "t", 0, share=quarter), 50.0),
                               (job("B", 1, "batch", "t", 1, share=quarter), 50.0)])
     assert [t for t, _ in result.records["B"].starts] == [1.0]
-    assert [t for t, _ in result.records["S"].starts] == [1.0]
+    assert result.records["S"].starts == []
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("S", 1, "research-training", "t", 0, share=quarter))])
+    assert str(sched.pending_reason("S")) == ("ExceedsCapacity(classes.production-inference.reserved_gpus=1,"
+                                              "classes.batch.reserved_gpus=1)")
 
 
 def test_a_preemptor_whose_victims_left_is_not_charged_its_own_hold_against_another_holds_class_slack():
@@ -629,7 +648,8 @@ def test_a_preemptor_whose_victims_left_is_not_charged_its_own_hold_against_anot
     from oracle_checks import drive
     from oracle_workloads import workload_from_seed
 
-    result, _calls = drive(workload_from_seed(12010), restarts=False, record_reasons=False)
+    # (the seed's workload before the share draws took classes' reserved_gpus)
+    result, _calls = drive(workload_from_seed(12010, share_preemption=False), restarts=False, record_reasons=False)
     assert result.records["j6"].preempted_at == [5.0]
     assert [t for t, _ in result.records["j11"].starts][:1] == [17.0]
 
@@ -699,3 +719,77 @@ def test_a_job_started_beside_a_reservation_that_puts_its_team_at_a_type_limit_r
     assert [d.job_id for d in out if isinstance(d, Start)] == ["B", "C"]
     again = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot())))
     assert again.handle([Tick(2.0)]) == []
+
+
+def test_a_share_of_another_class_does_not_join_a_reserved_classs_card_the_reservation_needs():
+    # found with note 042's share draws (three jobs at t=0, the old code too): n1 has 2
+    # GPUs, training reserves 1. W (batch) takes GPU 0 - the free GPU left covers the
+    # reservation. P (training, half a GPU) opens GPU 1 inside its reservation; the card
+    # is training's while training alone holds it. B (batch, half a GPU) joining it would
+    # leave training holding half a GPU with no free GPU for the other half: rule 8 (as
+    # for a fresh GPU) keeps B out, ReservedFor(classes.training.reserved_gpus), and B
+    # joins once W's GPU is free again (it covers the unused half).
+    half = GpuShare("fraction", milli=500)
+    sched = Scheduler(policy(nodes=[("n1", 2)], classes={"training": {"reserved_gpus": 1}}, preemption=False))
+    assert [d.job_id for d in sched.handle([JobSubmitted(0.0, job("W", 1, "batch", "t", 0))])] == ["W"]
+    out = sched.handle([JobSubmitted(0.0, job("P", 1, "training", "t", 0, share=half)),
+                        JobSubmitted(0.0, job("B", 1, "batch", "t", 0, share=half))])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["P"]
+    assert str(sched.pending_reason("B")) == "ReservedFor(classes.training.reserved_gpus)"
+    out = sched.handle([JobFinished(10.0, job_id="W", status=ExitStatus.COMPLETED)])
+    assert [(d.job_id, d.placement.parts) for d in out if isinstance(d, Start)] == [("B", (("n1", (1,)),))]
+
+
+def test_a_share_of_another_class_joins_a_reserved_classs_card_while_free_gpus_cover_the_reservation():
+    # the same jobs, P and B first: B joins P's card (GPU 0) while GPU 1 is free for the
+    # unused half of training's reservation, which then keeps W out.
+    half = GpuShare("fraction", milli=500)
+    sched = Scheduler(policy(nodes=[("n1", 2)], classes={"training": {"reserved_gpus": 1}}, preemption=False))
+    out = sched.handle([JobSubmitted(0.0, job("P", 1, "training", "t", 0, share=half)),
+                        JobSubmitted(0.0, job("B", 1, "batch", "t", 0, share=half)),
+                        JobSubmitted(0.0, job("W", 1, "batch", "t", 0))])
+    assert [(d.job_id, d.placement.parts) for d in out if isinstance(d, Start)] == [
+        ("P", (("n1", (0,)),)), ("B", (("n1", (0,)),))]
+    assert str(sched.pending_reason("W")) == "ReservedFor(classes.training.reserved_gpus)"
+
+
+def test_a_share_joining_a_card_takes_nothing_from_a_preemptors_class_hold_slack():
+    # seed 59 (drawn once the share draws took classes' reserved_gpus): production
+    # inference reserves 1 of n1's 7 GPUs. X (batch, a time-slice replica) holds GPU 0's
+    # card, V (sandbox, 2 GPUs) GPUs 1-2; P (batch, 4 GPUs) preempts V at 10 and holds 4
+    # GPUs while V's grace runs: 4 free + V's 2 - 4 = 2, one of them production
+    # inference's - one GPU of slack. At 20 S (research-training, a replica) joins X's
+    # card: it takes no free GPU. J (sandbox, 1 GPU) takes the slack's GPU and should
+    # start at 20; the pass took S's card GPU from the hold's slack too, and J waited
+    # while a second pass at the same instant started it.
+    rules = policy(nodes=[node("n1", 7, sharing={"time_slicing": {"replicas": 2}})],
+                   classes={"production-inference": {"reserved_gpus": 1}, "sandbox": {"grace_period_s": 100.0}})
+    replica = GpuShare("time_slice", mem_mib=8192, slots=1)
+    sched = Scheduler(rules)
+    out = sched.handle([JobSubmitted(0.0, job("X", 1, "batch", "t", 0, share=replica)),
+                        JobSubmitted(0.0, job("V", 2, "sandbox", "t", 0))])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["X", "V"]
+    out = sched.handle([JobSubmitted(10.0, job("P", 4, "batch", "t", 10))])
+    assert [d.job_id for d in out] == ["V"]  # preempted
+    out = sched.handle([JobSubmitted(20.0, job("S", 1, "research-training", "t", 20, share=replica)),
+                        JobSubmitted(20.0, job("J", 1, "sandbox", "t", 20))])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["S", "J"]
+
+
+def test_a_share_preemptor_wakes_when_the_first_card_it_could_empty_comes_of_age():
+    # seed 5099: min_runtime 5 s. A and B (sandbox) each fill a time-sliced card of n1,
+    # started at 1 and 3. R (research-training, a whole card's replicas) at 4 may evict
+    # neither yet. A's card works from 6, B's from 8: R's reason and wake-up must say 6.
+    # The plan with every young share picked B's card (less work lost) and said 8; a
+    # pass at 6 (a restored core) preempted A.
+    rules = policy(nodes=[node("n1", 2, sharing={"time_slicing": {"replicas": 2}})],
+                   preemption={"enabled": True, "min_runtime_s": 5.0})
+    card = GpuShare("time_slice", mem_mib=8192, slots=2)
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(1.0, job("A", 1, "sandbox", "t", 1, share=card))])
+    sched.handle([JobSubmitted(3.0, job("B", 1, "sandbox", "t", 3, share=card))])
+    assert sched.handle([JobSubmitted(4.0, job("R", 1, "research-training", "t", 4, share=card))]) == []
+    assert str(sched.pending_reason("R")) == "NoPreemptibleVictims(min_runtime: victims eligible at t=6)"
+    assert sched.next_wakeup() == 6.0
+    out = sched.handle([Tick(6.0)])
+    assert [(type(d).__name__, d.job_id) for d in out] == [("Preempt", "A")]

@@ -117,24 +117,25 @@ class BestFitAdmission(Admission):
             primary = need[2] if kind == "time_slice" else need[0]
             if rooms[idx].get(kind, -1) < primary and not (slot.free and fresh_ok[slot.group]):
                 continue  # no card with room enough, no whole GPU to open
-            if _first_fit(slot, kind, need, fresh_ok[slot.group], fresh_allowed) is not None:
+            if _first_fit(slot, kind, need, fresh_ok[slot.group], fresh_allowed, self._kept) is not None:
                 best, best_free = idx, f
         if best is None:
             return None
         slot = ledger.slots[best]
-        gpu, opens = _first_fit(slot, kind, share.need(slot.node), fresh_ok[slot.group], fresh_allowed)
+        gpu, opens = _first_fit(slot, kind, share.need(slot.node), fresh_ok[slot.group], fresh_allowed, self._kept)
         return best, gpu, None, opens
 
 
 def _first_fit(slot: NodeSlot, kind: str, need: tuple[int, int, int], fresh_ok: bool,
-               fresh_allowed) -> tuple[int, bool] | None:
+               fresh_allowed, kept=()) -> tuple[int, bool] | None:
     """``(GPU, opens a fresh GPU)`` of the lowest-index GPU of ``slot`` that can take the
-    share, or ``None``."""
+    share (not a card in ``kept``: ``(node index, GPU)`` pairs rule 8 keeps it off), or
+    ``None``."""
     allowed = None
     for g in range(slot.total):
         card = slot.cards.get(g)
         if card is not None:
-            if card.key and card.mode == kind and card.fits(*need):
+            if card.key and card.mode == kind and card.fits(*need) and (slot.idx, g) not in kept:
                 return g, False
         elif slot.free_mask >> g & 1 and fresh_ok:
             if allowed is None:

@@ -15,7 +15,8 @@ precedence order (the first that refuses is the reason):
 5. ``FREE``         a placement on the free GPUs;
 6. ``COHORT``       the cohort's capacity;
 7. ``ANTI``         class anti-affinity (``avoid_nodes_with``);
-8. ``CLASS_HOLD``   other classes' ``reserved_gpus`` left free;
+8. ``CLASS_HOLD``   other classes' ``reserved_gpus`` left free (a share: no fresh GPU,
+                    nor a card only a short reserved class holds, they need);
 9. ``CLAIMS``       holds of preemptors and reservations it would delay (GPUs, quota).
 
 (Notes before 031 number the rules from ``FREE`` one lower: rule 4 there is ``FREE``.)
@@ -102,6 +103,8 @@ class Admission(ShareRules):
         self.book = book
         #: the reservations that do not bind the job being decided (``Profile.reclaimers_of``)
         self._exempt: tuple = ()
+        #: rule 8 for a share: the cards it may not join (``ShareRules._kept_cards``)
+        self._kept: dict[tuple[int, int], str] = {}
 
     # ---------------------------------------- per-GPU-type quotas (note 038)
     def decide(self, job: Job, profile: Profile | None, scratch: Scratch | None = None,
@@ -322,13 +325,18 @@ class Admission(ShareRules):
             elif job.share.kind != "mig" and book.ledger.healthy_total * GPU_UNITS - other < GPU_UNITS:
                 # it could only join a card; one may be opened only by a class the
                 # reservations do not keep from a fresh GPU (a reserved class that may
-                # take this kind of share)
+                # take this kind of share), and the card stays that class's while the
+                # class holds less than its reservation (rule 8: ``ShareRules._kept_cards``)
+                # - for ever unless MIG instances may hold reservations (its cards hold
+                # it only once full, but for shares charged by different dimensions: a
+                # fraction by SMs beside one by memory)
+                ledger = book.ledger
                 kind = job.share.kind
-                never = not any(c != job.cls.name and (book.rules.classes[c].sharing is None
-                                                       or kind in book.rules.classes[c].sharing)
-                                for c in book.reserved)
+                classes = book.rules.classes
+                never = not any(slot.migs for slot in ledger.slots) or not any(
+                    c != job.cls.name and (classes[c].sharing is None or kind in classes[c].sharing)
+                    for c in book.reserved)
                 if not never:  # and only if it leaves room for that class's job on a card
-                    ledger = book.ledger
                     never = not any(share_can_join(ledger.groups[g].node, job.share) for g in book.groups_for(job))
         return never
 

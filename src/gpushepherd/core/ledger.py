@@ -371,11 +371,12 @@ class Ledger:
             card.key = ()
 
     def best_card(self, groups: list[int], kind: str, milli: int, mem: int, slots: int,
-                  exclude: frozenset[int] = frozenset()) -> tuple[int, int] | None:
+                  exclude: frozenset[int] = frozenset(), cards=()) -> tuple[int, int] | None:
         """The card already shared in mode ``kind`` with the least room left that
         still fits ``(milli, MiB, slots)``: ``(node index, GPU)`` or ``None``. Every
         card of ``groups`` is considered (tightest first: primary room, then MiB
-        room, then node and GPU index)."""
+        room, then node and GPU index), but those on ``exclude`` nodes and the
+        ``(node index, GPU)`` pairs in ``cards``."""
         primary = slots if kind == "time_slice" else milli
         best = None
         slots_of = self.slots
@@ -386,7 +387,8 @@ class Ledger:
             for key in lst[bisect_left(lst, (primary, mem)):]:
                 if best is not None and key >= best:
                     break
-                if key[2] not in exclude and slots_of[key[2]].cards[key[3]].fits(milli, mem, slots):
+                if (key[2] not in exclude and slots_of[key[2]].cards[key[3]].fits(milli, mem, slots)
+                        and (not cards or (key[2], key[3]) not in cards)):
                     best = key
                     break
         return None if best is None else (best[2], best[3])

@@ -220,12 +220,14 @@ def share_plan(book, admission: Admission, profile: Profile | None, job: Job
     if found is not None:
         return found, INF
     young = [v for v in candidates(book, job, False, young=True) if card_of(v) is not None]
-    if not young:
-        return None, INF
-    found = _share_plan_with(book, admission, profile, job, sorted(cands + young, key=lambda v: v.vkey))
-    if found is None:
-        return None, INF
-    return None, min(comes_of_age(book, v) for v in (set(found[0]) & set(young) or young))
+    # the first instant a young share comes of age after which a set works (the set the
+    # plan with every young share would pick may come of age later than another card's:
+    # oracle seed 5099)
+    for t in sorted({comes_of_age(book, v) for v in young}):
+        ready = sorted(cands + [v for v in young if comes_of_age(book, v) <= t], key=lambda v: v.vkey)
+        if _share_plan_with(book, admission, profile, job, ready) is not None:
+            return None, t
+    return None, INF
 
 
 def _share_plan_with(book, admission: Admission, profile: Profile | None, job: Job,

@@ -439,11 +439,15 @@ class Profile:
         """A job started now on ``counts`` with ``charges``, planned to end at ``end``:
         it takes from the spare of every claim point it outlives (and from the class-hold
         slack of the claims it outlives). ``start``: it holds ``counts`` only from then on
-        (a share joining a card keeps the card's GPU from then)."""
+        (a share joining a card keeps the card's GPU from then: it takes from the
+        class-hold slack only of reservations starting then or later - a hold's slack
+        counts free GPUs and its victims' only, never a card other jobs hold; oracle
+        seed 59)."""
         if self.book.reserved:
             x = sum(c for _n, c in counts)
             for c in self.claims:
-                if c.gslack is not None and (c.hold or c.start < end):
+                if (c.gslack is not None and (c.hold or c.start < end)
+                        and (start is None or (not c.hold and c.start >= start))):
                     took, d = self.takes(c, job, x)
                     c.gslack -= took
                     if d:

@@ -59,6 +59,7 @@ class ShareRules:
         claims. A memory-only share is charged by the card it lands on."""
         book = self.book
         self._exempt = ()
+        self._kept = {}
         covered, charges = self._charged(job, job.units, scratch, profile)
         v = self._rules_1_to_4(job, charges, scratch)
         if v is not None:
@@ -85,10 +86,15 @@ class ShareRules:
         if before_claims is not None:
             before_claims()
         self._exempt = profile.reclaimers_of(job) if profile and book.rules.cohorts else ()
-        if spot[3] and book.reserved:
-            holder = self._class_hold(job, GPU_UNITS, scratch)
+        fresh = True
+        if book.reserved:
+            held = self._class_hold(job, GPU_UNITS, scratch)
+            fresh = not held
+            self._kept = self._kept_cards(job, scratch) if held and self._class_hold(job, 0, scratch) else {}
+            holder = held if spot[3] else self._kept.get(spot[:2], "")
             if holder:
-                # a shared card with room would not take a reserved GPU
+                # a shared card with room that no reservation counts on would not take
+                # a reserved GPU
                 card = self.share_spot(job, groups, avoided, None, None, fresh=False, scratch=scratch)
                 if card is None:
                     return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
@@ -101,7 +107,7 @@ class ShareRules:
                 kept, first = profile.avoiding(job, end, self._exempt)
                 if spot[0] in kept:  # its class would keep a claim's job off the claim's node
                     skip.update(kept)
-                    spot = self.share_spot(job, groups, frozenset(skip), profile, end, scratch=scratch)
+                    spot = self.share_spot(job, groups, frozenset(skip), profile, end, fresh, scratch)
                     if spot is None:
                         return Verdict(CLAIMS, units=units, charges=charges, blocker=first)
             delayed = None
@@ -113,7 +119,7 @@ class ShareRules:
                     break
                 delayed = delayed or found
                 skip.add(spot[0])
-                spot = self.share_spot(job, groups, frozenset(skip), profile, end, scratch=scratch)
+                spot = self.share_spot(job, groups, frozenset(skip), profile, end, fresh, scratch)
             if spot is None:
                 return Verdict(CLAIMS, units=units, charges=charges, blocker=delayed)
             units, covered, charges = self._share_charges(job, spot, scratch, profile)
@@ -124,6 +130,36 @@ class ShareRules:
                 if blocker is not None:
                     return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
         return Verdict(ADMITTED, spot=spot, units=units, charges=charges, covered=covered)
+
+    def _kept_cards(self, job: Job, scratch: Scratch | None) -> dict[tuple[int, int], str]:
+        """Rule 8 for a share joining a card: ``(node, GPU) -> class`` of the shared cards
+        (not MIG) that only jobs of one other class with ``reserved_gpus`` hold (``scratch``'s
+        victims gone) while that class holds less than its reservation. Called when the
+        free GPUs do not cover the unused part of every other class's reservation. Such a
+        card counts whole towards its class's reservation (it is out of the free GPUs for
+        it, the oracle's ``d_reserved``); a share of another class joining it would make
+        the card count only by the class's own shares and leave the reservation short with
+        no free GPU for the rest - as a fresh GPU would (design note 042, "Class
+        reservations")."""
+        book = self.book
+        gone = {v.id for v in scratch.victims} if scratch is not None else ()
+        slots = book.ledger.slots
+        kept: dict[tuple[int, int], str] = {}
+        for name, res in book.reserved.items():
+            if name == job.cls.name:
+                continue
+            used = book.class_units.get(name, 0) - (scratch.class_units.get(name, 0) if scratch is not None else 0)
+            if used >= res:
+                continue
+            for j in book.class_jobs.get(name, {}).values():
+                if j.share is None or len(j.share_at) != 1 or j.id in gone:
+                    continue
+                at = (j.alloc[0][0], j.share_at[0])
+                card = slots[at[0]].cards.get(at[1])
+                if card is not None and at not in kept and all(
+                        h in gone or book.jobs[h].cls.name == name for h in card.holders):
+                    kept[at] = name
+        return kept
 
     def _share_delays(self, job: Job, profile: Profile, spot: tuple, end: float,
                       scratch: Scratch | None) -> Claim | None:
@@ -228,7 +264,7 @@ class ShareRules:
         best = None
         for (n, g), (dm, dmem, dslots) in scratch.relief.items():
             card = ledger.slots[n].cards.get(g)
-            if n not in nodes or card is None or card.mode != share.kind or not card.key:
+            if n not in nodes or card is None or card.mode != share.kind or not card.key or (n, g) in self._kept:
                 continue
             milli, mem, slots = share.need(ledger.slots[n].node)
             used_m, used_mem, used_s = card.milli - dm + milli, card.mem - dmem + mem, card.slots - dslots + slots
@@ -257,7 +293,7 @@ class ShareRules:
         if share.kind == "mig":
             found = ledger.best_mig(groups, share.profile, avoided)
             return None if found is None else (found[0], found[1], found[2], False)
-        found = best_card_for(ledger, groups, share, avoided)
+        found = best_card_for(ledger, groups, share, avoided, cards=self._kept)
         if found is not None:
             return found[0], found[1], None, False
         if not fresh:
@@ -281,20 +317,21 @@ class ShareRules:
 
 
 def best_card_for(ledger, groups: list[int], share, exclude: frozenset = frozenset(),
-                  memory: bool = True) -> tuple[int, int] | None:
+                  memory: bool = True, cards=()) -> tuple[int, int] | None:
     """``Ledger.best_card`` for ``share`` (not ``mig``): what it needs of a card on each
     node - an MPS share without an SM percentage or memory takes the node's defaults
     (note 037) - so the groups are asked per need and the tightest card of all wins;
-    ``memory`` False: as if it declared no memory. ``(node index, GPU)`` or ``None``."""
+    ``memory`` False: as if it declared no memory; ``cards``: ``(node index, GPU)`` pairs
+    it may not join (rule 8). ``(node index, GPU)`` or ``None``."""
     if share.kind != "mps" or (share.milli and share.mem_mib):
         milli, mem, slots = share.need()
-        return ledger.best_card(groups, share.kind, milli, mem if memory else 0, slots, exclude=exclude)
+        return ledger.best_card(groups, share.kind, milli, mem if memory else 0, slots, exclude, cards)
     by_need: dict[tuple, list[int]] = {}
     for g in groups:
         by_need.setdefault(share.need(ledger.groups[g].node), []).append(g)
     best = None
     for (milli, mem, slots), gs in by_need.items():
-        hit = ledger.best_card(gs, share.kind, milli, mem if memory else 0, slots, exclude=exclude)
+        hit = ledger.best_card(gs, share.kind, milli, mem if memory else 0, slots, exclude, cards)
         if hit is not None:
             key = ledger.slots[hit[0]].cards[hit[1]].key
             if best is None or key < best[0]:

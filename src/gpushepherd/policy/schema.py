@@ -339,7 +339,9 @@ class ClassSpec(_Strict):
     ``max_gpus_per_user`` caps one user's GPUs in the class; ``reserved_gpus`` are
     guaranteed to the class and never lent to other classes (R4's "reserve 2 GPUs for
     production inference"): other classes may use at most the capacity minus the
-    unused part of every reservation.
+    unused part of every reservation, kept as free whole GPUs (a shared card only the
+    class's jobs hold counts whole for it: a share of another class joins it only while
+    free GPUs cover the unused part).
     """
 
     priority: int | None = Field(None, **doc(
@@ -377,7 +379,9 @@ class ClassSpec(_Strict):
         "The most running jobs of one user in the class (Slurm QOS `MaxJobsPerUser`).", 2, JOBS))
     reserved_gpus: NonNegInt | None = Field(None, **doc(
         "GPUs guaranteed to the class and never lent to other classes (R4: reserve 2 for production inference); "
-        "other classes may use at most the capacity minus the unused part of every reservation.", 2, GPUS))
+        "other classes may use at most the capacity minus the unused part of every reservation, kept as free "
+        "whole GPUs (a shared card only the class's jobs hold counts whole for it: a share of another class "
+        "joins it only while free GPUs cover the unused part).", 2, GPUS))
     windows: list[WindowSpec] = Field(default_factory=list, **doc(
         "Limits that change with the time of day and week (R4: batch 2 GPUs by day, 6 by night; R8); outside "
         "every window the class's own limits hold.", [{"name": "night", "from": "20:00", "to": "08:00",
