@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from builders import job, node, policy, simulate
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Start
@@ -793,3 +794,33 @@ def test_a_share_preemptor_wakes_when_the_first_card_it_could_empty_comes_of_age
     assert sched.next_wakeup() == 6.0
     out = sched.handle([Tick(6.0)])
     assert [(type(d).__name__, d.job_id) for d in out] == [("Preempt", "A")]
+
+
+
+@pytest.mark.parametrize("instants", [(1.0, 2.0, 3.0), (1.0, 1.0, 1.0)], ids=["continued", "one-pass"])
+def test_a_share_refused_by_the_claims_preempts_once_a_later_start_takes_its_free_gpu(instants):
+    # seed 1323: R (training, 2 GPUs on n1) reserves n1 from 50, when B (batch, not
+    # preemptible) ends; V (sandbox, half a card) holds n2's card. S (research-training,
+    # 3/4 of a card, limit 100) could open n1's free GPU but runs into R's reservation:
+    # ReservedFor(R) - a share preempts only when no room takes it (note 042). W (batch,
+    # estimate 10) then backfills on that GPU: S has no room left and must preempt V at
+    # that instant, as a second full pass there did. The pass (continued with W, or one
+    # pass with all three) left S's refusal as the claims had made it.
+    t_r, t_s, t_w = instants
+    rules = policy(nodes=[node("n1", 2, labels={"zone": "a"}), node("n2", 1, labels={"zone": "b"})])
+    sched = Scheduler(rules)
+    out = sched.handle([JobSubmitted(0.0, job("B", 1, "batch", "t", 0, preemptible=False, runtime_estimate_s=50.0,
+                                              node_selector=(("zone", "a"),))),
+                        JobSubmitted(0.0, job("V", 1, "sandbox", "t", 0, share=GpuShare("fraction", milli=500),
+                                              node_selector=(("zone", "b"),)))])
+    assert [d.placement.parts[0][0] for d in out] == ["n1", "n2"]
+    s = job("S", 1, "research-training", "t", t_s, time_limit_s=100.0, share=GpuShare("fraction", milli=750))
+    w = job("W", 1, "batch", "t", t_w, runtime_estimate_s=10.0)
+    events = [JobSubmitted(t_r, job("R", 2, "training", "t", t_r, same_node=True, node_selector=(("zone", "a"),))),
+              JobSubmitted(t_s, s), JobSubmitted(t_w, w)]
+    out = []
+    for t in sorted(set(instants)):
+        out = sched.handle([e for e in events if e.t == t])
+        if t_s <= t < t_w:
+            assert out == [] and str(sched.pending_reason("S")) == "ReservedFor(R)"
+    assert [(type(d).__name__, d.job_id) for d in out] == [("Start", "W"), ("Preempt", "V")]

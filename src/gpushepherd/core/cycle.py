@@ -77,6 +77,9 @@ class Turn:
         #: a share was refused for room (rules 5, 8, 9) in this pass: a card a later
         #: share opens on a fresh GPU may take it without a fresh GPU (``start``)
         self.share_refused = False
+        #: a share that may preempt was refused by claims or a class hold, not for room:
+        #: a later start on free GPUs may leave it none, and then it preempts (``start``)
+        self.share_may_preempt = False
         #: cohort members (teams) a job of which the claims refused in this pass: one of
         #: their jobs started later may make the member a borrower, whom the claims that
         #: lend or may reclaim no longer bind (``Profile.reclaimers_of``; ``start``)
@@ -164,6 +167,8 @@ class Turn:
         a team that allows it may be freed by preempting within the team, note 035)."""
         if job.shape.mode == "share" and rule in (A.FREE, A.CLASS_HOLD, A.CLAIMS):
             self.share_refused = True  # a card opened later in the pass may take it
+            if rule != A.FREE and not self.share_may_preempt:
+                self.share_may_preempt = self.can_preempt(job)
         if rule == A.CLAIMS and job.cohort is not None:
             self.claims_refused.add(job.cohort[1].team)
         if rule not in A.RESERVABLE:
@@ -289,6 +294,8 @@ class Turn:
             placement = Placement(((slot.node.name, (gpu,)),), share=what)
             counts = [(idx, 1)] if fresh or held_from is not None else []
         else:
+            if self.share_may_preempt:  # it may take that share's room: another pass (seed 1323)
+                book.repass = True
             alloc, parts = [], []
             planned = job.hold_gpus
             for idx, c in v.counts:
