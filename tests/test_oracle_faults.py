@@ -824,3 +824,28 @@ def test_a_share_refused_by_the_claims_preempts_once_a_later_start_takes_its_fre
         if t_s <= t < t_w:
             assert out == [] and str(sched.pending_reason("S")) == "ReservedFor(R)"
     assert [(type(d).__name__, d.job_id) for d in out] == [("Start", "W"), ("Preempt", "V")]
+
+
+def test_a_share_opening_a_fresh_gpu_leaves_the_island_a_preemptor_holds():
+    # seed 10002: n1's NVLink islands are GPUs 0-2 and 3-5. V1 and V2 (sandbox shares)
+    # hold GPUs 0 and 1, Y (batch, not preemptible) GPU 3; GPU 2 was unhealthy while
+    # they started, so 2, 4 and 5 are free. P (production inference, 3 GPUs on one island) preempts V1 and V2
+    # and holds island 0-2. S (batch, a share) then opens a fresh GPU: the hold counts
+    # 3 GPUs of n1, not which, and S took GPU 2 (the fullest island first), so P found
+    # no island when V1 and V2 left: NoFit(nvlink-island). S must take GPU 4 or 5.
+    rules = policy(nodes=[node("n1", 6, nvlink_islands=[[0, 1, 2], [3, 4, 5]])],
+                   classes={"sandbox": {"grace_period_s": 10.0}}, preemption={"enabled": True, "min_runtime_s": 0.0})
+    half = GpuShare("fraction", milli=600)
+    sched = Scheduler(rules)
+    sched.handle([GpuHealthChanged(0.0, node="n1", gpu=2, healthy=False)])
+    out = sched.handle([JobSubmitted(0.0, job("V1", 1, "sandbox", "t", 0, share=half)),
+                        JobSubmitted(0.0, job("V2", 1, "sandbox", "t", 0, share=half))])
+    out += sched.handle([JobSubmitted(0.5, job("Y", 1, "batch", "t", 0.5, preemptible=False))])
+    assert [(d.job_id, d.placement.parts[0][1]) for d in out] == [("V1", (0,)), ("V2", (1,)), ("Y", (3,))]
+    sched.handle([GpuHealthChanged(1.0, node="n1", gpu=2, healthy=True)])
+    out = sched.handle([JobSubmitted(2.0, job("P", 3, "production-inference", "t", 2, require_island=True))])
+    assert sorted(d.job_id for d in out) == ["V1", "V2"]  # preempted
+    out = sched.handle([JobSubmitted(3.0, job("S", 1, "batch", "t", 3, share=half))])
+    assert [d.job_id for d in out] == ["S"] and out[0].placement.parts[0][1][0] in (4, 5)
+    out = sched.handle([JobFinished(12.0, "V1", ExitStatus.PREEMPTED), JobFinished(12.0, "V2", ExitStatus.PREEMPTED)])
+    assert [(d.job_id, d.placement.parts[0][1]) for d in out][0] == ("P", (0, 1, 2))  # V1 requeued after it

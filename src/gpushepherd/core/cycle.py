@@ -304,7 +304,7 @@ class Turn:
                 if mine.bit_count() >= c:  # a preemptor on the GPUs it planned for
                     mask = pick_gpus(mine, c, slot.node.nvlink_islands)
                 else:
-                    mask = pick_gpus(slot.free_mask, c, slot.node.nvlink_islands)
+                    mask = book.pick_free(idx, c, job)
                 alloc.append((idx, mask))
                 parts.append((slot.node.name, bits(mask)))
             placement = Placement(tuple(parts))

@@ -311,9 +311,7 @@ class ShareRules:
                     break
         if idx is None:
             return None
-        slot = ledger.slots[idx]
-        mask = pick_gpus(slot.free_mask, 1, slot.node.nvlink_islands)
-        return idx, mask.bit_length() - 1, None, True
+        return idx, self.book.pick_free(idx, 1, job).bit_length() - 1, None, True
 
 
 def best_card_for(ledger, groups: list[int], share, exclude: frozenset = frozenset(),
