@@ -77,8 +77,8 @@ class Turn:
         #: a share was refused for room (rules 5, 8, 9) in this pass: a card a later
         #: share opens on a fresh GPU may take it without a fresh GPU (``start``)
         self.share_refused = False
-        #: a share that may preempt was refused by claims or a class hold, not for room:
-        #: a later start on free GPUs may leave it none, and then it preempts (``start``)
+        #: a share that may preempt was refused by claims or a class hold: a later start on
+        #: free GPUs may leave it no room, and then it preempts (``start``; seed 1323)
         self.share_may_preempt = False
         #: cohort members (teams) a job of which the claims refused in this pass: one of
         #: their jobs started later may make the member a borrower, whom the claims that
@@ -294,8 +294,7 @@ class Turn:
             placement = Placement(((slot.node.name, (gpu,)),), share=what)
             counts = [(idx, 1)] if fresh or held_from is not None else []
         else:
-            if self.share_may_preempt:  # it may take that share's room: another pass (seed 1323)
-                book.repass = True
+            book.repass = book.repass or self.share_may_preempt  # it may take that share's room
             alloc, parts = [], []
             planned = job.hold_gpus
             for idx, c in v.counts:
