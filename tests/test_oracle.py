@@ -38,11 +38,13 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: check: a job behind a share that waits for a card in its strict FIFO queue waits for
 #: the same submission - only here; 9955, 11023, 11959, 15977, 17570, 18216, 19084 - a MIG
 #: job whose free slice was on a card of a type its per-type quota forbids was never given
-#: a re-partitioned card of a type it may take, waiting for ever - only here): they stay in
+#: a re-partitioned card of a type it may take, waiting for ever - only here; 17125 - a
+#: reason asked after a pass over new jobs only read claims built before it,
+#: test_oracle_faults.py): they stay in
 #: the suite's batch
 FOUND = (84, 96, 114, 320, 353, 446, 535, 732, 773, 820, 865, 1334, 1430, 1733, 1912, 2024, 2617, 2914, 2919, 3462,
          4467, 7641, 8914, 9361, 9955, 10572, 11023, 11959, 12010, 12899, 12903, 13435, 13765, 14222, 15683, 15977,
-         17570, 17695, 18216, 18541, 18785, 19084, 19272, 20252, 21092, 22562, 22732)
+         17125, 17570, 17695, 18216, 18541, 18785, 19084, 19272, 20252, 21092, 22562, 22732)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (
