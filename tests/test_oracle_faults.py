@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from builders import job, node, policy, simulate
+from builders import job, node, placed, policy, simulate
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Start
 from gpushepherd.model.events import GpuHealthChanged, JobFinished, JobRequeueRequested, JobSubmitted, NodeLost, Tick
@@ -849,3 +849,29 @@ def test_a_share_opening_a_fresh_gpu_leaves_the_island_a_preemptor_holds():
     assert [d.job_id for d in out] == ["S"] and out[0].placement.parts[0][1][0] in (4, 5)
     out = sched.handle([JobFinished(12.0, "V1", ExitStatus.PREEMPTED), JobFinished(12.0, "V2", ExitStatus.PREEMPTED)])
     assert [(d.job_id, d.placement.parts[0][1]) for d in out][0] == ("P", (0, 1, 2))  # V1 requeued after it
+
+def test_a_reason_asked_after_a_pass_over_new_jobs_only_reads_the_claims_on_the_state_now():
+    # seed 17125 (backfill off): P's preemption of V is in progress, its hold takes V's 2
+    # GPUs of n1 and 1 free one; production inference reserves a GPU. H's reason at 1
+    # builds the claims that bind a job (holds only, backfill off) on the state of 1: 2
+    # GPUs spare beside the hold and the class's reservation. At 2 only submissions came:
+    # the pass gives J and K alone their turns (``continue_fast``); J takes n2's 2 free
+    # GPUs, leaving none spare, so K (1 GPU) would take the class's GPU the hold counts
+    # on: refused, it stops the strict order. Its reason read the claims built at 1 (a
+    # cache kept across the pass over the new jobs only), found it admitted there, and
+    # said "Priority(not reached by the last pass)" - the fast core's pass had refused it.
+    a, b = (("zone", "a"),), (("zone", "b"),)
+    rules = policy(nodes=[node("n1", 4, labels={"zone": "a"}), node("n2", 3, labels={"zone": "b"})],
+                   teams={"t": {}, "h": {"max_running_jobs": 1}},
+                   classes={"production-inference": {"reserved_gpus": 1}}, backfill=False)
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("V", 2, "batch", "t", 0, node_selector=a, runtime_estimate_s=100.0)),
+                  JobSubmitted(0.0, job("R", 1, "batch", "h", 0, node_selector=b, runtime_estimate_s=100.0))])
+    out = sched.handle([JobSubmitted(1.0, job("P", 3, "training", "t", 1, gpus_per_pod=3)),
+                        JobSubmitted(1.0, job("H", 1, "batch", "h", 1))])
+    assert [d.job_id for d in out] == ["V"]  # preempted for P
+    assert str(sched.pending_reason("H")) == "QuotaExceeded(teams.h.max_running_jobs=1, in use 1)"
+    out = sched.handle([JobSubmitted(2.0, job("J", 2, "batch", "t", 2)),
+                        JobSubmitted(2.0, job("K", 1, "batch", "t", 2))])
+    assert [(d.job_id, placed(d)) for d in out] == [("J", {"n2": (1, 2)})]
+    assert str(sched.pending_reason("K")) == "HeldForPreemptor(P)"

@@ -616,7 +616,8 @@ def deadline_text(j: dict) -> str:
 
 def _fmt_est(j: dict) -> str:
     """A planned start as a person should read it: ``<= T`` when it rests on time limits
-    (jobs usually end before them: an upper bound unless higher-priority work arrives),
+    (jobs usually end before them: by T unless jobs that rank higher arrive or backfill
+    first; note 043 measures how often),
     ``~ T`` when on runtime estimates, ``-`` when none can be planned."""
     t = j.get("estimated_start")
     if t is None:
@@ -1465,7 +1466,8 @@ QUEUE_FIELDS: dict[str, tuple[str, Any, Any, str]] = {
     "placement": ("PLACEMENT", lambda j: j.get("placement"), lambda j: j.get("placement") or "-",
                   "node:GPUs it holds"),
     "start": ("EST. START", lambda j: j.get("estimated_start"), _fmt_est,
-              "estimated start: <= T on time limits (an upper bound), ~ T on estimates"),
+              "estimated start: <= T on time limits (by T unless jobs that rank higher arrive or backfill first), "
+              "~ T on estimates"),
     "start_basis": ("START BASIS", lambda j: j.get("estimated_start_basis"),
                     lambda j: j.get("estimated_start_basis") or "-", "what the estimate rests on"),
     "submit": ("SUBMIT", lambda j: j.get("submit_time"), lambda j: _fmt_t(j.get("submit_time")), "submit time"),

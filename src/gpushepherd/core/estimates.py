@@ -11,7 +11,9 @@ An estimate is never in the past and never "now" for a job the last pass did not
 (it is then the next instant anything is planned to change). ``basis`` says what it
 rests on: ``estimates`` (every planned end it counts on is a runtime estimate shorter
 than the job's time limit) or ``time limits`` (an upper bound: jobs usually end before
-their limits - unless higher-priority work arrives).
+their limits - unless jobs that rank higher arrive, or a job behind it backfills onto
+GPUs the plan gives it: the core reserves for the first ``backfill.reservations``
+blocked jobs only, the plan for every one; note 043).
 
 Planning is per node, on step functions of free GPUs over time (``Plan``): a
 single-node job looks at each node's few breakpoints, so planning ``P`` jobs on ``N``

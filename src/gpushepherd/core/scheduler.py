@@ -123,7 +123,7 @@ class Scheduler:
             for e in batch:
                 self._validate(e)
             book.now = t
-            self._estimates = None
+            self._forget()
             tightened = expire.windows_at(book, t)
             priority.maybe_recalc(book, t)
             for e in batch:
@@ -221,8 +221,16 @@ class Scheduler:
         self.last_pass_t = book.now
         self.resume_at = None
         self.pass_no += 1
-        self._prefix_profiles = {}
         self.last_turn = run_reference(self, out) if self.reference else cycle.run_fast(self, out)
+
+    def _forget(self) -> None:
+        """Drop what the queries worked out from the state (estimates, the claims that
+        bind a job at each place in the queue): an instant's events and pass change the
+        state, however its pass runs - in full, as ``continue_fast`` over the new jobs
+        only, as ``resume_fast``, or not at all (oracle seed 17125: a profile built before
+        a ``continue_fast`` start named a job admitted that its pass had refused)."""
+        self._estimates = None
+        self._prefix_profiles = {}
 
     def wake_at(self, t: float) -> None:
         """Ask for a pass at ``t`` (a victim comes of age, a pass cut by its budget)."""

@@ -2131,8 +2131,8 @@ class Daemon:
 
     def _estimate_view(self, job_id: str, pending: bool) -> dict[str, Any]:
         """A pending job's planned start (epoch seconds) and what it rests on
-        (``estimates`` or ``time limits``: then an upper bound unless higher-priority
-        work arrives; note 015, section 7); ``None`` when not pending or not plannable."""
+        (``estimates`` or ``time limits``: then an upper bound unless jobs that rank higher
+        arrive or backfill first; notes 015 section 7, 043); ``None`` when not pending or not plannable."""
         est = self.sched.estimated_starts().get(job_id) if pending else None
         return {"estimated_start": est.t if est is not None else None,
                 "estimated_start_basis": est.basis if est is not None else None}

@@ -209,7 +209,7 @@
         el("td", {className: "state-" + j.state}, j.state),
         el("td", {className: "reason"}, j.reason ?? ""),
         el("td", {className: "estimate", title: j.estimated_start_basis === "time limits"
-                    ? "an upper bound from time limits, unless higher-priority work arrives"
+                    ? "an upper bound from time limits, unless jobs that rank higher arrive or backfill first"
                     : "from runtime estimates"}, estimate(j)),
         el("td", {className: "num wide"}, j.priority === null || j.priority === undefined ? "-"
           : Number(j.priority).toLocaleString("en", {maximumFractionDigits: 3})),
