@@ -238,7 +238,11 @@ def test_the_window_size_follows_the_users_terminal(server, terminals):
     t.read_until("24 80")  # a new terminal's size until the user's is known
     fcntl.ioctl(t.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))  # the user resizes: SIGWINCH
     t.read_until("33 101")
+    mark = len(t.seen)
     t.type("\x03")
+    # keys typed before the shell is back are lost: the terminal's ^C flushes its input
+    # queue (a CI run on a loaded machine saw "exit 0" vanish), so wait for a new prompt
+    wait_for("the prompt after Ctrl-C", lambda: (t._read(), b"sh> " in t.seen[mark:])[1])
     t.type("exit 0\r")
     assert t.wait() == 0
 
