@@ -417,7 +417,14 @@ class Checker:
         elif rule == A.CLASS_HOLD:
             others = {c: r for c, r in book.reserved.items() if c != v.holder}
             w = _decide_with(adm, job, profile, book, "reserved", others)
-            if not later(w, lambda w: w.holder != v.holder):
+            # a share that no fresh GPU is left for can only join a card a reserved class
+            # that may take its kind opened (``Admission.never_fits``): lifting that class's
+            # reservation also lifts the card it could join, so it then never fits - the
+            # reservation is still its blocker (seed 15055)
+            joins_holder = (w.rule == A.NEVER_FITS and job.shape.mode == "share"
+                            and (book.rules.classes[v.holder].sharing is None
+                                 or job.share.kind in book.rules.classes[v.holder].sharing))
+            if not joins_holder and not later(w, lambda w: w.holder != v.holder):
                 rep.fail("c_reason", f"t={t:g}: {job.id} reads {text}; without {v.holder}'s reserved_gpus it is "
                          f"refused by rule {RULE_NAMES[w.rule]}")
         elif rule == A.CLAIMS:
