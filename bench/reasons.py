@@ -91,6 +91,48 @@ class _Counting(Report):
         super().fail(prop, text)
 
 
+class Sampler:
+    """Checks the reasons of up to ``per_call`` pending jobs of a scheduler (evenly
+    spaced in queue order) with the oracle's checks, and counts what it saw."""
+
+    def __init__(self, rules, per_call: int):
+        self.report = _Counting()
+        self.checker = Checker(SimpleNamespace(rules=rules), self.report)
+        self.per_call = per_call
+        self.by_rule: Counter = Counter()
+        self.by_reason: Counter = Counter()
+        self.wrong_by_rule: Counter = Counter()
+        self.state = {"calls": 0, "checked": 0, "wrong": 0, "check_cpu": 0.0}
+
+    def rules_changed(self, rules) -> None:
+        """A policy change in a daemon's log: the checks read the new rules."""
+        self.checker = Checker(SimpleNamespace(rules=rules), self.report)
+
+    def sample(self, sched) -> None:
+        c0 = time.process_time()
+        report, state = self.report, self.state
+        pending = list(sched.pending_jobs())
+        if pending:
+            step = max(1, len(pending) // self.per_call)
+            for job in pending[::step][:self.per_call]:
+                before = sum(v for k, v in report.counts.items() if k.startswith("fail:"))
+                v = sched.admission.decide(job, sched.profile_for(job))
+                self.checker.pending(_One(sched, job))
+                after = sum(v for k, v in report.counts.items() if k.startswith("fail:"))
+                name = RULE_NAMES.get(v.rule, str(v.rule))
+                self.by_reason[re.sub(r"\d+(\.\d+)?", "N", str(sched.pending_reason(job.id)))] += 1
+                state["checked"] += 1
+                self.by_rule[name] += 1
+                if after > before:
+                    state["wrong"] += 1
+                    self.wrong_by_rule[name] += 1
+        state["check_cpu"] += time.process_time() - c0
+
+    def result(self, **extra) -> dict:
+        return {"state": self.state, "by_rule": self.by_rule, "by_reason": self.by_reason,
+                "wrong_by_rule": self.wrong_by_rule, "report": self.report, **extra}
+
+
 def run(args) -> dict:
     from gpushepherd.policy import override_cluster, policy_from_dict, read_policy_dict
     from gpushepherd.sim.engine import Simulator
@@ -112,43 +154,59 @@ def run(args) -> dict:
     sim = Simulator(pol.rules, jobs)
     sched = sim.sched
     inner = sched.handle
-    report = _Counting()
-    checker = Checker(SimpleNamespace(rules=pol.rules), report)
-    by_rule: Counter = Counter()
-    by_reason: Counter = Counter()
-    wrong_by_rule: Counter = Counter()
-    state = {"calls": 0, "checked": 0, "wrong": 0, "check_cpu": 0.0}
+    sampler = Sampler(pol.rules, args.per_call)
 
     def handle(events):
         out = inner(events)
-        state["calls"] += 1
-        if state["calls"] % args.every:
-            return out
-        c0 = time.process_time()
-        pending = list(sched.pending_jobs())
-        if pending:
-            step = max(1, len(pending) // args.per_call)
-            for job in pending[::step][:args.per_call]:
-                before = sum(v for k, v in report.counts.items() if k.startswith("fail:"))
-                v = sched.admission.decide(job, sched.profile_for(job))
-                checker.pending(_One(sched, job))
-                after = sum(v for k, v in report.counts.items() if k.startswith("fail:"))
-                name = RULE_NAMES.get(v.rule, str(v.rule))
-                by_reason[re.sub(r"\d+(\.\d+)?", "N", str(sched.pending_reason(job.id)))] += 1
-                state["checked"] += 1
-                by_rule[name] += 1
-                if after > before:
-                    state["wrong"] += 1
-                    wrong_by_rule[name] += 1
-        state["check_cpu"] += time.process_time() - c0
+        sampler.state["calls"] += 1
+        if not sampler.state["calls"] % args.every:
+            sampler.sample(sched)
         return out
 
     sched.handle = handle
     t0 = time.process_time()
     sim.run()
-    cpu = time.process_time() - t0 - state["check_cpu"]
-    return {"state": state, "by_rule": by_rule, "by_reason": by_reason, "wrong_by_rule": wrong_by_rule, "report": report,
-            "plain_cpu": plain_cpu, "cpu": cpu, "jobs": len(jobs)}
+    cpu = time.process_time() - t0 - sampler.state["check_cpu"]
+    return sampler.result(plain_cpu=plain_cpu, cpu=cpu, jobs=len(jobs))
+
+
+def run_log(args) -> dict:
+    """The reasons of a live run: a daemon's event log (``--db``) replayed batch by batch
+    as the daemon's core took it (``report.history.replay``'s path: a policy change
+    restores the state under the new rules), every pending job checked after every
+    ``--every``-th batch."""
+    import json
+
+    from gpushepherd.core.scheduler import Scheduler
+    from gpushepherd.daemon.store import Store
+    from gpushepherd.policy import policy_from_dict
+
+    url = args.db if "://" in args.db else Store.sqlite_url(Path(args.db))
+    store = Store(url)
+    sched = sampler = None
+    jobs: set[str] = set()
+    t0 = time.process_time()
+    try:
+        for _t, kind, item in store.batches():
+            if kind == "policy":
+                rules = policy_from_dict(item, source="policy in the event log", intake=False).rules
+                if sched is None:
+                    sched, sampler = Scheduler(rules), Sampler(rules, args.per_call)
+                else:
+                    sched = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot())))
+                    sampler.rules_changed(rules)
+                continue
+            sched.handle(list(item))
+            jobs.update(j for j in sched.jobs)
+            sampler.state["calls"] += 1
+            if not sampler.state["calls"] % args.every:
+                sampler.sample(sched)
+    finally:
+        store.close()
+    if sampler is None:
+        raise SystemExit(f"bench: no policy in the event log of {args.db}: not a gpushepherd database")
+    cpu = time.process_time() - t0 - sampler.state["check_cpu"]
+    return sampler.result(plain_cpu=float("nan"), cpu=cpu, jobs=len(jobs))
 
 
 def main() -> int:
@@ -157,21 +215,32 @@ def main() -> int:
     ap.add_argument("--policy", default=str(ROOT / "examples" / "policies" / "philly.yaml"))
     ap.add_argument("--cluster", default="192x8")
     ap.add_argument("--days", default="40:47")
-    ap.add_argument("--every", type=int, default=200, help="check after every Nth handle call (default 200)")
+    ap.add_argument("--every", type=int, help="check after every Nth handle call (default 200; with --db 1)")
     ap.add_argument("--per-call", type=int, default=40, help="pending jobs checked per sampled call (default 40)")
     ap.add_argument("--plain", action="store_true", help="the policy as it is, no combined rules laid over it")
+    ap.add_argument("--db", help="a live run instead: a daemon's data directory or database URL, its event log "
+                                 "replayed batch by batch (e.g. `shepherd demo --keep --data-dir D`, then --db D)")
     args = ap.parse_args()
-    if not Path(args.trace).exists():
-        print(f"bench: trace {args.trace} not found (it lives in ../shared/traces)", file=sys.stderr)
-        return 2
+    if args.every is None:
+        args.every = 1 if args.db else 200
     if args.every < 1 or args.per_call < 1:
         print("bench: --every and --per-call must be >= 1", file=sys.stderr)
         return 2
-    r = run(args)
-    st = r["state"]
+    if args.db:
+        return report(run_log(args), f"live run {args.db}, {{jobs}} jobs, the policy in its log; checked after "
+                                     f"{'every batch' if args.every == 1 else f'every {args.every}th batch'}, "
+                                     f"up to {args.per_call} pending jobs each")
+    if not Path(args.trace).exists():
+        print(f"bench: trace {args.trace} not found (it lives in ../shared/traces)", file=sys.stderr)
+        return 2
     rules = "philly.yaml as it is" if args.plain else "philly.yaml + cohort, reservation, window, caps, preemption"
-    print(f"Philly days {args.days} at {args.cluster}, {r['jobs']} jobs, {rules}; every {args.every}th call, "
-          f"up to {args.per_call} pending jobs each")
+    return report(run(args), f"Philly days {args.days} at {args.cluster}, {{jobs}} jobs, {rules}; every "
+                             f"{args.every}th call, up to {args.per_call} pending jobs each")
+
+
+def report(r: dict, title: str) -> int:
+    st = r["state"]
+    print(title.replace("{jobs}", str(r["jobs"])))
     share = st["wrong"] / st["checked"] if st["checked"] else 0.0
     print(f"  reasons checked: {st['checked']}   wrong: {st['wrong']} ({share:.2%})")
     counts = r["report"].counts
@@ -185,8 +254,8 @@ def main() -> int:
         print(f"    {k:>7}  {text}")
     for f in r["report"].failures[:10]:
         print(f"  - {f}")
-    print(f"  replay CPU s: {r['cpu']:.1f} with reasons asked (checks excluded, {st['check_cpu']:.1f} s), "
-          f"baseline without: {r['plain_cpu']:.1f}")
+    print(f"  replay CPU s: {r['cpu']:.1f} with reasons asked (checks excluded, {st['check_cpu']:.1f} s)"
+          + (f", baseline without: {r['plain_cpu']:.1f}" if r["plain_cpu"] == r["plain_cpu"] else ""))
     return 1 if st["wrong"] else 0
 
 

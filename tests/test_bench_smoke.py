@@ -47,3 +47,29 @@ def test_estimate_accuracy_bench_runs_a_row_per_estimate_kind():
     rows = [line.split() for line in out.splitlines() if line.startswith("slurm-default")]
     assert [r[1] for r in rows] == ["limit", "1x"], out
     assert all(float(r[2]) >= 1.0 for r in rows), out  # JCT over its lower bound
+
+
+def test_reasons_bench_replays_a_daemons_log_with_epoch_times(tmp_path):
+    """`bench/reasons.py --db` checks the reasons of a live run from its event log. The
+    log here is a daemon's at epoch times, with a preemptor waiting for a victim too young
+    to evict: its reason names that instant (it read `t=1.79654e+09`, a day early)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from builders import job, policy_dict
+    from gpushepherd.daemon.store import Store
+    from gpushepherd.model.events import JobSubmitted
+
+    t0 = 1_796_541_000.25
+    store = Store(Store.sqlite_url(tmp_path))
+    try:
+        store.append_policy(t0, policy_dict([("n1", 4), ("n2", 2), ("n3", 1)],
+                                            preemption={"enabled": True, "min_runtime_s": 5.0}))
+        for name, gpus, cls, at in (("S", 2, "batch", 3), ("V", 4, "batch", 10), ("P", 4, "research-training", 11)):
+            store.append(t0 + at, [JobSubmitted(t0 + at, job(name, gpus, cls, "u", t0 + at))])
+    finally:
+        store.close()
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "reasons.py"), "--db", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = p.stdout + p.stderr
+    assert "Traceback" not in out, out
+    assert "reasons checked: 1   wrong: 0" in out and "NoPreemptibleVictims" in out, out
+    assert p.returncode == 0, out

@@ -238,6 +238,19 @@ def test_restore_changes_no_decision_on_random_mixed_workloads():
     assert bad == []
 
 
+def test_a_reasons_time_point_names_a_daemons_epoch_time_exactly():
+    # found on a live run (bench/reasons.py --db): the daemon's times are epoch seconds
+    # and `:g` printed "victims eligible at t=1.79654e+09", a day before the wake-up
+    raw, _jobs = MIN_RUNTIME
+    t0 = 1_796_541_000.25
+    sched = Scheduler(policy_from_dict(raw).rules)
+    sched.handle([JobSubmitted(t0 + 3.0, job("S", 2, "batch", "u", t0 + 3))])
+    sched.handle([JobSubmitted(t0 + 10.0, job("V", 4, "batch", "u", t0 + 10))])
+    sched.handle([JobSubmitted(t0 + 11.0, job("P", 4, "research-training", "u", t0 + 11))])
+    assert sched.next_wakeup() == t0 + 15.0
+    assert str(sched.pending_reason("P")) == "NoPreemptibleVictims(min_runtime: victims eligible at t=1796541015.25)"
+
+
 # ============================================================ observation 12
 # (the part a scenario cannot show: the wake-up at the instant a victim comes of age)
 def test_the_core_wakes_when_a_too_young_victim_becomes_one():

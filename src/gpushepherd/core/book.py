@@ -28,7 +28,7 @@ from gpushepherd.core.usage import UsageTrack
 from gpushepherd.model.decisions import Decision, Preempt, Start, Stop
 from gpushepherd.model.job import GPU_UNITS, JobState, natural_key
 from gpushepherd.model.placement import Placement
-from gpushepherd.model.reasons import PendingReason, ReasonCode
+from gpushepherd.model.reasons import PendingReason, ReasonCode, time_text
 from gpushepherd.model.rules import LimitUnit, Rules
 
 
@@ -577,8 +577,8 @@ class Book:
         end = self.now + rem
         if end > deadline:
             job.deadline_flags.append((self.now, stage, end))
-            self.log(job, job.state, job.state, f"deadline at risk ({stage}): ends at {end:g} at the earliest, "
-                     f"deadline {deadline:g}")
+            self.log(job, job.state, job.state, f"deadline at risk ({stage}): ends at {time_text(end)} at the "
+                     f"earliest, deadline {time_text(deadline)}")
 
     def alloc_names(self, job: Job) -> list[list]:
         return [[self.ledger.slots[i].node.name, list(bits(m))] for i, m in job.alloc]

@@ -16,7 +16,7 @@ from gpushepherd.core.preemption import (kept_from_borrower, lower_jobs_would_ma
                                          plan as preemption_plan, share_plan)
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, natural_key
-from gpushepherd.model.reasons import PendingReason, ReasonCode
+from gpushepherd.model.reasons import PendingReason, ReasonCode, time_text
 
 R = ReasonCode
 
@@ -153,7 +153,7 @@ def _no_victims(book, job: Job, until: float) -> PendingReason:
     """``NoPreemptibleVictims``: when a too-young victim comes of age (``until``), or why
     none may be evicted."""
     if until != INF:
-        return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, f"min_runtime: victims eligible at t={until:g}")
+        return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, f"min_runtime: victims eligible at t={time_text(until)}")
     kept = kept_from_borrower(book, job)
     if kept:
         return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, kept)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 
@@ -51,3 +52,12 @@ class PendingReason:
 
     def __str__(self) -> str:
         return f"{self.code.value}({self.detail})" if self.detail else self.code.value
+
+
+def time_text(t: float) -> str:
+    """A time point as a reason or a job's log names it: in the driver's seconds (the
+    simulator's from 0, the daemon's since the epoch), rounded up to the millisecond so
+    the instant named is never before the one meant, without trailing zeros
+    (``15``, ``60.5``, ``1796541064.201``). ``:g`` kept 6 digits: an epoch time read
+    ``1.79654e+09``, a day before the event."""
+    return f"{math.ceil(round(t * 1000, 6)) / 1000:.3f}".rstrip("0").rstrip(".")
