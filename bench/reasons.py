@@ -38,6 +38,7 @@ replay's CPU seconds beside the same replay without checks (the baseline).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -47,6 +48,7 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "philly_rfold" / "philly_trace.csv.gz"
 
 from oracle_checks import RULE_NAMES, Checker, Report  # noqa: E402
@@ -170,6 +172,72 @@ def run(args) -> dict:
     return sampler.result(plain_cpu=plain_cpu, cpu=cpu, jobs=len(jobs))
 
 
+#: the live run's policy: one 8-GPU server with the rules a small team combines
+LIVE_POLICY = """\
+name: live-reasons
+cluster:
+  nodes:
+    - {name: local, gpus: 8, gpu_type: FAKE, gpu_mem_mib: 16384}
+classes:
+  production-inference: {reserved_gpus: 1, grace_period_s: 2}
+  training: {max_gpus: 4, grace_period_s: 3}
+  batch: {max_gpus: 4, grace_period_s: 1}
+  sandbox: {max_gpus_per_user: 1}
+teams:
+  ml: {nominal_gpus: 4}
+  data: {nominal_gpus: 3}
+cohorts:
+  all: {members: [ml, data], reclaim: lower_priority}
+preemption: {enabled: true, min_runtime_s: 4}
+backfill: {enabled: true, reservations: 2}
+priority:
+  weights: {class: 1000000, fair_share: 10000, age: 1000, time_limit: 500}
+  recalc_s: 5
+"""
+
+
+def live_run(jobs: int, seed: int, base: Path) -> Path:
+    """Run ``jobs`` real jobs (``sleep``-like Python processes of 2-15 s, mixed classes,
+    teams, users and sizes, submitted over about ``jobs / 2`` seconds) through a real
+    ``shepherd server`` (the kill campaign's ``Server``: static 8-GPU inventory) under
+    ``LIVE_POLICY``, wait until every job ended, stop it; returns its data directory."""
+    import random
+
+    import httpx
+    from fault_campaign import Server
+
+    os.environ.setdefault("SHEPHERD_RUN_AS", "server")  # as in bench/api_submit.py (note 023)
+    rng = random.Random(seed)
+    srv = Server(base, LIVE_POLICY)
+    srv.wait_up(srv.spawn())
+    kinds = [("production-inference", 1, "svc", 20, 40), ("training", 4, "alice", 8, 15), ("batch", 1, "etl", 2, 8),
+             ("batch", 2, "etl", 3, 10), ("sandbox", 1, "bob", 2, 6), ("research-training", 2, "carol", 4, 12)]
+    try:
+        for n in range(jobs):
+            cls, gpus, user, lo, hi = rng.choice(kinds)
+            dur = round(rng.uniform(lo, hi), 1)
+            body = {"class": cls, "team": rng.choice(["ml", "data"]), "user": user, "gpus": gpus,
+                    "command": [sys.executable, "-c", f"import time; time.sleep({dur})"], "cwd": str(base),
+                    "time_limit_s": round(dur * rng.uniform(1.5, 3)) + 5}
+            if cls == "training":
+                body["checkpointable"] = True
+            r = httpx.post(srv.url + "/jobs", json=body, timeout=60)
+            if r.status_code not in (200, 201):
+                raise SystemExit(f"bench: submission {n} refused: {r.status_code} {r.text[:300]}")
+            time.sleep(rng.uniform(0.0, 1.0))
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            views = httpx.get(srv.url + "/jobs", timeout=60).json()
+            if all(v["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "REJECTED") for v in views):
+                break
+            time.sleep(2.0)
+        else:
+            raise SystemExit("bench: the live run's jobs did not all end within 900 s")
+    finally:
+        srv.stop()
+    return srv.data
+
+
 def run_log(args) -> dict:
     """The reasons of a live run: a daemon's event log (``--db``) replayed batch by batch
     as the daemon's core took it (``report.history.replay``'s path: a policy change
@@ -220,7 +288,16 @@ def main() -> int:
     ap.add_argument("--plain", action="store_true", help="the policy as it is, no combined rules laid over it")
     ap.add_argument("--db", help="a live run instead: a daemon's data directory or database URL, its event log "
                                  "replayed batch by batch (e.g. `shepherd demo --keep --data-dir D`, then --db D)")
+    ap.add_argument("--live", type=int, metavar="JOBS", help="run JOBS real jobs through a real server under "
+                                                             "LIVE_POLICY first, then check its log (as --db)")
+    ap.add_argument("--keep", metavar="DIR", help="with --live: the server's folder (kept; default a temporary one)")
     args = ap.parse_args()
+    if args.live:
+        import tempfile
+
+        base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="shepherd-live-"))
+        base.mkdir(parents=True, exist_ok=True)
+        args.db = str(live_run(args.live, 0, base))
     if args.every is None:
         args.every = 1 if args.db else 200
     if args.every < 1 or args.per_call < 1:

@@ -36,6 +36,7 @@ def test_fault_campaign_runs_a_few_kill_points_and_everything_holds():
     out = p.stdout + p.stderr
     assert "Traceback" not in out, out
     assert '"lost": 0' in out and '"doubled": 0' in out and '"relaunch_loops": 0' in out, out
+    assert '"refused": 0' in out and '"acknowledged": 0' not in out, out  # it checked something
     assert p.returncode == 0 and "verdict: all held" in out, out
 
 
