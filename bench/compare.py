@@ -20,7 +20,8 @@ copied:
 * ``week`` - the synthetic week of ``gpushepherd.sim.synthetic`` (requirement R4's small
   team on one 8-GPU server), ``WEEKS`` = 10 of them back to back (seeds ``--seed`` to
   ``--seed`` + 9; one week holds about 60 jobs, too few to rank by), under
-  ``examples/policies/small-team.yaml``, the clock starting on the first Monday. A baseline
+  ``examples/policies/small-team.yaml``, the clock starting on the first Monday
+  (``--cluster``, ``--days`` and ``--load`` do not apply to it). A baseline
   keeps the policy's quotas, reservations, windows and limits (they are rules of the
   core it runs on); the Slurm and Kueue rows do not preempt (their defaults) and
   ``tiresias`` preempts by attained service alone, not by class.
@@ -56,6 +57,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -114,6 +116,8 @@ def one(run: dict) -> dict:
         raw.setdefault("clock", {})["start"] = WEEK_START
         pol = policy_from_dict(raw, run["policy"])
         jobs, skipped = weeks_workload(run["seed"], WEEKS, WEEK_START), []
+        if run["estimates"] == "perfect":  # as the trace mapping's: the true duration as the estimate
+            jobs = [replace(j, spec=replace(j.spec, runtime_estimate_s=j.duration)) for j in jobs]
     else:
         pol = policy_from_dict(raw, run["policy"])
         loaded = load_trace(run["trace"], run["format"], run["map"], skip_bad_rows=run["skip_bad_rows"])
