@@ -10,14 +10,24 @@ A trace is given as ``shepherd simulate`` takes one (``--trace/--format/--map/--
 --cluster/--load/--seed/--estimates/--skip-bad-rows``, the same mapping of
 ``gpushepherd.sim.mapping``: time limits are a documented over-estimate of the true
 duration, which no scheduler sees), or as a preset (``--only``; without ``--trace``
-both presets run), read from ../shared/traces, never copied:
+all three presets run, in one run), the two traces read from ../shared/traces, never
+copied:
 
 * ``philly`` - Philly (Microsoft, Jeon et al. ATC'19): jobs submitted in days [40, 70)
   on 192 x 8 = 1,536 GPUs (the first busy month; the first 40 days hold ~300 jobs);
 * ``itp`` - Microsoft ITP cluster04 (ElasticFlow, ASPLOS'23), the largest of the ten
-  clusters (15,802 jobs, 59.5 days), on 64 x 8 = 512 GPUs (offered load about 0.95).
+  clusters (15,802 jobs, 59.5 days), on 64 x 8 = 512 GPUs (offered load about 0.95);
+* ``week`` - the synthetic week of ``gpushepherd.sim.synthetic`` (requirement R4's small
+  team on one 8-GPU server), ``WEEKS`` = 10 of them back to back (seeds ``--seed`` to
+  ``--seed`` + 9; one week holds about 60 jobs, too few to rank by), under
+  ``examples/policies/small-team.yaml``, the clock starting on the first Monday
+  (``--cluster``, ``--days`` and ``--load`` do not apply to it). A baseline
+  keeps the policy's quotas, reservations, windows and limits (they are rules of the
+  core it runs on); the Slurm and Kueue rows do not preempt (their defaults) and
+  ``tiresias`` preempts by attained service alone, not by class.
 
-Every run is under ``--policy`` (default ``examples/policies/philly.yaml``), each in
+Every run is under ``--policy`` (default ``examples/policies/philly.yaml``, for ``week``
+``small-team.yaml``; both carry the default order of design note 045), each in
 its own process (``--jobs`` at a time); ``--schedulers`` picks the rows (default: all
 but ``bestfit``, which differs only for GPU shares), ``--bf-depth`` the reservation
 depth of the Slurm rows. With ``--perfect`` the schedulers that use runtime estimates
@@ -47,17 +57,20 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "traces"
 POLICY = ROOT / "examples" / "policies" / "philly.yaml"
+WEEK_POLICY = ROOT / "examples" / "policies" / "small-team.yaml"
 PRESETS = {
     "philly": dict(label="Philly days 40-70, 192x8", trace=str(SHARED / "philly_rfold" / "philly_trace.csv.gz"),
                    format="philly", cluster="192x8", days="40:70"),
     "itp": dict(label="ITP cluster04, 64x8", trace=str(SHARED / "elasticflow_itp" / "raw" / "cluster04.csv.gz"),
                 format="itp", cluster="64x8", days=None),
+    "week": dict(label="synthetic weeks x10, small-team.yaml", trace=None, format="week", cluster=None, days=None),
 }
 
 
@@ -65,6 +78,8 @@ def _preset(name: str, cluster: str | None, days: str | None) -> dict:
     """A preset with ``--cluster`` / ``--days`` applied, its label naming what was run
     (``Philly days 40-50, 32x8``), not the preset's defaults."""
     p = dict(PRESETS[name])
+    if name == "week":
+        return p
     p["cluster"] = cluster or p["cluster"]
     p["days"] = days or p["days"]
     name_part = {"philly": "Philly", "itp": "ITP cluster04"}[name]
@@ -73,6 +88,8 @@ def _preset(name: str, cluster: str | None, days: str | None) -> dict:
     return p
 
 
+#: the synthetic weeks the ``week`` preset replays back to back
+WEEKS = 10
 SCHEDULERS = ("gpushepherd", "slurm-default", "slurm", "slurm-timelimit", "kueue", "kueue-strict", "tiresias",
               "fifo")
 USES_ESTIMATES = ("gpushepherd", "slurm-default", "slurm", "slurm-timelimit")
@@ -93,10 +110,20 @@ def one(run: dict) -> dict:
     raw = read_policy_dict(run["policy"])
     if run["cluster"]:
         raw = override_cluster(raw, run["cluster"])
-    pol = policy_from_dict(raw, run["policy"])
-    loaded = load_trace(run["trace"], run["format"], run["map"], skip_bad_rows=run["skip_bad_rows"])
-    rows = select(loaded.rows, parse_days(run["days"]) if run["days"] else None, run["load"])
-    jobs = to_sim_jobs(rows, pol.rules, seed=run["seed"], estimates=run["estimates"])
+    if run["format"] == "week":  # the synthetic week: t = 0 is its Monday 00:00 local time
+        from gpushepherd.sim.synthetic import WEEK_START, weeks_workload
+
+        raw.setdefault("clock", {})["start"] = WEEK_START
+        pol = policy_from_dict(raw, run["policy"])
+        jobs, skipped = weeks_workload(run["seed"], WEEKS, WEEK_START), []
+        if run["estimates"] == "perfect":  # as the trace mapping's: the true duration as the estimate
+            jobs = [replace(j, spec=replace(j.spec, runtime_estimate_s=j.duration)) for j in jobs]
+    else:
+        pol = policy_from_dict(raw, run["policy"])
+        loaded = load_trace(run["trace"], run["format"], run["map"], skip_bad_rows=run["skip_bad_rows"])
+        rows = select(loaded.rows, parse_days(run["days"]) if run["days"] else None, run["load"])
+        jobs = to_sim_jobs(rows, pol.rules, seed=run["seed"], estimates=run["estimates"])
+        skipped = loaded.skipped
     name = run["scheduler"]
     rules, factory = build(name, pol.rules, run["bf_depth"])
     t0 = time.perf_counter()
@@ -118,7 +145,7 @@ def one(run: dict) -> dict:
     return {
         "trace": run["label"], "scheduler": name, "estimates": run["estimates"],
         "bf_depth": rules.backfill_reservations if name in BF_DEPTH else None, "jobs": len(jobs),
-        "skipped_rows": len(loaded.skipped), "wall_s": wall,
+        "skipped_rows": len(skipped), "wall_s": wall,
         "avg_jct_h": o["jct_s"]["mean"] / 3600, "jct_over_bound": o["jct_over_lower_bound"],
         "p50_wait_h": float(np.nan_to_num(o["queueing_delay_s"]["p50"])) / 3600,
         "p99_wait_h": o["queueing_delay_s"]["p99"] / 3600,
@@ -148,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", type=float, default=1.0, help="arrival-rate factor (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the trace mapping (default 0)")
     ap.add_argument("--skip-bad-rows", action="store_true", help="skip and count invalid trace rows")
-    ap.add_argument("--policy", default=str(POLICY), help="policy file (default examples/policies/philly.yaml)")
+    ap.add_argument("--policy", help="policy file (default examples/policies/philly.yaml; for the week preset "
+                    "small-team.yaml)")
     ap.add_argument("--only", choices=sorted(PRESETS), action="append", help="run this preset only (repeatable)")
     ap.add_argument("--schedulers", default=",".join(SCHEDULERS), help="comma-separated (default: %(default)s)")
     ap.add_argument("--bf-depth", type=int, help="backfill reservations of the Slurm rows (default 1)")
@@ -175,15 +203,18 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("--bf-depth", args.bf_depth, "a reservation depth >= 1")
     if args.trace and args.only:
         return _fail("--only", args.only[0], "a preset, without --trace")
-    common = dict(policy=args.policy, seed=args.seed, map=args.map, skip_bad_rows=args.skip_bad_rows, load=args.load,
-                  bf_depth=args.bf_depth)
+    common = dict(policy=args.policy or str(POLICY), seed=args.seed, map=args.map, skip_bad_rows=args.skip_bad_rows,
+                  load=args.load, bf_depth=args.bf_depth)
     if args.trace:
         traces = [dict(common, label=Path(args.trace).name + (f" {args.cluster}" if args.cluster else ""),
                        trace=args.trace, format=args.format, cluster=args.cluster, days=args.days)]
     else:
         traces = [dict(common, **_preset(t, args.cluster, args.days)) for t in (args.only or PRESETS)]
+        for tr in traces:
+            if tr["format"] == "week" and not args.policy:
+                tr["policy"] = str(WEEK_POLICY)
     for tr in traces:
-        if not Path(tr["trace"]).exists():
+        if tr["trace"] is not None and not Path(tr["trace"]).exists():
             return _fail("--trace", tr["trace"], "a trace file that exists (the presets read ../shared/traces)")
     out = Path(args.out)
     try:  # the output folder and the jsonl file must be writable before minutes of runs
@@ -242,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     md = table(rows)
     (out / "compare.md").write_text(md)
     (out / "compare.json").write_text(json.dumps(rows, indent=1))
-    plot(rows, out / "compare.png")
+    if rows:
+        plot(rows, out / "compare.png")
     print(md)
     print(f"wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}")
     if failed:

@@ -20,7 +20,8 @@ cohort's nominal / borrowing / lending limits per type, note 038), classes with 
 periods, max runtimes, anti-affinity, sharing kinds, NVLink islands required, time windows (Europe/Berlin or
 America/New_York starting at local midnight of a DST change, ``drain`` or
 ``checkpoint-and-stop``), multifactor priority (fair-share, age, time limit) with a
-recalculation period, preemption with a minimum runtime, backfill depth 0-3, MIG
+recalculation period and the top class as a hard tier (note 045), preemption with a
+minimum runtime, backfill depth 0-3, MIG
 reconfiguration and runtime prediction; jobs of every class - gangs, ``same_node``,
 ``require_island`` (over its class's), time limits, estimates exact / over / under the
 true duration or none, shares (fraction, memory only, time-slicing, MPS, MIG), node
@@ -215,6 +216,14 @@ def build(src, share_preemption: bool = True) -> Workload:
     jobs = _later_jobs(src, jobs)
     if share_preemption:
         jobs = _share_preemption(src, scale, raw, rules, jobs)
+    # drawn last (note 045): the top class as a hard tier of the order, at times with the
+    # class weight 0 (the bundled default order), so that weights and nice may pass classes
+    if src.chance(0.25):
+        prio = raw.setdefault("priority", {})
+        prio["top_class_tier"] = True
+        if src.chance(0.5):
+            prio.setdefault("weights", {})["class"] = 0.0
+        rules = policy_from_dict(raw).rules
     return Workload(raw, jobs, events, rules=rules)
 
 

@@ -7,7 +7,8 @@ each factor in [0, 1]; ``nice`` is the job's own adjustment in score points (Slu
 ``nice``, an admin's nudge when negative; note 039). The queue is ordered by
 ``(-score, submit time, job id)``; scores are recomputed every ``priority.recalc_s`` (at
 its multiples), as Slurm's ``PriorityCalcPeriod``. ``urgency`` is least-laxity-first for
-jobs at risk of missing their deadline (note 034).
+jobs at risk of missing their deadline (note 034). Under ``priority.top_class_tier`` the
+top class's jobs come before all others whatever their scores (note 045).
 """
 
 from __future__ import annotations
@@ -99,12 +100,21 @@ def _slack(book, spec: JobSpec, cls, estimate: float | None, at: float | None = 
     return spec.deadline - max(book.now if at is None else at, spec.submit_time) - (need or 0.0)
 
 
+def tier(book, cls) -> int:
+    """A job's priority tier: 0 for the top class (the highest class priority) under
+    ``priority.top_class_tier``, else 1. Lower tiers are ordered first, whatever the
+    scores (Slurm's partition ``PriorityTier``; note 045)."""
+    return 0 if book.rules.priority.top_class_tier and cls.priority >= book.max_prio else 1
+
+
 def order_key(book, spec: JobSpec, cls, estimate: float | None = None) -> tuple:
-    """Queue order: priority (high first), then submit time, then job id."""
+    """Queue order: tier (``tier``), then priority (high first), then submit time, then
+    job id."""
     pr = book.rules.priority
     if not (pr.dynamic or pr.size_weight or pr.time_limit_weight):
-        return (spec.nice - pr.class_weight * cls.priority / book.max_prio, spec.submit_time, natural_key(spec.id))
-    return (-factors(book, spec, cls, estimate)["priority"], spec.submit_time, natural_key(spec.id))
+        return (tier(book, cls), spec.nice - pr.class_weight * cls.priority / book.max_prio, spec.submit_time,
+                natural_key(spec.id))
+    return (tier(book, cls), -factors(book, spec, cls, estimate)["priority"], spec.submit_time, natural_key(spec.id))
 
 
 def by_class_alone(book) -> bool:

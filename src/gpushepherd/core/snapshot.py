@@ -18,6 +18,7 @@ from gpushepherd.core import typed
 from gpushepherd.core.intake import make_job
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.lifecycle import unmanaged_gpus
+from gpushepherd.core.priority import tier
 from gpushepherd.core.state import Transition
 from gpushepherd.core.usage import UsageTrack
 from gpushepherd.model.cluster import Node
@@ -51,7 +52,7 @@ def snapshot(book) -> dict:
             "victims": sorted(job.victims),
             "plan": [[book.ledger.slots[i].node.name, c] for i, c in job.plan],
             "hold_gpus": [[book.ledger.slots[i].node.name, list(bits(m))] for i, m in sorted(job.hold_gpus.items())],
-            "score": -job.key[0],
+            "score": -job.key[1],  # key: (tier, -score, submit time, id)
             "run_units": job.run_units if job.state.holds_gpus else None,
             "covered": job.covered if job.state.holds_gpus else None,
             "start_no": job.start_no if job.state.holds_gpus else None,
@@ -164,7 +165,7 @@ def restore_into(sched, snap: dict) -> None:
                 heapq.heappush(book.idle_timers, (tr.idle_since + rule.after_s, job.seq, job.runs, spec.id,
                                                     tr.idle_since))
         if "score" in raw:  # the score it was queued with (computed at submit or the last recalc)
-            job.key = (-float(raw["score"]), spec.submit_time, natural_key(spec.id))
+            job.key = (tier(book, job.cls), -float(raw["score"]), spec.submit_time, natural_key(spec.id))
         state = JobState(raw["state"])
         job.history.append(Transition(book.now, "", state.value, "restored", 0))
         if state is JobState.PENDING:

@@ -204,6 +204,9 @@ class PriorityRules:
     #: least-slack-first for jobs at risk of missing their deadline (note 034)
     deadline_weight: float = 0.0
     deadline_horizon_s: float = 86400.0
+    #: jobs of the top class are ordered before all others, whatever their scores (a
+    #: hard tier, as Slurm's partition ``PriorityTier``; note 045)
+    top_class_tier: bool = False
 
     @property
     def dynamic(self) -> bool:

@@ -521,6 +521,7 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
             fair_share_level=spec.fair_share.level,
             deadline_weight=spec.priority.weights.deadline,
             deadline_horizon_s=spec.priority.deadline_horizon_s,
+            top_class_tier=spec.priority.top_class_tier,
         ),
         pricing=pricing,
         allowed_classes={n: tuple(dict.fromkeys(t.allowed_classes)) for n, t in spec.teams.items()

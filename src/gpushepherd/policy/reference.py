@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel
 
 from gpushepherd.policy.load import STANDARD_CLASSES
-from gpushepherd.policy.schema import PolicySpec
+from gpushepherd.policy.schema import DEFAULT_ORDER, PolicySpec
 
 #: how to regenerate the file (the stale-file test says it)
 COMMAND = "shepherd policy reference > docs/policy.md"
@@ -42,7 +42,9 @@ _PATTERNS = {
 #: worked examples: (title, what it shows, a whole policy); the tests compile each one
 EXAMPLES: list[tuple[str, str, dict[str, Any]]] = [
     ("Requirement R4: one 8-GPU server shared by a small team",
-     "Production inference keeps 2 GPUs reserved; training holds at most 4; batch at most 2 by day and 6 at night "
+     "Production inference keeps 2 GPUs reserved and comes first in the queue (a hard tier); the other classes "
+     "are ordered by shortest time limit with age lifting any job that waits (the bundled default order, design "
+     "note 045); training holds at most 4; batch at most 2 by day and 6 at night "
      "and at weekends, checkpointed and stopped when the day starts; sandbox 1 GPU per user for at most 8 hours.",
      {"name": "small-team", "clock": {"timezone": "Europe/Berlin"},
       "cluster": {"nodes": [{"name": "gpu-server-1", "gpus": 8, "gpu_type": "H100-80GB", "gpu_mem_mib": 81920,
@@ -55,7 +57,8 @@ EXAMPLES: list[tuple[str, str, dict[str, Any]]] = [
                   "sandbox": {"max_gpus_per_user": 1, "max_runtime_s": 28800}},
       "teams": {"ml-platform": {}, "research": {"nominal_gpus": 4, "max_gpus": 6},
                 "data": {"nominal_gpus": 2, "max_gpus": 4}},
-      "preemption": {"enabled": True, "min_runtime_s": 300}}),
+      "preemption": {"enabled": True, "min_runtime_s": 300}, "backfill": {"enabled": True},
+      "priority": DEFAULT_ORDER}),
     ("Cohorts: teams lend each other idle quota (Kueue)",
      "`ml` and `vision` are guaranteed 4 GPUs each of the training pool and may borrow what the other does not "
      "use; `vision` lends at most 2 of its 4 and `ml` borrows at most 2. A member that needs its nominal quota "

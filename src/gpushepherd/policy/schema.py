@@ -649,9 +649,20 @@ class WeightsSpec(_Strict):
         "above one of theirs.", 200000.0))
 
 
+#: The order every bundled policy carries (``examples/policies/*.yaml``, the demo policies;
+#: design note 045): the top class first as a hard tier, the others by shortest time limit
+#: (or prediction) with age lifting any job that waits, recomputed hourly. Not the
+#: schema's defaults (class order alone), which earlier policies and scenarios rely on.
+DEFAULT_ORDER: dict = {"top_class_tier": True, "weights": {"class": 0, "time_limit": 1_000_000, "age": 100_000},
+                       "max_age_s": 172_800, "recalc_s": 3_600}
+
+
 class PrioritySpec(_Strict):
     """Multifactor priority (Slurm's priority/multifactor): jobs are ordered by the
-    weighted sum of their factors, then submit time, then job id."""
+    weighted sum of their factors, then submit time, then job id. Without this section
+    the order is class alone; the bundled policies all carry ``DEFAULT_ORDER`` (design
+    note 045): ``{top_class_tier: true, weights: {class: 0, time_limit: 1000000, age:
+    100000}, max_age_s: 172800, recalc_s: 3600}``."""
 
     weights: WeightsSpec = Field(default_factory=WeightsSpec, **doc(
         "The factors' weights.", {"class": 1000000, "fair_share": 10000, "age": 1000}))
@@ -663,6 +674,10 @@ class PrioritySpec(_Strict):
                                             300.0, SECONDS))
     deadline_horizon_s: PosFloat = Field(86400.0, **doc(
         "The slack under which a job with a deadline counts as at risk (`weights.deadline`).", 21600.0, SECONDS))
+    top_class_tier: bool = Field(False, **doc(
+        "Order the jobs of the top class (the highest class priority: production inference unless a policy adds "
+        "a higher class) before all other jobs, whatever their scores: a hard tier, as Slurm's partition "
+        "`PriorityTier`, so that the other weights may order the remaining classes freely (note 045).", True))
 
 
 class FairShareSpec(_Strict):

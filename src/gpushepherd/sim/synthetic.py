@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from datetime import date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
@@ -153,3 +154,28 @@ def week_workload(seed: int = 0, start: str = WEEK_START) -> list[SimJob]:
 
     jobs.sort(key=lambda j: (j.spec.submit_time, j.spec.id))
     return jobs
+
+
+def weeks_workload(seed: int = 0, weeks: int = 1, start: str = WEEK_START) -> list[SimJob]:
+    """``weeks`` weeks back to back, week ``k`` drawn by ``week_workload(seed + k)`` from
+    its own Monday (``start`` + ``k`` weeks, local time) and shifted to seconds from
+    ``start``; with more than one week each id is prefixed ``w<k>-``. One week's
+    services end at the next Monday 00:00, when the next week's replicas are submitted.
+    What ``bench/compare.py --only week`` replays (design note 045): one week holds
+    about 60 jobs, too few to rank schedulers by.
+
+    Raises:
+        ValueError: ``weeks`` below 1, or ``start`` not a Monday 00:00 local time.
+    """
+    if weeks < 1:
+        raise ValueError(f"weeks: {weeks!r} is not allowed: at least 1")
+    t0 = week_start(start)
+    out: list[SimJob] = []
+    for k in range(weeks):
+        tk = t0 + timedelta(days=7 * k)  # wall-clock arithmetic: Monday 00:00 local time again
+        shift = round(tk.timestamp() - t0.timestamp())
+        for job in week_workload(seed + k, tk.replace(tzinfo=None).isoformat()):
+            spec = job.spec if weeks == 1 else replace(job.spec, id=f"w{k}-{job.spec.id}",
+                                                          submit_time=job.spec.submit_time + shift)
+            out.append(replace(job, spec=spec))
+    return out
