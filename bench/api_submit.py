@@ -393,9 +393,11 @@ def main() -> None:
     print("definitions: round trip = POST /jobs sent -> response (after the event-log commit and the core's "
           "handling); start decision = POST sent -> the Scheduler.handle call that emitted the job's Start "
           "returned (same call as its submission: 'at once'; a later call: queueing, not scheduler latency)")
-    print(f"  sustained:                      {n / span:8.0f} submissions/s   (target >= 2,000, issue 16; Slurm documents 500)")
+    print(f"  sustained:                      {n / span:8.0f} submissions/s   "
+          "(target >= 2,000, issue 16; Slurm documents 500)")
     print(f"  submit round trip:              {ms([t1 - t0 for t0, t1, _j, _s in res])}")
-    print(f"  submit -> start, at once:       {ms([started[j] - sent[j] for j in at_once])}   (target p99 <= 50 ms, issue 16)")
+    print(f"  submit -> start, at once:       {ms([started[j] - sent[j] for j in at_once])}   "
+          "(target p99 <= 50 ms, issue 16)")
     print(f"  submit -> start, queued:        {ms([started[j] - sent[j] for j in started if j not in at_once])}")
     print(f"  not started by the end:         {n - len(started)}")
     print(f"  server CPU {srv_cpu / wall * 100:5.0f}% of one core ({srv_cpu / n * 1e3:.2f} ms per submission), "
