@@ -1,0 +1,93 @@
+"""A submission without a token to a server without tokens (note 032): the API leaves
+the tokens' read to the loop step that takes it, one read for the step's submissions;
+a token created meanwhile by another process or connection on the same database still
+refuses it (401, nothing applied), as when the API read it on arrival. In-process
+server (``Daemon`` + ``make_app`` under Starlette's test client) on SQLite."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from builders import in_process_api
+
+from gpushepherd.daemon.server import TokenRequired
+from gpushepherd.daemon.store import Store
+from gpushepherd.model.job import JobSpec
+
+POLICY = """\
+name: open-check
+cluster:
+  nodes:
+    - {name: local, gpus: 8, gpu_type: FAKE, gpu_mem_mib: 16384}
+classes:
+  batch: {grace_period_s: 1}
+teams:
+  research: {}
+"""
+ARGV = [sys.executable, "-c", "pass"]
+SPEC = JobSpec(id="", team="research", workload_class="batch", gpus=1)
+
+
+@pytest.fixture
+def api(tmp_path):
+    with in_process_api(tmp_path, POLICY) as client:
+        yield client
+
+
+def body(tmp_path, **kw) -> dict:
+    return {"class": "batch", "team": "research", "command": ARGV, "cwd": str(tmp_path), **kw}
+
+
+def other_connection_creates_a_token(d) -> str:
+    """As ``shepherd token create`` does from another process: its own ``Store``."""
+    other = Store(d.store.url)
+    try:
+        return other.create_token("ana", ["research"])[1]
+    finally:
+        other.close()
+
+
+def test_a_token_less_submission_is_401_once_another_connection_created_a_token(api, tmp_path):
+    d = api.daemon
+    assert api.post("/jobs", json=body(tmp_path)).status_code == 201  # open: no token yet
+    assert d.store.never_had_tokens_cached()  # so the next one goes to the loop unchecked
+    token = other_connection_creates_a_token(d)
+    jobs_before = d.store.job_ids()
+    r = api.post("/jobs", json=body(tmp_path))
+    assert r.status_code == 401 and r.json()["detail"].startswith("no token:")
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert d.store.job_ids() == jobs_before  # nothing of it applied
+    assert not d.store.never_had_tokens_cached()  # the step's read: later requests are checked on arrival
+    assert api.post("/jobs", json=body(tmp_path)).status_code == 401
+    r = api.post("/jobs", json=body(tmp_path, user="ana"), headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 201
+
+
+def test_the_step_reads_the_tokens_once_for_all_its_unchecked_submissions(api, tmp_path, monkeypatch):
+    d = api.daemon
+    assert api.post("/jobs", json=body(tmp_path)).status_code == 201
+    reads = []
+    real = d.store.tokens_version
+    monkeypatch.setattr(d.store, "tokens_version", lambda: reads.append(1) or real())
+    with d.lock:  # all queued before the loop's next step takes them
+        futs = [d.submit_future(SPEC, ARGV, cwd=str(tmp_path), open_check=True) for _ in range(5)]
+        checked = d.submit_future(SPEC, ARGV, cwd=str(tmp_path))
+    ids = [f.result(timeout=30)["id"] for f in futs + [checked]]
+    assert len(set(ids)) == 6 and all(d.store.job_row(j) is not None for j in ids)
+    assert len(reads) == 1
+
+
+def test_a_token_created_while_submissions_wait_refuses_only_the_unchecked_ones(api, tmp_path):
+    d = api.daemon
+    assert api.post("/jobs", json=body(tmp_path)).status_code == 201
+    with d.lock:  # queued before the token exists; the step takes them after
+        unchecked = [d.submit_future(SPEC, ARGV, cwd=str(tmp_path), open_check=True) for _ in range(3)]
+        checked = d.submit_future(SPEC, ARGV, cwd=str(tmp_path))  # e.g. the Unix socket's: checked on arrival
+        other_connection_creates_a_token(d)
+        before = d.next_num
+    for fut in unchecked:
+        with pytest.raises(TokenRequired):
+            fut.result(timeout=30)
+    assert checked.result(timeout=30)["id"] == str(before)
+    assert d.next_num == before + 1  # the refused ones took no job number
