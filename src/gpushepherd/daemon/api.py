@@ -827,11 +827,12 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             idem = (scope, idempotency_key, digest)
         try:
             array = (body.array, *parse_array(body.array), body.max_retries) if body.array is not None else None
-            fut = daemon.submit_future(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
-                                       array=array, idempotency=idem, defer=body.defer(), who=who, pty=body.pty,
-                                       open_check=unconfirmed)
-            # shielded: a timeout must not cancel the future the loop will complete
-            out = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), SUBMIT_TIMEOUT_S)
+            answer = asyncio.get_running_loop().create_future()  # settled by the loop thread (Command.aio)
+            daemon.submit_future(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
+                                 array=array, idempotency=idem, defer=body.defer(), who=who, pty=body.pty,
+                                 open_check=unconfirmed, aio=(asyncio.get_running_loop(), answer))
+            # a timeout cancels ``answer`` only: the loop completes the submission all the same
+            out = await asyncio.wait_for(answer, SUBMIT_TIMEOUT_S)
         except TokenRequired:  # a token was created before the submission arrived
             raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"}) from None
         except SpecError as exc:

@@ -188,12 +188,55 @@ class Command(Future):
     "token_id", "uid", "address"}``; ``None``: not audited, e.g. an engine's own cancel):
     the loop writes the command's audit row (note 023) in the transaction of the command."""
 
-    def __init__(self, who: dict | None = None, open_check: bool = False):
+    def __init__(self, who: dict | None = None, open_check: bool = False, aio: tuple | None = None):
         super().__init__()
         self.who = who
         #: sent without a token to a server that was open at the API's last look: the step
         #: confirms that no token exists now before taking it (note 032)
         self.open_check = open_check
+        #: ``(event loop, asyncio future)`` the API awaits: settled with this future, by a
+        #: call on that loop - one call for all the answers of a step (``answer_all``, note 032)
+        self.aio = aio
+
+    def set_result(self, result: Any) -> None:
+        super().set_result(result)
+        self._settle_aio([(self, result, None)])
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        super().set_exception(exception)
+        self._settle_aio([(self, None, exception)])
+
+    def _settle_aio(self, items: list[tuple]) -> None:
+        if self.aio is not None and not self.aio[0].is_closed():
+            self.aio[0].call_soon_threadsafe(_settle, [(c.aio[1], result, exc) for c, result, exc in items])
+
+
+def _settle(items: list[tuple]) -> None:
+    """On the event loop: ``(asyncio future, result, exception)`` each; a future the
+    API gave up on (its timeout cancelled it) is left alone."""
+    for afut, result, exc in items:
+        if not afut.done():
+            if exc is not None:
+                afut.set_exception(exc)
+            else:
+                afut.set_result(result)
+
+
+def answer_all(answers: list[tuple[Future, Any]]) -> None:
+    """Set the result of each ``(future, value)``; the asyncio futures of ``Command``s
+    (``Command.aio``) are settled by one call per event loop, not one per answer: each
+    call wakes the loop, which then takes the GIL from the thread still answering
+    (note 032)."""
+    by_loop: dict[Any, list[tuple]] = {}
+    for fut, value in answers:
+        aio = getattr(fut, "aio", None)
+        if aio is None:
+            fut.set_result(value)
+            continue
+        Future.set_result(fut, value)  # the concurrent future alone; its asyncio one below
+        by_loop.setdefault(aio[0], []).append((fut, value, None))
+    for items in by_loop.values():
+        items[0][0]._settle_aio(items)
 
 
 class TokenRequired(PermissionError):
@@ -1051,10 +1094,12 @@ class Daemon:
                       env: dict[str, str] | None = None, cwd: str,
                       array: tuple[str, list[int], int, int] | None = None,
                       idempotency: tuple[str, str, str] | None = None, defer: dict | None = None,
-                      who: dict | None = None, pty: bool = False, open_check: bool = False) -> Future:
+                      who: dict | None = None, pty: bool = False, open_check: bool = False,
+                      aio: tuple | None = None) -> Future:
         """Queue a submission for the loop and return at once: the future gets
         ``submit_view``'s result or its ``SpecError`` when the loop step that took it
-        ends (the API awaits it through ``asyncio.wrap_future``, without a thread).
+        ends. ``aio``: ``(event loop, asyncio future)`` settled with it, on that loop (the
+        API awaits that one, without a thread; ``Command.aio``).
         Never cancel it: the loop sets its result.
 
         ``idempotency``: ``(scope, key, body hash)`` of an ``Idempotency-Key`` (note
@@ -1076,10 +1121,11 @@ class Daemon:
         last look (note 032): the step that takes it reads the tokens' version once for
         all such commands, after they were queued, and refuses them with
         ``TokenRequired`` when a token exists by then."""
-        fut: Future = Command(who, open_check)
+        fut: Future = Command(who, open_check, aio)
         self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array, idempotency, defer, pty),
                            fut))
-        self.wake.set()
+        if not self.wake.is_set():  # queued first: a step after any clear of it takes the command
+            self.wake.set()
         return fut
 
     def cancel(self, job_id: str, timeout: float = 60.0, who: dict | None = None) -> str:
@@ -1484,9 +1530,7 @@ class Daemon:
         self.metrics.observe(now, core_batch, decisions)
         # every answer first, then the futures in one go: each completion wakes the event
         # loop, which then takes the GIL; woken once per step, not once per answer (note 032)
-        answers = [(fut, value() if callable(value) else value) for fut, value in replies if not fut.done()]
-        for fut, value in answers:
-            fut.set_result(value)
+        answer_all([(fut, value() if callable(value) else value) for fut, value in replies if not fut.done()])
         touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None)
                    for e in core_batch}
         touched |= {d.job_id for d in decisions}

@@ -1,7 +1,8 @@
-"""A submission without a token to a server without tokens (note 032): the API leaves
-the tokens' read to the loop step that takes it, one read for the step's submissions;
-a token created meanwhile by another process or connection on the same database still
-refuses it (401, nothing applied), as when the API read it on arrival. In-process
+"""The submission path's shortcuts (note 032). A submission without a token to a server
+without tokens: the API leaves the tokens' read to the loop step that takes it, one read
+for the step's submissions; a token created meanwhile by another process or connection
+on the same database still refuses it (401, nothing applied), as when the API read it
+on arrival. A step's answers: one call on the event loop for all of them. In-process
 server (``Daemon`` + ``make_app`` under Starlette's test client) on SQLite."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 import pytest
 from builders import in_process_api
 
-from gpushepherd.daemon.server import TokenRequired
+from gpushepherd.daemon.server import Command, TokenRequired, answer_all
 from gpushepherd.daemon.store import Store
 from gpushepherd.model.job import JobSpec
 
@@ -91,3 +92,46 @@ def test_a_token_created_while_submissions_wait_refuses_only_the_unchecked_ones(
             fut.result(timeout=30)
     assert checked.result(timeout=30)["id"] == str(before)
     assert d.next_num == before + 1  # the refused ones took no job number
+
+
+class RecordingLoop:
+    """An event loop's ``call_soon_threadsafe`` that runs the call at once and counts it."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def is_closed(self) -> bool:
+        return False
+
+    def call_soon_threadsafe(self, fn, *args):
+        self.calls += 1
+        fn(*args)
+
+
+class Settled:
+    """An asyncio future's two setters and ``done``, recording what was set."""
+
+    def __init__(self, cancelled: bool = False):
+        self.value, self.exc, self.cancelled = None, None, cancelled
+
+    def done(self) -> bool:
+        return self.cancelled or self.value is not None or self.exc is not None
+
+    def set_result(self, value):
+        self.value = value
+
+    def set_exception(self, exc):
+        self.exc = exc
+
+
+def test_a_steps_answers_reach_each_event_loop_in_one_call():
+    loops = [RecordingLoop(), RecordingLoop()]
+    aios = [Settled(), Settled(), Settled(cancelled=True), Settled()]  # the third timed out (cancelled)
+    cmds = [Command(aio=(loops[i // 3], a)) for i, a in enumerate(aios)] + [Command()]  # the last: no aio
+    answer_all([(c, {"id": str(i)}) for i, c in enumerate(cmds)])
+    assert [c.result(timeout=0) for c in cmds] == [{"id": str(i)} for i in range(5)]
+    assert [a.value for a in aios] == [{"id": "0"}, {"id": "1"}, None, {"id": "3"}]
+    assert [lp.calls for lp in loops] == [1, 1]
+    refused = Command(aio=(loops[0], Settled()))
+    refused.set_exception(TokenRequired("no token"))  # a refusal outside answer_all: its own call
+    assert isinstance(refused.aio[1].exc, TokenRequired) and loops[0].calls == 2
