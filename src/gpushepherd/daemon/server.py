@@ -208,7 +208,10 @@ class Command(Future):
 
     def _settle_aio(self, items: list[tuple]) -> None:
         if self.aio is not None and not self.aio[0].is_closed():
-            self.aio[0].call_soon_threadsafe(_settle, [(c.aio[1], result, exc) for c, result, exc in items])
+            try:
+                self.aio[0].call_soon_threadsafe(_settle, [(c.aio[1], result, exc) for c, result, exc in items])
+            except RuntimeError:  # the loop closed meanwhile (the server stopping): nobody awaits them
+                pass
 
 
 def _settle(items: list[tuple]) -> None:
