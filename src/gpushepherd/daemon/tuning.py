@@ -10,8 +10,9 @@ for the switch interval. ``tune_server_process`` sets, once the daemon has start
   generation of ``GC_THRESHOLD[0]`` objects instead of 700 - each request allocates
   hundreds of containers, and the default made a collection every few requests and a
   full one over the whole job table every few thousand;
-* the switch interval: ``SWITCH_INTERVAL_S`` instead of 5 ms, so a thread back from
-  a short GIL-free call (a statement of a few rows) waits less for the GIL.
+* the switch interval: ``SWITCH_INTERVAL_S`` (``None``: Python's 5 ms, kept - 0.5 ms,
+  meant to shorten a thread's wait for the GIL after a short GIL-free call, measured no
+  better in CPU per submission or in latency; ``bench/api_submit.py --switch-interval``).
 
 Process-wide: called by the server's command and by ``bench/api_submit.py``, never by
 the ``Daemon`` itself (a test process holding many daemons keeps the defaults).
@@ -24,8 +25,8 @@ import sys
 
 #: ``gc.set_threshold`` of the server process (the default is ``(700, 10, 10)``)
 GC_THRESHOLD = (20_000, 20, 10)
-#: ``sys.setswitchinterval`` of the server process, seconds (the default is 0.005)
-SWITCH_INTERVAL_S = 0.0005
+#: ``sys.setswitchinterval`` of the server process, seconds; ``None``: Python's (0.005)
+SWITCH_INTERVAL_S: float | None = None
 
 
 def tune_server_process(switch_interval_s: float | None = SWITCH_INTERVAL_S, gc_tuned: bool = True) -> None:
