@@ -11,21 +11,12 @@ import sys
 
 import pytest
 from builders import in_process_api
+from test_regressions_api import POLICY  # one 8-GPU node, class batch, team research
 
 from gpushepherd.daemon.server import Command, TokenRequired, answer_all
 from gpushepherd.daemon.store import Store
 from gpushepherd.model.job import JobSpec
 
-POLICY = """\
-name: open-check
-cluster:
-  nodes:
-    - {name: local, gpus: 8, gpu_type: FAKE, gpu_mem_mib: 16384}
-classes:
-  batch: {grace_period_s: 1}
-teams:
-  research: {}
-"""
 ARGV = [sys.executable, "-c", "pass"]
 SPEC = JobSpec(id="", team="research", workload_class="batch", gpus=1)
 
