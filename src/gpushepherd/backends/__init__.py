@@ -116,7 +116,7 @@ class RunFiles:
 
     def run_dir(self, job_id: str, run: int) -> Path:
         """``<data>/runs/<job>/<run>``: the run's stdout, stderr and exit file."""
-        return self.data_dir / "runs" / job_id / str(run)
+        return Path(os.path.join(self.data_dir, "runs", job_id, str(run)))  # one Path, not three joins (note 032)
 
     def checkpoint_dir(self, job_id: str) -> Path:
         """``<data>/checkpoints/<job>``: ``SHEPHERD_CHECKPOINT_DIR``, kept across runs."""

@@ -1051,6 +1051,9 @@ def register(app: typer.Typer) -> None:
                     err.print(f"error: --socket {unix}: cannot listen there: {exc.strerror or exc}", soft_wrap=True)
                     raise typer.Exit(2) from None
             app_ = make_app(daemon, auth_required=auth == "required")
+            from gpushepherd.daemon.tuning import tune_server_process
+
+            tune_server_process()  # the garbage collector's settings (note 032)
             guarded = guarded_protocol(header_timeout, max(30.0, header_timeout), max_connections)
             # WebSockets (a pty job's terminal, note 041) by the websockets package, sans-I/O
             from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol

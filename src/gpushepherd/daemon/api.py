@@ -47,8 +47,8 @@ from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
 from gpushepherd.durations import api_seconds
 from gpushepherd.daemon.arrays import parse_array
-from gpushepherd.daemon.auth import (METRICS_PATH, NO_MEMBERS, Membership, Principal, is_member, membership_of,
-                                    socket_principal)
+from gpushepherd.daemon.auth import (METRICS_PATH, NO_MEMBERS, NO_TOKEN, Membership, Principal, is_member,
+                                    membership_of, socket_principal)
 from gpushepherd.daemon.cgroups import MIN_MEM_MIB
 from gpushepherd.daemon.deps import BEGIN_RULE, DEPENDENCY_RULE, parse_begin, parse_dependency
 from gpushepherd.daemon.jobpages import (MAX_PAGE_LIMIT, PAGE_LIMIT, JobIndex, decode_cursor, encode_cursor,
@@ -58,7 +58,7 @@ from gpushepherd.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpushepherd.daemon.metrics import ResponseCount
 from gpushepherd.daemon.policy_change import PolicyConflict
 from gpushepherd.daemon.report_api import mount_report
-from gpushepherd.daemon.server import Daemon, IdempotencyConflict, JobActionRefused
+from gpushepherd.daemon.server import Daemon, IdempotencyConflict, JobActionRefused, TokenRequired
 from gpushepherd.daemon.store import StorageUnavailable, audit_row, storage_reason
 from gpushepherd.daemon.terminal import async_deliver
 from gpushepherd.daemon.ui import mount_ui
@@ -92,6 +92,9 @@ MAX_IDEMPOTENCY_KEY = 255
 _IDEM_KEY = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_IDEMPOTENCY_KEY)
 #: routes open without a token, as probes are (note 019)
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+#: the ASGI scope key ``principal`` sets on a token-less submission to a server open at the
+#: last look: the loop step confirms no token exists (``Command.open_check``, note 032)
+OPEN_CHECK_KEY = "gpushepherd.open_check"
 #: seconds ``/readyz`` waits for its database read (then the store check fails)
 READY_STORE_TIMEOUT_S = 5.0
 #: the largest host memory limit of a job, MiB (1 PiB), and CPU limit
@@ -647,6 +650,13 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         """
         if request.url.path in PROBE_PATHS:
             return None  # a probe reads no job and sends no token
+        if cred is None and not auth_required and request.scope.get(PEER_KEY) is None \
+                and request.scope.get("method") == "POST" and request.url.path == "/jobs" \
+                and daemon.store.never_had_tokens_cached():
+            # a submission without a token to a server open at the last look: the loop step
+            # that takes it reads the tokens, once for the step's submissions (note 032)
+            request.scope[OPEN_CHECK_KEY] = True
+            return None
         active = daemon.store.active_tokens_cached()
         auth_on = bool(active) or auth_required or daemon.store.had_tokens_cached()
         peer = request.scope.get(PEER_KEY)
@@ -656,8 +666,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             return None  # never had a token: open (loopback only); revoking every token never reopens it
         p = daemon.store.authenticate(cred.credentials, active) if cred is not None else None
         if p is None:
-            why = "no token: send 'Authorization: Bearer TOKEN' (shepherd ... --token, or $SHEPHERD_TOKEN)" \
-                if cred is None else "the token is unknown or revoked"
+            why = NO_TOKEN if cred is None else "the token is unknown or revoked"
             if cred is not None:
                 audit_token(request, None, why)
             raise HTTPException(401, why, headers={"WWW-Authenticate": "Bearer"})
@@ -672,6 +681,14 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                                      f"{METRICS_PATH} only")
         audit_token(request, p, None)
         return replace(p, membership=membership())
+
+    def confirm_open(request: Request) -> None:
+        """For a submission ``principal`` left to the loop (``OPEN_CHECK_KEY``) answered
+        without it: raises ``principal``'s 401 if a token exists by now."""
+        request.scope[OPEN_CHECK_KEY] = False
+        daemon.store.active_tokens_cached()
+        if daemon.store.had_tokens_cached():
+            raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
 
     def job_team(job_id: str) -> str:
         with daemon.lock:
@@ -785,15 +802,20 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         auth, ``user`` is the token's (another needs an admin token) and ``team`` one
         of the token's teams. On the event loop: the loop thread completes the
         submission's future (note 008, "Submission throughput")."""
+        unconfirmed = request.scope.get(OPEN_CHECK_KEY, False)  # confirmed by the loop, or before another answer
         try:
             check_submitter(p, body, per_user)
         except HTTPException as exc:
+            if unconfirmed:
+                confirm_open(request)
             deny(request, p, "submit", exc, claimed=body.user, team=body.team)
             raise
         who = who_of(request, p, body.user)
         idem = None
         if idempotency_key is not None:
             if not _IDEM_KEY.fullmatch(idempotency_key):
+                if unconfirmed:
+                    confirm_open(request)
                 return JSONResponse(status_code=422, content={"detail": [
                     {"loc": ["header", "Idempotency-Key"], "type": "value_error",
                      "msg": f"{idempotency_key[:80]!r} is not allowed: 1-{MAX_IDEMPOTENCY_KEY} printable ASCII "
@@ -805,11 +827,17 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             idem = (scope, idempotency_key, digest)
         try:
             array = (body.array, *parse_array(body.array), body.max_retries) if body.array is not None else None
-            fut = daemon.submit_future(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
-                                       array=array, idempotency=idem, defer=body.defer(), who=who, pty=body.pty)
-            # shielded: a timeout must not cancel the future the loop will complete
-            out = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), SUBMIT_TIMEOUT_S)
+            answer = asyncio.get_running_loop().create_future()  # settled by the loop thread (Command.aio)
+            daemon.submit_future(body.spec(), body.command, shell=body.shell, env=body.env, cwd=body.cwd,
+                                 array=array, idempotency=idem, defer=body.defer(), who=who, pty=body.pty,
+                                 open_check=unconfirmed, aio=(asyncio.get_running_loop(), answer))
+            # a timeout cancels ``answer`` only: the loop completes the submission all the same
+            out = await asyncio.wait_for(answer, SUBMIT_TIMEOUT_S)
+        except TokenRequired:  # a token was created before the submission arrived
+            raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"}) from None
         except SpecError as exc:
+            if unconfirmed:
+                confirm_open(request)
             field = {"class": "class", "workload_class": "class"}.get(_spec_field(str(exc)), _spec_field(str(exc)))
             return JSONResponse(status_code=422, content={"detail": [
                 {"loc": ["body", field], "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})

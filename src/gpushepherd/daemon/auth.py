@@ -34,6 +34,8 @@ PREFIX = "shp_"
 #: token scopes: ``api`` (every route the token's user may use), ``metrics`` (``/metrics`` only)
 SCOPES = ("api", "metrics")
 METRICS_PATH = "/metrics"
+#: the 401 of a request without a token once the database has (or had) one
+NO_TOKEN = "no token: send 'Authorization: Bearer TOKEN' (shepherd ... --token, or $SHEPHERD_TOKEN)"
 
 
 @dataclass(frozen=True)

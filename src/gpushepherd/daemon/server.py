@@ -50,6 +50,7 @@ from gpushepherd.daemon.deps import (
     parse_begin,
     parse_dependency,
 )
+from gpushepherd.daemon.auth import NO_TOKEN
 from gpushepherd.daemon.local import exit_status, mig_uuid
 from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
@@ -187,9 +188,64 @@ class Command(Future):
     "token_id", "uid", "address"}``; ``None``: not audited, e.g. an engine's own cancel):
     the loop writes the command's audit row (note 023) in the transaction of the command."""
 
-    def __init__(self, who: dict | None = None):
+    def __init__(self, who: dict | None = None, open_check: bool = False, aio: tuple | None = None):
         super().__init__()
         self.who = who
+        #: sent without a token to a server that was open at the API's last look: the step
+        #: confirms that no token exists now before taking it (note 032)
+        self.open_check = open_check
+        #: ``(event loop, asyncio future)`` the API awaits: settled with this future, by a
+        #: call on that loop - one call for all the answers of a step (``answer_all``, note 032)
+        self.aio = aio
+
+    def set_result(self, result: Any) -> None:
+        super().set_result(result)
+        self._settle_aio([(self, result, None)])
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        super().set_exception(exception)
+        self._settle_aio([(self, None, exception)])
+
+    def _settle_aio(self, items: list[tuple]) -> None:
+        if self.aio is not None and not self.aio[0].is_closed():
+            try:
+                self.aio[0].call_soon_threadsafe(_settle, [(c.aio[1], result, exc) for c, result, exc in items])
+            except RuntimeError:  # the loop closed meanwhile (the server stopping): nobody awaits them
+                pass
+
+
+def _settle(items: list[tuple]) -> None:
+    """On the event loop: ``(asyncio future, result, exception)`` each; a future the
+    API gave up on (its timeout cancelled it) is left alone."""
+    for afut, result, exc in items:
+        if not afut.done():
+            if exc is not None:
+                afut.set_exception(exc)
+            else:
+                afut.set_result(result)
+
+
+def answer_all(answers: list[tuple[Future, Any]]) -> None:
+    """Set the result of each ``(future, value)``; the asyncio futures of ``Command``s
+    (``Command.aio``) are settled by one call per event loop, not one per answer: each
+    call wakes the loop, which then takes the GIL from the thread still answering
+    (note 032)."""
+    by_loop: dict[Any, list[tuple]] = {}
+    for fut, value in answers:
+        aio = getattr(fut, "aio", None)
+        if aio is None:
+            fut.set_result(value)
+            continue
+        Future.set_result(fut, value)  # the concurrent future alone; its asyncio one below
+        by_loop.setdefault(aio[0], []).append((fut, value, None))
+    for items in by_loop.values():
+        items[0][0]._settle_aio(items)
+
+
+class TokenRequired(PermissionError):
+    """A command sent without a token as to an open server (``Command.open_check``), taken
+    by a step after a token was created (by any process): refused, nothing of it applied,
+    no audit row - the API's 401, as if the token had been seen on arrival (note 032)."""
 
 
 class IdempotencyConflict(ValueError):
@@ -1041,10 +1097,12 @@ class Daemon:
                       env: dict[str, str] | None = None, cwd: str,
                       array: tuple[str, list[int], int, int] | None = None,
                       idempotency: tuple[str, str, str] | None = None, defer: dict | None = None,
-                      who: dict | None = None, pty: bool = False) -> Future:
+                      who: dict | None = None, pty: bool = False, open_check: bool = False,
+                      aio: tuple | None = None) -> Future:
         """Queue a submission for the loop and return at once: the future gets
         ``submit_view``'s result or its ``SpecError`` when the loop step that took it
-        ends (the API awaits it through ``asyncio.wrap_future``, without a thread).
+        ends. ``aio``: ``(event loop, asyncio future)`` settled with it, on that loop (the
+        API awaits that one, without a thread; ``Command.aio``).
         Never cancel it: the loop sets its result.
 
         ``idempotency``: ``(scope, key, body hash)`` of an ``Idempotency-Key`` (note
@@ -1060,11 +1118,17 @@ class Daemon:
         the submission, or - refused - on its own.
 
         ``pty``: the job runs on a pseudo-terminal a client attaches to (note 041; the
-        local backend only, never an array: a ``SpecError`` otherwise)."""
-        fut: Future = Command(who)
+        local backend only, never an array: a ``SpecError`` otherwise).
+
+        ``open_check``: sent without a token to a server that had no token at the API's
+        last look (note 032): the step that takes it reads the tokens' version once for
+        all such commands, after they were queued, and refuses them with
+        ``TokenRequired`` when a token exists by then."""
+        fut: Future = Command(who, open_check, aio)
         self.commands.put(("submit", (spec, list(argv), shell, dict(env or {}), cwd, array, idempotency, defer, pty),
                            fut))
-        self.wake.set()
+        if not self.wake.is_set():  # queued first: a step after any clear of it takes the command
+            self.wake.set()
         return fut
 
     def cancel(self, job_id: str, timeout: float = 60.0, who: dict | None = None) -> str:
@@ -1375,11 +1439,15 @@ class Daemon:
         later = self._take_audit_later()
         audits: list[dict] = []  # the rows of this step's commands (note 023)
         self._kept_staged, self._busy = {}, None
+        cmds = []
         while True:
             try:
-                cmd = self.commands.get_nowait()
+                cmds.append(self.commands.get_nowait())
             except queue.Empty:
                 break
+        if any(getattr(cmd[2], "open_check", False) for cmd in cmds):
+            cmds = self._confirm_open(cmds)
+        for cmd in cmds:
             before = self.next_num
             self._command(now, cmd, batch, rows, replies, new_arrays, keys)
             row = self._audit_command(now, cmd[0], cmd[1], cmd[2], before)
@@ -1463,9 +1531,9 @@ class Daemon:
         for d in decisions:
             self._track(d)  # placements and run numbers, before the replies' views
         self.metrics.observe(now, core_batch, decisions)
-        for fut, value in replies:
-            if not fut.done():
-                fut.set_result(value() if callable(value) else value)
+        # every answer first, then the futures in one go: each completion wakes the event
+        # loop, which then takes the GIL; woken once per step, not once per answer (note 032)
+        answer_all([(fut, value() if callable(value) else value) for fut, value in replies if not fut.done()])
         touched = {getattr(e, "job_id", None) or (e.spec.id if isinstance(e, JobSubmitted) else None)
                    for e in core_batch}
         touched |= {d.job_id for d in decisions}
@@ -1565,15 +1633,34 @@ class Daemon:
                                   JobFinished(0.0, job_id, ExitStatus.FAILED)]
                 continue
             self.live_run[job_id] = run
-            rdir = self.backend.run_dir(job_id, run)
+            rdir = str(self.backend.run_dir(job_id, run))  # joined as text: one Path per run (note 032)
             started[job_id] = dict(pid=proc.pid, pgid=proc.pid, proc_start=proc.start, placement=str(placement),
-                                   stdout=str(rdir / "stdout"), stderr=str(rdir / "stderr"))
+                                   stdout=os.path.join(rdir, "stdout"), stderr=os.path.join(rdir, "stderr"))
         try:
             self.store.update_jobs(started)
         except Exception as exc:  # the pids: a restart finds the runs by their environment (find_runner)
             self.ratelog.error(f"pids:{storage_reason(exc) or type(exc).__name__}", "pids of started runs not "
                                "written yet: %s; retried", storage_reason(exc) or exc)
             self._pending_rows.update(started)
+
+    def _confirm_open(self, cmds: list[tuple]) -> list[tuple]:
+        """``cmds`` less those sent without a token as to an open server
+        (``Command.open_check``) when the database has (or had) a token now: one read of
+        the tokens' version for the step, made after every command of ``cmds`` was
+        queued, so a token committed before a request arrived is seen, whichever process
+        created it (note 032). Those are refused with ``TokenRequired``; if the read
+        fails, with ``StorageUnavailable``. Never raises."""
+        try:
+            self.store.active_tokens_cached()
+            refusal = TokenRequired(NO_TOKEN) if self.store.had_tokens_cached() else None
+        except Exception as exc:
+            refusal = StorageUnavailable(storage_reason(exc) or f"{type(exc).__name__}: {exc}")
+        if refusal is None:
+            return cmds
+        for _kind, _arg, fut in cmds:
+            if getattr(fut, "open_check", False) and not fut.done():
+                fut.set_exception(refusal)
+        return [cmd for cmd in cmds if not getattr(cmd[2], "open_check", False)]
 
     def _command(self, now: float, cmd: tuple, batch: list, rows: list, replies: list, new_arrays: list,
                  keys: list) -> None:

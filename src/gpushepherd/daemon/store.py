@@ -369,11 +369,15 @@ DAEMON_EVENTS = (RunLost, LaunchFailed, JobKept, RunEnded)
 
 
 # -- events <-> rows -------------------------------------------------------------
+_SPEC_FIELDS = tuple(f.name for f in fields(JobSpec))
+
+
 def spec_to_dict(spec: JobSpec) -> dict:
     """A ``JobSpec`` as the JSON-ready dict the event log stores (a share as its own dict)."""
     # shallow (dataclasses.asdict deep-copies every field: a third of a submission's
-    # time in the loop); the share, the one nested dataclass, as a dict
-    d = {f.name: getattr(spec, f.name) for f in fields(spec)}
+    # time in the loop); the share, the one nested dataclass, as a dict; the field
+    # names read once (``fields()`` per call was half of this function, note 032)
+    d = {name: getattr(spec, name) for name in _SPEC_FIELDS}
     d["share"] = asdict(spec.share) if spec.share is not None else None
     d["gpu_types"] = list(spec.gpu_types)
     d["node_selector"] = [list(p) for p in spec.node_selector]
@@ -720,12 +724,12 @@ class Store:
         with self.engine.begin() as c:
             if array_rows:
                 c.execute(insert(arrays), list(array_rows))
-            if idempotency:
-                c.execute(insert(idempotency_keys), list(idempotency))
-            if audit_rows:
-                c.execute(insert(audit), list(audit_rows))
-            cur = c.connection.cursor()  # the hot inserts: statements compiled once (note 008)
+            cur = c.connection.cursor()  # the hot inserts: statements compiled once (notes 008, 032)
             try:
+                if idempotency:
+                    self._executemany(cur, "idempotency+", lambda: insert(idempotency_keys), list(idempotency))
+                if audit_rows:
+                    self._executemany(cur, "audit+", lambda: insert(audit), list(audit_rows))
                 if jobs_rows:
                     self._executemany(cur, "jobs+", lambda: insert(jobs), list(jobs_rows))
                 if batch:
@@ -1140,6 +1144,13 @@ class Store:
         if self._tokens_cache is None:
             self.active_tokens_cached()
         return self._tokens_cache[2]
+
+    def never_had_tokens_cached(self) -> bool:
+        """Whether this database had no token at all at the last ``active_tokens_cached``
+        (``False`` before the first: not known). No read: a token created since, by any
+        process, is seen only by the next ``active_tokens_cached`` (note 032)."""
+        cached = self._tokens_cache
+        return cached is not None and not cached[2]
 
     def _any_token(self) -> bool:
         with self.engine.connect() as c:
