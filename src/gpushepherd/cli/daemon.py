@@ -1253,8 +1253,9 @@ def register(app: typer.Typer) -> None:
                 out.print("priority " + _points(factors["priority"]) + " = " + (" + ".join(
                     f"{k} {_points(v)}" for k, v in factors.items() if k not in ("priority", "nice") and v) or "0")
                     + (f" - nice {_points(factors['nice'])}" if factors.get("nice") else ""), markup=False)
-        elif j["placement"]:
-            out.print(f"job {j['id']} is {j['state']} on {j['placement']}")
+        elif j["placement"]:  # a preempted one says for whom (Preempted(by job 7, class ...))
+            why = f": {j['reason']}" if j.get("reason") else ""
+            out.print(_safe(f"job {j['id']} is {j['state']} on {j['placement']}{why}"), markup=False)
         else:
             last = j.get("failure") or j.get("reason") or (j["history"][-1]["reason"] if j["history"] else "")
             if j.get("launch_error"):

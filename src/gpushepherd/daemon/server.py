@@ -2075,9 +2075,9 @@ class Daemon:
             return None if rec is None else self._archived_view(job_id, rec, row, history)
         spec = job.spec
         pending = job.state is JobState.PENDING
-        reason = self.sched.pending_reason(job_id) if pending else None
-        if job.state is JobState.REJECTED:  # the core keeps why (Reject's reason) on the job
-            reason = job.reason
+        # a pending job's reason, a rejected one's (Reject's), a preempted one's in its grace
+        # period (``Preempted(by job 7, class production-inference)``)
+        reason = self.sched.state_reason(job_id)
         factors = self.sched.priority_factors(job_id)
         view = {
             "id": job_id, "state": job.state.value, "class": spec.workload_class, "team": spec.team,
