@@ -19,10 +19,11 @@ CHECKPOINTING = (
     "signal.signal(signal.SIGTERM, save)\nprint('ready', flush=True)\ntime.sleep(120)\n")
 
 
-def preemption_case(server, urgent_code: str, ready: int, all_free) -> None:
+def preemption_case(server, urgent_code: str, ready: int, all_free, exit_code: int = 85) -> None:
     """A 16-GPU checkpointable job preempted by an 8-GPU urgent one resumes from its
-    checkpoint in run 2 (``ready``: how many 'ready' lines its run prints)."""
-    victim = server.submit(CHECKPOINTING, gpus=16, cls="batch")
+    checkpoint in run 2 (``ready``: how many 'ready' lines its run prints); its handler
+    exits ``exit_code`` - 0 too: a preempted job is requeued whatever its code (note 048)."""
+    victim = server.submit(CHECKPOINTING.replace("sys.exit(85)", f"sys.exit({exit_code})"), gpus=16, cls="batch")
     server.wait_state(victim, "RUNNING")
     wait_for("the victim's handler", lambda: server.logs(victim).count("ready") >= ready)
     urgent = server.submit(urgent_code, gpus=8, cls="urgent")

@@ -358,12 +358,13 @@ def test_a_lone_gang_member_waits_for_its_group(server, core):
     assert wait_for("the GPUs back", lambda: all_free(server))
 
 
-def test_preemption_deletes_with_the_grace_period_and_the_checkpointed_gang_resumes(server, core):
+@pytest.mark.parametrize("on_term", ["85", "0"])  # 0: requeued all the same (note 048)
+def test_preemption_deletes_with_the_grace_period_and_the_checkpointed_gang_resumes(server, core, on_term):
     seen = Deletions(core)
     try:
         for r in (0, 1):
             make_pod(core, f"victim-{r}", 8, cls="batch", group="victim", members=2,
-                     labels={"gpushepherd.io/checkpointable": "true"}, annotations={ON_TERM: "85"})
+                     labels={"gpushepherd.io/checkpointable": "true"}, annotations={ON_TERM: on_term})
         victim = job_of(core, "victim-0")
         server.wait_state(victim, "RUNNING")
         make_pod(core, "urgent", 8, cls="urgent")

@@ -240,6 +240,10 @@ def test_preemption_of_a_checkpointable_job_resumes_it_from_its_checkpoint(serve
     preemption_case(server, where("urgent"), 2, all_free)
 
 
+def test_a_preempted_job_whose_handler_exits_0_is_requeued_through_ray(server):
+    preemption_case(server, where("urgent"), 2, all_free, exit_code=0)
+
+
 def test_a_team_quota_holds_across_the_cluster(server, tmp_path):
     quota_case(server, tmp_path, lambda b: bool(live_actors(f"shepherd-{b}-")), all_free)
 

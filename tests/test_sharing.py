@@ -275,7 +275,7 @@ def test_an_unknown_class_in_avoid_nodes_with_is_named():
 # ------------------------------------------------- bad input (hostile review)
 def test_mig_profiles_must_be_named_as_nvidia_does():
     sched = Scheduler(policy(nodes=[node("n1", 1, mig=MIG7)], mig={"reconfigure": True}))
-    with pytest.raises(SpecError, match=r"mig_profile: '1G\.10GB' is not allowed: .*1g\.10gb"):
+    with pytest.raises(SpecError, match=r"share.profile: '1G\.10GB' is not allowed: .*1g\.10gb"):
         sched.handle(submit(job("a", share=GpuShare("mig", profile="1G.10GB"))))
     with pytest.raises(SpecError, match="share: 'fraction' is not allowed: a GpuShare"):
         sched.handle(submit(job("b", share="fraction")))

@@ -13,13 +13,17 @@ kube-scheduler and Kueue. Certificates and keys are throwaway ones made with
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -29,6 +33,58 @@ from gpushepherd.backends.fakeslurm import free_ports
 #: the control plane's binaries the tests need; kube-controller-manager is started when
 #: built (Jobs, garbage collection, service accounts), kube-scheduler and kueue on request
 CORE_BINARIES = ("etcd", "kube-apiserver", "kwok")
+#: starts of one cluster: a component that finds its port taken (``address already in
+#: use``: another cluster starting on this machine, or an outgoing connection's ephemeral
+#: port) makes the start begin again on fresh ports, every process of the try stopped
+START_TRIES = 3
+#: the longest a start waits for another cluster of this machine to finish starting
+#: (``start_lock``), seconds
+START_LOCK_WAIT_S = 600.0
+#: what a Go component's log says when its port is taken
+PORT_TAKEN = "address already in use"
+#: seconds a probe of the API server (``_wait``'s) may take: a port that accepts and never
+#: answers (a socket another process listens on) must not hold a wait past its timeout
+PROBE_TIMEOUT_S = 5
+
+log = logging.getLogger("gpushepherd.kubecluster")
+
+
+class PortTaken(BackendError):
+    """A component of the cluster exited because a port it was given was taken."""
+
+
+@contextmanager
+def start_lock(timeout: float = START_LOCK_WAIT_S) -> Iterator[None]:
+    """Hold ``start.lock`` in the cache directory (``flock``: released when the process
+    ends, whatever the way) while a cluster picks its ports and its components bind them,
+    so that two clusters starting at once on one machine (two test runs) never pick the
+    same ports; waits at most ``timeout`` seconds for another start.
+
+    Raises:
+        BackendError: another start held it for ``timeout`` seconds (its pid named).
+    """
+    path = cache_dir() / "start.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    f.seek(0)
+                    raise BackendError(f"kubernetes test cluster: another cluster start (pid {f.read().strip() or '?'}) "
+                                       f"held {path} for {timeout:.0f} s") from None
+                time.sleep(0.2)
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(str(os.getpid()))
+            f.flush()
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def cache_dir() -> Path:
@@ -112,6 +168,7 @@ class KubeCluster:
         self.kubeconfig = self.dir / "admin.kubeconfig"
         self.port = 0
         self.timings: dict[str, float] = {}
+        self._log_at: dict[str, int] = {}  # where each component's log of this try begins
 
     def __enter__(self) -> "KubeCluster":
         return self.start()
@@ -124,18 +181,30 @@ class KubeCluster:
         return f"https://127.0.0.1:{self.port}"
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.dir / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen([str(binary(name)), *args], stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        path = self.dir / f"{name}.log"
+        self._log_at[name] = path.stat().st_size if path.exists() else 0
+        with open(path, "ab") as out:
+            self.procs[name] = subprocess.Popen([str(binary(name)), *args], stdout=out, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
         (self.dir / f"{name}.pid").write_text(str(self.procs[name].pid))
 
+    def _log_tail(self, name: str) -> str:
+        """The last 3000 characters of what ``name`` logged in this try."""
+        with open(self.dir / f"{name}.log", "rb") as f:
+            f.seek(self._log_at.get(name, 0))
+            return f.read().decode(errors="replace")[-3000:]
+
     def _wait(self, what: str, ok, timeout: float = 120.0) -> None:
+        """Poll ``ok`` (each call bounded: ``PROBE_TIMEOUT_S``) until it is true, at most
+        ``timeout`` seconds; a component that exits ends the wait at once (``PortTaken``
+        when its port was taken)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             for name, p in self.procs.items():
                 if p.poll() is not None:
-                    tail = (self.dir / f"{name}.log").read_text(errors="replace")[-3000:]
-                    raise BackendError(f"kubernetes test cluster: {name} exited with {p.returncode}: {tail}")
+                    tail = self._log_tail(name)
+                    kind = PortTaken if PORT_TAKEN in tail else BackendError
+                    raise kind(f"kubernetes test cluster: {name} exited with {p.returncode}: {tail}")
             try:
                 if ok():
                     return
@@ -145,6 +214,15 @@ class KubeCluster:
         raise BackendError(f"kubernetes test cluster: {what} not up after {timeout:.0f} s (logs in {self.dir})")
 
     def start(self) -> "KubeCluster":
+        """Start the control plane, bounded: under ``start_lock`` (one start at a time on
+        this machine), at most ``START_TRIES`` tries, each on fresh ports, when a component
+        exits with its port taken; every wait has a timeout. Whatever fails, every process
+        this start launched is stopped before the error is raised.
+
+        Raises:
+            BackendError: a binary is missing, a component did not come up (its log
+                named), its ports were taken ``START_TRIES`` times.
+        """
         why = unavailable(("kube-scheduler",) if self.scheduler else ())
         if why:
             raise BackendError(f"kubernetes test cluster: {why}")
@@ -153,6 +231,28 @@ class KubeCluster:
         pki = self.dir / "pki"
         if not (pki / "sa.pub").exists():
             make_certs(pki)
+        try:
+            with start_lock():
+                attempt = 1
+                while True:
+                    try:
+                        return self._start_once(t0)
+                    except PortTaken as exc:
+                        self.stop()
+                        shutil.rmtree(self.dir / "etcd", ignore_errors=True)  # it names the old peer port
+                        if attempt >= START_TRIES:
+                            raise BackendError(f"{exc} (ports taken in each of {START_TRIES} tries)") from None
+                        log.warning("kubernetes test cluster: a port was taken (try %d of %d); again on fresh ports",
+                                    attempt, START_TRIES)
+                        attempt += 1
+        except BaseException:
+            self.stop()  # nothing this start launched outlives it
+            raise
+
+    def _start_once(self, t0: float) -> "KubeCluster":
+        """One try of ``start`` on fresh ports (``PortTaken`` when a component found its
+        port taken)."""
+        pki = self.dir / "pki"
         base = free_ports(8)
         etcd_client, etcd_peer, self.port, kcm_port, kwok_port, sched_port = range(base, base + 6)
         (self.dir / "ports.json").write_text(json.dumps({"apiserver": self.port, "etcd": etcd_client}))
@@ -210,11 +310,12 @@ class KubeCluster:
         return client.CoreV1Api(self.api())
 
     def _healthy(self) -> bool:
-        self.core().read_namespace("default")  # made by the API server's bootstrap once it serves
+        # made by the API server's bootstrap once it serves
+        self.core().read_namespace("default", _request_timeout=PROBE_TIMEOUT_S)
         return True
 
     def _default_sa(self) -> bool:
-        self.core().read_namespaced_service_account("default", "default")
+        self.core().read_namespaced_service_account("default", "default", _request_timeout=PROBE_TIMEOUT_S)
         return True
 
     def stop(self) -> None:
@@ -231,6 +332,7 @@ class KubeCluster:
                 except subprocess.TimeoutExpired:
                     self.procs[name].kill()
                     self.procs[name].wait()
+                (self.dir / f"{name}.pid").unlink(missing_ok=True)  # `stop DIR` never signals a reused pid
         self.procs.clear()
 
     # -------------------------------------------------------------- nodes
@@ -263,7 +365,7 @@ class KubeCluster:
 
     def wait_nodes_ready(self, names: list[str], timeout: float = 120.0) -> None:
         def ready() -> bool:
-            nodes = {n.metadata.name: n for n in self.core().list_node().items}
+            nodes = {n.metadata.name: n for n in self.core().list_node(_request_timeout=PROBE_TIMEOUT_S).items}
             return all(n in nodes and any(c.type == "Ready" and c.status == "True"
                                           for c in nodes[n].status.conditions or []) for n in names)
         self._wait(f"nodes {', '.join(names)} Ready", ready, timeout)
@@ -292,7 +394,8 @@ def install_kueue_crds(api, timeout: float = 120.0) -> None:
     ext = client.ApiextensionsV1Api(api)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        crds = [d for d in ext.list_custom_resource_definition().items if d.spec.group == "kueue.x-k8s.io"]
+        crds = [d for d in ext.list_custom_resource_definition(_request_timeout=PROBE_TIMEOUT_S).items
+                if d.spec.group == "kueue.x-k8s.io"]
         if crds and all(any(c.type == "Established" and c.status == "True" for c in (d.status.conditions or []))
                         for d in crds):
             return

@@ -124,12 +124,21 @@ class ServerUnreachable(Exception):
 #: a submission's API fields that are seconds, as the flag the user typed names them:
 #: a refusal says ``--grace: 600 s is not allowed: ...``, not the API's field name
 SUBMIT_FLAGS = {"grace_period_s": "--grace", "time_limit_s": "--time"}
+#: a share's API fields, as the flag that set them (``--share`` the others): a refusal of
+#: ``share.mem_mib`` says ``--gpu-mem: 0 is not allowed for a time_slice share: ...``
+SHARE_FLAGS = {"mem_mib": "--gpu-mem"}
 
 
 def _as_flag(d: dict, flags: dict[str, str]) -> dict:
     """A FastAPI error entry about a field of ``flags`` (seconds) rewritten to name the
-    flag and the unit of its value (``--grace: 600 s is not allowed: ...``)."""
+    flag and the unit of its value (``--grace: 600 s is not allowed: ...``); with
+    ``flags``, one about a share's field names its flag (``SHARE_FLAGS``, else
+    ``--share: share.slots: ...``)."""
     loc = d.get("loc", [])
+    if flags and len(loc) == 3 and loc[1] == "share":  # share.slots: --share, share.mem_mib: --gpu-mem
+        flag = SHARE_FLAGS.get(str(loc[2]))
+        msg = re.sub(rf"^share\.{re.escape(str(loc[2]))}: ", "", str(d.get("msg"))) if flag else str(d.get("msg"))
+        return {**d, "loc": [loc[0], flag or "--share"], "msg": msg}
     if len(loc) != 2 or loc[1] not in flags:
         return d
     msg = re.sub(rf"^{re.escape(str(loc[1]))}: ", "", str(d.get("msg")))
@@ -1256,8 +1265,9 @@ def register(app: typer.Typer) -> None:
                 out.print("priority " + _points(factors["priority"]) + " = " + (" + ".join(
                     f"{k} {_points(v)}" for k, v in factors.items() if k not in ("priority", "nice") and v) or "0")
                     + (f" - nice {_points(factors['nice'])}" if factors.get("nice") else ""), markup=False)
-        elif j["placement"]:
-            out.print(f"job {j['id']} is {j['state']} on {j['placement']}")
+        elif j["placement"]:  # a preempted one says for whom (Preempted(by job 7, class ...))
+            why = f": {j['reason']}" if j.get("reason") else ""
+            out.print(_safe(f"job {j['id']} is {j['state']} on {j['placement']}{why}"), markup=False)
         else:
             last = j.get("failure") or j.get("reason") or (j["history"][-1]["reason"] if j["history"] else "")
             if j.get("launch_error"):

@@ -344,7 +344,7 @@ class Book:
         """PENDING -> RUNNING on ``placement`` now (a ``Start`` decision). A pass that
         walks the queue's lists passes ``dequeue=False`` and dequeues when it is done."""
         job.runs += 1
-        job.stop_reason = ""
+        job.stop_reason, job.preempted_by = "", ""
         if job.first_start is None:
             job.first_start = self.now
         self.clear_victims(job)
@@ -543,9 +543,10 @@ class Book:
         victim.preemptor = preemptor.id if preemptor is not None else None
         why = f"preempted for {preemptor.id}" if preemptor is not None else f"stopped: {reason}"
         self.log(victim, JobState.RUNNING, JobState.PREEMPTING, f"{why} (grace {grace:g} s)")
-        out.append(Preempt(self.now, victim.id, grace_s=grace,
-                           reason=reason or f"priority:{preemptor.cls.name}",
-                           preemptor=preemptor.id if preemptor is not None else ""))
+        victim.stop_reason = reason or f"priority:{preemptor.cls.name}"
+        victim.preempted_by = preemptor.id if preemptor is not None else ""
+        out.append(Preempt(self.now, victim.id, grace_s=grace, reason=victim.stop_reason,
+                           preemptor=victim.preempted_by))
 
     def stop(self, job: Job, reason: str, grace: float, why: str, out: list[Decision]) -> None:
         """RUNNING -> STOPPING for ``reason``: the job keeps its GPUs through ``grace``."""

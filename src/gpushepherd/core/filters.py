@@ -158,10 +158,12 @@ def inventory_misfit(nodes: Iterable[Node], cls: ClassRules, spec: JobSpec, ckey
     nodes = list(nodes)
     eligible = [n for n in nodes if node_ok(n, ckey)]
     if not eligible:
+        if spec.share is not None and not any(n.supports(spec.share.kind) for n in nodes):
+            return f"share={spec.share}: {share_offer(nodes, spec.share)}"
         return "no node offers " + describe(cls, spec) + _inventory_summary(nodes)
     if spec.share is not None:
         if not any(share_fits_card(n, spec.share, reconfigurable) for n in eligible):
-            return f"no GPU can hold share={spec.share}" + _inventory_summary(eligible)
+            return f"no GPU can hold share={spec.share}: {share_offer(eligible, spec.share, reconfigurable)}"
         return None
     if spec.same_node and not any(whole_gpus(n) >= spec.gpus for n in eligible):
         return f"gpus={spec.gpus},same_node: at most {max(whole_gpus(n) for n in eligible)} on one node"
@@ -172,6 +174,55 @@ def inventory_misfit(nodes: Iterable[Node], cls: ClassRules, spec: JobSpec, ckey
     if spec.gpus > total:
         return f"gpus={spec.gpus}: the nodes it may use have {total} in all"
     return None
+
+
+def _by_value(pairs: list[tuple[object, str]], most: int = 3) -> str:
+    """``[(value, node name)]`` as ``4 (n1, n2), 2 (n3)``: values from the largest, at most
+    ``most`` names each (``+K more``)."""
+    groups: dict = {}
+    for value, name in pairs:
+        groups.setdefault(value, []).append(name)
+    out = []
+    for value in sorted(groups, reverse=True):
+        names = groups[value]
+        more = f", +{len(names) - most} more" if len(names) > most else ""
+        out.append(f"{value} ({', '.join(names[:most])}{more})")
+    return ", ".join(out)
+
+
+def share_offer(nodes: list[Node], share: GpuShare, reconfigurable: bool = False) -> str:
+    """What the nodes a share may use offer of its kind, for the refusal of a share no
+    GPU of them can hold: the allowed values and the nodes' policy fields
+    (``sharing.time_slicing.replicas``, ``sharing.mps.max_clients``, GPU memory, MIG
+    profiles), e.g. ``time_slice takes at most 4 replicas: sharing.time_slicing.replicas
+    per GPU is 4 (local)``; ``reconfigurable``: MIG GPUs may be re-partitioned (any
+    profile of their model is offered)."""
+    kind = share.kind
+    offering = [n for n in nodes if n.supports(kind)]
+    if not offering:
+        return f"no node offers {kind} shares" + _inventory_summary(nodes)
+    mem = max(n.gpu_mem_mib for n in offering)
+    memory = f"; GPU memory per GPU, MiB: {_by_value([(n.gpu_mem_mib, n.name) for n in offering])}" if mem else ""
+    if kind == "time_slice":
+        most = max(n.ts_replicas for n in offering)
+        return (f"time_slice takes at most {most} replica{'s' * (most != 1)}: sharing.time_slicing.replicas per GPU "
+                f"is {_by_value([(n.ts_replicas, n.name) for n in offering])}{memory}")
+    if kind == "mps":
+        most = max(n.mps_clients for n in offering)
+        caps = [(n.mps_mem_mib, n.name) for n in offering if n.mps_mem_mib]
+        cap = f"; sharing.mps.max_memory_per_client_mib is {_by_value(caps)}" if caps else ""
+        return (f"mps takes at most {most} replica{'s' * (most != 1)}: sharing.mps.max_clients per GPU is "
+                f"{_by_value([(n.mps_clients, n.name) for n in offering])}{cap}{memory}")
+    if kind == "mig":
+        profiles = sorted({inst.profile for n in offering for _g, layout in n.mig for inst in layout})
+        if reconfigurable:
+            for n in offering:
+                try:
+                    profiles = sorted(set(profiles) | set(profiles_for(n.gpu_type)))
+                except MigError:
+                    pass
+        return f"the MIG profiles of the nodes it may use are {', '.join(profiles)}"
+    return f"a fraction takes at most 1000 milli-GPU and the memory of one GPU{memory}"
 
 
 def _inventory_summary(nodes: list[Node]) -> str:

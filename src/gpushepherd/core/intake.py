@@ -96,25 +96,30 @@ def _validate_share(spec: JobSpec, cls, where: str) -> None:
     if spec.gpus != 1 or spec.gpus_per_pod:
         raise SpecError(f"{where}: gpus: {spec.gpus!r} is not allowed with a {share.kind} share: 1 (a share is "
                         "part of one GPU)")
+    # each error names the spec's field (``share.slots``: what the API's share object and
+    # a JobSpec call it), the value and what is allowed
     for name in ("milli", "mem_mib", "slots", "procs"):
         value = getattr(share, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise SpecError(f"{where}: share.{name}: {value!r} is not allowed: an integer >= 0")
-    if share.kind == "fraction" and not (0 < share.milli <= 1000 or (share.milli == 0 and share.mem_mib > 0)):
-        raise SpecError(f"{where}: gpu_fraction: {share.milli / 1000:g} is not allowed: 0.001 .. 1 (or 0 with "
-                        "gpu_mem_mib > 0)")
-    if share.kind == "time_slice" and (share.slots < 1 or share.mem_mib < 1):
-        raise SpecError(f"{where}: time_slice: replicas {share.slots}, gpu_mem_mib {share.mem_mib} is not allowed: "
-                        "at least 1 replica and the GPU memory it uses declared (time-sliced jobs share memory "
-                        "without isolation)")
-    if share.kind == "mps" and (share.slots < 1 or not 0 <= share.milli <= 1000):
-        raise SpecError(f"{where}: mps: {share.slots} replicas at {share.milli / 10:g}% SM is not allowed: at least "
-                        "1 replica and an SM percentage in (0, 100] (0: 100 / the node's max_clients)")
-    if share.procs != 1 and (share.kind != "mps" or not 1 <= share.procs <= 48):
+    kind = share.kind
+    if kind == "fraction" and not (0 < share.milli <= 1000 or (share.milli == 0 and share.mem_mib > 0)):
+        raise SpecError(f"{where}: share.milli: {share.milli!r} is not allowed for a fraction share: 1 to 1000 "
+                        "(thousandths of a GPU), or 0 with share.mem_mib > 0 (a memory-only share)")
+    if kind in ("time_slice", "mps") and share.slots < 1:
+        raise SpecError(f"{where}: share.slots: {share.slots!r} is not allowed for a {kind} share: at least 1 "
+                        f"{'time-slice replica' if kind == 'time_slice' else 'MPS replica'}")
+    if kind == "time_slice" and share.mem_mib < 1:
+        raise SpecError(f"{where}: share.mem_mib: {share.mem_mib!r} is not allowed for a time_slice share: the GPU "
+                        "memory it uses must be declared, MiB >= 1 (time-sliced jobs share memory without isolation)")
+    if kind == "mps" and not 0 <= share.milli <= 1000:
+        raise SpecError(f"{where}: share.milli: {share.milli!r} is not allowed for an mps share: each replica's SM "
+                        "percentage x 10, 1 to 1000 (0: 100 / the node's max_clients)")
+    if share.procs != 1 and (kind != "mps" or not 1 <= share.procs <= 48):
         raise SpecError(f"{where}: share.procs: {share.procs!r} is not allowed: MPS client processes, 1 to 48 "
                         "(CUDA's clients per GPU); 1 for other shares")
-    if share.kind == "mig" and share.profile not in _MIG_NAMES:
-        raise SpecError(f"{where}: mig_profile: {share.profile!r} is not allowed: a MIG profile as NVIDIA names it "
+    if kind == "mig" and share.profile not in _MIG_NAMES:
+        raise SpecError(f"{where}: share.profile: {share.profile!r} is not allowed: a MIG profile as NVIDIA names it "
                         f"(lower case), one of {', '.join(_MIG_NAMES)}")
 
 

@@ -15,7 +15,7 @@ from gpushepherd.core.shares import best_card_for
 from gpushepherd.core.preemption import (kept_from_borrower, lower_jobs_would_make_room, lower_shares_would_make_room,
                                          plan as preemption_plan, share_plan)
 from gpushepherd.core.state import INF, Job
-from gpushepherd.model.job import GPU_UNITS, natural_key
+from gpushepherd.model.job import GPU_UNITS, JobState, natural_key
 from gpushepherd.model.reasons import PendingReason, ReasonCode, time_text
 
 R = ReasonCode
@@ -23,6 +23,26 @@ R = ReasonCode
 
 def in_progress(job: Job) -> PendingReason:
     return PendingReason(R.PREEMPTION_IN_PROGRESS, ",".join(sorted(job.victims, key=natural_key)))
+
+
+def preempted_reason(book, job: Job) -> str | None:
+    """Why a job in its preemption grace period (``PREEMPTING``) is being stopped, in
+    Kueue's word for an evicted workload (``Preempted``): ``Preempted(by job 7, class
+    production-inference)``, ``Preempted(by job 7, class training, reclaim)`` (its
+    cohort's lender took its quota back), ``Preempted(window closed: classes.batch.max_gpus)``
+    (its class's ``checkpoint-and-stop``); ``None`` for a job in any other state."""
+    if job.state is not JobState.PREEMPTING:
+        return None
+    cause = job.stop_reason
+    if cause.startswith("window-closed:"):
+        return f"Preempted(window closed: {cause.removeprefix('window-closed:')})"
+    by = book.jobs.get(job.preempted_by)
+    cls = cause.removeprefix("priority:") if cause.startswith("priority:") else \
+        by.spec.workload_class if by is not None else ""
+    parts = [f"by job {job.preempted_by}" if job.preempted_by else "", f"class {cls}" if cls else "",
+             "reclaim" if cause == "reclaim" else ""]
+    detail = ", ".join(p for p in parts if p)
+    return f"Preempted({detail})" if detail else "Preempted"
 
 
 def reason_of(book, adm, profile, job: Job, v: A.Verdict, may_preempt: bool = True) -> PendingReason:

@@ -28,6 +28,7 @@ from gpushepherd.core.migplan import plan_mig
 from gpushepherd.core.profile import Profile
 from gpushepherd.core.reference import run_reference
 from gpushepherd.core.state import INF, Job
+from gpushepherd.core.reasons import preempted_reason
 from gpushepherd.core.stranded import stranded_capacity
 from gpushepherd.core.usage import declared_mib, sample_error
 from gpushepherd.model.decisions import Decision
@@ -309,6 +310,20 @@ class Scheduler:
             job.reason = cycle.pending_reason(self, job)
             job.reason_pass = self.pass_no
         return job.reason
+
+    def state_reason(self, job_id: str) -> str | None:
+        """Why a job is in its state now, as text: a pending job's reason
+        (``pending_reason``), a preempted job's in its grace period
+        (``reasons.preempted_reason``: ``Preempted(by job 7, class production-inference)``),
+        a rejected job's; ``None`` otherwise."""
+        job = self.book.jobs.get(job_id)
+        if job is None:
+            return None
+        if job.state is JobState.PENDING:
+            return str(self.pending_reason(job_id))
+        if job.state is JobState.REJECTED:
+            return str(job.reason)
+        return preempted_reason(self.book, job)
 
     def estimated_starts(self) -> dict[str, estimates.Estimate]:
         """Every pending job's planned start (``core/estimates.py``), by job id."""

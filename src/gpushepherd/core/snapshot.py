@@ -60,6 +60,7 @@ def snapshot(book) -> dict:
             "estimate_s": job.estimate_s,
             "deadline_flags": [list(f) for f in job.deadline_flags],
             "stop_reason": job.stop_reason,
+            "preempted_by": job.preempted_by,
             "usage": book.tracks[job.id].to_dict() if job.id in book.tracks else None,
         })
     unhealthy = []
@@ -157,6 +158,7 @@ def restore_into(sched, snap: dict) -> None:
             job.estimate_s = raw["estimate_s"]
         job.deadline_flags = [(float(t), str(stage), float(end)) for t, stage, end in raw.get("deadline_flags", [])]
         job.stop_reason = str(raw.get("stop_reason") or "")
+        job.preempted_by = str(raw.get("preempted_by") or "")
         if raw.get("usage") is not None:
             tr = book.tracks[spec.id] = UsageTrack.from_dict(raw["usage"])
             rule = job.cls.idle_stop

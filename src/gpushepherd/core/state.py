@@ -69,8 +69,13 @@ class Job:
     cohort: tuple | None = None  # (Cohort, CohortMember) of the job's team, if any
     units: int = 0  # GPU units (7000 per GPU) it counts against quotas
     share_at: tuple[int, ...] = ()  # a share's (GPU,) or MIG (GPU, instance position) on alloc's node
-    #: why the core stopped its current run (``time-limit``, ``idle``, ``memory-overrun``; '' none)
+    #: why the core stopped its current run (``time-limit``, ``idle``, ``memory-overrun``; a
+    #: preemption: its ``Preempt`` decision's reason, ``priority:<class>``, ``reclaim``,
+    #: ``window-closed:<limit>``; '' none)
     stop_reason: str = ""
+    #: the job its current run is being preempted for ('' none, or a window closing), kept
+    #: after the preemptor lets it go (``preemptor`` is then ``None``): for its reason
+    preempted_by: str = ""
     #: it may be evicted: preemptible, and checkpointable where its class asks
     evictable: bool = False
     #: the grace period its stops get (its class's, when it checkpoints; else 0), seconds

@@ -25,6 +25,7 @@ authenticated as every request is, on either path.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import json
 import math
@@ -63,7 +64,7 @@ from gpushepherd.daemon.store import StorageUnavailable, audit_row, storage_reas
 from gpushepherd.daemon.terminal import async_deliver
 from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.daemon.unixsock import PEER_KEY
-from gpushepherd.model.job import MAX_NICE, GpuShare, JobSpec, first_control_char
+from gpushepherd.model.job import MAX_NICE, SHARE_KINDS, GpuShare, JobSpec, first_control_char
 from gpushepherd.policy.load import PolicyError, policy_from_dict
 from gpushepherd.timepoints import FORMS as TIME_FORMS, api_time_point
 
@@ -123,6 +124,18 @@ def _argv_env_bytes(argv: list[str], env: dict[str, str]) -> int:
                                                           for k, v in env.items())
 
 
+#: the numeric fields of a share and their ranges (``ShareBody``; the core's own checks
+#: follow at submit: ``core.intake``)
+SHARE_RANGES = {"milli": (0, 1000), "mem_mib": (0, MAX_MEM_MIB), "slots": (1, 1024), "procs": (1, 48)}
+#: what users write for a share's fields (the policy's and scenarios' words) -> the API's
+SHARE_SYNONYMS = {"replica": "slots", "replicas": "slots", "ts_replicas": "slots", "mps_replicas": "slots",
+                  "clients": "slots", "fraction": "milli", "gpu_fraction": "milli", "gpu_mem_mib": "mem_mib",
+                  "mem": "mem_mib", "memory": "mem_mib", "mig_profile": "profile", "processes": "procs"}
+SHARE_DOCS = {"milli": "fraction: thousandths of a GPU; mps: each replica's SM percent x 10",
+              "mem_mib": "GPU memory, MiB", "slots": "time_slice: replicas; mps: MPS replicas",
+              "procs": "mps: client processes"}
+
+
 class ShareBody(BaseModel):
     """Part of one GPU (see ``gpushepherd.model.job.GpuShare``)."""
 
@@ -138,6 +151,38 @@ class ShareBody(BaseModel):
                        "SMs and memory, each limited to 1/procs of them")
     profile: str = Field("", max_length=64, description="mig: the MIG profile (1g.10gb)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, data):
+        """Every refusal names the field as the request wrote it (``share.slots``), the
+        value and what is allowed: an unknown key (``replica``: the keys a share takes,
+        and the one it is closest to), a kind, a number out of its range, a profile."""
+        if not isinstance(data, dict):
+            return data  # pydantic names the type expected
+        keys = list(cls.model_fields)
+        for key in data:
+            if key not in cls.model_fields:
+                close = [SHARE_SYNONYMS[key]] if key in SHARE_SYNONYMS else \
+                    difflib.get_close_matches(str(key), keys, n=1)
+                raise ValueError(f"share.{key}: {key!r} is not allowed: a share's keys are {', '.join(keys)}"
+                                 + (f" (did you mean {close[0]!r}?)" if close else ""))
+        kind = data.get("kind")
+        if kind not in SHARE_KINDS:
+            raise ValueError(f"share.kind: {kind!r} is not allowed: one of {', '.join(SHARE_KINDS)}"
+                             if "kind" in data else f"share.kind: missing, it is required: one of "
+                             f"{', '.join(SHARE_KINDS)}")
+        for name, (lo, hi) in SHARE_RANGES.items():
+            value = data.get(name, lo)
+            integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+            if isinstance(value, bool) or not integral or not lo <= value <= hi:
+                raise ValueError(f"share.{name}: {value!r} is not allowed: an integer from {lo} to {hi} "
+                                 f"({SHARE_DOCS[name]})")
+        profile = data.get("profile", "")
+        if not isinstance(profile, str) or len(profile) > 64:
+            raise ValueError(f"share.profile: {profile!r} is not allowed: a MIG profile name (1g.10gb), at most 64 "
+                             "characters")
+        return data
+
     @model_validator(mode="after")
     def _applies(self) -> "ShareBody":
         """A field the kind does not use is refused, not ignored (fraction: milli,
@@ -147,8 +192,8 @@ class ShareBody(BaseModel):
         for name in sorted(self.model_fields_set - uses - {"kind"}):
             default = type(self).model_fields[name].default
             if getattr(self, name) != default:
-                raise ValueError(f"{name}: {getattr(self, name)!r} is not allowed for a {self.kind} share: it takes "
-                                 f"{', '.join(sorted(uses))} only")
+                raise ValueError(f"share.{name}: {getattr(self, name)!r} is not allowed for a {self.kind} share: it "
+                                 f"takes kind, {', '.join(sorted(uses))} only")
         return self
 
 
@@ -591,6 +636,12 @@ def _spec_field(msg: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0].startswith("job ") else "body"
 
 
+def _spec_loc(field: str) -> list[str]:
+    """The error location of a ``SpecError``'s field: ``share.slots`` ->
+    ``["body", "share", "slots"]``, as pydantic locates the request's own fields."""
+    return ["body", *field.split(".")] if re.fullmatch(r"\w+(\.\w+)*", field) else ["body", field]
+
+
 def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     """The FastAPI application serving ``daemon``.
 
@@ -750,6 +801,10 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             err = {k: clean(v) for k, v in err.items() if k != "ctx"}
             if isinstance(err.get("msg"), str) and err["msg"].startswith("Value error, "):
                 err["msg"] = err["msg"][len("Value error, "):]
+            named = re.match(r"(\w+(?:\.\w+)+): ", str(err.get("msg")))
+            loc = list(err.get("loc") or ())
+            if named and loc and loc[-1] == named.group(1).split(".")[0]:  # "share.slots: ..." found at share
+                err["loc"] = loc[:-1] + named.group(1).split(".")
             errors.append(err)
         return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
 
@@ -840,7 +895,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                 confirm_open(request)
             field = {"class": "class", "workload_class": "class"}.get(_spec_field(str(exc)), _spec_field(str(exc)))
             return JSONResponse(status_code=422, content={"detail": [
-                {"loc": ["body", field], "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})
+                {"loc": _spec_loc(field), "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})
         except IdempotencyConflict as exc:
             return JSONResponse(status_code=422, content={"detail": [
                 {"loc": ["header", "Idempotency-Key"], "msg": str(exc), "type": "idempotency", "job": exc.job_id}]})
@@ -956,7 +1011,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         except SpecError as exc:
             field = _spec_field(str(exc))
             return JSONResponse(status_code=422, content={"detail": [
-                {"loc": ["body", field], "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})
+                {"loc": _spec_loc(field), "msg": re.sub(r"^job '[^']*': ", "", str(exc)), "type": "policy"}]})
 
     @app.post("/jobs/{job_id}/hold", responses={409: {"description": "Not a pending job the server keeps"}})
     def hold(job_id: str, request: Request, p: Principal | None = Depends(principal)) -> dict:

@@ -116,8 +116,10 @@ def find_runner(job_id: str, run: int, exit_file: Path) -> tuple[int, str | None
 
 def exit_status(code: int) -> ExitStatus:
     """The core's status for an exit code: 0 -> ``COMPLETED``, 85 -> ``PREEMPTED``
-    (requeue), anything else (a signal is negative) -> ``FAILED``. The core turns a
-    failure of a job it was preempting or stopping into a requeue or a ``TIMEOUT``."""
+    (requeue), anything else (a signal is negative) -> ``FAILED``. The daemon counts an
+    exit 0 of a run it signalled for preemption as ``PREEMPTED`` (``Daemon._exit_of``,
+    note 048); the core turns a failure of a job it was preempting or stopping into a
+    requeue or a ``TIMEOUT``."""
     if code == 0:
         return ExitStatus.COMPLETED
     if code == REQUEUE_EXIT_CODE:

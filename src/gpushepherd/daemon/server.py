@@ -366,6 +366,9 @@ class Daemon:
         self.runs: Counter = Counter()  # Start decisions per job (run numbers)
         self.kills: dict[str, tuple[int, float]] = {}  # job -> (run, SIGKILL due): a kill belongs to one run
         self.live_run: dict[str, int] = {}  # job -> the run whose process the backend tracks
+        # job -> its run that had ended on its own when its preemption signal was due (the
+        # exit came before the signal: it ends as its code says; note 048)
+        self.ended_unsignalled: dict[str, int] = {}
         self.deferred: list[Event] = []  # events found while reconciling, fed in the next step
         # lost runs (note 017): the logged RunLost events of each job, and the runs to hand to
         # the core once their back-off is over: job -> (run, due)
@@ -1033,6 +1036,29 @@ class Daemon:
         """Seconds between the ``k``-th lost run of a job (1, 2, ...) and its requeue."""
         return min(self.requeue_backoff_s * 2 ** (k - 1), MAX_REQUEUE_BACKOFF_S)
 
+    def _ended_already(self, job_id: str) -> bool:
+        """Whether the backend reports the job's run ended (``False`` when it cannot tell:
+        a signal then follows, and its exit is counted as one after the signal)."""
+        try:
+            return not self.backend.running(job_id)
+        except Exception:  # an engine that cannot be asked now
+            self.ratelog.exception(f"running:{job_id}", "job %s: cannot tell whether its run still runs", job_id)
+            return False
+
+    def _exit_of(self, job, code: int) -> ExitStatus:
+        """The status of a run of ``job`` that exited with ``code`` (note 048): a run the
+        scheduler signalled for preemption (``PREEMPTING``: class preemption, reclaim, a
+        window closing with ``checkpoint-and-stop``) is requeued whatever its code - one
+        that catches SIGTERM and exits 0 (``trap 'exit 0' TERM``) is ``PREEMPTED``, as
+        Slurm's ``PreemptMode=REQUEUE`` and Kueue do -, unless it had already ended on its
+        own when the signal was due (``ended_unsignalled``): then its code says
+        (``exit_status``: 0 ``COMPLETED``, 85 ``PREEMPTED``, else ``FAILED``)."""
+        status = exit_status(code)
+        ended_first = self.ended_unsignalled.get(job.id) == self.runs[job.id]
+        if job.state is JobState.PREEMPTING and status is ExitStatus.COMPLETED and not ended_first:
+            return ExitStatus.PREEMPTED
+        return status
+
     @staticmethod
     def _lost(job) -> Event:
         """The event that hands a lost run to the core (``t`` is set when fed): a requeue,
@@ -1412,7 +1438,7 @@ class Daemon:
                 if rec is not None:
                     lost.append(rec)
             else:
-                status = exit_status(code)
+                status = self._exit_of(job, code)
                 if job_id in causes:  # OUT_OF_MEMORY (note 023): a failure whatever the code
                     rec = RunEnded(now, job_id, self.runs[job_id], *causes[job_id])
                     batch.append(rec)
@@ -1501,6 +1527,7 @@ class Daemon:
             raise
         for job_id in self._exits:
             causes.pop(job_id, None)
+            self.ended_unsignalled.pop(job_id, None)
         self._exits.clear()
         for rec in ended:
             self.end_reasons[rec.job_id] = (rec.run, rec.reason, rec.detail)
@@ -1568,6 +1595,9 @@ class Daemon:
                     self.backend.kill(d.job_id)  # the core released its GPUs already: nothing may outlive that
                     self.kills.pop(d.job_id, None)
                     return
+                if isinstance(d, Preempt) and self._ended_already(d.job_id):
+                    # it exited after this step read the exits, before this signal (note 048)
+                    self.ended_unsignalled[d.job_id] = run
                 self.backend.signal(d.job_id, getattr(signal, job.cls.stop_signal if job else "SIGTERM"))
             except Exception:  # an engine command that failed: the kill at the end of the grace is the backstop
                 self.ratelog.exception(f"signal:{d.job_id}", "job %s: cannot signal or kill its run", d.job_id)
@@ -2132,9 +2162,9 @@ class Daemon:
             return None if rec is None else self._archived_view(job_id, rec, row, history)
         spec = job.spec
         pending = job.state is JobState.PENDING
-        reason = self.sched.pending_reason(job_id) if pending else None
-        if job.state is JobState.REJECTED:  # the core keeps why (Reject's reason) on the job
-            reason = job.reason
+        # a pending job's reason, a rejected one's (Reject's), a preempted one's in its grace
+        # period (``Preempted(by job 7, class production-inference)``)
+        reason = self.sched.state_reason(job_id)
         factors = self.sched.priority_factors(job_id)
         view = {
             "id": job_id, "state": job.state.value, "class": spec.workload_class, "team": spec.team,

@@ -46,8 +46,9 @@ class ExitStatus(str, enum.Enum):
     """How a running job's process ended, as the driver (simulator, daemon) reports it.
 
     ``PREEMPTED`` is the exit of a job that was signalled by a ``Preempt`` decision
-    (it checkpointed if it can) and must be requeued; ``TIMEOUT`` the exit after a
-    ``Stop`` for its time limit.
+    (it checkpointed if it can) and must be requeued, whatever its exit code (note 048:
+    a driver reports ``COMPLETED`` for such a job only when it exited on its own before
+    the signal was sent); ``TIMEOUT`` the exit after a ``Stop`` for its time limit.
     """
 
     COMPLETED = "COMPLETED"

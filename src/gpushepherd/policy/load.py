@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import difflib
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,7 +255,11 @@ def _inner_model(annotation: Any) -> Any:
 
 
 def _translate(exc: ValidationError, source: str) -> PolicyError:
-    err = exc.errors()[0]
+    """The first error of ``exc`` as a ``PolicyError``; an unknown field first (a typo,
+    ``replica`` for ``replicas``, also leaves its right name missing: the typo is the
+    error to name), with the field it is closest to."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(err["loc"])
     path = _loc_to_path(loc)
     value = err.get("input")
@@ -262,7 +267,8 @@ def _translate(exc: ValidationError, source: str) -> PolicyError:
         parent = _model_at(loc)
         names = sorted(parent.model_fields) if parent is not None else []
         allowed = "unknown field; allowed fields here: " + ", ".join(names) if names else "unknown field"
-        return PolicyError(source, path, loc[-1], allowed)
+        close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+        return PolicyError(source, path, loc[-1], allowed + (f" (did you mean {close[0]!r}?)" if close else ""))
     if err["type"] == "missing":
         return PolicyError(source, path, None, "a value is required here")
     msg = err["msg"]

@@ -2,8 +2,9 @@
 
 The simulator owns what the scheduler must not see: each job's true duration. It turns
 the scheduler's decisions into future events (a started job exits when its work is
-done; a preempted or stopped job exits at the end of its grace period; a job that
-finishes inside its grace period completes) and feeds them back, one instant at a time.
+done; a preempted or stopped job exits at the end of its grace period; a stopped job
+that finishes inside its grace period completes, a preempted one is requeued all the
+same, as the daemon does - note 048) and feeds them back, one instant at a time.
 
 Work model (the public scenario conventions): a checkpointable job that is preempted or
 requeued by an operator keeps the work it did before the signal; one that does not
@@ -459,11 +460,18 @@ class Simulator:
         self._push(rec.exit_at, 0, (rec.spec.id, rec.run))
 
     def _signal(self, rec: JobRecord, t: float, grace: float, status: ExitStatus) -> None:
-        if t + grace < rec.exit_at:  # otherwise it completes inside its grace period
+        """A signal at ``t``: the run exits ``grace`` seconds later with ``status``. A
+        run whose work ends sooner exits then: a stopped one completes (the core ends it
+        as its stop says); a preempted one is ``PREEMPTED`` all the same - its exit comes
+        after the signal, and the daemon requeues such a run whatever its code (note 048)."""
+        if t + grace < rec.exit_at:
             rec.exit_at = t + grace
             rec.exit_status = status
             rec.signal_t = t
             self._push(rec.exit_at, 0, (rec.spec.id, rec.run))
+        elif status is ExitStatus.PREEMPTED:
+            rec.exit_status = status
+            rec.signal_t = t
 
     def _preempt(self, rec: JobRecord, t: float, grace: float) -> None:
         """The victim answers its k-th signal with ``signal_answers[k]`` (the last one
