@@ -475,6 +475,12 @@ class Admission(ShareRules):
                     if counts is not None:
                         return counts
             return place_live(ledger, groups, shape)
+        if islands and scratch is None and not avoided and caps is None and not tiered:
+            # only nodes with k free GPUs or more can take it: read them from the
+            # free-count buckets, not every node of the filter (note 046)
+            k = shape.k
+            cand = [i for g in groups for f in range(k, ledger.groups[g].gpus + 1) for i in ledger.groups[g].buckets[f]]
+            return self._best_fit_islands(job, cand, {i: ledger.slots[i].free for i in cand}, None)
         cand = [i for i in members_of(ledger, groups) if i not in avoided]
         tiers = [cand]
         if tiered:

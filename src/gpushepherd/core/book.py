@@ -80,6 +80,9 @@ class Book:
         self.next_recalc = float("-inf")
         self.teams_seen: set[str] = set(rules.teams)
         self.users_seen: dict[str, set[str]] = {}
+        #: fair-share factors of this instant (``priority._fs_memo``)
+        self.fs_memo: dict = {}
+        self.fs_memo_stamp: tuple = ()
         pr = rules.prediction
         self.predictor = RuntimePredictor(pr.quantile, pr.history, pr.min_jobs) if pr.enabled else None
         # per class: units held, units covered by its reserved_gpus

@@ -28,15 +28,42 @@ def usage_keys(spec: JobSpec) -> tuple[tuple, ...]:
 def fair_share_factor(book, team: str, user: str = "") -> float:
     """Slurm's classic ``2^(-U/S)`` now: the team's share of all decayed usage over its
     share of the teams' ``shares``; at ``fair_share.level: user`` times the same for the
-    user inside the team (its users share it equally)."""
+    user inside the team (its users share it equally).
+
+    Memoised per instant (``_fs_memo``): the decayed usage at a fixed ``now`` does not
+    change within it (``UsageBook.hold`` at ``t`` leaves the value at ``t`` as it was), so
+    a team's factor is the same for every job of the team re-keyed at one instant, as long
+    as the teams and users seen (the shares' denominators) are the same."""
+    memo = _fs_memo(book)
+    level_user = book.rules.priority.fair_share_level == "user"
+    key = (team, user, len(book.users_seen.get(team) or ())) if level_user else team
+    f = memo.get(key)
+    if f is not None:
+        return f
     t = book.now
     usage = book.usage
-    total_shares = sum(book.rules.shares.get(x, 1) for x in book.teams_seen) or 1
+    total_shares = memo.get(_TOTAL)
+    if total_shares is None:
+        total_shares = memo[_TOTAL] = sum(book.rules.shares.get(x, 1) for x in book.teams_seen) or 1
     f = factor(usage.value(("team", team), t), usage.value(("all",), t), book.rules.shares.get(team, 1) / total_shares)
-    if book.rules.priority.fair_share_level == "user":
+    if level_user:
         users = book.users_seen.get(team) or {user}
         f *= factor(usage.value(("user", team, user), t), usage.value(("team", team), t), 1 / len(users))
+    memo[key] = f
     return f
+
+
+_TOTAL = ("", "total shares")
+
+
+def _fs_memo(book) -> dict:
+    """The fair-share factors worked out at this instant (cleared when the instant, the
+    teams seen or the usage book change)."""
+    stamp = (book.now, len(book.teams_seen), id(book.usage))
+    if book.fs_memo_stamp != stamp:
+        book.fs_memo_stamp = stamp
+        book.fs_memo = {}
+    return book.fs_memo
 
 
 def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str, float]:
@@ -44,16 +71,24 @@ def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str
     ``fair_share``, ``age``, ``size``, ``time_limit``, ``deadline``, ``nice`` (score
     points subtracted, sprio's NICE column) and ``priority``: the factors' sum less
     ``nice``."""
+    c, fs, age, size, tl, dl = _terms(book, spec, cls, estimate)
+    return {"class": c, "fair_share": fs, "age": age, "size": size, "time_limit": tl, "deadline": dl,
+            "nice": float(spec.nice), "priority": c + fs + age + size + tl + dl - spec.nice}
+
+
+def _terms(book, spec: JobSpec, cls, estimate: float | None) -> tuple[float, ...]:
+    """The weighted factors ``(class, fair_share, age, size, time_limit, deadline)``;
+    the priority is their sum, in this order, less ``nice`` (``factors``, ``order_key``)."""
     pr = book.rules.priority
-    out = {"class": pr.class_weight * cls.priority / book.max_prio, "fair_share": 0.0, "age": 0.0, "size": 0.0}
+    c = pr.class_weight * cls.priority / book.max_prio
+    fs = age = size = tl = dl = 0.0
     if pr.fair_share_weight:
-        out["fair_share"] = pr.fair_share_weight * fair_share_factor(book, spec.team, spec.user)
+        fs = pr.fair_share_weight * fair_share_factor(book, spec.team, spec.user)
     if pr.age_weight and book.recalc_t > spec.submit_time:
-        out["age"] = pr.age_weight * min(book.recalc_t - spec.submit_time, pr.max_age_s) / pr.max_age_s
+        age = pr.age_weight * min(book.recalc_t - spec.submit_time, pr.max_age_s) / pr.max_age_s
     if pr.size_weight:
         total = book.ledger.healthy_total or 1
-        out["size"] = pr.size_weight * min(1.0, spec.gpus / total)
-    out["time_limit"] = 0.0
+        size = pr.size_weight * min(1.0, spec.gpus / total)
     if pr.time_limit_weight:
         limit = time_limit(spec, cls)
         if estimate is None:
@@ -61,19 +96,15 @@ def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str
         if estimate is not None:  # the job's estimate or a prediction, when it has one
             limit = estimate if limit is None else min(limit, estimate)
         if limit is not None:
-            out["time_limit"] = pr.time_limit_weight * max(0.0, 1.0 - limit / pr.max_time_limit_s)
-    out["deadline"] = 0.0
-    base = out["class"] + out["fair_share"] + out["age"] + out["size"] + out["time_limit"]
+            tl = pr.time_limit_weight * max(0.0, 1.0 - limit / pr.max_time_limit_s)
     if pr.deadline_weight:
         if cls.priority >= book.max_prio:
             # the top class (production inference) counts as always at risk: a job the
             # factor lifts never passes one of its jobs it was behind (note 034)
-            out["deadline"] = pr.deadline_weight
+            dl = pr.deadline_weight
         elif spec.deadline is not None:
-            out["deadline"] = pr.deadline_weight * urgency(book, spec, cls, estimate)
-    out["nice"] = float(spec.nice)
-    out["priority"] = base + out["deadline"] - spec.nice
-    return out
+            dl = pr.deadline_weight * urgency(book, spec, cls, estimate)
+    return c, fs, age, size, tl, dl
 
 
 def urgency(book, spec: JobSpec, cls, estimate: float | None = None) -> float:
@@ -104,7 +135,8 @@ def order_key(book, spec: JobSpec, cls, estimate: float | None = None) -> tuple:
     pr = book.rules.priority
     if not (pr.dynamic or pr.size_weight or pr.time_limit_weight):
         return (spec.nice - pr.class_weight * cls.priority / book.max_prio, spec.submit_time, natural_key(spec.id))
-    return (-factors(book, spec, cls, estimate)["priority"], spec.submit_time, natural_key(spec.id))
+    c, fs, age, size, tl, dl = _terms(book, spec, cls, estimate)
+    return (-(c + fs + age + size + tl + dl - spec.nice), spec.submit_time, natural_key(spec.id))
 
 
 def by_class_alone(book) -> bool:
@@ -123,11 +155,10 @@ def maybe_recalc(book, t: float) -> None:
     book.recalc_t = t
     if not book.queue:
         return
-    jobs = list(book.queue)
-    book.queue = PendingQueue()
+    jobs = book.queue.jobs()
     for job in jobs:
         job.key = book.order_key(job)
-        book.queue.add(job)
+    book.queue = PendingQueue.of(jobs)
     book.dirty = True
 
 
