@@ -262,7 +262,7 @@ def main() -> int:
         return f"{r[key + '_cpu_s']:.4f} ({r[key + '_wall_s']:.4f})"
 
     line("GPUs / free after the fill", lambda r, k: f"{r['gpus']:,} / {r['free_after_fill']}", "")
-    line("distinct shapes/teams/classes/sel", lambda r, k: f"{r['distinct']:,}", "", ">= 5,000")
+    line("distinct shapes/teams/classes/sel", lambda r, k: f"{r['distinct']:,}", "", ">= 5,000", "")
     line("sub-queues", lambda r, k: f"{r['subqueues']:,}", "", "", "5,190")
     line("submit all pending (one call)", both, "submit")
     line(f"pass after a job end p50", both, "pass_p50", "", f"{ISSUE['pass_p50_s']}")

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushepherd.core.queue import PendingQueue
+from gpushepherd.model.job import natural_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
@@ -24,13 +25,13 @@ class _Job:
     __slots__ = ("sig", "key", "pend_est", "strict_q", "tag")
 
 
-def _jobs(draw_keys: list[tuple[int, int, int, int, int]]) -> list:
-    """Bare jobs: (sub-queue, priority, submit time, id, strict queue) - keys may tie."""
+def _jobs(draw: list[tuple[int, int, int, int]]) -> list:
+    """Bare jobs: (sub-queue, priority, submit time, strict queue); the id is unique."""
     out = []
-    for n, (sig, prio, sub_t, ident, strict) in enumerate(draw_keys):
+    for n, (sig, prio, sub_t, strict) in enumerate(draw):
         j = _Job()
         j.sig = sig
-        j.key = (-prio, float(sub_t), ((0, ident, ""),))  # equal ids tie, as ``j1`` and ``j01`` do
+        j.key = (-prio, float(sub_t), natural_key(f"j{n}"))
         j.pend_est = float(n % 7)
         j.strict_q = ("q", strict) if strict >= 0 else None
         j.tag = n
@@ -39,27 +40,44 @@ def _jobs(draw_keys: list[tuple[int, int, int, int, int]]) -> list:
 
 
 def _view(q: PendingQueue):
-    return (list(q.heads), {s: [j.tag for j in sub] for s, sub in q.subs.items()},
-            {s: list(k) for s, k in q._subkeys.items()}, {s: list(e) for s, e in q._subests.items()},
-            {k: [j.tag for _k, j in v] for k, v in q.strict.items()}, q.count, [j.tag for j in q])
+    return (list(q.heads), {s: [j.tag for j in sub] for s, sub in sorted(q.subs.items())},
+            {s: list(k) for s, k in sorted(q._subkeys.items())}, {s: list(e) for s, e in sorted(q._subests.items())},
+            {k: [j.tag for _k, j in v] for k, v in sorted(q.strict.items())}, q.count, [j.tag for j in q])
+
+
+_draws = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(0, 2), st.integers(-1, 1)), max_size=40)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(0, 2), st.integers(0, 3),
-                          st.integers(-1, 1)), max_size=40), st.randoms(use_true_random=False))
-def test_a_queue_built_at_once_is_the_queue_built_job_by_job(keys, rnd):
-    jobs = _jobs(keys)
+@given(_draws, st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3)), max_size=40), st.randoms(use_true_random=False))
+def test_a_queue_rekeyed_in_place_is_the_queue_built_job_by_job(draw, new_keys, rnd):
+    """What a priority recalculation does to the queue (``PendingQueue.rekeyed``) gives
+    the queue that adding every job with its new key gives (what it did before note 046)."""
+    jobs = _jobs(draw)
     rnd.shuffle(jobs)
-    old = PendingQueue()
+    q = PendingQueue()
     for j in jobs:
-        old.add(j)
-    # the recalculation used to add the jobs in the old queue's order, one by one
-    by_add = PendingQueue()
-    for j in list(old):
-        by_add.add(j)
-    at_once = PendingQueue.of(old.jobs())
-    assert _view(at_once) == _view(by_add)
-    at_once.check()
+        q.add(j)
+    for j, (prio, sub_t) in zip(jobs, new_keys):
+        j.key = (-prio, float(sub_t), j.key[2])
+    q.next_shorter(0, 0, 0.0) if 0 in q.subs else None  # block minima cached before the change
+    fresh = PendingQueue()
+    for j in rnd.sample(jobs, len(jobs)):
+        fresh.add(j)
+    q.rekeyed()
+    assert _view(q) == _view(fresh)
+    q.check()
+    for sig in q.subs:
+        for i in range(len(q.subs[sig])):
+            assert q.next_shorter(sig, i, 3.0) == fresh.next_shorter(sig, i, 3.0)
+
+
+def test_ids_that_read_alike_never_tie():
+    """``j01`` and ``j1`` have one natural order (the text decides), so order keys are
+    unique - and ids without a leading zero keep the key they had."""
+    assert natural_key("j01") != natural_key("j1")
+    assert sorted(["j2", "j01", "j1", "j10"], key=natural_key) == ["j1", "j01", "j2", "j10"]
+    assert natural_key("job-12-a") == ((1, 0, "job-"), (0, 12, ""), (1, 0, "-a"))
 
 
 def _old_quota_start(book, job, claims, t0, run):

@@ -305,18 +305,20 @@ def quota_start(book, job: Job, claims: list[Claim], t0: float, run: float) -> f
 
     The candidate instants (``t0``, each planned end and each claim's end after it) are
     walked in order, lazily: the first that holds is the answer, so a job its quota
-    allows at ``t0`` costs no walk over every running job's end (note 046)."""
+    allows at ``t0`` costs no walk over every running job's end; what running jobs give
+    back by an instant is summed over the jobs charged to the key only
+    (``Book.ends_by_key``, note 046)."""
     quota = book.quota
     keys = {(i, user): a for i, user, a in job.charges}
     hold = _holds_for_others(book, job)
-    released = _Released(book, keys)
+    released = book.ends_by_key.released
     for t in _instants(book, claims, t0):
         end = t + run
         probes = [t] + [c.start for c in claims if t < c.start < end]
         ok = True
         for q in probes:
             for k, a in keys.items():
-                used = quota.usage.get(k, 0) - released.by(k, q)
+                used = quota.usage.get(k, 0) - released(book.jobs, k, q)
                 extra = sum(c.quota_at(k, q) for c in claims if c.start <= q < c.end)
                 if used + extra + a > quota.current[k[0]]:
                     ok = False
@@ -351,36 +353,6 @@ def _class_hold_ok(book, job: Job, q: float, claims: list[Claim]) -> bool:
     """Whether at ``q`` (by planned ends) the free GPUs, less the claims active then and
     the job's own, still cover what other classes' ``reserved_gpus`` keep free."""
     return class_slack(book, job.cls.name, q, claims) * GPU_UNITS >= job.units
-
-
-class _Released:
-    """What the running jobs planned to end by ``q`` give back of each quota key: one
-    walk over the planned ends (ascending) as far as the latest ``q`` asked, with
-    cumulative sums per key, for the many probes of one ``quota_start``."""
-
-    def __init__(self, book, keys: dict):
-        self.book = book
-        self.i = 0  # ends walked
-        #: key -> ([time of each walked end charged to it], [cumulative amount after it])
-        self.walked: dict = {k: ([], []) for k in keys}
-
-    def by(self, k: Key, q: float) -> int:
-        ends, walked = self.book.ends, self.walked
-        jobs = self.book.jobs
-        i, n = self.i, len(ends)
-        while i < n and ends[i][0] <= q:
-            e, _seq, jid = ends[i]
-            for li, u, a in jobs[jid].run_charges:
-                found = walked.get((li, u))
-                if found is not None:
-                    times, sums = found
-                    times.append(e)
-                    sums.append((sums[-1] if sums else 0) + a)
-            i += 1
-        self.i = i
-        times, sums = walked[k]
-        m = bisect_right(times, q)
-        return sums[m - 1] if m else 0
 
 
 

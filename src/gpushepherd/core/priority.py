@@ -16,7 +16,6 @@ import math
 
 from gpushepherd.core.fairshare import factor
 from gpushepherd.core.intake import time_limit
-from gpushepherd.core.queue import PendingQueue
 from gpushepherd.model.job import JobSpec, natural_key
 
 
@@ -25,7 +24,7 @@ def usage_keys(spec: JobSpec) -> tuple[tuple, ...]:
     return (("all",), ("team", spec.team), ("user", spec.team, spec.user))
 
 
-def fair_share_factor(book, team: str, user: str = "") -> float:
+def fair_share_factor(book, team: str, user: str = "", memo: dict | None = None) -> float:
     """Slurm's classic ``2^(-U/S)`` now: the team's share of all decayed usage over its
     share of the teams' ``shares``; at ``fair_share.level: user`` times the same for the
     user inside the team (its users share it equally).
@@ -33,8 +32,10 @@ def fair_share_factor(book, team: str, user: str = "") -> float:
     Memoised per instant (``_fs_memo``): the decayed usage at a fixed ``now`` does not
     change within it (``UsageBook.hold`` at ``t`` leaves the value at ``t`` as it was), so
     a team's factor is the same for every job of the team re-keyed at one instant, as long
-    as the teams and users seen (the shares' denominators) are the same."""
-    memo = _fs_memo(book)
+    as the teams and users seen (the shares' denominators) are the same.
+    ``memo``: ``_fs_memo(book)``, when the caller has it already."""
+    if memo is None:
+        memo = _fs_memo(book)
     level_user = book.rules.priority.fair_share_level == "user"
     key = (team, user, len(book.users_seen.get(team) or ())) if level_user else team
     f = memo.get(key)
@@ -76,14 +77,14 @@ def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str
             "nice": float(spec.nice), "priority": c + fs + age + size + tl + dl - spec.nice}
 
 
-def _terms(book, spec: JobSpec, cls, estimate: float | None) -> tuple[float, ...]:
+def _terms(book, spec: JobSpec, cls, estimate: float | None, memo: dict | None = None) -> tuple[float, ...]:
     """The weighted factors ``(class, fair_share, age, size, time_limit, deadline)``;
     the priority is their sum, in this order, less ``nice`` (``factors``, ``order_key``)."""
     pr = book.rules.priority
     c = pr.class_weight * cls.priority / book.max_prio
     fs = age = size = tl = dl = 0.0
     if pr.fair_share_weight:
-        fs = pr.fair_share_weight * fair_share_factor(book, spec.team, spec.user)
+        fs = pr.fair_share_weight * fair_share_factor(book, spec.team, spec.user, memo)
     if pr.age_weight and book.recalc_t > spec.submit_time:
         age = pr.age_weight * min(book.recalc_t - spec.submit_time, pr.max_age_s) / pr.max_age_s
     if pr.size_weight:
@@ -130,12 +131,13 @@ def _slack(book, spec: JobSpec, cls, estimate: float | None, at: float | None = 
     return spec.deadline - max(book.now if at is None else at, spec.submit_time) - (need or 0.0)
 
 
-def order_key(book, spec: JobSpec, cls, estimate: float | None = None) -> tuple:
-    """Queue order: priority (high first), then submit time, then job id."""
+def order_key(book, spec: JobSpec, cls, estimate: float | None = None, memo: dict | None = None) -> tuple:
+    """Queue order: priority (high first), then submit time, then job id (``memo``: the
+    instant's fair-share factors, ``_fs_memo``)."""
     pr = book.rules.priority
     if not (pr.dynamic or pr.size_weight or pr.time_limit_weight):
         return (spec.nice - pr.class_weight * cls.priority / book.max_prio, spec.submit_time, natural_key(spec.id))
-    c, fs, age, size, tl, dl = _terms(book, spec, cls, estimate)
+    c, fs, age, size, tl, dl = _terms(book, spec, cls, estimate, memo)
     return (-(c + fs + age + size + tl + dl - spec.nice), spec.submit_time, natural_key(spec.id))
 
 
@@ -155,10 +157,10 @@ def maybe_recalc(book, t: float) -> None:
     book.recalc_t = t
     if not book.queue:
         return
-    jobs = book.queue.jobs()
-    for job in jobs:
-        job.key = book.order_key(job)
-    book.queue = PendingQueue.of(jobs)
+    memo = _fs_memo(book)
+    for job in book.queue.jobs():
+        job.key = order_key(book, job.spec, job.cls, job.estimate_s, memo)  # as ``Book.order_key``
+    book.queue.rekeyed()
     book.dirty = True
 
 

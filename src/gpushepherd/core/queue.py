@@ -65,38 +65,27 @@ class PendingQueue:
     def __len__(self) -> int:
         return self.count
 
-    @classmethod
-    def of(cls, jobs: list[Job]) -> "PendingQueue":
-        """A queue of ``jobs`` (their ``sig``, ``key``, ``pend_est`` and ``strict_q`` set),
-        built at once: the queue ``add`` gives when the jobs come in global order (a
-        stable sort by key, as ``__iter__``), in O(n log n): each job lands at the end of
-        its sub-queue unless its key ties the last one's (ids such as ``j1`` and ``j01``
-        order alike: ``add`` puts it before them, and so does this)."""
-        q = cls()
-        jobs = sorted(jobs, key=_key_of)
-        subs, subkeys, subests, version = q.subs, q._subkeys, q._subests, q._version
-        for job in jobs:
-            sig, key = job.sig, job.key
-            keys = subkeys.get(sig)
-            if keys is None:
-                subs[sig] = [job]
-                subkeys[sig] = [key]
-                subests[sig] = [job.pend_est]
-                q.heads.append((key, sig))
-                version[sig] = 1
+    def rekeyed(self) -> None:
+        """Put the queue back in order after its jobs' order keys changed (a priority
+        recalculation), in place: each sub-queue sorted again (most hold one job: nothing
+        to do but note its new key), the heads and strict FIFO queues sorted. Order keys
+        are unique (they end with the job id, ``natural_key``), so this is the queue that
+        ``add`` of every job gives, in any order (note 046)."""
+        subkeys = self._subkeys
+        for sig, sub in self.subs.items():
+            if len(sub) == 1:
+                subkeys[sig][0] = sub[0].key
             else:
-                i = len(keys) if keys[-1] < key else bisect_left(keys, key)
-                keys.insert(i, key)
-                subs[sig].insert(i, job)
-                subests[sig].insert(i, job.pend_est)
-                version[sig] += 1
-            if job.strict_q is not None:
-                fifo = q.strict.setdefault(job.strict_q, [])
-                i = len(fifo) if not fifo or fifo[-1][0] < key else bisect_left(fifo, key, key=_first)
-                fifo.insert(i, (key, job))
-        q.heads.sort()  # heads whose keys tie go by signature, as ``add``'s ``insort``
-        q.count = len(jobs)
-        return q
+                sub.sort(key=_key_of)
+                subkeys[sig] = [j.key for j in sub]
+                self._subests[sig] = [j.pend_est for j in sub]
+        self._mins.clear()
+        subs = self.subs
+        heads = [(subs[sig][0].key, sig) for _k, sig in self.heads]
+        heads.sort()  # in the old order: mostly sorted runs already, which Timsort merges
+        self.heads = heads
+        for q, fifo in self.strict.items():
+            self.strict[q] = sorted([(j.key, j) for _k, j in fifo], key=_first)
 
     def jobs(self) -> list[Job]:
         """Every pending job, in no particular order (a new list)."""
