@@ -158,8 +158,10 @@ def maybe_recalc(book, t: float) -> None:
     if not book.queue:
         return
     memo = _fs_memo(book)
-    for job in book.queue.jobs():
-        job.key = order_key(book, job.spec, job.cls, job.estimate_s, memo)  # as ``Book.order_key``
+    for job in book.queue.jobs():  # ``order_key`` of a dynamic order, the id's part kept
+        spec = job.spec
+        c, fs, age, size, tl, dl = _terms(book, spec, job.cls, job.estimate_s, memo)
+        job.key = (-(c + fs + age + size + tl + dl - spec.nice), spec.submit_time, job.key[2])
     book.queue.rekeyed()
     book.dirty = True
 
