@@ -18,7 +18,9 @@ limits): thousands of distinct sub-queues. Then, timed one ``handle`` call each:
 * the fair-share recalculations at t=1,200 and 2,400 s (a ``Tick`` each, a job end between;
   re-keys the queue, then a pass; no time limit falls there), the slower;
 * ``pending_jobs()`` (listing the queue);
-* peak memory (max RSS of the process).
+* peak memory (max RSS of the process);
+* Python's full garbage collections during the timed calls (they fall into whichever
+  call is running: a part of the tail).
 
 Each size runs in its own process (its own peak memory). Beside each figure: the goal
 (issue 16) and the older core's figure the issue measured, and a floor measured in the
@@ -32,6 +34,7 @@ seconds, with the load average): compare the columns of one run.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -161,6 +164,23 @@ def _digest(h, decisions) -> None:
         h.update(f"{type(d).__name__}|{d.job_id}|{d.t}|{p!r}\n".encode())
 
 
+class _FullCollections:
+    """Python's full (generation 2) garbage collections from now on: how many, seconds."""
+
+    def __init__(self) -> None:
+        self.n, self.s, self._t0 = 0, 0.0, 0.0
+        gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.n += 1
+            self.s += time.perf_counter() - self._t0
+
+
 def one(nodes: int, pending: int, events: int, seed: int, **policy) -> dict:
     """One size in this process: the JSON row ``main`` prints (``policy``: options of
     ``policy_dict``)."""
@@ -190,6 +210,7 @@ def one(nodes: int, pending: int, events: int, seed: int, **policy) -> dict:
     floor = (time.process_time() - c0) / 5
     walls, cpus = [], []
     started = 0
+    full_gc = _FullCollections()
     t = 2.0
     for _ in range(events):
         running = sched.running_jobs()
@@ -208,6 +229,7 @@ def one(nodes: int, pending: int, events: int, seed: int, **policy) -> dict:
         recalc.append((time.process_time() - c0, time.perf_counter() - w0))
         running = sched.running_jobs()  # a job end between the two recalculations
         _digest(h, sched.handle(JobFinished(t=1200.0 * k + 1, job_id=running[rng.randrange(len(running))].id)))
+    gc.callbacks.remove(full_gc)
     c0 = time.process_time()
     listed = len(sched.pending_jobs())
     list_cpu = time.process_time() - c0
@@ -223,7 +245,7 @@ def one(nodes: int, pending: int, events: int, seed: int, **policy) -> dict:
             "pass_p50_cpu_s": pct(cpus, 0.5), "pass_p99_cpu_s": pct(cpus, 0.99), "pass_max_cpu_s": cpus[-1],
             "pass_p50_wall_s": pct(walls, 0.5), "pass_p99_wall_s": pct(walls, 0.99), "pass_max_wall_s": walls[-1],
             "recalc_cpu_s": max(c for c, _w in recalc), "recalc_wall_s": max(w for _c, w in recalc),
-            "list_cpu_s": list_cpu, "floor_s": floor,
+            "list_cpu_s": list_cpu, "floor_s": floor, "full_gc": full_gc.n, "full_gc_s": full_gc.s,
             "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "digest": h.hexdigest()[:16]}
 
@@ -272,6 +294,7 @@ def main() -> int:
     line("fair-share recalculation + pass", both, "recalc", f"<= {GOAL['recalc_s']}", f"{ISSUE['recalc_s']}")
     line("pending_jobs()", lambda r, k: f"{r['list_cpu_s']:.4f}", "", "", f"{ISSUE['list_s']}")
     line("floor: touch every pending job", lambda r, k: f"{r['floor_s']:.4f}", "")
+    line("full GC collections (n, wall s)", lambda r, k: f"{r.get('full_gc', 0)}, {r.get('full_gc_s', 0):.2f}", "")
     line("peak memory MiB (max RSS)", lambda r, k: f"{r['peak_mib']:,.0f}", "", f"<= {GOAL['peak_mib']}")
     line("decisions digest", lambda r, k: r["digest"], "")
     print(f"({rows[0]['events']} job ends per size; growth, largest over smallest: "

@@ -175,3 +175,16 @@ def test_the_lazy_quota_walk_finds_the_instant_of_the_walk_over_every_instant(mo
     for seed in (5, 6, 7):
         _small_run(seed, tight=True)
     assert seen["calls"] > 50 and seen["later"] > 5
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 16), min_size=1, max_size=12), st.integers(1, 120))
+def test_a_multi_node_job_fits_empty_nodes_exactly_when_their_gpus_add_up(totals, k):
+    """What ``Admission.never_fits`` now reads for a multi-node job (note 046): the
+    multi rule of ``place_counts`` on every node empty fails only when the GPUs fall short."""
+    from gpushepherd.core.placement import Shape, place_counts
+
+    nodes = list(range(len(totals)))
+    tot = dict(zip(nodes, totals))
+    shape = Shape(k=k, mode="multi", per_pod=0, pods=1, ckey=())
+    assert (place_counts(dict(tot), nodes, tot, shape) is None) == (sum(totals) < k)

@@ -312,6 +312,11 @@ class Admission(ShareRules):
             ledger = book.ledger
             if job.shape.mode == "share":
                 never = self._share_never_fits(job)
+            elif job.shape.mode == "multi":
+                # on every node empty, the multi rule (whole nodes largest first while they
+                # fit what is left, then one remainder node) fails only when the GPUs do not
+                # add up: a node it skipped has more than is left (note 046)
+                never = ledger.healthy_in(book.groups_for(job)) < job.shape.k
             else:
                 cand = members_of(ledger, book.groups_for(job))
                 totals = {i: ledger.slots[i].healthy for i in cand}
