@@ -188,3 +188,37 @@ def test_a_multi_node_job_fits_empty_nodes_exactly_when_their_gpus_add_up(totals
     tot = dict(zip(nodes, totals))
     shape = Shape(k=k, mode="multi", per_pod=0, pods=1, ckey=())
     assert (place_counts(dict(tot), nodes, tot, shape) is None) == (sum(totals) < k)
+
+
+def test_never_fits_reads_the_node_totals_as_a_placement_on_empty_nodes():
+    """``Admission.never_fits`` without a placement for multi-node and plain single-node
+    jobs (note 046) says what the placement on every node empty says, for every job of
+    a seeded big-cycle queue - on a cluster with a sick GPU too (then the single-node
+    case places as before)."""
+    import random
+
+    import bigcycle
+
+    from gpushepherd.core import Scheduler
+    from gpushepherd.core.placement import best_fit_island, members_of, place_counts
+    from gpushepherd.model.events import GpuHealthChanged, JobSubmitted
+    from gpushepherd.policy import policy_from_dict
+
+    rng = random.Random(8)
+    rules = policy_from_dict(bigcycle.policy_dict(40, 8)).rules
+    for sick in (False, True):
+        sched = Scheduler(rules)
+        if sick:
+            sched.handle(GpuHealthChanged(t=0.0, node=rules.nodes[0].name, gpu=3, healthy=False))
+        sched.handle([JobSubmitted(t=1.0, spec=s) for s in bigcycle.pending_specs(800, rng)])
+        book, ledger = sched.book, sched.book.ledger
+        modes = set()
+        for job in book.queue.jobs():
+            book.cap_cache.clear()
+            cand = members_of(ledger, book.groups_for(job))
+            totals = {i: ledger.slots[i].healthy for i in cand}
+            plain = place_counts(dict(totals), cand, totals, job.shape) is None or (
+                job.shape.island and best_fit_island(totals, cand, job.shape.k, ledger.slots, True) is None)
+            assert sched.admission.never_fits(job) == plain, job.id
+            modes.add((job.shape.mode, plain))
+        assert {("multi", False), ("single", False)} <= modes

@@ -317,6 +317,10 @@ class Admission(ShareRules):
                 # fit what is left, then one remainder node) fails only when the GPUs do not
                 # add up: a node it skipped has more than is left (note 046)
                 never = ledger.healthy_in(book.groups_for(job)) < job.shape.k
+            elif job.shape.mode == "single" and not job.shape.island and _all_healthy(ledger, book.groups_for(job)):
+                # best fit on every node empty fails only when no node has k GPUs
+                never = max((ledger.groups[g].gpus for g in book.groups_for(job) if ledger.groups[g].members),
+                            default=0) < job.shape.k
             else:
                 cand = members_of(ledger, book.groups_for(job))
                 totals = {i: ledger.slots[i].healthy for i in cand}
@@ -544,6 +548,11 @@ class Admission(ShareRules):
 #: what never fits
 _TYPE_RANK = {CLAIMS: 0, CLASS_HOLD: 1, ANTI: 2, COHORT: 3, FREE: 4, ORDER: 5, HARD_NOW: 6, NEVER_FITS: 7,
               HARD_NEVER: 8}
+
+
+def _all_healthy(ledger, groups: list[int]) -> bool:
+    """Whether every GPU of every node of ``groups`` is healthy and whole-capable."""
+    return all(ledger.groups[g].healthy_sum == len(ledger.groups[g].members) * ledger.groups[g].gpus for g in groups)
 
 
 def _best_fit_capped(ledger, groups: list[int], k: int, caps: dict[int, int]) -> Counts | None:
