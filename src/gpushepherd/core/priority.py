@@ -59,8 +59,8 @@ _TOTAL = ("", "total shares")
 
 def _fs_memo(book) -> dict:
     """The fair-share factors worked out at this instant (cleared when the instant, the
-    teams seen or the usage book change)."""
-    stamp = (book.now, len(book.teams_seen), id(book.usage))
+    teams seen, the usage book or the rules change)."""
+    stamp = (book.now, len(book.teams_seen), id(book.usage), id(book.rules))
     if book.fs_memo_stamp != stamp:
         book.fs_memo_stamp = stamp
         book.fs_memo = {}
