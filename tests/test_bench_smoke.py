@@ -47,3 +47,15 @@ def test_estimate_accuracy_bench_runs_a_row_per_estimate_kind():
     rows = [line.split() for line in out.splitlines() if line.startswith("slurm-default")]
     assert [r[1] for r in rows] == ["limit", "1x"], out
     assert all(float(r[2]) >= 1.0 for r in rows), out  # JCT over its lower bound
+
+
+def test_big_cycle_bench_prints_every_figure_beside_its_goal():
+    """``bench/bigcycle.py`` end to end on two tiny sizes: the cluster is full after the
+    fill and every row is printed."""
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "bigcycle.py"), "--sizes", "40x300,80x600",
+                        "--events", "10"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "Traceback" not in out, out
+    for row in ("pass after a job end p99", "fair-share recalculation + pass", "peak memory MiB", "decisions digest"):
+        assert row in out, out
+    assert "320 / 0" in out and "640 / 0" in out, out  # GPUs / free after the fill: full
