@@ -74,3 +74,15 @@ def test_reasons_bench_replays_a_daemons_log_with_epoch_times(tmp_path):
     assert "Traceback" not in out, out
     assert "reasons checked: 1   wrong: 0" in out and "NoPreemptibleVictims" in out, out
     assert p.returncode == 0, out
+
+
+def test_big_cycle_bench_prints_every_figure_beside_its_goal():
+    """``bench/bigcycle.py`` end to end on two tiny sizes: the cluster is full after the
+    fill and every row is printed."""
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "bigcycle.py"), "--sizes", "40x300,80x600",
+                        "--events", "10"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "Traceback" not in out, out
+    for row in ("pass after a job end p99", "fair-share recalculation + pass", "peak memory MiB", "decisions digest"):
+        assert row in out, out
+    assert "320 / 0" in out and "640 / 0" in out, out  # GPUs / free after the fill: full

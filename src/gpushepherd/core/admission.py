@@ -312,6 +312,15 @@ class Admission(ShareRules):
             ledger = book.ledger
             if job.shape.mode == "share":
                 never = self._share_never_fits(job)
+            elif job.shape.mode == "multi":
+                # on every node empty, the multi rule (whole nodes largest first while they
+                # fit what is left, then one remainder node) fails only when the GPUs do not
+                # add up: a node it skipped has more than is left (note 046)
+                never = ledger.healthy_in(book.groups_for(job)) < job.shape.k
+            elif job.shape.mode == "single" and not job.shape.island and _all_healthy(ledger, book.groups_for(job)):
+                # best fit on every node empty fails only when no node has k GPUs
+                never = max((ledger.groups[g].gpus for g in book.groups_for(job) if ledger.groups[g].members),
+                            default=0) < job.shape.k
             else:
                 cand = members_of(ledger, book.groups_for(job))
                 totals = {i: ledger.slots[i].healthy for i in cand}
@@ -475,6 +484,12 @@ class Admission(ShareRules):
                     if counts is not None:
                         return counts
             return place_live(ledger, groups, shape)
+        if islands and scratch is None and not avoided and caps is None and not tiered:
+            # only nodes with k free GPUs or more can take it: read them from the
+            # free-count buckets, not every node of the filter (note 046)
+            k = shape.k
+            cand = [i for g in groups for f in range(k, ledger.groups[g].gpus + 1) for i in ledger.groups[g].buckets[f]]
+            return self._best_fit_islands(job, cand, {i: ledger.slots[i].free for i in cand}, None)
         cand = [i for i in members_of(ledger, groups) if i not in avoided]
         tiers = [cand]
         if tiered:
@@ -533,6 +548,11 @@ class Admission(ShareRules):
 #: what never fits
 _TYPE_RANK = {CLAIMS: 0, CLASS_HOLD: 1, ANTI: 2, COHORT: 3, FREE: 4, ORDER: 5, HARD_NOW: 6, NEVER_FITS: 7,
               HARD_NEVER: 8}
+
+
+def _all_healthy(ledger, groups: list[int]) -> bool:
+    """Whether every GPU of every node of ``groups`` is healthy and whole-capable."""
+    return all(ledger.groups[g].healthy_sum == len(ledger.groups[g].members) * ledger.groups[g].gpus for g in groups)
 
 
 def _best_fit_capped(ledger, groups: list[int], k: int, caps: dict[int, int]) -> Counts | None:

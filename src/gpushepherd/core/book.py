@@ -15,6 +15,7 @@ from bisect import bisect_left, insort
 
 from gpushepherd.core import priority, typed
 from gpushepherd.core.fairshare import UsageBook
+from gpushepherd.core.ends import EndsByKey
 from gpushepherd.core.filters import node_ok
 from gpushepherd.core.freed import share_victim
 from gpushepherd.core.ledger import Ledger, bits
@@ -66,6 +67,7 @@ class Book:
         self.queue = PendingQueue()
         self.running: dict[str, Job] = {}
         self.ends: list[tuple[float, int, str]] = []
+        self.ends_by_key = EndsByKey()  # the same, per quota key (note 046)
         self.timers: list[tuple[float, int, int, str]] = []  # time-limit timers
         self.wakeups: list[float] = []  # times a victim comes of age (minimum runtime)
         self.preemptors: dict[str, Job] = {}
@@ -80,6 +82,9 @@ class Book:
         self.next_recalc = float("-inf")
         self.teams_seen: set[str] = set(rules.teams)
         self.users_seen: dict[str, set[str]] = {}
+        #: fair-share factors of this instant (``priority._fs_memo``)
+        self.fs_memo: dict = {}
+        self.fs_memo_stamp: tuple = ()
         pr = rules.prediction
         self.predictor = RuntimePredictor(pr.quantile, pr.history, pr.min_jobs) if pr.enabled else None
         # per class: units held, units covered by its reserved_gpus
@@ -419,6 +424,7 @@ class Book:
         if charge:
             job.run_charges = self.charges_with(job, job.run_units, covered)
             self.quota.charge(job.run_charges, +1)
+            self.ends_by_key.recharged((job.end_est, job.seq, job.id), job.run_charges)
 
     def count_running(self, job: Job, sign: int) -> None:
         """The indexes of RUNNING jobs by class priority: counts of all, the evictable
@@ -457,10 +463,12 @@ class Book:
     def ends_add(self, job: Job, end: float) -> None:
         job.end_est = end
         insort(self.ends, (end, job.seq, job.id))
+        self.ends_by_key.add((end, job.seq, job.id), job.run_charges)
 
     def ends_remove(self, job: Job) -> None:
         i = bisect_left(self.ends, (job.end_est, job.seq, job.id))
         assert self.ends[i][1] == job.seq, f"{job.id} missing from the end list"
+        self.ends_by_key.remove(self.ends[i])
         del self.ends[i]
 
     def signal(self, job: Job, state: JobState, grace: float) -> None:

@@ -18,6 +18,7 @@ def check_invariants(book) -> None:
     pending jobs.
     """
     book.ledger.check()
+    book.ends_by_key.check(book.ends, book.jobs)
     held: dict[tuple[int, int], str] = {}
     expect_usage: dict[tuple[int, str], int] = {}
     for job in book.jobs.values():

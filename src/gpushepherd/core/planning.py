@@ -9,6 +9,8 @@ quota and other classes' reserved GPUs; the pass reserves it, the estimates plan
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from heapq import merge
+from itertools import islice
 
 from gpushepherd.core.placement import Counts, best_fit_island, members_of, place_counts
 from gpushepherd.core.profile import (Claim, Key, Profile, class_slack, free_mask_at, gpus_free_at,
@@ -299,20 +301,24 @@ def quota_start(book, job: Job, claims: list[Claim], t0: float, run: float) -> f
     """The earliest instant >= ``t0`` from which the job's counted constraints hold for
     its planned run: its quota (usage by planned ends, plus claims active, plus its own
     charges, within each limit's value now) and other classes' ``reserved_gpus`` (the
-    GPUs free then, less the claims, leave them free). ``None`` when never."""
+    GPUs free then, less the claims, leave them free). ``None`` when never.
+
+    The candidate instants (``t0``, each planned end and each claim's end after it) are
+    walked in order, lazily: the first that holds is the answer, so a job its quota
+    allows at ``t0`` costs no walk over every running job's end; what running jobs give
+    back by an instant is summed over the jobs charged to the key only
+    (``Book.ends_by_key``, note 046)."""
     quota = book.quota
     keys = {(i, user): a for i, user, a in job.charges}
     hold = _holds_for_others(book, job)
-    times = {t0}
-    times.update(e for e, _s, _j in book.ends if e > t0 and e != INF)
-    times.update(c.end for c in claims if c.end > t0 and c.end != INF)
-    for t in sorted(times):
+    released = book.ends_by_key.released
+    for t in _instants(book, claims, t0):
         end = t + run
         probes = [t] + [c.start for c in claims if t < c.start < end]
         ok = True
         for q in probes:
             for k, a in keys.items():
-                used = quota.usage.get(k, 0) - _released_by(book, k, q)
+                used = quota.usage.get(k, 0) - released(book.jobs, k, q)
                 extra = sum(c.quota_at(k, q) for c in claims if c.start <= q < c.end)
                 if used + extra + a > quota.current[k[0]]:
                     ok = False
@@ -326,22 +332,28 @@ def quota_start(book, job: Job, claims: list[Claim], t0: float, run: float) -> f
     return None
 
 
+def _instants(book, claims: list[Claim], t0: float):
+    """``t0``, then the distinct finite planned ends and claim ends after it, ascending
+    (``sorted({t0} | ends | claim ends)``, generated as asked)."""
+    yield t0
+    ends = book.ends
+    i = bisect_right(ends, (t0, INF, ""))
+    later = merge((e for e, _s, _j in islice(ends, i, None)),
+                  sorted(c.end for c in claims if c.end > t0 and c.end != INF))
+    last = t0
+    for t in later:
+        if t == INF:
+            return
+        if t != last:
+            last = t
+            yield t
+
+
 def _class_hold_ok(book, job: Job, q: float, claims: list[Claim]) -> bool:
     """Whether at ``q`` (by planned ends) the free GPUs, less the claims active then and
     the job's own, still cover what other classes' ``reserved_gpus`` keep free."""
     return class_slack(book, job.cls.name, q, claims) * GPU_UNITS >= job.units
 
-
-def _released_by(book, k: Key, q: float) -> int:
-    i, user = k
-    out = 0
-    for e, _seq, jid in book.ends:
-        if e > q:
-            break
-        for li, u, a in book.jobs[jid].run_charges:
-            if li == i and u == user:
-                out += a
-    return out
 
 
 class _Gate:

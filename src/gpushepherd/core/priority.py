@@ -5,7 +5,7 @@ fair-share over exactly decayed GPU-seconds (design notes 004 and 006).
 size_weight * size + time_limit_weight * short + deadline_weight * urgency - nice``,
 each factor in [0, 1]; ``nice`` is the job's own adjustment in score points (Slurm's
 ``nice``, an admin's nudge when negative; note 039). The queue is ordered by
-``(-score, submit time, job id)``; scores are recomputed every ``priority.recalc_s`` (at
+``(tier, -score, submit time, job id)``; scores are recomputed every ``priority.recalc_s`` (at
 its multiples), as Slurm's ``PriorityCalcPeriod``. ``urgency`` is least-laxity-first for
 jobs at risk of missing their deadline (note 034). Under ``priority.top_class_tier`` the
 top class's jobs come before all others whatever their scores (note 045).
@@ -17,7 +17,6 @@ import math
 
 from gpushepherd.core.fairshare import factor
 from gpushepherd.core.intake import time_limit
-from gpushepherd.core.queue import PendingQueue
 from gpushepherd.model.job import JobSpec, natural_key
 
 
@@ -26,18 +25,47 @@ def usage_keys(spec: JobSpec) -> tuple[tuple, ...]:
     return (("all",), ("team", spec.team), ("user", spec.team, spec.user))
 
 
-def fair_share_factor(book, team: str, user: str = "") -> float:
+def fair_share_factor(book, team: str, user: str = "", memo: dict | None = None) -> float:
     """Slurm's classic ``2^(-U/S)`` now: the team's share of all decayed usage over its
     share of the teams' ``shares``; at ``fair_share.level: user`` times the same for the
-    user inside the team (its users share it equally)."""
+    user inside the team (its users share it equally).
+
+    Memoised per instant (``_fs_memo``): the decayed usage at a fixed ``now`` does not
+    change within it (``UsageBook.hold`` at ``t`` leaves the value at ``t`` as it was), so
+    a team's factor is the same for every job of the team re-keyed at one instant, as long
+    as the teams and users seen (the shares' denominators) are the same.
+    ``memo``: ``_fs_memo(book)``, when the caller has it already."""
+    if memo is None:
+        memo = _fs_memo(book)
+    level_user = book.rules.priority.fair_share_level == "user"
+    key = (team, user, len(book.users_seen.get(team) or ())) if level_user else team
+    f = memo.get(key)
+    if f is not None:
+        return f
     t = book.now
     usage = book.usage
-    total_shares = sum(book.rules.shares.get(x, 1) for x in book.teams_seen) or 1
+    total_shares = memo.get(_TOTAL)
+    if total_shares is None:
+        total_shares = memo[_TOTAL] = sum(book.rules.shares.get(x, 1) for x in book.teams_seen) or 1
     f = factor(usage.value(("team", team), t), usage.value(("all",), t), book.rules.shares.get(team, 1) / total_shares)
-    if book.rules.priority.fair_share_level == "user":
+    if level_user:
         users = book.users_seen.get(team) or {user}
         f *= factor(usage.value(("user", team, user), t), usage.value(("team", team), t), 1 / len(users))
+    memo[key] = f
     return f
+
+
+_TOTAL = ("", "total shares")
+
+
+def _fs_memo(book) -> dict:
+    """The fair-share factors worked out at this instant (cleared when the instant, the
+    teams seen, the usage book or the rules change)."""
+    stamp = (book.now, len(book.teams_seen), id(book.usage), id(book.rules))
+    if book.fs_memo_stamp != stamp:
+        book.fs_memo_stamp = stamp
+        book.fs_memo = {}
+    return book.fs_memo
 
 
 def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str, float]:
@@ -45,16 +73,24 @@ def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str
     ``fair_share``, ``age``, ``size``, ``time_limit``, ``deadline``, ``nice`` (score
     points subtracted, sprio's NICE column) and ``priority``: the factors' sum less
     ``nice``."""
+    c, fs, age, size, tl, dl = _terms(book, spec, cls, estimate)
+    return {"class": c, "fair_share": fs, "age": age, "size": size, "time_limit": tl, "deadline": dl,
+            "nice": float(spec.nice), "priority": c + fs + age + size + tl + dl - spec.nice}
+
+
+def _terms(book, spec: JobSpec, cls, estimate: float | None, memo: dict | None = None) -> tuple[float, ...]:
+    """The weighted factors ``(class, fair_share, age, size, time_limit, deadline)``;
+    the priority is their sum, in this order, less ``nice`` (``factors``, ``order_key``)."""
     pr = book.rules.priority
-    out = {"class": pr.class_weight * cls.priority / book.max_prio, "fair_share": 0.0, "age": 0.0, "size": 0.0}
+    c = pr.class_weight * cls.priority / book.max_prio
+    fs = age = size = tl = dl = 0.0
     if pr.fair_share_weight:
-        out["fair_share"] = pr.fair_share_weight * fair_share_factor(book, spec.team, spec.user)
+        fs = pr.fair_share_weight * fair_share_factor(book, spec.team, spec.user, memo)
     if pr.age_weight and book.recalc_t > spec.submit_time:
-        out["age"] = pr.age_weight * min(book.recalc_t - spec.submit_time, pr.max_age_s) / pr.max_age_s
+        age = pr.age_weight * min(book.recalc_t - spec.submit_time, pr.max_age_s) / pr.max_age_s
     if pr.size_weight:
         total = book.ledger.healthy_total or 1
-        out["size"] = pr.size_weight * min(1.0, spec.gpus / total)
-    out["time_limit"] = 0.0
+        size = pr.size_weight * min(1.0, spec.gpus / total)
     if pr.time_limit_weight:
         limit = time_limit(spec, cls)
         if estimate is None:
@@ -62,19 +98,15 @@ def factors(book, spec: JobSpec, cls, estimate: float | None = None) -> dict[str
         if estimate is not None:  # the job's estimate or a prediction, when it has one
             limit = estimate if limit is None else min(limit, estimate)
         if limit is not None:
-            out["time_limit"] = pr.time_limit_weight * max(0.0, 1.0 - limit / pr.max_time_limit_s)
-    out["deadline"] = 0.0
-    base = out["class"] + out["fair_share"] + out["age"] + out["size"] + out["time_limit"]
+            tl = pr.time_limit_weight * max(0.0, 1.0 - limit / pr.max_time_limit_s)
     if pr.deadline_weight:
         if cls.priority >= book.max_prio:
             # the top class (production inference) counts as always at risk: a job the
             # factor lifts never passes one of its jobs it was behind (note 034)
-            out["deadline"] = pr.deadline_weight
+            dl = pr.deadline_weight
         elif spec.deadline is not None:
-            out["deadline"] = pr.deadline_weight * urgency(book, spec, cls, estimate)
-    out["nice"] = float(spec.nice)
-    out["priority"] = base + out["deadline"] - spec.nice
-    return out
+            dl = pr.deadline_weight * urgency(book, spec, cls, estimate)
+    return c, fs, age, size, tl, dl
 
 
 def urgency(book, spec: JobSpec, cls, estimate: float | None = None) -> float:
@@ -107,14 +139,15 @@ def tier(book, cls) -> int:
     return 0 if book.rules.priority.top_class_tier and cls.priority >= book.max_prio else 1
 
 
-def order_key(book, spec: JobSpec, cls, estimate: float | None = None) -> tuple:
+def order_key(book, spec: JobSpec, cls, estimate: float | None = None, memo: dict | None = None) -> tuple:
     """Queue order: tier (``tier``), then priority (high first), then submit time, then
-    job id."""
+    job id (``memo``: the instant's fair-share factors, ``_fs_memo``)."""
     pr = book.rules.priority
     if not (pr.dynamic or pr.size_weight or pr.time_limit_weight):
         return (tier(book, cls), spec.nice - pr.class_weight * cls.priority / book.max_prio, spec.submit_time,
                 natural_key(spec.id))
-    return (tier(book, cls), -factors(book, spec, cls, estimate)["priority"], spec.submit_time, natural_key(spec.id))
+    c, fs, age, size, tl, dl = _terms(book, spec, cls, estimate, memo)
+    return (tier(book, cls), -(c + fs + age + size + tl + dl - spec.nice), spec.submit_time, natural_key(spec.id))
 
 
 def by_class_alone(book) -> bool:
@@ -133,11 +166,12 @@ def maybe_recalc(book, t: float) -> None:
     book.recalc_t = t
     if not book.queue:
         return
-    jobs = list(book.queue)
-    book.queue = PendingQueue()
-    for job in jobs:
-        job.key = book.order_key(job)
-        book.queue.add(job)
+    memo = _fs_memo(book)
+    for job in book.queue.jobs():  # ``order_key`` of a dynamic order, the tier and the id's part kept
+        spec = job.spec
+        c, fs, age, size, tl, dl = _terms(book, spec, job.cls, job.estimate_s, memo)
+        job.key = (job.key[0], -(c + fs + age + size + tl + dl - spec.nice), spec.submit_time, job.key[3])
+    book.queue.rekeyed()
     book.dirty = True
 
 

@@ -278,17 +278,10 @@ class Profile:
 
     def _qspare_fresh(self, k: Key, p: float) -> int:
         """Headroom of limit ``k`` at ``p``: its value now minus the usage of the jobs
-        still running at ``p`` by their planned ends."""
+        still running at ``p`` by their planned ends (those charged to ``k``: note 046)."""
         book = self.book
-        i, user = k
-        used = book.quota.usage.get(k, 0)
-        for end, _seq, jid in book.ends:
-            if end > p:
-                break
-            for li, u, a in book.jobs[jid].run_charges:
-                if li == i and u == user:
-                    used -= a
-        return book.quota.current[i] - used
+        used = book.quota.usage.get(k, 0) - book.ends_by_key.released(book.jobs, k, p)
+        return book.quota.current[k[0]] - used
 
     # ------------------------------------------------------------- queries
     def binding_points(self, end: float) -> list[float]:

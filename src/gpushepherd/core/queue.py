@@ -36,6 +36,10 @@ def _first(pair: tuple) -> tuple:
     return pair[0]
 
 
+def _key_of(job: Job) -> tuple:
+    return job.key
+
+
 class PendingQueue:
     """Pending jobs by signature.
 
@@ -60,6 +64,32 @@ class PendingQueue:
 
     def __len__(self) -> int:
         return self.count
+
+    def rekeyed(self) -> None:
+        """Put the queue back in order after its jobs' order keys changed (a priority
+        recalculation), in place: each sub-queue sorted again (most hold one job: nothing
+        to do but note its new key), the heads and strict FIFO queues sorted. Order keys
+        are unique (they end with the job id, ``natural_key``), so this is the queue that
+        ``add`` of every job gives, in any order (note 046)."""
+        subkeys = self._subkeys
+        for sig, sub in self.subs.items():
+            if len(sub) == 1:
+                subkeys[sig][0] = sub[0].key
+            else:
+                sub.sort(key=_key_of)
+                subkeys[sig] = [j.key for j in sub]
+                self._subests[sig] = [j.pend_est for j in sub]
+        self._mins.clear()
+        subs = self.subs
+        heads = [(subs[sig][0].key, sig) for _k, sig in self.heads]
+        heads.sort()  # in the old order: mostly sorted runs already, which Timsort merges
+        self.heads = heads
+        for q, fifo in self.strict.items():
+            self.strict[q] = sorted([(j.key, j) for _k, j in fifo], key=_first)
+
+    def jobs(self) -> list[Job]:
+        """Every pending job, in no particular order (a new list)."""
+        return [job for sub in self.subs.values() for job in sub]
 
     def add(self, job: Job) -> None:
         sig = job.sig
@@ -155,9 +185,10 @@ class PendingQueue:
         del self.heads[i]
 
     def __iter__(self) -> Iterator[Job]:
-        """Every pending job in global order (a merge of the sub-queues)."""
-        return (job for _key, job in heapq.merge(*([(j.key, j) for j in sub] for sub in self.subs.values()),
-                                                   key=lambda kj: kj[0]))
+        """Every pending job in global order. A sort of the sub-queues one after the
+        other: each is a sorted run, which Timsort merges (as ``heapq.merge`` would, far
+        faster when most sub-queues hold one job)."""
+        return iter(sorted(self.jobs(), key=_key_of))
 
     def iter_from(self, key: tuple) -> Iterator[Job]:
         """The pending jobs whose order key is ``>= key``, in global order, lazily (a

@@ -72,11 +72,16 @@ def natural_key(text: str) -> tuple:
     """Sort key that orders ``B2`` before ``B10`` (digit runs compare as numbers).
 
     Used as the last tie-break between jobs, so that "job id ascending" means what
-    a person reading the ids expects. Memoised (a job's key is asked at every
+    a person reading the ids expects; distinct ids never tie. Memoised (a job's key is asked at every
     re-ordering of the queue).
     """
     parts = _NUM.split(text)
-    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != "")
+    key = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != "")
+    if any(len(p) > 1 and p[0] == "0" and p.isdigit() for p in parts):
+        # ``j01`` and ``j1`` read alike: the text itself orders them, so that two ids
+        # never tie (without a leading zero the parts give back the text: no tie)
+        key += ((2, 0, text),)
+    return key
 
 
 #: the largest nice either way (Slurm's ``NICE_OFFSET - 3``)
