@@ -19,7 +19,9 @@ start. Printed per kind:
   than estimated);
 * *upper bound held*: the share with ``start <= e`` (what a time-limit estimate promises
   unless higher-priority work arrives);
-* *never now, never past*: estimates at or before the submit instant (must be 0).
+* *never now, never past*: estimates at or before the submit instant (must be 0);
+* the CPU seconds per estimate request, and a digest of every job's starts and end
+  (``--sample 0`` asks nothing: the same digest shows that asking decides nothing).
 
 The plan assumes no new submissions: jobs that arrive later with a higher priority
 start before a waiting job and make its estimate early; that is the main error with
@@ -41,6 +43,7 @@ moved the start (POSIX only: it needs ``os.fork``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import sys
 import time
@@ -80,7 +83,7 @@ def run(kind: str, trace: str, policy: str, cluster: str, days: str, sample: int
         for e in batch:
             if isinstance(e, JobSubmitted):
                 counter["n"] += 1
-                if counter["n"] % sample:
+                if not sample or counter["n"] % sample:
                     continue
                 job = sched.jobs[e.spec.id]
                 if job.state.value != "PENDING":
@@ -121,12 +124,17 @@ def run(kind: str, trace: str, policy: str, cluster: str, days: str, sample: int
             within += abs(r) <= 0.2
         upper += start <= est + 1e-6
     q = statistics.quantiles(rel, n=10) if len(rel) >= 10 else [float("nan")] * 9
+    digest = hashlib.sha256()  # every job's starts and end: asking for estimates decides nothing
+    for jid in sorted(result.records):
+        r = result.records[jid]
+        digest.update(f"{jid}:{[s[0] for s in r.starts]}:{r.end}\n".encode())
     parts = _decomposition(asked, closed, result) if decompose else {}
     return {**parts, "kind": kind, "waiting": waits, "with_estimate": with_est / waits if waits else 0.0,
             "within_20": within / with_est if with_est else 0.0,
             "median_rel": statistics.median(rel) if rel else float("nan"), "p90_rel": q[8],
             "upper_bound_held": upper / with_est if with_est else 0.0, "never_now": bad,
-            "planning_cpu_s": counter["planning_s"], "sim_cpu_s": cpu}
+            "planning_cpu_s": counter["planning_s"], "sim_cpu_s": cpu, "asked": len(asked),
+            "digest": digest.hexdigest()[:16]}
 
 
 #: ``--order fifo``: every priority weight 0 - the queue is in submit order (then job id),
@@ -244,7 +252,8 @@ def main() -> int:
     ap.add_argument("--policy", default=str(ROOT / "examples" / "policies" / "philly.yaml"))
     ap.add_argument("--cluster", default="192x8")
     ap.add_argument("--days", default="40:70")
-    ap.add_argument("--sample", type=int, default=10, help="ask for every Nth submission's estimate")
+    ap.add_argument("--sample", type=int, default=10,
+                    help="ask for every Nth submission's estimate (0: never - the digest of a replay that asks nothing)")
     ap.add_argument("--kinds", default="perfect,limit,prediction")
     ap.add_argument("--order", choices=("policy", "fifo"), default="policy",
                     help="the policy's queue order, or submit order (every priority weight 0)")
@@ -264,6 +273,8 @@ def main() -> int:
         print(f"{r['kind']:>11} {r['waiting']:>8} {r['with_estimate']:>9.1%} {r['within_20']:>7.1%} "
               f"{r['median_rel']:>7.2f} {r['p90_rel']:>7.2f} {r['upper_bound_held']:>10.1%} {r['never_now']:>16} "
               f"{r['planning_cpu_s']:>10.1f}", flush=True)
+        print(f"{'':>11} {r['asked']} estimate requests, {r['planning_cpu_s'] / max(r['asked'], 1):.3f} CPU s each; "
+              f"replay {r['sim_cpu_s']:.0f} CPU s; digest of every job's starts and end {r['digest']}", flush=True)
         if args.decompose:
             print(f"{'':>11} with no later submissions ({r['decomposed']} jobs): estimate = that start "
                   f"{r['planner_exact']:.1%} (order kept too: {r['frozen_exact']:.1%}), within +-20 % of it "

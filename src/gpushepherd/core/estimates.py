@@ -1,32 +1,36 @@
-"""An estimated start for every pending job (Slurm's ``squeue --start``; design note
-015, section 7).
+"""An estimated start for every pending job (Slurm's ``squeue --start``; design notes
+015 section 7 and 043).
 
-On demand, every pending job is planned in queue order on a copy of the time profile,
-each taking its claim from its planned start (conservative backfill): a preemptor at its
-victims' planned exits; any other job at the earliest instant its GPUs, its quota and
-other classes' reserved GPUs fit for its whole planned run after the jobs ahead of it.
-The plan assumes no new submissions and running jobs ending at their planned ends.
+On demand, the core runs forward on a copy of itself (``forward.first_starts``) with no
+new submissions, every job holding GPUs ending at its planned end: a pending job's
+estimate is the instant the copy starts it. The copy applies every rule the core does -
+the reservation depth (``backfill.reservations``: a job behind the reserved ones
+backfills past deeper ones), the priority recalculation, quotas, class holds,
+preemption, shares - so with no later submissions and planned ends that come true the
+estimate is the start the core gives (note 043 measures how often on Philly and on the
+oracle's workloads).
 
 An estimate is never in the past and never "now" for a job the last pass did not start
-(it is then the next instant anything is planned to change). ``basis`` says what it
-rests on: ``estimates`` (every planned end it counts on is a runtime estimate shorter
-than the job's time limit) or ``time limits`` (an upper bound: jobs usually end before
-their limits - unless jobs that rank higher arrive, or a job behind it backfills onto
-GPUs the plan gives it: the core reserves for the first ``backfill.reservations``
-blocked jobs only, the plan for every one; note 043).
+(it is then the copy's next instant). ``basis`` says what it rests on: ``estimates``
+(every planned end it counts on is a runtime estimate shorter than the job's time
+limit) or ``time limits`` (then jobs usually end earlier and the job starts earlier -
+an upper bound only where note 043 measured it to hold: jobs that rank higher may
+arrive, and an earlier end may let a job behind it backfill onto GPUs it would have
+taken).
 
-Planning is per node, on step functions of free GPUs over time (``Plan``): a
-single-node job looks at each node's few breakpoints, so planning ``P`` jobs on ``N``
-nodes costs ``O(P x (N + P))``; at most ``limit`` jobs are planned (the rest have no
-estimate, like jobs beyond Slurm's ``bf_max_job_test``).
+``conservative`` is the earlier plan, kept as the fallback for jobs the copy has not
+started within its bound of instants: every pending job planned in queue order on step
+functions of free GPUs over time (``Plan``), each taking its claim from its planned
+start (conservative backfill: a reservation for every job). Planning ``P`` jobs on
+``N`` nodes costs ``O(P x (N + P))``; at most ``limit`` jobs are planned (the rest
+have no estimate, like jobs beyond Slurm's ``bf_max_job_test``).
 """
-
 from __future__ import annotations
 
 from bisect import bisect_right, insort
 from dataclasses import dataclass
 
-from gpushepherd.core import typed
+from gpushepherd.core import forward, typed
 from gpushepherd.core.placement import fits_island, place_counts
 from gpushepherd.core.planning import quota_start
 from gpushepherd.core.profile import Claim, basis_of, free_mask_at
@@ -124,9 +128,33 @@ class Plan:
                 steps[i] = (t, free - c)
 
 
-def plan_all(sched, limit: int | None = DEFAULT_LIMIT) -> dict[str, Estimate]:
-    """Plan the first ``limit`` pending jobs (all: ``None``) in queue order; a job whose
-    start cannot be planned (it waits for jobs without an end) is left out."""
+def plan_all(sched, limit: int | None = DEFAULT_LIMIT,
+             max_instants: int = forward.DEFAULT_INSTANTS) -> dict[str, Estimate]:
+    """The first ``limit`` pending jobs' (all: ``None``) estimated starts: the instant
+    each starts when the core runs forward on a copy with no new submissions
+    (``forward.first_starts``). A job the copy has not started within ``max_instants``
+    instants gets the conservative plan's start (``conservative``), no earlier than the
+    last instant the copy reached; a job whose start cannot be planned (it waits for jobs
+    without an end) is left out."""
+    book = sched.book
+    pending = [j.id for j in book.queue if j.state is JobState.PENDING]
+    if limit is not None:
+        pending = pending[:limit]
+    starts, horizon = forward.first_starts(sched, set(pending), max_instants)
+    basis = basis_of(book, book.running.values())
+    out = {j: Estimate(starts[j], basis) for j in pending if j in starts}
+    if len(out) < len(pending) and horizon < INF:
+        rest = conservative(sched, limit)
+        for j in pending:
+            if j not in out and j in rest:
+                out[j] = Estimate(max(rest[j].t, horizon), basis)
+    return out
+
+
+def conservative(sched, limit: int | None = DEFAULT_LIMIT) -> dict[str, Estimate]:
+    """Plan the first ``limit`` pending jobs (all: ``None``) in queue order, each with a
+    reservation (conservative backfill); a job whose start cannot be planned (it waits
+    for jobs without an end) is left out."""
     book = sched.book
     now = book.now
     plan = Plan(book)
