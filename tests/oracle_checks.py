@@ -23,7 +23,8 @@ many times each property was checked and every failure. The properties:
   takes the card from it as a fresh GPU would, note 042), and no limit a started job
   counts against is exceeded;
 * ``e_preemptor`` - every preemption's preemptor starts at the instant its last victim
-  is gone, unless it was cancelled, hardware was lost, a window changed its limits or a
+  is gone, unless it was cancelled, hardware was lost, a window changed its limits, an
+  admin lowered its priority (``nice``) or a
   job of a class whose ``reserved_gpus`` now keep it out left in between (counted apart
   as ``e_excused:<why>``); a preemptor that evicts a job of
   another member of its cohort stays within its own nominal quota once it runs (Kueue's
@@ -515,7 +516,7 @@ class Checker:
                     w = self.watch[d.preemptor] = {
                         "t": t, "victims": {}, "cancelled": False, "hw": len(self.hw_lost_at),
                         "limits": {i: book.quota.current[i] for i, _u, _a in p.charges},
-                        "reserved": _class_use(book) if book.reserved else {}}
+                        "reserved": _class_use(book) if book.reserved else {}, "nice": p.spec.nice}
                 w["victims"][d.job_id] = book.jobs[d.job_id].runs
         for pid in sorted(self.watch):
             w = self.watch[pid]
@@ -539,6 +540,8 @@ class Checker:
                 why = "window changed its limits"
             elif _reservation_left(book, w["reserved"], sched.pending_reason(pid)):
                 why = "a reserved class's job left"
+            elif p.spec.nice > w["nice"]:  # an admin lowered it: a job now ahead may take the room (seed 102576)
+                why = "its priority was lowered"
             if why is not None:
                 self.report.counts[f"e_excused:{why}"] += 1
                 continue
