@@ -444,7 +444,8 @@ def main() -> None:
             part2 = fuzz(Path(tmp) / "fuzz", args.calls, args.seed)
             part2["wall_s"] = round(time.monotonic() - t0)
         print("schemathesis:", json.dumps(part2, indent=2))
-        ok = (part1["acknowledged"] > 0 and part1["refused"] == 0 and part1["lost"] == 0 and part1["doubled"] == 0 and part1["relaunch_loops"] == 0
+        ok = (part1["acknowledged"] > 0 and part1["refused"] == 0
+              and part1["lost"] == 0 and part1["doubled"] == 0 and part1["relaunch_loops"] == 0
               and part1["ran_again_after_completing"] == 0 and part1["stuck_not_ended"] == 0
               and part2.get("5xx", 0) == 0)
         print(f"verdict: {'all held' if ok else 'FAULTS FOUND'}")
