@@ -292,6 +292,13 @@ def main() -> int:
                                                              "LIVE_POLICY first, then check its log (as --db)")
     ap.add_argument("--keep", metavar="DIR", help="with --live: the server's folder (kept; default a temporary one)")
     args = ap.parse_args()
+    if args.live is not None and args.live < 1:
+        print(f"bench: --live: {args.live} is not allowed: a number of jobs >= 1", file=sys.stderr)
+        return 2
+    if args.db and "://" not in args.db and not (Path(args.db) / "shepherd.db").is_file():
+        print(f"bench: --db: {args.db!r} is not allowed: a daemon's data directory (with shepherd.db) or a "
+              "database URL", file=sys.stderr)
+        return 2
     if args.live:
         import tempfile
 
