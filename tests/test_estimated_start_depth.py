@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from builders import job, policy
 from oracle_workloads import workload_from_seed
+from test_estimated_start_exact import workloads as exact_workloads
 from gpushepherd.core import Scheduler
 from gpushepherd.core.estimates import conservative, plan_all
 from gpushepherd.model.events import JobSubmitted
@@ -59,20 +60,9 @@ def test_with_a_reservation_for_every_job_the_estimates_are_the_conservative_pla
 
 @st.composite
 def workloads(draw):
-    sizes = draw(st.lists(st.sampled_from([2, 4, 8]), min_size=1, max_size=3))
-    biggest = max(sizes)
-    specs = []
-    for i in range(draw(st.integers(2, 14))):
-        gang = biggest >= 4 and len(sizes) > 1 and draw(st.booleans())
-        if gang:  # pods of 2 GPUs, spread over nodes
-            gpus, kw = 2 * draw(st.integers(1, sum(sizes) // 2)), {"gpus_per_pod": 2}
-        else:
-            gpus, kw = draw(st.integers(1, biggest)), {}
-        run = float(draw(st.integers(1, 100)))
-        submit = float(draw(st.sampled_from([0, 0, 0, 5])))
-        specs.append((job(f"j{i}", gpus, "batch", "t", submit, runtime_estimate_s=run, **kw), run))
-    depth = draw(st.sampled_from([1, 1, 2, 3]))
-    return [(f"n{k}", g) for k, g in enumerate(sizes)], specs, depth
+    """``test_estimated_start_exact``'s workloads with a reservation depth of 1-3."""
+    nodes, specs = draw(exact_workloads())
+    return nodes, specs, draw(st.sampled_from([1, 1, 2, 3]))
 
 
 def _asked_after_last_submission(rules, specs):
