@@ -461,11 +461,13 @@ class Book:
                     row[j] += g
 
     def ends_add(self, job: Job, end: float) -> None:
+        """Record ``job``'s planned end (seconds) in ``ends`` and ``ends_by_key`` (note 046)."""
         job.end_est = end
         insort(self.ends, (end, job.seq, job.id))
         self.ends_by_key.add((end, job.seq, job.id), job.run_charges)
 
     def ends_remove(self, job: Job) -> None:
+        """Take ``job``'s planned end out of ``ends`` and ``ends_by_key``."""
         i = bisect_left(self.ends, (job.end_est, job.seq, job.id))
         assert self.ends[i][1] == job.seq, f"{job.id} missing from the end list"
         self.ends_by_key.remove(self.ends[i])

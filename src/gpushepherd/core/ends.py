@@ -24,12 +24,16 @@ class EndsByKey:
         self.keys_of: dict[str, tuple[tuple, ...]] = {}
 
     def add(self, entry: tuple[float, int, str], run_charges) -> None:
+        """Enter a job's planned end (seconds) under each quota key of ``run_charges``
+        (``(limit index, user, amount)`` triples); O(log n) per key."""
         keys = tuple(sorted({(i, user) for i, user, _a in run_charges}))
         self.keys_of[entry[2]] = keys
         for k in keys:
             insort(self.by_key.setdefault(k, []), entry)
 
     def remove(self, entry: tuple[float, int, str]) -> None:
+        """Take a job's planned end out of every key ``add`` entered it under (none: a
+        no-op). Raises ``IndexError`` if the entry is not where ``add`` put it."""
         for k in self.keys_of.pop(entry[2], ()):
             lst = self.by_key[k]
             del lst[bisect_left(lst, entry)]
