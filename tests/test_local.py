@@ -122,3 +122,44 @@ def test_the_local_backend_kill_ends_the_group_and_running_says_so(tmp_path):
     backend.kill("k")
     assert wait_exits(backend) == [("k", None)]  # killed with its runner: no exit code (lost)
     assert not backend.running("k")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_sent_while_the_runner_starts_is_a_stop_not_a_lost_run(tmp_path, sig):
+    # before: the runner, still starting Python, died of the signal and the run was lost
+    backend = LocalBackend(tmp_path)
+    marker = tmp_path / "ran"
+    backend.start("p", 1, [f"touch {marker}; sleep 60"], shell=True, env={}, cwd=str(tmp_path),
+                  placement=Placement(()))
+    backend.signal("p", sig)  # at once, as a preemption decided in the same pass would
+    assert wait_exits(backend) == [("p", -sig)]  # recorded: the server requeues it as preempted
+    assert not marker.exists()  # stopped before it started: the job was not started
+    assert "before the job started" in (backend.run_dir("p", 1) / "stderr").read_text()
+
+
+def test_the_job_does_not_inherit_the_runner_s_blocked_stop_signals(tmp_path):
+    backend = LocalBackend(tmp_path)
+    backend.start("m", 1, ["grep SigBlk /proc/self/status"], shell=True, env={}, cwd=str(tmp_path),
+                  placement=Placement(()))
+    assert wait_exits(backend) == [("m", 0)]
+    blocked = int((backend.run_dir("m", 1) / "stdout").read_text().split()[1], 16)
+    assert blocked & (1 << (signal.SIGTERM - 1)) == 0
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # nor does the server keep them
+
+
+def test_the_ray_actors_runner_is_stopped_not_killed_by_an_early_stop(tmp_path):
+    # the actor (stdlib only, run here without Ray) starts the runner the same way
+    import json
+
+    from gpushepherd.backends.ray_actor import STOP_SIGNALS, RunActor
+    from gpushepherd.daemon import runner
+
+    assert STOP_SIGNALS == runner.STOP_SIGNALS  # its copy (it may not import gpushepherd) agrees
+    exit_file, marker = tmp_path / "exit", tmp_path / "ran"
+    actor = RunActor([sys.executable, "-m", "gpushepherd.daemon.runner", "--shell", str(exit_file), "--",
+                      f"touch {marker}; sleep 60"], dict(os.environ), str(tmp_path),
+                     str(tmp_path / "out"), str(tmp_path / "err"))
+    assert actor.signal(signal.SIGTERM)
+    assert actor.done() == 128 + signal.SIGTERM
+    assert json.loads(exit_file.read_text()) == {"code": -signal.SIGTERM}
+    assert not marker.exists()

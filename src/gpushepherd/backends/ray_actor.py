@@ -12,6 +12,11 @@ import os
 import signal
 import subprocess
 
+#: the runner's stop signals (``gpushepherd.daemon.runner.STOP_SIGNALS``; this module may
+#: not import gpushepherd): the runner starts with them blocked until its handlers are in
+#: place, so a preemption sent at once is a stop, not a killed runner (a lost run)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
 
 class RunActor:
     """One rank of a run. Methods: ``done()`` blocks until the runner exits and returns
@@ -33,11 +38,14 @@ class RunActor:
             pass
         self.proc = None
         with open(stdout, "ab") as out, open(stderr, "ab") as err:
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
                 self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err,
                                              stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
             except OSError as exc:  # no such cwd, no interpreter at the server's path
                 err.write(f"shepherd: cannot start the runner on this Ray node: {exc}\n".encode())
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def done(self) -> int:
         return 127 if self.proc is None else self.proc.wait()

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from gpushepherd.backends import EngineNode, RunFiles, contract_env, package_root
 from gpushepherd.daemon import cgroups, runas
+from gpushepherd.daemon.runner import STOP_SIGNALS
 from gpushepherd.daemon.terminal import Terminal, open_terminal
 from gpushepherd.gpu.inventory import Discovery
 from gpushepherd.gpu.procs import env_and_argv
@@ -419,9 +420,15 @@ class LocalBackend(RunFiles):
             try:
                 if pty:
                     master, slave = open_terminal(owner.uid if owner is not None else None)
-                popen = subprocess.Popen(cmd, stdin=slave if pty else subprocess.DEVNULL, stdout=out, stderr=err,
-                                         cwd="/" if owner is not None else cwd, env=runner_env,
-                                         start_new_session=True, close_fds=True)
+                # the runner starts with the stop signals blocked (inherited through exec) until
+                # its handlers are in place: a preemption sent at once no longer kills it
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+                try:
+                    popen = subprocess.Popen(cmd, stdin=slave if pty else subprocess.DEVNULL, stdout=out, stderr=err,
+                                             cwd="/" if owner is not None else cwd, env=runner_env,
+                                             start_new_session=True, close_fds=True)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             except BaseException:
                 if master is not None:
                     os.close(master)

@@ -30,7 +30,11 @@ directly; runner and keeper outlive them to record the exit (handlers, unlike ig
 signals, are not inherited by the job). With ``--pty`` they also outlive Ctrl-Z
 (SIGTSTP, SIGTTIN, SIGTTOU), and a stop signal that reaches them while another process
 group of the job holds the terminal's foreground (a shell's job control moved it there)
-is passed on to that group. Stdlib only: it starts fast.
+is passed on to that group. The server starts the runner with those stop signals
+blocked (``LocalBackend.start``), so one sent while Python is still starting waits for
+the handlers: a stop that arrives before the job is started means the job is not
+started, and the exit file says ``-S`` (a preemption, not a lost run). Stdlib only: it
+starts fast.
 """
 
 from __future__ import annotations
@@ -131,9 +135,25 @@ class Options:
         return None if self.uid is None else (self.uid, self.gid)
 
 
+#: the first stop signal that reached the runner or the keeper (0: none yet); the keeper
+#: does not start a job that was stopped before it started
+_stopped = 0
+
+
+def _note_stop(signum: int, _frame) -> None:
+    """The runner's and keeper's handler of the stop signals: remember the first one."""
+    global _stopped
+    _stopped = _stopped or signum
+
+
 def _keeper(opts: Options, env: dict[str, str] | None, pid_w: int) -> int:
-    """In the forked keeper: start the job, tell the runner its pid, wait, write the exit file."""
+    """In the forked keeper: start the job, tell the runner its pid, wait, write the exit
+    file; a job stopped before it started is not started (exit ``-S``)."""
     argv, kw = opts.argv, {}
+    if _stopped:  # a preemption or cancel sent while the runner was starting
+        print(f"shepherd: stopped by signal {_stopped} before the job started; not started", file=sys.stderr)
+        os.close(pid_w)
+        return _as_exit(-_stopped) if write_exit(opts.exit_file, -_stopped, opts.owner) else 3
     if opts.uid is not None:
         kw = dict(user=opts.uid, group=opts.gid, extra_groups=opts.groups)
     cwd = opts.cwd
@@ -165,6 +185,7 @@ def _pass_on(signum: int, _frame) -> None:
     while another group of the job holds the terminal's foreground is sent to that group
     too (the terminal's own signals - Ctrl-C - go to the foreground group only, so they
     never arrive here twice)."""
+    _note_stop(signum, _frame)
     try:
         fg = os.tcgetpgrp(0)
         if fg > 0 and fg != os.getpgrp():
@@ -218,7 +239,9 @@ def main(args: list[str]) -> int:
         for sig in TTY_STOPS:
             signal.signal(sig, lambda *_: None)
     for sig in STOP_SIGNALS:
-        signal.signal(sig, _pass_on if opts.pty else lambda *_: None)
+        signal.signal(sig, _pass_on if opts.pty else _note_stop)
+    # the server started us with them blocked: one sent while we started is delivered now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:  # the job is re-parented to the runner if the keeper dies
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
