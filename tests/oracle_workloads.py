@@ -224,6 +224,16 @@ def build(src, share_preemption: bool = True) -> Workload:
         if src.chance(0.5):
             prio.setdefault("weights", {})["class"] = 0.0
         rules = policy_from_dict(raw).rules
+    # drawn after that (note 053): the aged tier - a job that has waited age_tier_s at a
+    # recalculation goes before all but the top class, the oldest first (at times only the
+    # oldest one or two of them)
+    if src.chance(0.25):
+        prio = raw.setdefault("priority", {})
+        prio["age_tier_s"] = float(src.integer(1, 40)) * scale
+        prio.setdefault("recalc_s", float(src.integer(1, 10)) * scale)
+        if src.chance(0.5):  # only the oldest few aged jobs lifted
+            prio["age_tier_jobs"] = src.integer(1, 2)
+        rules = policy_from_dict(raw).rules
     return Workload(raw, jobs, events, rules=rules)
 
 

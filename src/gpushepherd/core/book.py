@@ -135,7 +135,7 @@ class Book:
 
     # ------------------------------------------------------------- look-ups
     def order_key(self, job: Job) -> tuple:
-        return priority.order_key(self, job.spec, job.cls, job.estimate_s)
+        return priority.order_key(self, job.spec, job.cls, job.estimate_s, prev=job.key[0] if job.key else None)
 
     def groups_of(self, ckey: tuple) -> list[int]:
         """Shape groups of the ledger whose nodes pass the filter ``ckey``."""

@@ -8,7 +8,9 @@ each factor in [0, 1]; ``nice`` is the job's own adjustment in score points (Slu
 ``(tier, -score, submit time, job id)``; scores are recomputed every ``priority.recalc_s`` (at
 its multiples), as Slurm's ``PriorityCalcPeriod``. ``urgency`` is least-laxity-first for
 jobs at risk of missing their deadline (note 034). Under ``priority.top_class_tier`` the
-top class's jobs come before all others whatever their scores (note 045).
+top class's jobs come before all others whatever their scores (note 045). Under
+``priority.age_tier_s`` a job that has waited that long (at the last recalculation) comes
+before every job that has not, below the top class, the oldest first (note 053).
 """
 
 from __future__ import annotations
@@ -132,22 +134,50 @@ def _slack(book, spec: JobSpec, cls, estimate: float | None, at: float | None = 
     return spec.deadline - max(book.now if at is None else at, spec.submit_time) - (need or 0.0)
 
 
-def tier(book, cls) -> int:
+def tier(book, spec: JobSpec, cls, prev: int | None = None) -> int:
     """A job's priority tier: 0 for the top class (the highest class priority) under
-    ``priority.top_class_tier``, else 1. Lower tiers are ordered first, whatever the
-    scores (Slurm's partition ``PriorityTier``; note 045)."""
-    return 0 if book.rules.priority.top_class_tier and cls.priority >= book.max_prio else 1
+    ``priority.top_class_tier``; 1 for a job that had waited ``priority.age_tier_s``
+    or longer at the last recalculation (``aged``) - under ``priority.age_tier_jobs``
+    only one the recalculations promoted (``prev``, its tier so far, is kept); else 2.
+    Lower tiers are ordered first, whatever the scores (Slurm's partition
+    ``PriorityTier``; notes 045, 053)."""
+    pr = book.rules.priority
+    if pr.top_class_tier and cls.priority >= book.max_prio:
+        return 0
+    if not aged(book, spec):
+        return 2
+    if pr.age_tier_jobs is None:
+        return 1
+    return 1 if prev == 1 else 2
 
 
-def order_key(book, spec: JobSpec, cls, estimate: float | None = None, memo: dict | None = None) -> tuple:
-    """Queue order: tier (``tier``), then priority (high first), then submit time, then
+def aged(book, spec: JobSpec) -> bool:
+    """Whether a job had waited ``priority.age_tier_s`` seconds or more (since its submit
+    time) at the last recalculation; always false without ``age_tier_s`` (note 053)."""
+    limit = book.rules.priority.age_tier_s
+    return limit is not None and book.recalc_t - spec.submit_time >= limit
+
+
+def _key(book, spec: JobSpec, tier_: int, score: float, id_key) -> tuple:
+    """The order key ``(tier, -score, submit time, id)``; in the aged tier (1) the score
+    is ``-nice`` alone, so that aged jobs go oldest first (an admin's ``nice`` still
+    moves one; note 053)."""
+    if tier_ == 1:
+        return (1, float(spec.nice), spec.submit_time, id_key)
+    return (tier_, -score, spec.submit_time, id_key)
+
+
+def order_key(book, spec: JobSpec, cls, estimate: float | None = None, memo: dict | None = None,
+              prev: int | None = None) -> tuple:
+    """Queue order: tier (``tier``; ``prev``: the job's tier so far, if it had a key),
+    then priority (high first; in the aged tier ``-nice`` alone), then submit time, then
     job id (``memo``: the instant's fair-share factors, ``_fs_memo``)."""
     pr = book.rules.priority
+    t = tier(book, spec, cls, prev)
     if not (pr.dynamic or pr.size_weight or pr.time_limit_weight):
-        return (tier(book, cls), spec.nice - pr.class_weight * cls.priority / book.max_prio, spec.submit_time,
-                natural_key(spec.id))
+        return _key(book, spec, t, pr.class_weight * cls.priority / book.max_prio - spec.nice, natural_key(spec.id))
     c, fs, age, size, tl, dl = _terms(book, spec, cls, estimate, memo)
-    return (tier(book, cls), -(c + fs + age + size + tl + dl - spec.nice), spec.submit_time, natural_key(spec.id))
+    return _key(book, spec, t, c + fs + age + size + tl + dl - spec.nice, natural_key(spec.id))
 
 
 def by_class_alone(book) -> bool:
@@ -167,18 +197,48 @@ def maybe_recalc(book, t: float) -> None:
     if not book.queue:
         return
     memo = _fs_memo(book)
-    for job in book.queue.jobs():  # ``order_key`` of a dynamic order, the tier and the id's part kept
+    limited = pr.age_tier_jobs is not None
+    promoted, candidates = 0, []
+    for job in book.queue.jobs():  # ``order_key`` of a dynamic order, the id's part kept
         spec = job.spec
+        t_ = job.key[0]
+        if t_ == 2 and aged(book, spec):  # once aged, aged for good: recalc_t only grows
+            if limited:
+                candidates.append(job)
+            else:
+                t_ = 1
+        if t_ == 1:
+            promoted += 1
+            job.key = (1, float(spec.nice), spec.submit_time, job.key[3])
+            continue
         c, fs, age, size, tl, dl = _terms(book, spec, job.cls, job.estimate_s, memo)
-        job.key = (job.key[0], -(c + fs + age + size + tl + dl - spec.nice), spec.submit_time, job.key[3])
+        job.key = (t_, -(c + fs + age + size + tl + dl - spec.nice), spec.submit_time, job.key[3])
+    if limited and promoted < pr.age_tier_jobs and candidates:
+        # under age_tier_jobs the oldest aged jobs fill the tier up to that many
+        candidates.sort(key=lambda j: (j.spec.submit_time, j.key[3]))
+        for job in candidates[:pr.age_tier_jobs - promoted]:
+            job.key = (1, float(job.spec.nice), job.spec.submit_time, job.key[3])
     book.queue.rekeyed()
     book.dirty = True
+
+
+def _tier_has_room(book, most: int) -> bool:
+    """Whether the aged tier holds fewer than ``most`` jobs while an aged job waits below
+    it (``age_tier_jobs``: a recalculation would lift it)."""
+    lifted = waiting = 0
+    for job in book.queue:
+        if job.key[0] == 1:
+            lifted += 1
+        elif job.key[0] == 2 and not waiting and aged(book, job.spec):
+            waiting = 1
+    return bool(waiting) and lifted < most
 
 
 def recalc_matters(book) -> bool:
     """Whether a recalculation can reorder the queue: usage changes only while GPUs are
     held (idle decay scales every account alike, so shares keep their ratios), age
-    grows only until ``max_age_s``, and a deadline's urgency only while its slack lasts."""
+    grows only until ``max_age_s`` (a job enters the aged tier at ``age_tier_s``), and a
+    deadline's urgency only while its slack lasts."""
     pr = book.rules.priority
     if pr.fair_share_weight and book.running:
         return True
@@ -186,6 +246,11 @@ def recalc_matters(book) -> bool:
     # cheap upper bound; a spare recalculation is harmless)
     if pr.age_weight and book.last_submit > book.recalc_t - pr.max_age_s:
         return True
+    if pr.age_tier_s is not None:
+        if book.last_submit > book.recalc_t - pr.age_tier_s:
+            return True  # some pending job may still become aged
+        if pr.age_tier_jobs is not None and _tier_has_room(book, pr.age_tier_jobs):
+            return True  # an aged job waits to be lifted into the tier
     # deadlines (the one scan, last: next_wakeup asks this on the event loop's path):
     # slack shrinks as time passes, until it is gone (then the factor stays 0)
     return bool(pr.deadline_weight) and any(

@@ -53,6 +53,7 @@ def snapshot(book) -> dict:
             "plan": [[book.ledger.slots[i].node.name, c] for i, c in job.plan],
             "hold_gpus": [[book.ledger.slots[i].node.name, list(bits(m))] for i, m in sorted(job.hold_gpus.items())],
             "score": -job.key[1],  # key: (tier, -score, submit time, id)
+            "tier": job.key[0] if job.key else None,
             "run_units": job.run_units if job.state.holds_gpus else None,
             "covered": job.covered if job.state.holds_gpus else None,
             "start_no": job.start_no if job.state.holds_gpus else None,
@@ -167,7 +168,8 @@ def restore_into(sched, snap: dict) -> None:
                 heapq.heappush(book.idle_timers, (tr.idle_since + rule.after_s, job.seq, job.runs, spec.id,
                                                     tr.idle_since))
         if "score" in raw:  # the score it was queued with (computed at submit or the last recalc)
-            job.key = (tier(book, job.cls), -float(raw["score"]), spec.submit_time, natural_key(spec.id))
+            job.key = (_restored_tier(book, spec, job.cls, raw.get("tier")), -float(raw["score"]), spec.submit_time,
+                       natural_key(spec.id))
         state = JobState(raw["state"])
         job.history.append(Transition(book.now, "", state.value, "restored", 0))
         if state is JobState.PENDING:
@@ -206,3 +208,18 @@ def restore_into(sched, snap: dict) -> None:
         book.any_unmanaged = True
     book.dirty = True
 
+
+def _restored_tier(book, spec, cls, stored) -> int:
+    """The tier a restored job is keyed with: the one it was queued with (``stored``; a
+    running job keeps the key it was last queued with, and a requeue brings it back
+    under that key, so recomputing the aged tier from now would differ from the run that
+    was not restarted), as far as the rules (maybe changed) still allow it: the top
+    class's tier from the class, the aged tier only while ``age_tier_s`` is set (aged
+    stays aged; a job the restored rules would lift is lifted at the next
+    recalculation). An older snapshot (no ``tier``): from the class and age."""
+    if stored is None:
+        return tier(book, spec, cls)
+    pr = book.rules.priority
+    if pr.top_class_tier and cls.priority >= book.max_prio:
+        return 0
+    return 1 if int(stored) == 1 and pr.age_tier_s is not None else 2

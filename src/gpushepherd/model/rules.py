@@ -207,11 +207,17 @@ class PriorityRules:
     #: jobs of the top class are ordered before all others, whatever their scores (a
     #: hard tier, as Slurm's partition ``PriorityTier``; note 045)
     top_class_tier: bool = False
+    #: a job that has waited this long (at the last recalculation) is ordered before
+    #: every job that has not, below the top class, the oldest first (note 053)
+    age_tier_s: float | None = None
+    #: at most this many aged jobs, the oldest, are promoted into that tier (None: all)
+    age_tier_jobs: int | None = None
 
     @property
     def dynamic(self) -> bool:
-        """Whether scores change with time (and need recalculating)."""
-        return self.fair_share_weight > 0 or self.age_weight > 0 or self.deadline_weight > 0
+        """Whether scores or tiers change with time (and need recalculating)."""
+        return (self.fair_share_weight > 0 or self.age_weight > 0 or self.deadline_weight > 0
+                or self.age_tier_s is not None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -528,6 +528,8 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
             deadline_weight=spec.priority.weights.deadline,
             deadline_horizon_s=spec.priority.deadline_horizon_s,
             top_class_tier=spec.priority.top_class_tier,
+            age_tier_s=spec.priority.age_tier_s,
+            age_tier_jobs=spec.priority.age_tier_jobs,
         ),
         pricing=pricing,
         allowed_classes={n: tuple(dict.fromkeys(t.allowed_classes)) for n, t in spec.teams.items()

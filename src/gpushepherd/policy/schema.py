@@ -678,6 +678,16 @@ class PrioritySpec(_Strict):
         "Order the jobs of the top class (the highest class priority: production inference unless a policy adds "
         "a higher class) before all other jobs, whatever their scores: a hard tier, as Slurm's partition "
         "`PriorityTier`, so that the other weights may order the remaining classes freely (note 045).", True))
+    age_tier_s: PosFloat | None = Field(None, **doc(
+        "A job that has waited this long (seen at the recalculations, every `recalc_s`) is ordered before every "
+        "job that has not, below the top class's tier, the oldest first: later jobs no longer pass it, and when "
+        "first it holds the backfill reservation (Slurm's age factor made a hard tier; note 053). Unset: no "
+        "aged tier.", 172800.0, SECONDS))
+    age_tier_jobs: PosInt | None = Field(None, **doc(
+        "At most this many aged jobs are in the aged tier at once: at each recalculation the oldest aged jobs "
+        "fill it up to this many, and one stays in it until it starts (a preempted one comes back into it). "
+        "Unset: every aged job. 1: only the oldest waiting job is lifted - it alone holds the reservation it "
+        "needs (Slurm's bf reservation for the longest waiting job; note 053).", 1, JOBS))
 
 
 class FairShareSpec(_Strict):
