@@ -62,13 +62,14 @@ def of_job(book, spec, cls, ckey: tuple, shape: Shape, units: int, evictable: bo
 
 
 def retype(book, job: Job, shape_for, units_of) -> None:
-    """Derive a job's shape, charges, cohort and variants again (a node was added: it may
-    use more GPU types now); it stays bound to the type it holds or planned on."""
+    """Derive a job's shape, units, charges, cohort and variants again, as a job submitted
+    now gets them (a node was added: it may use more GPU types, a larger node, a card with
+    more memory); it stays bound to the type it holds or planned on."""
     from gpushepherd.core.filters import job_filter
 
     ckey = job_filter(job.cls, job.spec)
     shape = shape_for(book, job.spec, ckey)
-    units = job.base.units if job.variants else job.units
+    units = units_of(book, job.spec, ckey)
     where = job.alloc or (job.plan if job.id in book.preemptors else [])
     job.charges, job.cohort, job.base, job.variants = of_job(book, job.spec, job.cls, ckey, shape, units,
                                                              job.evictable, shape_for, units_of)

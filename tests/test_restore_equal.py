@@ -1,0 +1,40 @@
+"""A core restored from its snapshot holds what the uninterrupted core holds, so that it
+decides the same (issue 20 point 4, "incremental pass == full pass == restore"; design
+note 049). Each test names a piece of state a restore used to derive otherwise - the
+oracle's ``f_restart`` found each (seeds in ``test_oracle.FOUND``) - and compares it, and
+the decisions that follow, between the two cores."""
+
+from __future__ import annotations
+
+import json
+
+from builders import job, node, policy
+from gpushepherd.core.scheduler import Scheduler
+from gpushepherd.model.cluster import Node
+from gpushepherd.model.events import JobSubmitted, NodeAdded
+from gpushepherd.model.job import GpuShare
+
+
+def _restored(sched: Scheduler) -> Scheduler:
+    return Scheduler.restore(sched.rules, json.loads(json.dumps(sched.snapshot())))
+
+
+def _derived(sched: Scheduler) -> dict:
+    return {j.id: (j.shape, j.units, j.charges) for j in sched.book.jobs.values() if not j.state.terminal}
+
+
+def test_a_node_added_derives_every_job_as_a_restored_core_does():
+    # seeds 183569, 148721: n1 has one 40 GiB card. R (3 GPUs) is larger than any node:
+    # a multi-node job on n1 and n2. M (a memory share of 40 GiB) is charged the whole
+    # card. A node with four 80 GiB cards comes: R would fit one node now (a single-node
+    # job once requeued), M half of a card (the least it can be charged while pending) -
+    # for the running job too, as a restored core derives them
+    rules = policy(nodes=[node("n1", 2, gpu_type="A100-40GB", gpu_mem_mib=40960),
+                          node("n2", 1, gpu_type="A100-40GB", gpu_mem_mib=40960)])
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("R", 3, submit=0)),
+                  JobSubmitted(0.0, job("M", 1, submit=0, share=GpuShare("fraction", mem_mib=40960)))])
+    assert sched.book.jobs["R"].shape.mode == "multi" and sched.book.jobs["M"].units == 7000
+    sched.handle([NodeAdded(10.0, node=Node("n9", 4, "A100-80GB", 81920))])
+    assert sched.book.jobs["R"].shape.mode == "single" and sched.book.jobs["M"].units == 3500
+    assert _derived(sched) == _derived(_restored(sched))
