@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from builders import job, node, policy
+from gpushepherd.core.fairshare import UsageBook
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.cluster import Node
 from gpushepherd.model.events import JobSubmitted, NodeAdded
@@ -38,3 +39,17 @@ def test_a_node_added_derives_every_job_as_a_restored_core_does():
     sched.handle([NodeAdded(10.0, node=Node("n9", 4, "A100-80GB", 81920))])
     assert sched.book.jobs["R"].shape.mode == "single" and sched.book.jobs["M"].units == 3500
     assert _derived(sched) == _derived(_restored(sched))
+
+
+def test_usage_restored_decays_to_the_last_bit():
+    # seed 122739: decayed from the snapshot's instant instead of from where it was kept,
+    # a fair-share score differed in the 16th digit and two jobs swapped places
+    live = UsageBook(604800.0, 7000)
+    live.hold((("team", "a"),), 3.0, 7000)
+    live.hold((("team", "a"),), 11.0, 3500)
+    again = UsageBook(604800.0, 7000)
+    again.restore(live.snapshot(17.0), 17.0)
+    again.hold((("team", "a"),), 17.0, 10500)  # the running jobs, re-occupied
+    again.settle(live.exact())
+    assert again.entries == live.entries
+    assert again.value(("team", "a"), 1e6) == live.value(("team", "a"), 1e6)

@@ -94,6 +94,7 @@ def snapshot(book) -> dict:
             "unmanaged": [list(x) for x in unmanaged_gpus(book)],
             "mig": mig,
             "usage": book.usage.snapshot(book.now) if book.now != float("-inf") else [],
+            "usage_exact": book.usage.exact() if book.now != float("-inf") else [],
             "priority_recalc": [book.recalc_t, book.next_recalc],
             "predictor": book.predictor.snapshot() if book.predictor is not None else []}
 
@@ -196,6 +197,7 @@ def restore_into(sched, snap: dict) -> None:
                         raw.get("start_no"))
         else:
             job.state = state
+    book.usage.settle(snap.get("usage_exact", []))  # decayed from where it was (older snapshots: from now)
     for job in book.queue:
         if job.victims or job.plan:  # a hold stays in force until the preemptor's turn
             book.preemptors[job.id] = job
