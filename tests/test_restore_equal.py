@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 
 from builders import job, node, policy
+from gpushepherd.core import typed
 from gpushepherd.core.fairshare import UsageBook
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.cluster import Node
-from gpushepherd.model.events import JobSubmitted, NodeAdded
+from gpushepherd.model.events import JobFinished, JobSubmitted, NodeAdded, Tick
 from gpushepherd.model.job import GpuShare
 
 
@@ -53,3 +54,24 @@ def test_usage_restored_decays_to_the_last_bit():
     again.settle(live.exact())
     assert again.entries == live.entries
     assert again.value(("team", "a"), 1e6) == live.value(("team", "a"), 1e6)
+
+
+def test_a_share_preemptor_keeps_its_gpu_type_through_a_restore():
+    # seeds 146120, 119107, 159257: per-type quotas (note 038). S (training, half a card)
+    # preempts V on n1's L40S card, which K keeps: its plan names no node (it joins the
+    # card), so a restore bound it to no type. W's A100 then comes free while V is still
+    # leaving: S waits for the L40S card it planned on - restored, it started on the A100
+    rules = policy(nodes=[node("n1", 1, gpu_type="L40S", gpu_mem_mib=46068), node("n2", 1, gpu_type="A100-80GB")],
+                   teams={"t": {"max_gpus": {"L40S": 1, "A100-80GB": 1}}, "u": {}})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("W", 1, "production-inference", "u", 0, gpu_types=("A100-80GB",))),
+                  JobSubmitted(0.0, job("V", 1, "sandbox", "u", 0, share=GpuShare("fraction", milli=500))),
+                  JobSubmitted(0.0, job("K", 1, "research-training", "u", 0, share=GpuShare("fraction", milli=250)))])
+    out = sched.handle([JobSubmitted(5.0, job("S", 1, "training", "t", 5, share=GpuShare("fraction", milli=500)))])
+    assert [(type(d).__name__, d.job_id) for d in out] == [("Preempt", "V")]
+    assert sched.book.jobs["S"].plan == [] and typed.bound_type(sched.book.jobs["S"]) == "L40S"
+    restored = _restored(sched)
+    assert typed.bound_type(restored.book.jobs["S"]) == "L40S"
+    batch = [JobFinished(6.0, job_id="W")]
+    assert restored.handle(batch) == sched.handle(batch) == []
+    assert restored.handle([Tick(6.0)]) == []
