@@ -50,12 +50,26 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: fresh GPU on the island a preemptor held, test_oracle_faults.py; 17125 - a reason asked
 #: after a pass over new jobs only read claims built before it, test_oracle_faults.py; 15055 - a fault
 #: of the check: a share that could only join a card of the reserved class it named, and 102576 - a
-#: preemptor whose nice an admin raised before its victims left, excused - only here): they
-#: stay in the suite's batch
+#: preemptor whose nice an admin raised before its victims left, excused - only here; 109485,
+#: 111597, 114465, 125940, 168020, 168123, 175695, 189209, 191657 - a start later in a pass let a
+#: job refused earlier in it preempt (a share joined the card of its victim, a share refused by
+#: a rule after room lost that room, a job of several GPU types changed type, a preemptor's
+#: hold was dropped), and only a second pass did, I20-02 and note 049; 114324, 129449, 143647,
+#: 148721, 150226, 163769, 183569 - a running job kept the layout or units it was given before
+#: a node was added, and once requeued was placed otherwise than by a restored core, I20-03;
+#: 122739, 136465, 179237, 196290 - a restored core decayed the fair-share usage from the
+#: snapshot's instant, a score differed in its last digit and two jobs swapped places,
+#: test_restore_equal.py; 194149 - a job past its planned end, taken to end now, moved the
+#: reservations with the time, and an instant with nothing else kept the last pass's, I20-04;
+#: 119107, 146120, 159257 - a share preemptor joining a card plans on no node, and a restored
+#: core bound it to no GPU type (note 038), test_restore_equal.py): they stay in the suite's
+#: batch
 FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 1323, 1334, 1430, 1733, 1912, 2024, 2617,
          2914, 2919, 3462, 4467, 5099, 7641, 8914, 9361, 9955, 10002, 10572, 11023, 11959, 12010, 12899, 12903, 13435,
          13765, 14222, 15055, 15683, 15977, 17125, 17570, 17695, 18216, 18541, 18785, 19084, 19272, 20199, 20252, 21092,
-         22562, 22732, 102576)
+         22562, 22732, 102576, 109485, 111597, 114465, 125940, 168020, 168123, 175695, 189209, 191657,
+         114324, 129449, 143647, 148721, 150226, 163769, 183569, 122739, 136465, 179237, 196290,
+         194149, 119107, 146120, 159257)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

@@ -22,7 +22,7 @@ import heapq
 from bisect import bisect_left
 
 from gpushepherd.core import admission as A
-from gpushepherd.core import preemption, reasons, typed
+from gpushepherd.core import again, preemption, reasons, typed
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import pick_gpus
 from gpushepherd.core.planning import reservation_for
@@ -66,23 +66,23 @@ class Turn:
         #: preemptors whose turn came in this pass -> what it gave (``turn``)
         self.visited: dict[str, tuple[int, int]] = {}
         #: jobs that found no victims in this pass: one started later may be theirs
-        #: once it comes of age (a wake-up then, ``start``)
+        #: once it comes of age (a wake-up then, ``again.py``)
         self.no_victims: list[Job] = []
         #: the highest class priority of a refused whole-GPU job that could not preempt
         #: because nothing below it was evictable yet: a lower job started later in the
-        #: pass may become its victim once it comes of age (a wake-up then, ``start``)
+        #: pass may become its victim once it comes of age (a wake-up then, ``again.py``)
         self.no_victims_prio = -INF
         #: the fast pass's memo of placements the claims refused (``Admission.decide``)
         self.memo: dict | None = None
-        #: a share was refused for room (rules 5, 8, 9) in this pass: a card a later
-        #: share opens on a fresh GPU may take it without a fresh GPU (``start``)
+        #: a share was refused for room (rules 5-9) in this pass: a card a later
+        #: share opens on a fresh GPU may take it without a fresh GPU (``again.py``)
         self.share_refused = False
-        #: a share that may preempt was refused by claims or a class hold: a later start on
-        #: free GPUs may leave it no room, and then it preempts (``start``; seed 1323)
+        #: a share that may preempt was refused by a rule after room (6-9): a later start
+        #: may leave it no room, and then it preempts (``again.py``; seeds 1323, 125940)
         self.share_may_preempt = False
         #: cohort members (teams) a job of which the claims refused in this pass: one of
         #: their jobs started later may make the member a borrower, whom the claims that
-        #: lend or may reclaim no longer bind (``Profile.reclaimers_of``; ``start``)
+        #: lend or may reclaim no longer bind (``Profile.reclaimers_of``; ``again.py``)
         self.claims_refused: set[str] = set()
 
     # ------------------------------------------------------------- steps
@@ -165,7 +165,7 @@ class Turn:
         """A refused job: it may preempt (step 5), else take a reservation (step 6) -
         also when a hard limit refuses it now (it may fit at a later instant; a limit of
         a team that allows it may be freed by preempting within the team, note 035)."""
-        if job.shape.mode == "share" and rule in (A.FREE, A.CLASS_HOLD, A.CLAIMS):
+        if job.shape.mode == "share" and rule in A.CAPACITY_RULES:  # (again.py)
             self.share_refused = True  # a card opened later in the pass may take it
             if rule != A.FREE and not self.share_may_preempt:
                 self.share_may_preempt = self.can_preempt(job)
@@ -277,11 +277,6 @@ class Turn:
             share = job.share
             if not fresh and pos is None:
                 held_from = self.adm.card_end(idx, gpu)  # the card stays held from then
-            if fresh and pos is None and self.share_refused:
-                # room appeared in the pass (the lemma that it only shrinks holds for
-                # whole GPUs): the share refused before may join this card - another
-                # pass at this instant sees it (seed 19272)
-                book.repass = True
             if pos is None:
                 ledger.allocate_share(job.id, idx, gpu, share.kind, share.need(slot.node))
                 job.share_at = (gpu,)
@@ -294,7 +289,6 @@ class Turn:
             placement = Placement(((slot.node.name, (gpu,)),), share=what)
             counts = [(idx, 1)] if fresh or held_from is not None else []
         else:
-            book.repass = book.repass or self.share_may_preempt  # it may take that share's room
             alloc, parts = [], []
             planned = job.hold_gpus
             for idx, c in v.counts:
@@ -308,16 +302,9 @@ class Turn:
                 parts.append((slot.node.name, bits(mask)))
             placement = Placement(tuple(parts))
             counts = v.counts
+        held = job.id in book.preemptors and bool(job.victims)  # its victims are still leaving
         book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now, covered=v.covered)
-        if job.evictable and (job.cls.priority < self.no_victims_prio
-                              or any(_may_evict(p, job) for p in self.no_victims)):
-            self.sched.wake_at(preemption.comes_of_age(book, job))
-        if job.cohort is not None and not book.repass and job.cohort[1].team in self.claims_refused:
-            book.repass = True  # its team may borrow now: the claims may bind its other jobs less (seed 15683)
-        if self.no_victims:
-            if (job.cohort is not None and not book.repass
-                    and any(_borrows_from(p, job) for p in self.no_victims) and preemption.borrows(book, job)):
-                book.repass = True  # its team's other jobs may now be reclaimed, at once
+        again.after_start(self, job, v.spot, held)  # another pass, or a wake-up (again.py)
         if self.profile:
             self.profile.consume(job, counts, job.end_est, job.run_charges, held_from)
         self.started.append(job)
@@ -328,7 +315,7 @@ class Turn:
         if self.n_reserved:
             self.acted_after_reserve = True
         reclaiming = job.shape.mode != "share" and preemption.may_reclaim(book, job)
-        taken = [x for x in victims if reclaiming and _borrows_from(job, x)]
+        taken = [x for x in victims if reclaiming and again.borrows_from(job, x)]
         reclaim = bool(taken)
         for x in victims:
             book.preempt(x, job, self.out, "reclaim" if x in taken else "")
@@ -354,19 +341,6 @@ class Turn:
                     self.book.queue.remove(job)
                     if job.share is not None:
                         self.book.pending_shares -= 1
-
-
-def _may_evict(job: Job, victim: Job) -> bool:
-    """Whether ``victim`` could ever be on ``job``'s victim list (a lower class, or a job
-    of another member of its cohort)."""
-    return victim.cls.priority < job.cls.priority or _borrows_from(job, victim)
-
-
-def _borrows_from(job: Job, victim: Job) -> bool:
-    """Whether ``victim`` is a job of another member of ``job``'s cohort (evicted to give
-    back lent quota: a reclaim)."""
-    return victim.cohort is not None and any(c[0] is victim.cohort[0] and c[1] is not victim.cohort[1]
-                                             for c in typed.cohorts_of(job))
 
 
 def run_fast(sched, out: list[Decision]) -> Turn:

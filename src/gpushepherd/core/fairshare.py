@@ -74,6 +74,23 @@ class UsageBook:
             self.entries[key] = [value, t, 0]
 
 
+    def exact(self) -> list[list]:
+        """``[[key..., V, t], ...]`` sorted: each entry as kept - its usage ``V`` at ``t``,
+        from which it decays - for ``settle``."""
+        return [[*key, e[0], e[1]] for key, e in sorted(self.entries.items())]
+
+    def settle(self, rows: list[list]) -> None:
+        """Put back each entry's ``V`` and ``t`` of ``exact()`` rows (after ``restore`` and
+        the running jobs' holds): the same usage, decayed from the same instant, so that
+        it reads later to the last bit as in the core the rows were taken from (decayed
+        from the snapshot's instant instead, a fair-share score differed in the 16th
+        digit and two jobs swapped places; oracle seed 122739)."""
+        for row in rows:
+            entry = self.entries.get(tuple(row[:-2]))
+            if entry is not None:
+                entry[0], entry[1] = float(row[-2]), float(row[-1])
+
+
 def factor(usage: float, parent_usage: float, share: float) -> float:
     """``2^(-U/S)``: ``U`` = usage / parent usage (0 when the parent has none), ``S`` = share (0 < S <= 1)."""
     if parent_usage <= 0 or share <= 0:

@@ -288,17 +288,16 @@ def node_added(book, node: Node | None) -> None:
     book.groups_changed()
     book.topology_changed()
     book.max_node_cache.clear()
-    if book.rules.typed:  # per GPU type (note 038): the types a job may use may have grown
-        for job in list(book.running.values()):
-            typed.retype(book, job, shape_for, units_of)
+    # every job's layout, units and charges - those of a running job once it is requeued -
+    # are what a job submitted now gets, as a restored core derives them (seeds 183569: a
+    # 3-GPU job came back "multi"; 148721: a memory share was charged by the smaller card)
+    for job in list(book.running.values()):
+        typed.retype(book, job, shape_for, units_of)
     for job in list(book.queue):
         book.queue.remove(job)
         if job.share is not None:
             book.pending_shares -= 1
-        if book.rules.typed:
-            typed.retype(book, job, shape_for, units_of)
-        else:
-            job.shape = shape_for(book, job.spec, job.shape.ckey)
+        typed.retype(book, job, shape_for, units_of)
         book.enqueue(job)
 
 

@@ -204,6 +204,10 @@ class Scheduler:
             ends = book.ends
             i = bisect_right(ends, (self.last_pass_t, INF, ""))
             moved = i < len(ends) and ends[i][0] <= book.now  # a job outlived its planned end
+            if i and book.now > self.last_pass_t and self.last_turn is not None and self.last_turn.n_reserved:
+                # one had before the last pass: it is taken to end now, so the reservations
+                # move with the time (seed 194149: a full pass later planned another start)
+                moved = True
             if new and not moved and not self.reference and self.last_turn is not None:
                 if cycle.continue_fast(self.last_turn, new, out):
                     self.pass_no += 1

@@ -58,6 +58,8 @@ def snapshot(book) -> dict:
             "covered": job.covered if job.state.holds_gpus else None,
             "start_no": job.start_no if job.state.holds_gpus else None,
             "reclaim": job.reclaim,
+            # a preemptor's GPU type (note 038): a share joining a card plans on no node
+            "gpu_type": typed.bound_type(job) if job.id in book.preemptors else None,
             "estimate_s": job.estimate_s,
             "deadline_flags": [list(f) for f in job.deadline_flags],
             "stop_reason": job.stop_reason,
@@ -95,6 +97,7 @@ def snapshot(book) -> dict:
             "unmanaged": [list(x) for x in unmanaged_gpus(book)],
             "mig": mig,
             "usage": book.usage.snapshot(book.now) if book.now != float("-inf") else [],
+            "usage_exact": book.usage.exact() if book.now != float("-inf") else [],
             "priority_recalc": [book.recalc_t, book.next_recalc],
             "predictor": book.predictor.snapshot() if book.predictor is not None else []}
 
@@ -135,6 +138,7 @@ def restore_into(sched, snap: dict) -> None:
     book.recalc_t, book.next_recalc = snap.get("priority_recalc", [float("-inf"), float("-inf")])
     if book.predictor is not None:
         book.predictor.restore(snap.get("predictor", []))
+    bound: dict[str, str | None] = {}  # a preemptor's GPU type, by job id
     for raw in snap["jobs"]:
         spec_raw = dict(raw["spec"])
         spec_raw["gpu_types"] = tuple(spec_raw.get("gpu_types", ()))
@@ -155,6 +159,7 @@ def restore_into(sched, snap: dict) -> None:
         job.plan = [(book.ledger.by_name[n], c) for n, c in raw["plan"]]
         job.hold_gpus = {book.ledger.by_name[n]: sum(1 << g for g in gpus) for n, gpus in raw.get("hold_gpus", [])}
         job.reclaim = bool(raw.get("reclaim", False))
+        bound[spec.id] = raw.get("gpu_type")
         if "estimate_s" in raw:  # the estimate it was given at submit (a prediction may differ now)
             job.estimate_s = raw["estimate_s"]
         job.deadline_flags = [(float(t), str(stage), float(end)) for t, stage, end in raw.get("deadline_flags", [])]
@@ -198,11 +203,14 @@ def restore_into(sched, snap: dict) -> None:
                         raw.get("start_no"))
         else:
             job.state = state
+    book.usage.settle(snap.get("usage_exact", []))  # decayed from where it was (older snapshots: from now)
     for job in book.queue:
         if job.victims or job.plan:  # a hold stays in force until the preemptor's turn
             book.preemptors[job.id] = job
             if job.plan:
                 typed.at_node(book, job, job.plan[0][0])  # held to the GPU type it planned on (note 038)
+            else:
+                typed.bind_type(job, bound.get(job.id))
     for name, g in snap.get("unmanaged", []):  # after the jobs: those holding them keep them
         book.ledger.set_gpu_unmanaged(book.ledger.by_name[name], g, True)
         book.any_unmanaged = True

@@ -62,19 +62,23 @@ def of_job(book, spec, cls, ckey: tuple, shape: Shape, units: int, evictable: bo
 
 
 def retype(book, job: Job, shape_for, units_of) -> None:
-    """Derive a job's shape, charges, cohort and variants again (a node was added: it may
-    use more GPU types now); it stays bound to the type it holds or planned on."""
+    """Derive a job's shape, units, charges, cohort and variants again, as a job submitted
+    now gets them (a node was added: it may use more GPU types, a larger node, a card with
+    more memory); it stays bound to the type it holds or planned on."""
     from gpushepherd.core.filters import job_filter
 
     ckey = job_filter(job.cls, job.spec)
     shape = shape_for(book, job.spec, ckey)
-    units = job.base.units if job.variants else job.units
+    units = units_of(book, job.spec, ckey)
     where = job.alloc or (job.plan if job.id in book.preemptors else [])
+    was = bound_type(job) if job.id in book.preemptors else None  # a share's plan may name no node
     job.charges, job.cohort, job.base, job.variants = of_job(book, job.spec, job.cls, ckey, shape, units,
                                                              job.evictable, shape_for, units_of)
     job.shape, job.fkey, job.units, job.tv = shape, book.filter_id(shape), units, -1
     if where:
         at_node(book, job, where[0][0])
+    elif was is not None:
+        bind_type(job, was)
 
 
 def bind(job: Job, v: Variant) -> None:
@@ -118,6 +122,21 @@ def at_node(book, job: Job, idx: int) -> None:
             if v.gpu_type == gt:
                 bind(job, v)
                 return
+
+
+def bound_type(job: Job) -> str | None:
+    """The GPU type a job of several types is bound to (``None``: at rest, or one type)."""
+    if not job.variants or at_rest(job):
+        return None
+    return next((v.gpu_type for v in job.variants if v.fkey == job.fkey), None)
+
+
+def bind_type(job: Job, gpu_type: str | None) -> None:
+    """Bind a job of several types to its variant of ``gpu_type`` (none such: as it is)."""
+    for v in job.variants:
+        if gpu_type is not None and v.gpu_type == gpu_type:
+            bind(job, v)
+            return
 
 
 def at_rest(job: Job) -> bool:

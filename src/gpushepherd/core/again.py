@@ -1,0 +1,75 @@
+"""What a start in a pass asks of the pass's instant (design note 015, section 3; note 049):
+another full pass at once (``book.repass``), or a wake-up when a job it started comes of
+age as a victim.
+
+The fast walk and the reference turn each job once, in queue order. A job refused early
+in the pass is decided on the state of its turn; a start later in the same pass changes
+that state. Free GPUs, victims and quota headroom only shrink in a pass, so a refused job
+stays refused - but its *preemption step* (step 5) may find victims that it did not find
+at its turn. The decisions of an instant must be those of a full pass on its final state
+(issue 20: incremental pass == full pass == ``restore``), so each way a later start can
+do that asks for another pass (``Scheduler._schedule``) - each needs a job not started
+before, so the repeats end:
+
+* a start a refused job may evict, too young now: a wake-up when it comes of age;
+* a start that makes its cohort member borrow after a refused job of another member could
+  reclaim nothing, or after the claims refused a job of its own member (it may borrow
+  now, and the claims that lend bind it less; seeds 15683, 1430);
+* a share opening a fresh GPU after a share was refused for room: it may join that card
+  (seed 19272); any start after a share that may preempt was refused with room left for
+  it by a later rule (cohort, anti-affinity, a class hold, the claims): a share preempts
+  only when no room takes it (note 042), and the start may take that room (seeds 1323,
+  125940, 175695, 189209, 191657);
+* a share joining a card after a share could not preempt: evicting a holder of that card
+  now leaves a card it may join, where before it had to open the card's GPU afresh
+  (seeds 111597, 114465);
+* any start after a job of several GPU types (note 038) could not preempt: its preemption
+  is planned on the type whose refusal is closest to starting, and a start that takes
+  free GPUs of that type may make another type the closest (seed 109485);
+* a preemptor starting at its turn on free GPUs while its victims are still leaving,
+  after a job could not preempt: its hold is dropped, and the GPUs it held may be what
+  that job's plan lacked (seeds 168020, 168123).
+"""
+
+from __future__ import annotations
+
+from gpushepherd.core import preemption, typed
+from gpushepherd.core.state import Job
+
+
+def after_start(turn, job: Job, spot, preemptor: bool) -> None:
+    """Ask for what ``job``'s start in ``turn``'s pass calls for (module docstring):
+    ``spot`` is a share's ``(node index, GPU, MIG position or None, fresh GPU)`` (``None``:
+    whole GPUs); ``preemptor``: it started at its turn as a preemptor whose victims had
+    not all left."""
+    book = turn.book
+    no_victims = turn.no_victims
+    if job.evictable and (job.cls.priority < turn.no_victims_prio or any(may_evict(p, job) for p in no_victims)):
+        turn.sched.wake_at(preemption.comes_of_age(book, job))
+    if book.repass:
+        return
+    if spot is None or spot[2] is None:  # whole GPUs, or a card (no MIG instance)
+        card = spot is not None
+        if (turn.share_may_preempt or (card and spot[3] and turn.share_refused)
+                or (card and not spot[3] and any(p.share is not None for p in no_victims))):
+            book.repass = True
+            return
+    if (preemptor and no_victims) or any(typed.at_rest(p) for p in no_victims):
+        book.repass = True
+        return
+    if job.cohort is not None and (job.cohort[1].team in turn.claims_refused or (
+            any(borrows_from(p, job) for p in no_victims) and preemption.borrows(book, job))):
+        book.repass = True
+
+
+def may_evict(job: Job, victim: Job) -> bool:
+    """Whether ``victim`` could ever be on ``job``'s victim list (a lower class, or a job
+    of another member of its cohort)."""
+    return victim.cls.priority < job.cls.priority or borrows_from(job, victim)
+
+
+def borrows_from(job: Job, victim: Job) -> bool:
+    """Whether ``victim`` is a job of another member of ``job``'s cohort (evicted to give
+    back lent quota: a reclaim)."""
+    return victim.cohort is not None and any(c[0] is victim.cohort[0] and c[1] is not victim.cohort[1]
+                                             for c in typed.cohorts_of(job))
