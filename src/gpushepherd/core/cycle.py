@@ -310,13 +310,13 @@ class Turn:
             counts = v.counts
         book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now, covered=v.covered)
         if job.evictable and (job.cls.priority < self.no_victims_prio
-                              or any(_may_evict(p, job) for p in self.no_victims)):
+                              or any(preemption.may_evict(p, job) for p in self.no_victims)):
             self.sched.wake_at(preemption.comes_of_age(book, job))
         if job.cohort is not None and not book.repass and job.cohort[1].team in self.claims_refused:
             book.repass = True  # its team may borrow now: the claims may bind its other jobs less (seed 15683)
         if self.no_victims:
-            if (job.cohort is not None and not book.repass
-                    and any(_borrows_from(p, job) for p in self.no_victims) and preemption.borrows(book, job)):
+            if (job.cohort is not None and not book.repass and preemption.borrows(book, job)
+                    and any(preemption.borrows_from(p, job) for p in self.no_victims)):
                 book.repass = True  # its team's other jobs may now be reclaimed, at once
         if self.profile:
             self.profile.consume(job, counts, job.end_est, job.run_charges, held_from)
@@ -328,7 +328,7 @@ class Turn:
         if self.n_reserved:
             self.acted_after_reserve = True
         reclaiming = job.shape.mode != "share" and preemption.may_reclaim(book, job)
-        taken = [x for x in victims if reclaiming and _borrows_from(job, x)]
+        taken = [x for x in victims if reclaiming and preemption.borrows_from(job, x)]
         reclaim = bool(taken)
         for x in victims:
             book.preempt(x, job, self.out, "reclaim" if x in taken else "")
@@ -354,19 +354,6 @@ class Turn:
                     self.book.queue.remove(job)
                     if job.share is not None:
                         self.book.pending_shares -= 1
-
-
-def _may_evict(job: Job, victim: Job) -> bool:
-    """Whether ``victim`` could ever be on ``job``'s victim list (a lower class, or a job
-    of another member of its cohort)."""
-    return victim.cls.priority < job.cls.priority or _borrows_from(job, victim)
-
-
-def _borrows_from(job: Job, victim: Job) -> bool:
-    """Whether ``victim`` is a job of another member of ``job``'s cohort (evicted to give
-    back lent quota: a reclaim)."""
-    return victim.cohort is not None and any(c[0] is victim.cohort[0] and c[1] is not victim.cohort[1]
-                                             for c in typed.cohorts_of(job))
 
 
 def run_fast(sched, out: list[Decision]) -> Turn:
