@@ -107,6 +107,7 @@ class ShareRules:
         if profile:
             end = book.now + job.planned_run()
             skip = set(avoided)
+            checked, moved_by = spot, None  # the spot whose charges rules 2 and 6 allowed
             if book.anti and job.cls.avoid:
                 kept, first = profile.avoiding(job, end, self._exempt)
                 if spot[0] in kept:  # its class would keep a claim's job off the claim's node
@@ -114,6 +115,7 @@ class ShareRules:
                     spot = self.share_spot(job, groups, frozenset(skip), profile, end, fresh, scratch)
                     if spot is None:
                         return Verdict(CLAIMS, units=units, charges=charges, blocker=first)
+                    moved_by = first
             delayed = None
             while spot is not None:
                 # a card it would keep from coming free when a claim counts on it: the
@@ -122,8 +124,8 @@ class ShareRules:
                 # GPU a claim needs: the rest of that node aside
                 found = self._share_delays(job, profile, spot, end, scratch)
                 if found is None:
-                    if delayed is None:
-                        break  # the first spot: its charges passed rules 2 and 6
+                    if spot is checked:
+                        break
                     units, covered, charges = self._share_charges(job, spot, scratch, profile)
                     if self._limits_allow(job, charges, scratch):
                         break
@@ -136,7 +138,7 @@ class ShareRules:
                         self._kept = {**self._kept, spot[:2]: ""}
                 spot = self.share_spot(job, groups, frozenset(skip), profile, end, fresh, scratch)
             if spot is None:
-                return Verdict(CLAIMS, units=units, charges=charges, blocker=delayed)
+                return Verdict(CLAIMS, units=units, charges=charges, blocker=delayed or moved_by)
             units, covered, charges = self._share_charges(job, spot, scratch, profile)
             if self._quota_claimed(job, profile, charges, end, scratch):
                 return Verdict(CLAIMS, units=units, charges=charges)
