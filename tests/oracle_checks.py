@@ -584,22 +584,27 @@ class Checker:
                         self.report.counts["i_share_for_quota"] += 1
 
     def guarantee(self, book, d: Preempt) -> None:
-        """A job of another member of the preemptor's cohort is evicted only while its
-        team borrows (holds more than its nominal quota): a member within its nominal
-        quota keeps it (Kueue's guarantee; note 005)."""
+        """A job of another member of a cohort the preemptor counts in is evicted only
+        while its team borrows (holds more than its nominal quota): a member within its
+        nominal quota keeps it (Kueue's guarantee; note 005). Membership is read from the
+        charges - a job confined to a pool counts in the pool's cohort and in a cohort of
+        every pool (seed 143208: ``Job.cohort`` names only the first)."""
         p, v = book.jobs[d.preemptor], book.jobs[d.job_id]
-        if p.cohort is None or v.cohort is None or p.cohort[0] is not v.cohort[0] or p.cohort[1] is v.cohort[1]:
-            return
+        for cohort in self.rules.cohorts.values():
+            own, member = _member(cohort, p.charges), _member(cohort, v.run_charges)
+            if own is not None and member is not None and own is not member:
+                self._guarantee(book, p, v, cohort, own, member)
+
+    def _guarantee(self, book, p, v, cohort, own, member) -> None:
         self.report.counts["d_guarantee"] += 1
-        member = v.cohort[1]
         used = book.quota.usage.get((member.limit, ""), 0)
         if used <= member.nominal * GPU_UNITS:
             self.report.fail("d_reserved", f"t={book.now:g}: {p.id} (team {p.spec.team}) preempts {v.id} of team "
-                             f"{member.team}, which holds {used / GPU_UNITS:g} GPUs of its nominal {member.nominal}")
+                             f"{member.team}, which holds {used / GPU_UNITS:g} GPUs of its nominal {member.nominal} "
+                             f"in cohorts.{cohort.name}")
         # the preemptor's team once it runs: at least what its jobs that ran before this
         # instant hold (jobs started in this pass may have come after the plan) plus it
         self.report.counts["e_no_borrow"] += 1
-        own = p.cohort[1]
         t = book.now
         held = book.quota.usage.get((own.limit, ""), 0) - sum(
             a for j in book.running.values() if j.run_start >= t
@@ -607,7 +612,8 @@ class Checker:
         if held + p.units > own.nominal * GPU_UNITS:
             self.report.fail("e_preemptor", f"t={t:g}: {p.id} (team {p.spec.team}) preempts {v.id} of team "
                              f"{member.team} and would then borrow: its team holds at least "
-                             f"{(held + p.units) / GPU_UNITS:g} GPUs of its nominal {own.nominal}")
+                             f"{(held + p.units) / GPU_UNITS:g} GPUs of its nominal {own.nominal} in "
+                             f"cohorts.{cohort.name}")
 
     # ------------------------------------------------------------------- g
     def end(self, sched) -> None:
@@ -712,6 +718,12 @@ def _class_use(book) -> dict[str, int]:
             (name,) = classes
             used[name] = used.get(name, 0) + GPU_UNITS
     return used
+
+
+def _member(cohort, charges):
+    """The member of ``cohort`` whose limit ``charges`` count in (a member's limit counts
+    all its GPUs in the cohort), else ``None``."""
+    return next((m for m in cohort.members if any(i == m.limit and not u for i, u, _a in charges)), None)
 
 
 def _gpus(held: dict) -> dict:

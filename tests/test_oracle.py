@@ -62,14 +62,22 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: test_restore_equal.py; 194149 - a job past its planned end, taken to end now, moved the
 #: reservations with the time, and an instant with nothing else kept the last pass's, I20-04;
 #: 119107, 146120, 159257 - a share preemptor joining a card plans on no node, and a restored
-#: core bound it to no GPU type (note 038), test_restore_equal.py): they stay in the suite's
-#: batch
+#: core bound it to no GPU type (note 038), test_restore_equal.py;
+#: 168185, 172023 - a share that would delay a claim on one card passed
+#: over its node's other cards, I20-21; 191757 - a memory-only share moved to a smaller card
+#: went over its team's limit, I20-22; 146278, 157825, 160111, 123050 - a preemptor that
+#: started elsewhere dropped its hold after a job it held back had had its turn, I20-24;
+#: 119025, 159314, 196038 - a share refused by a class hold that a later start of the class
+#: filled without a free GPU, I20-25; 143208 - a pool job counted in a cohort it did not
+#: name, evicted by a borrower and round, I20-23; 152755 - a MIG GPU re-partitioned back and
+#: forth for jobs their cohort's capacity kept waiting, I20-20): they stay in the suite's batch
 FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 1323, 1334, 1430, 1733, 1912, 2024, 2617,
          2914, 2919, 3462, 4467, 5099, 7641, 8914, 9361, 9955, 10002, 10572, 11023, 11959, 12010, 12899, 12903, 13435,
          13765, 14222, 15055, 15683, 15977, 17125, 17570, 17695, 18216, 18541, 18785, 19084, 19272, 20199, 20252, 21092,
          22562, 22732, 102576, 109485, 111597, 114465, 125940, 168020, 168123, 175695, 189209, 191657,
          114324, 129449, 143647, 148721, 150226, 163769, 183569, 122739, 136465, 179237, 196290,
-         194149, 119107, 146120, 159257)
+         194149, 119107, 146120, 159257,
+         119025, 123050, 143208, 146278, 152755, 157825, 159314, 160111, 168185, 172023, 191757, 196038)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

@@ -103,7 +103,8 @@ class Admission(ShareRules):
         self.book = book
         #: the reservations that do not bind the job being decided (``Profile.reclaimers_of``)
         self._exempt: tuple = ()
-        #: rule 8 for a share: the cards it may not join (``ShareRules._kept_cards``)
+        #: a share: the cards it may not join - rule 8's (``ShareRules._kept_cards``), and
+        #: in rule 9 those where it would delay a claim
         self._kept: dict[tuple[int, int], str] = {}
 
     # ---------------------------------------- per-GPU-type quotas (note 038)

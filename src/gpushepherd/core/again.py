@@ -44,7 +44,8 @@ def after_start(turn, job: Job, spot, preemptor: bool) -> None:
     not all left."""
     book = turn.book
     no_victims = turn.no_victims
-    if job.evictable and (job.cls.priority < turn.no_victims_prio or any(may_evict(p, job) for p in no_victims)):
+    if job.evictable and (job.cls.priority < turn.no_victims_prio
+                          or any(preemption.may_evict(p, job) for p in no_victims)):
         turn.sched.wake_at(preemption.comes_of_age(book, job))
     if book.repass:
         return
@@ -58,18 +59,6 @@ def after_start(turn, job: Job, spot, preemptor: bool) -> None:
         book.repass = True
         return
     if job.cohort is not None and (job.cohort[1].team in turn.claims_refused or (
-            any(borrows_from(p, job) for p in no_victims) and preemption.borrows(book, job))):
+            any(preemption.borrows_from(p, job) for p in no_victims) and preemption.borrows(book, job))):
         book.repass = True
 
-
-def may_evict(job: Job, victim: Job) -> bool:
-    """Whether ``victim`` could ever be on ``job``'s victim list (a lower class, or a job
-    of another member of its cohort)."""
-    return victim.cls.priority < job.cls.priority or borrows_from(job, victim)
-
-
-def borrows_from(job: Job, victim: Job) -> bool:
-    """Whether ``victim`` is a job of another member of ``job``'s cohort (evicted to give
-    back lent quota: a reclaim)."""
-    return victim.cohort is not None and any(c[0] is victim.cohort[0] and c[1] is not victim.cohort[1]
-                                             for c in typed.cohorts_of(job))

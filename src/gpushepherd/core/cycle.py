@@ -84,6 +84,10 @@ class Turn:
         #: their jobs started later may make the member a borrower, whom the claims that
         #: lend or may reclaim no longer bind (``Profile.reclaimers_of``; ``again.py``)
         self.claims_refused: set[str] = set()
+        #: a job was refused by a class hold or the claims in this pass: a preemptor's hold
+        #: dropped, or a start that fills a class's reservation without a free GPU, loosens
+        #: them - another pass at this instant sees it (seeds 119025, 157825)
+        self.held_back = False
 
     # ------------------------------------------------------------- steps
     def holds(self) -> None:
@@ -145,6 +149,9 @@ class Turn:
 
     def _decided(self, job: Job, v: A.Verdict, preemptor: bool) -> tuple[int, int]:
         book = self.book
+        if preemptor and (v.admitted or not job.victims):  # its hold is dropped
+            book.repass = book.repass or self.held_back
+        self.held_back = self.held_back or v.rule in (A.CLASS_HOLD, A.CLAIMS)
         if v.admitted:
             if preemptor:
                 self.profile.drop_hold(job.id)
@@ -277,6 +284,8 @@ class Turn:
             share = job.share
             if not fresh and pos is None:
                 held_from = self.adm.card_end(idx, gpu)  # the card stays held from then
+            if self.held_back and v.covered and not fresh:
+                book.repass = True  # its class's reservation is filled with no free GPU taken
             if pos is None:
                 ledger.allocate_share(job.id, idx, gpu, share.kind, share.need(slot.node))
                 job.share_at = (gpu,)
@@ -315,7 +324,7 @@ class Turn:
         if self.n_reserved:
             self.acted_after_reserve = True
         reclaiming = job.shape.mode != "share" and preemption.may_reclaim(book, job)
-        taken = [x for x in victims if reclaiming and again.borrows_from(job, x)]
+        taken = [x for x in victims if reclaiming and preemption.borrows_from(job, x)]
         reclaim = bool(taken)
         for x in victims:
             book.preempt(x, job, self.out, "reclaim" if x in taken else "")

@@ -1,8 +1,9 @@
 """MIG re-partitioning for the pending mix (``mig.reconfigure``, design note 007).
 
 After the pass, pending MIG jobs that find no free instance of their profile (nor one in
-a layout being applied) get, in queue order, the first idle, healthy MIG GPU of a node
-they may use whose model has their profile. The new layout holds their profile, then the
+a layout being applied), and that no limit nor their cohort's capacity would keep
+waiting on one, get, in queue order, the first idle, healthy MIG GPU of a node they may
+use whose model has their profile. The new layout holds their profile, then the
 profiles of later waiting jobs that still fit (queue order), then the smallest profile
 in what is left, so that no slice is wasted. The GPU serves nobody until the driver
 reports ``MigReconfigured``.
@@ -41,6 +42,11 @@ def plan_mig(book, adm, out: list[Decision]) -> None:
         v = adm.decide(job, None)
         if v.rule in (A.HARD_NEVER, A.HARD_NOW, A.NEVER_FITS, A.COHORT):
             continue  # a limit, not a missing instance, keeps it waiting
+        if v.rule == A.FREE and job.cohort is not None and adm._blocking(v.charges, True, None) is not None:
+            # the cohort's capacity (rule 6, read only once an instance is found) would
+            # keep it waiting on the new instance too: a card re-partitioned for it would
+            # be re-partitioned for the next such job, and back (oracle seed 152755)
+            continue
         with typed.bound(job, v.variant):  # per-type quotas: only cards of a type it may take (note 038)
             groups = book.groups_for(job)
             nodes = book.nodes_for(job)

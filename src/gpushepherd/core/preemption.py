@@ -41,6 +41,7 @@ unless it works):
 
 from __future__ import annotations
 
+from gpushepherd.core import typed
 from gpushepherd.core.admission import Admission, Scratch, Verdict
 from gpushepherd.core.filters import share_fits_card
 from gpushepherd.core.freed import card_of, freed_masks, freed_parts, lower_cards
@@ -53,6 +54,44 @@ from gpushepherd.model.job import GPU_UNITS, JobState
 
 def _member_borrows(book, member) -> bool:
     return book.quota.usage.get((member.limit, ""), 0) > member.nominal * GPU_UNITS
+
+
+def member_in(cohort, job: Job):
+    """The member of ``cohort`` whose GPUs ``job`` counts in (its charges name the
+    member's limit), else ``None``. A job confined to a pool counts in the pool's cohort
+    and in a cohort of every pool; ``Job.cohort`` names the first only (oracle seed
+    143208: a job of another member there was taken for one outside the cohort)."""
+    charged = {i for i, user, _a in (job.run_charges or job.charges) if not user}
+    return next((m for m in cohort.members if m.limit in charged), None)
+
+
+def borrows_from(job: Job, victim: Job) -> bool:
+    """Whether ``victim`` counts as a job of another member of a cohort of ``job``'s
+    (evicted to give back lent quota: a reclaim)."""
+    return any((m := member_in(c[0], victim)) is not None and m is not c[1] for c in typed.cohorts_of(job))
+
+
+def may_evict(job: Job, victim: Job) -> bool:
+    """Whether ``victim`` could ever be on ``job``'s victim list (a lower class, or a job
+    of another member of its cohort)."""
+    return victim.cls.priority < job.cls.priority or borrows_from(job, victim)
+
+
+def _lenders(book, job: Job) -> list[tuple]:
+    """Per cohort ``job`` counts in, ``(cohort, its member, the teams whose jobs it may
+    take)``: the other members that borrow - none when its team would borrow once it
+    runs (Kueue's ``borrowWithinCohort: Never``: that member would reclaim at once, and
+    round again; issue 20)."""
+    out = []
+    for cohort in book.rules.cohorts.values():
+        own = member_in(cohort, job)
+        if own is None:
+            continue
+        takes = set()
+        if book.quota.usage.get((own.limit, ""), 0) + job.units <= own.nominal * GPU_UNITS:
+            takes = {m.team for m in cohort.members if m is not own and _member_borrows(book, m)}
+        out.append((cohort, own, takes))
+    return out
 
 
 def stays_within_nominal(book, job: Job) -> bool:
@@ -102,8 +141,7 @@ def kept_from_borrower(book, job: Job) -> str:
     cohort, member = job.cohort
     prio = job.cls.priority
     for q, jobs in book.evictable.items():
-        if q < prio and any(v.cohort is not None and v.cohort[0] is cohort and v.cohort[1] is not member
-                            for v in jobs.values()):
+        if q < prio and any((m := member_in(cohort, v)) is not None and m is not member for v in jobs.values()):
             return (f"{member.team} would borrow beyond its nominal {member.nominal} in cohorts.{cohort.name}: "
                     f"other members' jobs are not preempted to borrow")
     return ""
@@ -141,32 +179,30 @@ def candidates(book, job: Job, reclaim: bool, young: bool = False, within: froze
     now = book.now
     prio = job.cls.priority
     out: dict[str, Job] = {}
-    borrowing = set()
-    if job.cohort is not None and stays_within_nominal(book, job):
-        # a job that would borrow takes nothing from another member (borrowWithinCohort:
-        # Never): that member would reclaim it at once, and round again (issue 20)
-        cohort, member = job.cohort
-        borrowing = {m.team for m in cohort.members if m is not member and _member_borrows(book, m)}
+    lenders = _lenders(book, job) if book.rules.cohorts else []
 
     def eligible(v: Job) -> bool:
         return (comes_of_age(book, v) > now) == young
+
+    def kept(v: Job) -> bool:  # another member's job, within its nominal quota or the job would borrow
+        return any((m := member_in(c, v)) is not None and m is not own and m.team not in takes
+                   for c, own, takes in lenders)
 
     if book.rules.preemption_enabled:
         for q, jobs in book.evictable.items():
             if q < prio:
                 for v in jobs.values():
-                    if (job.cohort is not None and v.cohort is not None and v.cohort[0] is job.cohort[0]
-                            and v.cohort[1] is not job.cohort[1] and v.cohort[1].team not in borrowing):
-                        continue  # another member within its nominal quota, or the job would borrow
-                    if eligible(v):
+                    if eligible(v) and not kept(v):
                         out[v.id] = v
     if reclaim:
         cohort, member = job.cohort
+        borrowing = next((takes for c, _own, takes in lenders if c is cohort), set())
         lower_only = cohort.reclaim == "lower_priority"
         for v in book.running.values():
             if v.id in out or v.state is not JobState.RUNNING or not v.evictable:
                 continue
-            if v.cohort is None or v.cohort[0] is not cohort or v.cohort[1].team not in borrowing:
+            m = member_in(cohort, v)
+            if m is None or m is member or m.team not in borrowing:
                 continue
             if lower_only and v.cls.priority >= prio:
                 continue

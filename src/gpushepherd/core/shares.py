@@ -83,6 +83,8 @@ class ShareRules:
             if spot is None:
                 return Verdict(ANTI, units=units, charges=charges)
             units, covered, charges = self._share_charges(job, spot, scratch, profile)
+            if not self._limits_allow(job, charges, scratch):
+                return Verdict(ANTI, units=units, charges=charges)
         if before_claims is not None:
             before_claims()
         self._exempt = profile.reclaimers_of(job) if profile and book.rules.cohorts else ()
@@ -100,9 +102,12 @@ class ShareRules:
                     return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
                 spot = card
                 units, covered, charges = self._share_charges(job, spot, scratch, profile)
+                if not self._limits_allow(job, charges, scratch):
+                    return Verdict(CLASS_HOLD, holder=holder, units=units, charges=charges)
         if profile:
             end = book.now + job.planned_run()
             skip = set(avoided)
+            checked, moved_by = spot, None  # the spot whose charges rules 2 and 6 allowed
             if book.anti and job.cls.avoid:
                 kept, first = profile.avoiding(job, end, self._exempt)
                 if spot[0] in kept:  # its class would keep a claim's job off the claim's node
@@ -110,18 +115,30 @@ class ShareRules:
                     spot = self.share_spot(job, groups, frozenset(skip), profile, end, fresh, scratch)
                     if spot is None:
                         return Verdict(CLAIMS, units=units, charges=charges, blocker=first)
+                    moved_by = first
             delayed = None
             while spot is not None:
-                # a card it would keep from coming free when a claim counts on it, or a
-                # fresh GPU a claim needs: the next spot (the rest of that node aside)
+                # a card it would keep from coming free when a claim counts on it: the
+                # next spot, that card aside (another card of the node may do: which card
+                # is the tightest must not decide it, oracle seeds 168185, 172023); a fresh
+                # GPU a claim needs: the rest of that node aside
                 found = self._share_delays(job, profile, spot, end, scratch)
                 if found is None:
-                    break
-                delayed = delayed or found
-                skip.add(spot[0])
+                    if spot is checked:
+                        break
+                    units, covered, charges = self._share_charges(job, spot, scratch, profile)
+                    if self._limits_allow(job, charges, scratch):
+                        break
+                    skip.add(spot[0])  # charged more there (a memory-only share): over a limit
+                else:
+                    delayed = delayed or found
+                    if spot[3]:
+                        skip.add(spot[0])
+                    else:
+                        self._kept = {**self._kept, spot[:2]: ""}
                 spot = self.share_spot(job, groups, frozenset(skip), profile, end, fresh, scratch)
             if spot is None:
-                return Verdict(CLAIMS, units=units, charges=charges, blocker=delayed)
+                return Verdict(CLAIMS, units=units, charges=charges, blocker=delayed or moved_by)
             units, covered, charges = self._share_charges(job, spot, scratch, profile)
             if self._quota_claimed(job, profile, charges, end, scratch):
                 return Verdict(CLAIMS, units=units, charges=charges)
@@ -130,6 +147,16 @@ class ShareRules:
                 if blocker is not None:
                     return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
         return Verdict(ADMITTED, spot=spot, units=units, charges=charges, covered=covered)
+
+    def _limits_allow(self, job: Job, charges: tuple, scratch: Scratch | None) -> bool:
+        """Whether no hard limit (rule 2) nor cohort capacity (rule 6) refuses ``charges``
+        - those of another spot than the first a share found: a memory-only share is
+        charged by the card it lands on (oracle seed 191757: moved off a card a claim
+        needed to a smaller one, it went over its team's limit)."""
+        if not charges:
+            return True
+        return self._hard(charges, scratch) is None and (
+            job.cohort is None or self._blocking(charges, True, scratch) is None)
 
     def _kept_cards(self, job: Job, scratch: Scratch | None) -> dict[tuple[int, int], str]:
         """Rule 8 for a share joining a card: ``(node, GPU) -> class`` of the shared cards
