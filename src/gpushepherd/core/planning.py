@@ -160,6 +160,12 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
                 return book.now, counts
     k = shape.k
     ends = book.ends
+    jobs = book.jobs
+    # a multi-node job on nodes of one size: the gate's test and update written out here
+    # (whole nodes free and the most free on one node; the walk's inner loop, note 052)
+    inline = gate.homog and shape.mode == "multi"
+    need_whole, rest = divmod(k, gate.top)
+    whole, biggest = gate.whole, gate.biggest
     i, n_ends = 0, len(ends)
     while i < n_ends:
         end_t = ends[i][0]
@@ -167,17 +173,27 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
             return None
         touched = False
         while i < n_ends and ends[i][0] == end_t:  # every job that ends at this instant
-            holder = book.jobs[ends[i][2]]
+            holder = jobs[ends[i][2]]
             i += 1
             for idx, mask in holder.alloc:
                 if idx in node_set:
-                    got = _freed_whole(book, holder, idx, mask, end_t)
+                    got = (mask & slots[idx].healthy_mask).bit_count() if mask else _freed_whole(
+                        book, holder, idx, mask, end_t)
                     if got:
                         before = changed.get(idx, slots[idx].free)
-                        gate.update(before, before + got, totals[idx])
-                        changed[idx] = before + got
+                        after = before + got
+                        if inline:  # _Gate.update
+                            b = before if before > 0 else 0
+                            a = after if after > 0 else 0
+                            if b < totals[idx] <= a:
+                                whole += 1
+                            if a > biggest:
+                                biggest = a
+                        else:
+                            gate.update(before, after, totals[idx])
+                        changed[idx] = after
                         touched = True
-        if touched and gate.maybe():
+        if touched and (whole >= need_whole and (rest == 0 or biggest >= rest) if inline else gate.maybe()):
             if single:
                 # no node had k free before (else found above): the best fit is among
                 # the nodes whose GPUs came free
