@@ -66,9 +66,43 @@ def test_a_reservation_kept_without_recomputing_it_is_the_one_recomputed(monkeyp
 @pytest.mark.parametrize("depth", [1, 3])
 def test_the_excerpt_decides_the_same_with_and_without_the_shortcuts(monkeypatch, depth):
     """The excerpt's every start and end, with the shortcuts of note 052 and without."""
-    from gpushepherd.core import standing
+    from gpushepherd.core import planning, standing
 
     fast, _ = _replay(depth=depth)
     monkeypatch.setattr(standing, "_stands_unchanged", lambda turn, claims: False)
+    monkeypatch.setattr(planning, "_SKIP_FROM", 10**9)
     plain, _ = _replay(depth=depth)
     assert fast == plain
+
+
+@pytest.mark.parametrize("skip_from, cluster", [(0, "8x8"), (16, "16x8")])
+def test_a_multi_node_walk_that_skips_to_its_bound_finds_the_start_of_the_full_walk(monkeypatch, skip_from, cluster):
+    """Every reservation walk of a multi-node job (``planning._walk_free``) that starts at
+    the first planned end where its nodes can first hold it (``_skip_to_bound``) finds
+    the start and placement of the walk over every planned end, and it skips often."""
+    from gpushepherd.core import planning
+
+    walk = planning._walk_free
+    seen = {"multi": 0, "skipped": 0}
+    skip = planning._skip_to_bound
+
+    def counted(*args):
+        got = skip(*args)
+        seen["skipped"] += bool(got[0])
+        return got
+
+    def both(book, job, nodes, totals, free_out=None):
+        monkeypatch.setattr(planning, "_SKIP_FROM", skip_from)
+        got = walk(book, job, nodes, totals, free_out)
+        if job.shape.mode == "multi":
+            seen["multi"] += 1
+            monkeypatch.setattr(planning, "_SKIP_FROM", 10**9)
+            plain_out = {} if free_out is not None else None
+            assert walk(book, job, nodes, totals, plain_out) == got
+            assert plain_out == free_out
+        return got
+
+    monkeypatch.setattr(planning, "_walk_free", both)
+    monkeypatch.setattr(planning, "_skip_to_bound", counted)
+    _replay(cluster)
+    assert seen["multi"] > 100 and seen["skipped"] > 20
