@@ -106,3 +106,17 @@ def test_a_multi_node_walk_that_skips_to_its_bound_finds_the_start_of_the_full_w
     monkeypatch.setattr(planning, "_skip_to_bound", counted)
     _replay(cluster)
     assert seen["multi"] > 100 and seen["skipped"] > 20
+
+
+def test_a_pod_job_on_nodes_without_a_gpu_gets_its_reservation_walk():
+    """Oracle seed 923: a pod job whose nodes have no whole GPU reached the multi-node
+    walk, which divided by their size (0) for the inline gate it does not use; the
+    workload passes every oracle check now."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from oracle_checks import check
+    from oracle_workloads import workload_from_seed
+
+    rep = check(workload_from_seed(923))
+    assert not rep.failures, rep.failures

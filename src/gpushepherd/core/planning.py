@@ -164,7 +164,7 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
     # a multi-node job on nodes of one size: the gate's test and update written out here
     # (whole nodes free and the most free on one node; the walk's inner loop, note 052)
     inline = gate.homog and shape.mode == "multi"
-    need_whole, rest = divmod(k, gate.top)
+    need_whole, rest = divmod(k, gate.top) if inline else (0, 0)  # (a pod job's nodes may have no GPU: seed 923)
     whole, biggest = gate.whole, gate.biggest
     i, n_ends = 0, len(ends)
     if inline and n_ends > _SKIP_FROM and not any(slots[n].cards for n in nodes):
