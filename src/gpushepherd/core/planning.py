@@ -160,24 +160,44 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
                 return book.now, counts
     k = shape.k
     ends = book.ends
+    jobs = book.jobs
+    # a multi-node job on nodes of one size: the gate's test and update written out here
+    # (whole nodes free and the most free on one node; the walk's inner loop, note 052)
+    inline = gate.homog and shape.mode == "multi"
+    need_whole, rest = divmod(k, gate.top) if inline else (0, 0)  # (a pod job's nodes may have no GPU: seed 923)
+    whole, biggest = gate.whole, gate.biggest
     i, n_ends = 0, len(ends)
+    if inline and n_ends > _SKIP_FROM and not any(slots[n].cards for n in nodes):
+        i, whole, biggest = _skip_to_bound(book, nodes, totals, changed, need_whole, gate.top, rest, whole, biggest)
+        if i is None:
+            return None
     while i < n_ends:
         end_t = ends[i][0]
         if end_t == INF:
             return None
         touched = False
         while i < n_ends and ends[i][0] == end_t:  # every job that ends at this instant
-            holder = book.jobs[ends[i][2]]
+            holder = jobs[ends[i][2]]
             i += 1
             for idx, mask in holder.alloc:
                 if idx in node_set:
-                    got = _freed_whole(book, holder, idx, mask, end_t)
+                    got = (mask & slots[idx].healthy_mask).bit_count() if mask else _freed_whole(
+                        book, holder, idx, mask, end_t)
                     if got:
                         before = changed.get(idx, slots[idx].free)
-                        gate.update(before, before + got, totals[idx])
-                        changed[idx] = before + got
+                        after = before + got
+                        if inline:  # _Gate.update
+                            b = before if before > 0 else 0
+                            a = after if after > 0 else 0
+                            if b < totals[idx] <= a:
+                                whole += 1
+                            if a > biggest:
+                                biggest = a
+                        else:
+                            gate.update(before, after, totals[idx])
+                        changed[idx] = after
                         touched = True
-        if touched and gate.maybe():
+        if touched and (whole >= need_whole and (rest == 0 or biggest >= rest) if inline else gate.maybe()):
             if single:
                 # no node had k free before (else found above): the best fit is among
                 # the nodes whose GPUs came free
@@ -194,6 +214,36 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
                     free_out.update((n, avail[n]) for n, _c in counts)
                 return max(end_t, book.now), counts
     return None
+
+
+#: planned ends past which a multi-node walk first looks for where its gate can hold
+_SKIP_FROM = 64
+
+
+def _skip_to_bound(book, nodes: list[int], totals: dict[int, int], changed: dict[int, int], need_whole: int,
+                   top: int, rest: int, whole: int, biggest: int) -> tuple[int | None, int, int]:
+    """Where ``_walk_free``'s walk of a multi-node job on nodes of ``top`` GPUs (no shared
+    cards on them) may start: the first planned end at or after the instant its nodes
+    can first hold it (``ReleaseIndex.whole_bound``; before it the placement fails,
+    whatever the gate says), with ``changed`` and the gate's counts as the walk would
+    have them there - each node's GPUs released before it, from its release times.
+    ``(None, ..)``: no instant can ever hold it."""
+    bound = book.release_index.whole_bound(book, set(nodes), need_whole, top, rest)
+    if bound == INF:
+        return None, whole, biggest
+    ends = book.ends
+    i = bisect_left(ends, (bound,))
+    if i < _SKIP_FROM:
+        return 0, whole, biggest
+    slots = book.ledger.slots
+    keys = book.release_index.keys  # each node's finite release times, current after ``whole_bound``
+    for n in nodes:
+        got = bisect_left(keys.get(n, ()), bound)  # free now (-INF) and released before it
+        if got != slots[n].free:
+            changed[n] = got
+    # the gate's counts as its updates along the walk leave them: a node whole once, the most on one node
+    whole += sum(1 for n, got in changed.items() if max(slots[n].free, 0) < totals[n] <= max(got, 0))
+    return i, whole, max(biggest, *changed.values()) if changed else biggest
 
 
 def _freed_whole(book, holder: Job, idx: int, mask: int, t: float) -> int:

@@ -105,6 +105,9 @@ class Profile:
         self.qspare: dict[float, dict[Key, int]] = {}  # point -> (limit, user) -> spare
         self.owners: dict[float, list[Claim]] = {}  # point -> reservations active there
         self._touched: dict[int, set[int]] = {}  # binding points -> nodes their claims touch
+        #: the latest planned end of a job ``consume``d (``INF``: a share; ``standing.py``)
+        self.consumed_until = -INF
+        self.had_holds = False  # a hold was ever added (``standing.py``)
 
     def __bool__(self) -> bool:
         return bool(self.claims)
@@ -113,6 +116,7 @@ class Profile:
     def add_hold(self, job: Job) -> Claim:
         """The hold of a preemptor: its plan's GPUs, those its victims free counted."""
         book = self.book
+        self.had_holds = True
         coming: dict[int, int] = {}
         qcoming: dict[Key, int] = {}
         exits: dict[int, float] = {}
@@ -436,6 +440,7 @@ class Profile:
         class-hold slack only of reservations starting then or later - a hold's slack
         counts free GPUs and its victims' only, never a card other jobs hold; oracle
         seed 59)."""
+        self.consumed_until = max(self.consumed_until, INF if job.shape.mode == "share" else end)
         if self.book.reserved:
             x = sum(c for _n, c in counts)
             for c in self.claims:

@@ -111,3 +111,30 @@ class ReleaseIndex:
         if free_out is not None:
             free_out[best[2]] = best[1]
         return best[0], [(best[2], k)]
+
+    def whole_bound(self, book, node_set, whole: int, top: int, rest: int) -> float:
+        """The earliest instant at which ``whole`` nodes of ``node_set`` have all ``top``
+        of their GPUs free and one has ``rest`` free (``rest`` 0: no such node needed), by
+        planned ends (``-INF``: now; ``INF``: never). Before it a multi-node job of
+        ``whole * top + rest`` GPUs on nodes of ``top`` GPUs fits nowhere (its whole
+        nodes, then its remainder on one more node, note 052)."""
+        self._refresh(book)
+        bound = -INF
+        if whole:
+            if top >= len(self.by_k):
+                return INF
+            seen = 0
+            for t, n in self.by_k[top]:
+                if n in node_set:
+                    seen += 1
+                    if seen == whole:
+                        bound = t
+                        break
+            else:
+                return INF
+        if rest:
+            if rest >= len(self.by_k):
+                return INF
+            first = next((t for t, n in self.by_k[rest] if n in node_set), INF)
+            bound = max(bound, first)
+        return bound

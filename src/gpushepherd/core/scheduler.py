@@ -117,7 +117,12 @@ class Scheduler:
             events = [events]
         book = self.book
         out: list[Decision] = []
-        for t, batch_iter in groupby(sorted(events, key=event_order), key=lambda e: e.t):
+        if not isinstance(events, list):
+            events = list(events)
+        # one event (the simulator's usual instant) needs no order: its key's ``repr`` cost more than the rest
+        instants = [(events[0].t, events)] if len(events) == 1 else groupby(sorted(events, key=event_order),
+                                                                            key=lambda e: e.t)
+        for t, batch_iter in instants:
             batch = list(batch_iter)
             if t < book.now:
                 raise ValueError(f"event at t={t} is earlier than the scheduler's time {book.now}")

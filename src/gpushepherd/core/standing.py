@@ -24,6 +24,7 @@ from __future__ import annotations
 from gpushepherd.core import typed
 from gpushepherd.core.planning import reservation_for
 from gpushepherd.core.profile import Profile
+from gpushepherd.core.verdict import FREE
 from gpushepherd.model.job import JobState
 
 
@@ -38,6 +39,8 @@ def reservations_stand(turn) -> bool:
         return True
     book = turn.book
     claims = {c.job_id: c for c in turn.profile.claims if not c.hold}
+    if n == 1 and _stands_unchanged(turn, claims):
+        return True
     again = Profile(book)
     for p in sorted(book.preemptors.values(), key=lambda j: j.key):
         again.add_hold(p)
@@ -60,3 +63,28 @@ def reservations_stand(turn) -> bool:
                 return False
             again.add_reservation(job, found[0], found[1], "", found[2] or None, c.lend)
     return True
+
+
+def _stands_unchanged(turn, claims: dict) -> bool:
+    """Whether the pass's one reservation to check stands without computing it again
+    (note 052): it was computed at the pass's instant against no claim (no hold ever, the
+    first slot), its job was refused for free GPUs (rule 5) with nothing that charges it,
+    holds it to one island, avoids a class or is reserved for a class, and every job
+    started since is planned to end by the reservation's start.
+
+    Then on the state the pass leaves each whole GPU is planned to be free at
+    ``max(t, e)`` where it was at ``t`` before (``e``: a started job's planned end, at
+    most the start ``s``): at every instant from ``s`` on the free GPUs are the same, so
+    the earliest start is ``s`` again (none before it: fewer GPUs free, and a placement
+    refused stays refused with fewer - the lemma of ``Walk``'s memo) with the same best
+    fit, and rule 5 still refuses the job now (fewer GPUs free). ``False``: not known - and always for the reference pass, which the
+    oracle holds this shortcut equal to."""
+    book = turn.book
+    job, rule, _tv = turn.slots[0]
+    c = claims.get(job.id)
+    profile = turn.profile
+    return (c is not None and rule == FREE and not turn.sched.reference and book.now == turn.t and not profile.had_holds
+            and not book.preemptors and not job.variants and not job.charges and not book.reserved
+            and not book.anti and not job.shape.island and job.shape.mode != "share"
+            and job.state is JobState.PENDING and not any(d is job for d in turn.deferred)
+            and profile.consumed_until <= c.start)
