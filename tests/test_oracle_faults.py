@@ -395,6 +395,24 @@ def test_windowed_limits_that_never_allow_a_job_together_read_exceeds_capacity()
     assert sched.next_wakeup() is None
 
 
+def test_windows_never_together_name_only_the_limits_that_clash():
+    # seeds 162346, 166603, 171823, 190815: sandbox's max_gpus is 0 from 02:00 to 02:30,
+    # its max_gpus_per_user 2 from 03:30 to 03:00 (all day but 03:00-03:30), team a's
+    # max_gpus_per_user 0 from 00:00 to 03:30. A 3-GPU job fits the class's per-user cap
+    # only from 03:00 to 03:30, when its team's is 0: those two clash. max_gpus is 0 for
+    # half an hour elsewhere and clashes with nothing - raised, the job still never
+    # starts. The reason named the first windowed limit and every other one.
+    rules = policy(nodes=[("n1", 4)], teams={"a": {"windows": [
+        {"from": "00:00", "to": "03:30", "max_gpus_per_user": 0}]}}, classes={"sandbox": {"windows": [
+            {"from": "02:00", "to": "02:30", "max_gpus": 0}, {"from": "03:30", "to": "03:00", "max_gpus_per_user": 2}]}})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("J", 3, "sandbox", "a", 0))])
+    assert str(sched.pending_reason("J")) == (
+        "ExceedsCapacity(classes.sandbox.max_gpus_per_user with teams.a.max_gpus_per_user: "
+        "their windows never allow it at the same time)")
+    assert sched.next_wakeup() is None
+
+
 def test_a_window_open_all_week_leaves_the_limit_outside_it_unused():
     # seeds 535, 1733: a window from 00:00 to 24:00 every day is always open, so the
     # limit outside it never applies: a job over the window's value can never start
