@@ -402,9 +402,10 @@ def test_windows_never_together_name_only_the_limits_that_clash():
     # only from 03:00 to 03:30, when its team's is 0: those two clash. max_gpus is 0 for
     # half an hour elsewhere and clashes with nothing - raised, the job still never
     # starts. The reason named the first windowed limit and every other one.
-    rules = policy(nodes=[("n1", 4)], teams={"a": {"windows": [
-        {"from": "00:00", "to": "03:30", "max_gpus_per_user": 0}]}}, classes={"sandbox": {"windows": [
-            {"from": "02:00", "to": "02:30", "max_gpus": 0}, {"from": "03:30", "to": "03:00", "max_gpus_per_user": 2}]}})
+    team = {"windows": [{"from": "00:00", "to": "03:30", "max_gpus_per_user": 0}]}
+    sandbox = {"windows": [{"from": "02:00", "to": "02:30", "max_gpus": 0},
+                           {"from": "03:30", "to": "03:00", "max_gpus_per_user": 2}]}
+    rules = policy(nodes=[("n1", 4)], teams={"a": team}, classes={"sandbox": sandbox})
     sched = Scheduler(rules)
     sched.handle([JobSubmitted(0.0, job("J", 3, "sandbox", "a", 0))])
     assert str(sched.pending_reason("J")) == (
