@@ -77,8 +77,8 @@ class Turn:
         #: a share was refused for room (rules 5, 8, 9) in this pass: a card a later
         #: share opens on a fresh GPU may take it without a fresh GPU (``start``)
         self.share_refused = False
-        #: a share that may preempt was refused by claims or a class hold: a later start on
-        #: free GPUs may leave it no room, and then it preempts (``start``; seed 1323)
+        #: a share that may preempt was refused by a capacity rule after rule 5: a later start
+        #: on free GPUs may leave it no room, and then it preempts (``start``; seeds 1323, 123639)
         self.share_may_preempt = False
         #: cohort members (teams) a job of which the claims refused in this pass: one of
         #: their jobs started later may make the member a borrower, whom the claims that
@@ -165,9 +165,9 @@ class Turn:
         """A refused job: it may preempt (step 5), else take a reservation (step 6) -
         also when a hard limit refuses it now (it may fit at a later instant; a limit of
         a team that allows it may be freed by preempting within the team, note 035)."""
-        if job.shape.mode == "share" and rule in (A.FREE, A.CLASS_HOLD, A.CLAIMS):
-            self.share_refused = True  # a card opened later in the pass may take it
-            if rule != A.FREE and not self.share_may_preempt:
+        if job.shape.mode == "share" and rule in A.CAPACITY_RULES:
+            self.share_refused = self.share_refused or rule in (A.FREE, A.CLASS_HOLD, A.CLAIMS)  # a card opened later
+            if rule != A.FREE and not self.share_may_preempt:  # in the pass may take it
                 self.share_may_preempt = self.can_preempt(job)
         if rule == A.CLAIMS and job.cohort is not None:
             self.claims_refused.add(job.cohort[1].team)
