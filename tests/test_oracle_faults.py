@@ -894,3 +894,25 @@ def test_a_reason_asked_after_a_pass_over_new_jobs_only_reads_the_claims_on_the_
                         JobSubmitted(2.0, job("K", 1, "batch", "t", 2))])
     assert [(d.job_id, placed(d)) for d in out] == [("J", {"n2": (1, 2)})]
     assert str(sched.pending_reason("K")) == "HeldForPreemptor(P)"
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_new_start_that_puts_a_team_at_its_limit_lets_an_older_job_preempt_within_the_team(reference):
+    # the class of seed 116225 (scenario I20-13: per-GPU-type quotas) with
+    # preemption.within_team and preemption off: O (team T) waits NoFit behind B, the
+    # first blocked job. N (team T, half a GPU) joins F's card at 2: T holds 1.5 of 2, so
+    # in a full pass O's turn after N's start is refused by T's limit, which it may
+    # preempt W (sandbox, team T) for (note 035). The pass over the new job only started
+    # N and left O as it was.
+    rules = policy(nodes=[("n1", 3)], preemption=False,
+                   teams={"T": {"max_gpus": 2, "preemption": {"within_team": "lower_priority"}}, "U": {}})
+    sched = Scheduler(rules, reference=reference)
+    sched.handle([JobSubmitted(0.0, job("A", 1, "production-inference", "U", 0)),
+                  JobSubmitted(0.0, job("F", 1, "training", "U", 0, share=GpuShare("fraction", milli=500))),
+                  JobSubmitted(0.0, job("W", 1, "sandbox", "T", 0))])
+    assert sched.handle([JobSubmitted(1.0, job("B", 1, "training", "U", 1)),
+                         JobSubmitted(1.0, job("O", 1, "research-training", "T", 1))]) == []
+    assert str(sched.pending_reason("O")) == "NoFit(whole-gpu)"
+    out = sched.handle([JobSubmitted(2.0, job("N", 1, "training", "T", 2, share=GpuShare("fraction", milli=500)))])
+    assert [(type(d).__name__, d.job_id) for d in out] == [("Start", "N"), ("Preempt", "W")]
+    assert out[1].preemptor == "O"

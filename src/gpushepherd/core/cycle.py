@@ -27,7 +27,7 @@ from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import pick_gpus
 from gpushepherd.core.planning import reservation_for
 from gpushepherd.core.profile import Profile
-from gpushepherd.core.standing import reservations_stand
+from gpushepherd.core.standing import new_starts_covered, reservations_stand
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.decisions import Decision
 from gpushepherd.model.job import JobState
@@ -393,8 +393,8 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
 
     Lemma: if nothing but submissions changed since the pass, nothing started or was
     preempted after its first reservation, every new job queues behind the pass's
-    first capacity-blocked job and behind its last reserved one, and none is of a class
-    with ``reserved_gpus``, then a full pass would
+    first capacity-blocked job and behind its last reserved one, and their starts change
+    no old job's turn otherwise (``standing.new_starts_covered``), then a full pass would
     find every old job where this one left it - same state at each old job's turn, same
     reservations - and every new job at its turn facing exactly these claims. The
     budget must leave a test for each new job (else the full pass, cut, decides)."""
@@ -404,12 +404,8 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
     cut = max((j.key for j in (turn.first_blocked, turn.last_reserved) if j is not None), default=None)
     if cut is not None and any(j.key < cut for j in new):
         return False
-    reserved = turn.book.reserved
-    if reserved and any(j.cls.name in reserved for j in new):
-        # a job of a class with reserved_gpus that starts on a share or a MIG slice fills
-        # its class's reservation without taking a free whole GPU: the class hold of an
-        # old job refused by it loosens (seed 12899), which the lemma does not cover
-        return False
+    if not new_starts_covered(turn.book, new):
+        return False  # a new job's start may change what an old job behind it may do
     turn.out = out
     turn.started = []
     strict = not turn.book.rules.backfill_enabled

@@ -60,3 +60,33 @@ def reservations_stand(turn) -> bool:
                 return False
             again.add_reservation(job, found[0], found[1], "", found[2] or None, c.lend)
     return True
+
+
+def new_starts_covered(book, new: list) -> bool:
+    """Whether starts of the jobs ``new`` (submitted since the last pass, all queued
+    behind its first capacity-blocked job and its last reserved one) leave every old job
+    the turn it had - the lemma of ``cycle.continue_fast`` - as far as these go:
+
+    * a job of a class with ``reserved_gpus`` that starts on a share or a MIG slice
+      fills its class's reservation without taking a free whole GPU: the class hold of
+      an old job refused by it loosens (seed 12899);
+    * with per-GPU-type quotas (note 038) a start charged under one type's limit can
+      turn an old job of several types queued behind it from a capacity refusal on that
+      type to a quota refusal there, so it is decided on another type - where it may
+      preempt (seed 116225: a MIG job put its team at its A100 limit; a full pass then
+      decided a share on the H100 type, where it preempted);
+    * with ``preemption.within_team`` and preemption off, a start charged under a team
+      limit can turn an old job of that team from a capacity refusal to that limit's,
+      which it may preempt within the team for (note 035).
+
+    ``False``: one of these may be so (a full pass decides)."""
+    reserved = book.reserved
+    if reserved and any(j.cls.name in reserved for j in new):
+        return False
+    rules = book.rules
+    within = rules.within_team if not rules.preemption_enabled else frozenset()
+    if not rules.typed and not within:
+        return True
+    first = min(j.key for j in new)
+    ids = {j.id for j in new}
+    return not any(j.key > first and j.id not in ids and (j.variants or j.spec.team in within) for j in book.queue)
