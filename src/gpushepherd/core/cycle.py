@@ -277,10 +277,11 @@ class Turn:
             share = job.share
             if not fresh and pos is None:
                 held_from = self.adm.card_end(idx, gpu)  # the card stays held from then
-            if fresh and pos is None and self.share_refused:
+            if fresh and pos is None and (self.share_refused or self.share_may_preempt):
                 # room appeared in the pass (the lemma that it only shrinks holds for
-                # whole GPUs): the share refused before may join this card - another
-                # pass at this instant sees it (seed 19272)
+                # whole GPUs): the share refused before may join this card (seed 19272);
+                # or the free GPU it takes was a refused share's room, which may preempt
+                # now (seed 170352) - another pass at this instant sees it
                 book.repass = True
             if pos is None:
                 ledger.allocate_share(job.id, idx, gpu, share.kind, share.need(slot.node))
