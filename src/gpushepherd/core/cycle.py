@@ -394,8 +394,9 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
 
     Lemma: if nothing but submissions changed since the pass, nothing started or was
     preempted after its first reservation, every new job queues behind the pass's
-    first capacity-blocked job and behind its last reserved one, and their starts change
-    no old job's turn otherwise (``standing.new_starts_covered``), then a full pass would
+    first capacity-blocked job and behind its last reserved one, no reservation of the
+    pass began before now, and their starts change no old job's turn otherwise
+    (``standing.new_starts_covered``), then a full pass would
     find every old job where this one left it - same state at each old job's turn, same
     reservations - and every new job at its turn facing exactly these claims. The
     budget must leave a test for each new job (else the full pass, cut, decides)."""
@@ -405,8 +406,10 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
     cut = max((j.key for j in (turn.first_blocked, turn.last_reserved) if j is not None), default=None)
     if cut is not None and any(j.key < cut for j in new):
         return False
-    if not new_starts_covered(turn.book, new):
+    turn.materialize()  # the pass's own reservations, at its instant; those of the new jobs at now
+    if not new_starts_covered(turn, new):
         return False  # a new job's start may change what an old job behind it may do
+    turn.t = turn.book.now
     turn.out = out
     turn.started = []
     strict = not turn.book.rules.backfill_enabled

@@ -62,10 +62,16 @@ def reservations_stand(turn) -> bool:
     return True
 
 
-def new_starts_covered(book, new: list) -> bool:
-    """Whether starts of the jobs ``new`` (submitted since the last pass, all queued
-    behind its first capacity-blocked job and its last reserved one) leave every old job
-    the turn it had - the lemma of ``cycle.continue_fast`` - as far as these go:
+def new_starts_covered(turn, new: list) -> bool:
+    """Whether the claims of ``turn``'s pass are those of a full pass now, and starts of
+    the jobs ``new`` (submitted since the pass, all queued behind its first
+    capacity-blocked job and its last reserved one) leave every old job the turn it had -
+    the lemma of ``cycle.continue_fast`` - as far as these go:
+
+    * a reservation of the pass that begins before now (it was computed at the pass's
+      instant, when the GPUs it claims were free until the claims after it): a full pass
+      now computes it from now, over a later interval (seed 195860: a reservation from 4
+      to 30 kept a share that ends at 29 from starting at 23; from now it begins at 70);
 
     * a job of a class with ``reserved_gpus`` that starts on a share or a MIG slice
       fills its class's reservation without taking a free whole GPU: the class hold of
@@ -80,6 +86,9 @@ def new_starts_covered(book, new: list) -> bool:
       which it may preempt within the team for (note 035).
 
     ``False``: one of these may be so (a full pass decides)."""
+    book = turn.book
+    if turn.profile and any(not c.hold and c.start < book.now for c in turn.profile.claims):
+        return False
     reserved = book.reserved
     if reserved and any(j.cls.name in reserved for j in new):
         return False
