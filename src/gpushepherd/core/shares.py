@@ -113,12 +113,17 @@ class ShareRules:
             delayed = None
             while spot is not None:
                 # a card it would keep from coming free when a claim counts on it, or a
-                # fresh GPU a claim needs: the next spot (the rest of that node aside)
+                # fresh GPU a claim needs: the next spot (the rest of that node aside); a
+                # card a preemptor's victims hold: the next card (the node's other cards
+                # and free GPUs may do - seed 127598)
                 found = self._share_delays(job, profile, spot, end, scratch)
                 if found is None:
                     break
                 delayed = delayed or found
-                skip.add(spot[0])
+                if not spot[3] and spot[:2] in found.cards:
+                    self._kept = {**self._kept, spot[:2]: ""}  # a card it may not join now
+                else:
+                    skip.add(spot[0])
                 spot = self.share_spot(job, groups, frozenset(skip), profile, end, fresh, scratch)
             if spot is None:
                 return Verdict(CLAIMS, units=units, charges=charges, blocker=delayed)
