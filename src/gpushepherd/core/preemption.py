@@ -247,8 +247,18 @@ def _share_plan_with(book, admission: Admission, profile: Profile | None, job: J
             chosen = _card_set(card, slot.node, job.share, vs)
             if chosen is not None:
                 options.append((_cost(chosen, book.now), n, g, chosen))
-    for _key, _n, _g, chosen in sorted(options, key=lambda o: o[:3]):
+    for _key, n, g, chosen in sorted(options, key=lambda o: o[:3]):
         verdict = admission.decide(job, profile, Scratch(book, chosen))
+        if verdict.admitted and not verdict.spot[3]:
+            # joining the card: its other holders planned to leave before the victims
+            # (signalled, or their planned end first) leave it empty - the job then opens
+            # its GPU as a fresh one, which must be admitted too (other classes'
+            # reserved_gpus, claims; seeds 158351, 181884)
+            gone = max(book.now + v.stop_grace for v in chosen)
+            first = [book.jobs[h] for h in sorted(ledger.slots[n].cards[g].holders)
+                     if all(v.id != h for v in chosen) and book.jobs[h].end_est <= gone]
+            if first and not admission.decide(job, profile, Scratch(book, chosen + first)).admitted:
+                continue
         if verdict.admitted:
             return sorted(chosen, key=lambda v: v.vkey), verdict
     return None
