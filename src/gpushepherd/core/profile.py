@@ -69,7 +69,10 @@ class Claim:
     exits: dict[int, float] = field(default_factory=dict)
     exit: float = -INF
     #: a hold: the shared cards ``(node index, GPU)`` its victims hold - no other share
-    #: joins them while the hold stands (what they free is the preemptor's; note 042)
+    #: joins them while the hold stands (what they free is the preemptor's; note 042); of
+    #: a whole-GPU preemptor only those they free whole on its plan's nodes (a victim
+    #: evicted for quota beside another preemptor's on a card keeps no share off it -
+    #: seed 157735)
     cards: frozenset = frozenset()
 
     def gpus_at(self, n: int, q: float) -> int:
@@ -118,8 +121,10 @@ class Profile:
         exits: dict[int, float] = {}
         exit_t = book.now
         victims = [book.jobs[vid] for vid in sorted(job.victims)]
+        whole = set()  # (node, GPU) its victims free whole
         for idx, m, _end in freed_parts(book.ledger, victims):  # shared cards too (note 042)
             coming[idx] = coming.get(idx, 0) + m.bit_count()
+            whole.update((idx, g) for g in range(m.bit_length()) if m >> g & 1)
         for v in victims:
             exit_t = max(exit_t, v.end_est)
             for idx, _mask in v.alloc:
@@ -138,7 +143,8 @@ class Profile:
                       {n: max(0, c - coming.get(n, 0)) for n, c in gpus.items()}, quota,
                       {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key,
                       cls=job.cls.name, covered=covered, exits=exits, exit=exit_t,
-                      cards=frozenset(c for c in map(card_of, victims) if c is not None))
+                      cards=frozenset(c for c in map(card_of, victims) if c is not None and (
+                          job.share is not None or (c in whole and c[0] in gpus))))
         self.claims.append(claim)
         self._touched.clear()
         for n, c in claim.need_now.items():
