@@ -201,7 +201,7 @@ class Profile:
         gone = frozenset(vid for c in holds for vid in book.jobs[c.job_id].victims)
         for c in holds:
             c.gunfilled = {}
-            held = _held_for(book, c.cls, book.now, (), gone, c.gunfilled)
+            held = held_for(book, c.cls, book.now, (), gone, c.gunfilled)
             c.gslack = book.ledger.free_total + coming - taken - -(-held // GPU_UNITS)
 
     def avoiding(self, job: Job, end: float, exempt: tuple = ()) -> tuple[frozenset[int], Claim | None]:
@@ -558,7 +558,7 @@ def free_total_at(book, p: float) -> int:
     return total
 
 
-def _held_for(book, cls: str, p: float, claims, gone=frozenset(), unfilled: dict | None = None) -> int:
+def held_for(book, cls: str, p: float, claims, gone=frozenset(), unfilled: dict | None = None) -> int:
     """Units other classes' ``reserved_gpus`` keep free at ``p`` for a job of ``cls``:
     each reserved class's reservation less what it holds then (its running jobs still
     running, by planned ends, but those in ``gone`` - victims that will have left -
@@ -586,7 +586,7 @@ def class_slack(book, cls: str, p: float, claims, into: Claim | None = None) -> 
     unfilled = None
     if into is not None:
         unfilled = into.gunfilled = {}
-    held = _held_for(book, cls, p, claims, unfilled=unfilled)
+    held = held_for(book, cls, p, claims, unfilled=unfilled)
     return free - -(-held // GPU_UNITS)
 
 
