@@ -47,7 +47,7 @@ class Turn:
         self.adm = sched.admission
         self.out = out
         self.profile = Profile(self.book)
-        self.t = self.book.now  # the pass's instant: deferred reservations are computed at it
+        self.t = self.book.now  # deferred reservations are computed at it (``continue_fast`` moves it)
         rules = self.book.rules
         self.depth = rules.backfill_reservations if rules.backfill_enabled else 0
         self.n_reserved = 0
