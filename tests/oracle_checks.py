@@ -24,9 +24,12 @@ many times each property was checked and every failure. The properties:
   counts against is exceeded;
 * ``e_preemptor`` - every preemption's preemptor starts at the instant its last victim
   is gone, unless it was cancelled, hardware was lost, a window changed its limits, an
-  admin lowered its priority (``nice``) or a
-  job of a class whose ``reserved_gpus`` now keep it out left in between (counted apart
-  as ``e_excused:<why>``); a preemptor that evicts a job of
+  admin lowered its priority (``nice``), a
+  job of a class whose ``reserved_gpus`` now keep it out left in between, or - a share
+  preemptor that was to join its victims' card - the card's other holders all left
+  before its victims, earlier than planned, and other classes' ``reserved_gpus`` keep it
+  off the fresh GPU the card's is then (counted apart as ``e_excused:<why>``); a
+  preemptor that evicts a job of
   another member of its cohort stays within its own nominal quota once it runs (Kueue's
   ``borrowWithinCohort: Never``: borrowing by preemption is undone by the victim team's
   reclaim, and round again - issue 20's endless loop; counted as ``e_no_borrow``);
@@ -59,6 +62,7 @@ from itertools import combinations
 
 from gpushepherd.core import admission as A, typed
 from gpushepherd.core.filters import share_can_join
+from gpushepherd.core.freed import card_of
 from gpushepherd.core.profile import Profile
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Preempt, Start
@@ -516,8 +520,12 @@ class Checker:
                     w = self.watch[d.preemptor] = {
                         "t": t, "victims": {}, "cancelled": False, "hw": len(self.hw_lost_at),
                         "limits": {i: book.quota.current[i] for i, _u, _a in p.charges},
-                        "reserved": _class_use(book) if book.reserved else {}, "nice": p.spec.nice}
+                        "reserved": _class_use(book) if book.reserved else {}, "nice": p.spec.nice, "others": {}}
                 w["victims"][d.job_id] = book.jobs[d.job_id].runs
+                card = card_of(book.jobs[d.job_id]) if book.jobs[d.preemptor].share is not None else None
+                if card is not None:  # the other holders of the card a share preemptor joins
+                    for h in book.ledger.slots[card[0]].cards[card[1]].holders:
+                        w["others"].setdefault(h, (book.jobs[h].runs, book.jobs[h].end_est))
         for pid in sorted(self.watch):
             w = self.watch[pid]
             p = book.jobs[pid]
@@ -542,6 +550,8 @@ class Checker:
                 why = "a reserved class's job left"
             elif p.spec.nice > w["nice"]:  # an admin lowered it: a job now ahead may take the room (seed 102576)
                 why = "its priority was lowered"
+            elif _card_left_first(book, w, sched.pending_reason(pid)):
+                why = "the other holders of its card left first"
             if why is not None:
                 self.report.counts[f"e_excused:{why}"] += 1
                 continue
@@ -678,6 +688,21 @@ def _reservation_left(book, before: dict[str, int], reason) -> bool:
         return False
     name = m.group(1)
     return _class_use(book).get(name, 0) < before.get(name, 0)
+
+
+def _card_left_first(book, w: dict, reason) -> bool:
+    """Whether a share preemptor that was to join its victims' card beside other holders
+    (``w["others"]``, not victims) waits on a class reservation (rule 8) because they
+    all left before its victims, earlier than planned (oracle seed 137455: a co-holder
+    ended before its estimate): the card's GPU is then a fresh one, which other classes'
+    ``reserved_gpus`` keep - the plan could not know; a departure it could foresee (a
+    co-holder signalled, or planned to end first) it must plan for (``share_plan``)."""
+    others = [h for h in w["others"] if h not in w["victims"]]
+    if not others or reason.code is not ReasonCode.RESERVED_FOR or not (reason.detail or "").startswith("classes."):
+        return False
+    exit_t = max(w["others"][v][1] for v in w["victims"] if v in w["others"])  # the victims' planned exit
+    return all(w["others"][h][1] > exit_t
+               and (not book.jobs[h].state.holds_gpus or book.jobs[h].runs != w["others"][h][0]) for h in others)
 
 
 def _joined_class(book, job, order: dict[str, int]) -> str | None:

@@ -70,14 +70,34 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: 119025, 159314, 196038 - a share refused by a class hold that a later start of the class
 #: filled without a free GPU, I20-25; 143208 - a pool job counted in a cohort it did not
 #: name, evicted by a borrower and round, I20-23; 152755 - a MIG GPU re-partitioned back and
-#: forth for jobs their cohort's capacity kept waiting, I20-20): they stay in the suite's batch
+#: forth for jobs their cohort's capacity kept waiting, I20-20;
+#: 162346, 166603, 171823, 190815 - windowed limits that never allow a job together named a
+#: limit that clashes with none, test_oracle_faults.py; 123639 - a share refused by
+#: anti-affinity whose free GPU a later start took did not preempt, nor wake when its victim
+#: came of age, scenario I20-12; 170352 - the same after a cohort's capacity refused it and a
+#: share took its GPU, scenario I20-12; 116225 - a pass over new jobs only left an older job
+#: behind one that started as it was, though the start turned it to another GPU type where it
+#: preempts, scenario I20-13; 195860 - a pass over new jobs only computed their reservations
+#: from the instant of the last full pass, scenario I20-14; 127598 - a share whose victims
+#: were gone found the tightest card of its node held by another preemptor's victim and
+#: passed over the whole node, not that card, scenario I20-15; 158351, 181884 - a share
+#: preempted to join a card whose other holder was planned to leave first (or was leaving),
+#: and found it empty, a fresh GPU a class reservation kept, scenario I20-16; and 137455 - the
+#: same with a holder that left before its estimate: a fault of the check, excused - only
+#: here; 157735 - a whole-GPU preemptor that evicted a share for quota held the share's card
+#: and kept another preemptor from joining it, scenario I20-17; 158599 - a share evicted a
+#: job of a class with reserved_gpus that a production-inference hold had counted on covering
+#: the reservation, which then refused the hold its start, scenario I20-18): they stay in the
+#: suite's batch
 FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 1323, 1334, 1430, 1733, 1912, 2024, 2617,
          2914, 2919, 3462, 4467, 5099, 7641, 8914, 9361, 9955, 10002, 10572, 11023, 11959, 12010, 12899, 12903, 13435,
          13765, 14222, 15055, 15683, 15977, 17125, 17570, 17695, 18216, 18541, 18785, 19084, 19272, 20199, 20252, 21092,
          22562, 22732, 102576, 109485, 111597, 114465, 125940, 168020, 168123, 175695, 189209, 191657,
          114324, 129449, 143647, 148721, 150226, 163769, 183569, 122739, 136465, 179237, 196290,
          194149, 119107, 146120, 159257,
-         119025, 123050, 143208, 146278, 152755, 157825, 159314, 160111, 168185, 172023, 191757, 196038)
+         119025, 123050, 143208, 146278, 152755, 157825, 159314, 160111, 168185, 172023, 191757, 196038,
+         116225, 123639, 127598, 137455, 157735, 158351, 158599, 162346, 166603, 170352,
+         171823, 181884, 190815, 195860)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

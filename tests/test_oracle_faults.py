@@ -395,6 +395,25 @@ def test_windowed_limits_that_never_allow_a_job_together_read_exceeds_capacity()
     assert sched.next_wakeup() is None
 
 
+def test_windows_never_together_name_only_the_limits_that_clash():
+    # seeds 162346, 166603, 171823, 190815: sandbox's max_gpus is 0 from 02:00 to 02:30,
+    # its max_gpus_per_user 2 from 03:30 to 03:00 (all day but 03:00-03:30), team a's
+    # max_gpus_per_user 0 from 00:00 to 03:30. A 3-GPU job fits the class's per-user cap
+    # only from 03:00 to 03:30, when its team's is 0: those two clash. max_gpus is 0 for
+    # half an hour elsewhere and clashes with nothing - raised, the job still never
+    # starts. The reason named the first windowed limit and every other one.
+    team = {"windows": [{"from": "00:00", "to": "03:30", "max_gpus_per_user": 0}]}
+    sandbox = {"windows": [{"from": "02:00", "to": "02:30", "max_gpus": 0},
+                           {"from": "03:30", "to": "03:00", "max_gpus_per_user": 2}]}
+    rules = policy(nodes=[("n1", 4)], teams={"a": team}, classes={"sandbox": sandbox})
+    sched = Scheduler(rules)
+    sched.handle([JobSubmitted(0.0, job("J", 3, "sandbox", "a", 0))])
+    assert str(sched.pending_reason("J")) == (
+        "ExceedsCapacity(classes.sandbox.max_gpus_per_user with teams.a.max_gpus_per_user: "
+        "their windows never allow it at the same time)")
+    assert sched.next_wakeup() is None
+
+
 def test_a_window_open_all_week_leaves_the_limit_outside_it_unused():
     # seeds 535, 1733: a window from 00:00 to 24:00 every day is always open, so the
     # limit outside it never applies: a job over the window's value can never start
@@ -875,3 +894,25 @@ def test_a_reason_asked_after_a_pass_over_new_jobs_only_reads_the_claims_on_the_
                         JobSubmitted(2.0, job("K", 1, "batch", "t", 2))])
     assert [(d.job_id, placed(d)) for d in out] == [("J", {"n2": (1, 2)})]
     assert str(sched.pending_reason("K")) == "HeldForPreemptor(P)"
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_new_start_that_puts_a_team_at_its_limit_lets_an_older_job_preempt_within_the_team(reference):
+    # the class of seed 116225 (scenario I20-13: per-GPU-type quotas) with
+    # preemption.within_team and preemption off: O (team T) waits NoFit behind B, the
+    # first blocked job. N (team T, half a GPU) joins F's card at 2: T holds 1.5 of 2, so
+    # in a full pass O's turn after N's start is refused by T's limit, which it may
+    # preempt W (sandbox, team T) for (note 035). The pass over the new job only started
+    # N and left O as it was.
+    rules = policy(nodes=[("n1", 3)], preemption=False,
+                   teams={"T": {"max_gpus": 2, "preemption": {"within_team": "lower_priority"}}, "U": {}})
+    sched = Scheduler(rules, reference=reference)
+    sched.handle([JobSubmitted(0.0, job("A", 1, "production-inference", "U", 0)),
+                  JobSubmitted(0.0, job("F", 1, "training", "U", 0, share=GpuShare("fraction", milli=500))),
+                  JobSubmitted(0.0, job("W", 1, "sandbox", "T", 0))])
+    assert sched.handle([JobSubmitted(1.0, job("B", 1, "training", "U", 1)),
+                         JobSubmitted(1.0, job("O", 1, "research-training", "T", 1))]) == []
+    assert str(sched.pending_reason("O")) == "NoFit(whole-gpu)"
+    out = sched.handle([JobSubmitted(2.0, job("N", 1, "training", "T", 2, share=GpuShare("fraction", milli=500)))])
+    assert [(type(d).__name__, d.job_id) for d in out] == [("Start", "N"), ("Preempt", "W")]
+    assert out[1].preemptor == "O"

@@ -282,7 +282,7 @@ class Admission(ShareRules):
             if quota.windowed:
                 j = quota.never_together(charges)
                 if j is not None:  # windows that never open together for it
-                    return Verdict(HARD_NEVER, limit=(j, 1), charges=charges)
+                    return Verdict(HARD_NEVER, limit=(j[0], 1), charges=charges)
             return Verdict(HARD_NOW, limit=hit, charges=charges)
         return None
 

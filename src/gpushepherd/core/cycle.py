@@ -27,7 +27,7 @@ from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import pick_gpus
 from gpushepherd.core.planning import reservation_for
 from gpushepherd.core.profile import Profile
-from gpushepherd.core.standing import reservations_stand
+from gpushepherd.core.standing import new_starts_covered, reservations_stand
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.decisions import Decision
 from gpushepherd.model.job import JobState
@@ -47,7 +47,7 @@ class Turn:
         self.adm = sched.admission
         self.out = out
         self.profile = Profile(self.book)
-        self.t = self.book.now  # the pass's instant: deferred reservations are computed at it
+        self.t = self.book.now  # deferred reservations are computed at it (``continue_fast`` moves it)
         rules = self.book.rules
         self.depth = rules.backfill_reservations if rules.backfill_enabled else 0
         self.n_reserved = 0
@@ -77,8 +77,8 @@ class Turn:
         #: a share was refused for room (rules 5-9) in this pass: a card a later
         #: share opens on a fresh GPU may take it without a fresh GPU (``again.py``)
         self.share_refused = False
-        #: a share that may preempt was refused by a rule after room (6-9): a later start
-        #: may leave it no room, and then it preempts (``again.py``; seeds 1323, 125940)
+        #: a share that may preempt was refused by a capacity rule after room (6-9): a later
+        #: start may leave it no room, and then it preempts (``again.py``; seeds 1323, 125940, 123639)
         self.share_may_preempt = False
         #: cohort members (teams) a job of which the claims refused in this pass: one of
         #: their jobs started later may make the member a borrower, whom the claims that
@@ -376,8 +376,9 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
 
     Lemma: if nothing but submissions changed since the pass, nothing started or was
     preempted after its first reservation, every new job queues behind the pass's
-    first capacity-blocked job and behind its last reserved one, and none is of a class
-    with ``reserved_gpus``, then a full pass would
+    first capacity-blocked job and behind its last reserved one, no reservation of the
+    pass began before now, and their starts change no old job's turn otherwise
+    (``standing.new_starts_covered``), then a full pass would
     find every old job where this one left it - same state at each old job's turn, same
     reservations - and every new job at its turn facing exactly these claims. The
     budget must leave a test for each new job (else the full pass, cut, decides)."""
@@ -387,12 +388,10 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
     cut = max((j.key for j in (turn.first_blocked, turn.last_reserved) if j is not None), default=None)
     if cut is not None and any(j.key < cut for j in new):
         return False
-    reserved = turn.book.reserved
-    if reserved and any(j.cls.name in reserved for j in new):
-        # a job of a class with reserved_gpus that starts on a share or a MIG slice fills
-        # its class's reservation without taking a free whole GPU: the class hold of an
-        # old job refused by it loosens (seed 12899), which the lemma does not cover
-        return False
+    turn.materialize()  # the pass's own reservations, at its instant; those of the new jobs at now
+    if not new_starts_covered(turn, new):
+        return False  # a new job's start may change what an old job behind it may do
+    turn.t = turn.book.now
     turn.out = out
     turn.started = []
     strict = not turn.book.rules.backfill_enabled

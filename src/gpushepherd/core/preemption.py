@@ -44,10 +44,10 @@ from __future__ import annotations
 from gpushepherd.core import typed
 from gpushepherd.core.admission import Admission, Scratch, Verdict
 from gpushepherd.core.filters import share_fits_card
-from gpushepherd.core.freed import card_of, freed_masks, freed_parts, lower_cards
+from gpushepherd.core.freed import card_of, freed_count, freed_masks, freed_parts, lower_cards
 from gpushepherd.core.ledger import FULL_MILLI
 from gpushepherd.core.placement import best_fit_island, fits_island, members_of, place_counts
-from gpushepherd.core.profile import Profile
+from gpushepherd.core.profile import Profile, held_for
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState
 
@@ -283,11 +283,41 @@ def _share_plan_with(book, admission: Admission, profile: Profile | None, job: J
             chosen = _card_set(card, slot.node, job.share, vs)
             if chosen is not None:
                 options.append((_cost(chosen, book.now), n, g, chosen))
-    for _key, _n, _g, chosen in sorted(options, key=lambda o: o[:3]):
+    for _key, n, g, chosen in sorted(options, key=lambda o: o[:3]):
         verdict = admission.decide(job, profile, Scratch(book, chosen))
-        if verdict.admitted:
+        if verdict.admitted and not verdict.spot[3]:
+            # joining the card: its other holders planned to leave before the victims
+            # (signalled, or their planned end first) leave it empty - the job then opens
+            # its GPU as a fresh one, which must be admitted too (other classes'
+            # reserved_gpus, claims; seeds 158351, 181884)
+            gone = max(book.now + v.stop_grace for v in chosen)
+            first = [book.jobs[h] for h in sorted(ledger.slots[n].cards[g].holders)
+                     if all(v.id != h for v in chosen) and book.jobs[h].end_est <= gone]
+            if first and not admission.decide(job, profile, Scratch(book, chosen + first)).admitted:
+                continue
+        if verdict.admitted and not breaks_holds(book, profile, job, chosen, verdict):
             return sorted(chosen, key=lambda v: v.vkey), verdict
     return None
+
+
+def breaks_holds(book, profile: Profile | None, job: Job, victims: list[Job], verdict: Verdict) -> bool:
+    """Whether evicting ``victims`` for ``job`` (which then holds what ``verdict`` places)
+    breaks the class-hold condition of another preemptor's hold in ``profile``: victims
+    of a class with ``reserved_gpus`` leave it covering less, which that hold's start
+    must then leave free too (seed 158599: a share evicted a batch job to join its card,
+    and production inference's hold, planned while the batch job covered batch's
+    reservation, could no longer start when its own victims were gone)."""
+    if not book.reserved or not profile or not any(v.cls.name in book.reserved for v in victims):
+        return False
+    holds = [c for c in profile.claims if c.hold and c.job_id != job.id]
+    others = [c for c in holds if c.gslack is not None and c.gslack >= 0]
+    if not others:
+        return False
+    gone = frozenset(vid for c in holds for vid in book.jobs[c.job_id].victims) | {v.id for v in victims}
+    coming = freed_count(book.ledger, [book.jobs[vid] for vid in sorted(gone)])
+    mine = sum(c for _n, c in verdict.counts) if verdict.spot is None else int(verdict.spot[3])
+    spare = book.ledger.free_total + coming - sum(sum(c.gpus.values()) for c in holds) - mine
+    return any(spare - -(-held_for(book, c.cls, book.now, (), gone) // GPU_UNITS) < 0 for c in others)
 
 
 def _card_set(card, node, share, victims: list[Job]) -> list[Job] | None:
@@ -361,6 +391,8 @@ def _plan_with(book, admission: Admission, profile: Profile | None, job: Job,
         trial = admission.decide(job, profile, Scratch(book, rest))
         if trial.admitted:
             chosen, verdict = rest, trial
+    if breaks_holds(book, profile, job, chosen, verdict):
+        return None
     return sorted(chosen, key=lambda v: v.vkey), verdict
 
 

@@ -69,7 +69,10 @@ class Claim:
     exits: dict[int, float] = field(default_factory=dict)
     exit: float = -INF
     #: a hold: the shared cards ``(node index, GPU)`` its victims hold - no other share
-    #: joins them while the hold stands (what they free is the preemptor's; note 042)
+    #: joins them while the hold stands (what they free is the preemptor's; note 042); of
+    #: a whole-GPU preemptor only those they free whole on its plan's nodes (a victim
+    #: evicted for quota beside another preemptor's on a card keeps no share off it -
+    #: seed 157735)
     cards: frozenset = frozenset()
 
     def gpus_at(self, n: int, q: float) -> int:
@@ -122,8 +125,10 @@ class Profile:
         exits: dict[int, float] = {}
         exit_t = book.now
         victims = [book.jobs[vid] for vid in sorted(job.victims)]
+        whole = set()  # (node, GPU) its victims free whole
         for idx, m, _end in freed_parts(book.ledger, victims):  # shared cards too (note 042)
             coming[idx] = coming.get(idx, 0) + m.bit_count()
+            whole.update((idx, g) for g in range(m.bit_length()) if m >> g & 1)
         for v in victims:
             exit_t = max(exit_t, v.end_est)
             for idx, _mask in v.alloc:
@@ -142,7 +147,8 @@ class Profile:
                       {n: max(0, c - coming.get(n, 0)) for n, c in gpus.items()}, quota,
                       {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key,
                       cls=job.cls.name, covered=covered, exits=exits, exit=exit_t,
-                      cards=frozenset(c for c in map(card_of, victims) if c is not None))
+                      cards=frozenset(c for c in map(card_of, victims) if c is not None and (
+                          job.share is not None or (c in whole and c[0] in gpus))))
         self.claims.append(claim)
         self._touched.clear()
         for n, c in claim.need_now.items():
@@ -199,7 +205,7 @@ class Profile:
         gone = frozenset(vid for c in holds for vid in book.jobs[c.job_id].victims)
         for c in holds:
             c.gunfilled = {}
-            held = _held_for(book, c.cls, book.now, (), gone, c.gunfilled)
+            held = held_for(book, c.cls, book.now, (), gone, c.gunfilled)
             c.gslack = book.ledger.free_total + coming - taken - -(-held // GPU_UNITS)
 
     def avoiding(self, job: Job, end: float, exempt: tuple = ()) -> tuple[frozenset[int], Claim | None]:
@@ -557,7 +563,7 @@ def free_total_at(book, p: float) -> int:
     return total
 
 
-def _held_for(book, cls: str, p: float, claims, gone=frozenset(), unfilled: dict | None = None) -> int:
+def held_for(book, cls: str, p: float, claims, gone=frozenset(), unfilled: dict | None = None) -> int:
     """Units other classes' ``reserved_gpus`` keep free at ``p`` for a job of ``cls``:
     each reserved class's reservation less what it holds then (its running jobs still
     running, by planned ends, but those in ``gone`` - victims that will have left -
@@ -585,7 +591,7 @@ def class_slack(book, cls: str, p: float, claims, into: Claim | None = None) -> 
     unfilled = None
     if into is not None:
         unfilled = into.gunfilled = {}
-    held = _held_for(book, cls, p, claims, unfilled=unfilled)
+    held = held_for(book, cls, p, claims, unfilled=unfilled)
     return free - -(-held // GPU_UNITS)
 
 

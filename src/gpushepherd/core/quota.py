@@ -34,7 +34,7 @@ class QuotaBook:
         self.window: list[str] = [""] * len(self.limits)
         self.windowed: tuple[int, ...] = tuple(i for i, lim in enumerate(self.limits) if lim.windows)
         self._windowed_set = frozenset(self.windowed)
-        self._together: dict[tuple, int | None] = {}
+        self._together: dict[tuple, tuple[int, ...] | None] = {}
         #: cohort capacity limits: a capacity reason, not a hard limit (they can be
         #: freed by reclaiming borrowed GPUs)
         self.cohort_limits = frozenset(i for i, lim in enumerate(self.limits) if lim.cohort)
@@ -102,21 +102,35 @@ class QuotaBook:
                 return self.limits[i]
         return None
 
-    def never_together(self, charges: tuple[Charge, ...]) -> int | None:
-        """The first of two or more windowed limits whose windows never allow the job's
-        amounts at the same time (each alone may: ``never_fits`` found none), as a
-        limit index; ``None`` if some stretch of the week allows them all."""
+    def never_together(self, charges: tuple[Charge, ...]) -> tuple[int, ...] | None:
+        """A least set of two or more windowed limits whose windows never allow the
+        job's amounts at the same time (each alone may: ``never_fits`` found none), as
+        limit indices in policy order - every limit of it is a blocker: with any one of
+        them raised the others allow it some time (a limit whose windows open with the
+        rest's is no part of it); ``None`` if some stretch of the week allows them all."""
         wins = tuple((i, a) for i, _u, a in charges if i in self._windowed_set)
         if len(wins) < 2:
             return None
         key = tuple((self.limits[i], a) for i, a in wins)
         found = self._together.get(key, -1)
         if found == -1:
-            combos = week_values(tuple(lim for lim, _a in key))
-            ok = any(all(a <= v * self.scale[i] for (i, a), v in zip(wins, combo)) for combo in combos)
-            found = None if ok else wins[0][0]
+            found = None
+            if not self._allowed(wins):
+                # drop each limit (policy order) whose removal leaves a set still never
+                # allowed: what stays is minimal (a superset of a never-allowed set is one)
+                kept = list(wins)
+                for w in wins:
+                    rest = [x for x in kept if x is not w]
+                    if not self._allowed(rest):
+                        kept = rest
+                found = tuple(i for i, _a in kept)
             self._together[key] = found
         return found
+
+    def _allowed(self, wins) -> bool:
+        """Whether some stretch of the week allows every ``(limit index, amount)``."""
+        combos = week_values(tuple(self.limits[i] for i, _a in wins))
+        return any(all(a <= v * self.scale[i] for (i, a), v in zip(wins, combo)) for combo in combos)
 
     def blocking(self, charges: tuple[Charge, ...], cohort: bool = False) -> tuple[int, int] | None:
         """The first limit (policy order) the job would exceed now: ``(limit index,

@@ -55,7 +55,7 @@ def reason_of(book, adm, profile, job: Job, v: A.Verdict, may_preempt: bool = Tr
         i, together = v.limit
         lim = quota.limits[i]
         if together:  # each windowed limit alone allows it, never all at the same time
-            others = [quota.limits[k].path for k, _u, _a in v.charges if k != i and quota.limits[k].windows]
+            others = [quota.limits[k].path for k in quota.never_together(v.charges) if k != i]
             return PendingReason(R.EXCEEDS_CAPACITY, f"{lim.path} with {' and '.join(others)}: their windows "
                                  "never allow it at the same time")
         return PendingReason(R.EXCEEDS_CAPACITY, f"{lim.path}={lim.loosest}")

@@ -88,3 +88,42 @@ def _stands_unchanged(turn, claims: dict) -> bool:
             and not book.anti and not job.shape.island and job.shape.mode != "share"
             and job.state is JobState.PENDING and not any(d is job for d in turn.deferred)
             and profile.consumed_until <= c.start)
+
+
+def new_starts_covered(turn, new: list) -> bool:
+    """Whether the claims of ``turn``'s pass are those of a full pass now, and starts of
+    the jobs ``new`` (submitted since the pass, all queued behind its first
+    capacity-blocked job and its last reserved one) leave every old job the turn it had -
+    the lemma of ``cycle.continue_fast`` - as far as these go:
+
+    * a reservation of the pass that begins before now (it was computed at the pass's
+      instant, when the GPUs it claims were free until the claims after it): a full pass
+      now computes it from now, over a later interval (seed 195860: a reservation from 4
+      to 30 kept a share that ends at 29 from starting at 23; from now it begins at 70);
+
+    * a job of a class with ``reserved_gpus`` that starts on a share or a MIG slice
+      fills its class's reservation without taking a free whole GPU: the class hold of
+      an old job refused by it loosens (seed 12899);
+    * with per-GPU-type quotas (note 038) a start charged under one type's limit can
+      turn an old job of several types queued behind it from a capacity refusal on that
+      type to a quota refusal there, so it is decided on another type - where it may
+      preempt (seed 116225: a MIG job put its team at its A100 limit; a full pass then
+      decided a share on the H100 type, where it preempted);
+    * with ``preemption.within_team`` and preemption off, a start charged under a team
+      limit can turn an old job of that team from a capacity refusal to that limit's,
+      which it may preempt within the team for (note 035).
+
+    ``False``: one of these may be so (a full pass decides)."""
+    book = turn.book
+    if turn.profile and any(not c.hold and c.start < book.now for c in turn.profile.claims):
+        return False
+    reserved = book.reserved
+    if reserved and any(j.cls.name in reserved for j in new):
+        return False
+    rules = book.rules
+    within = rules.within_team if not rules.preemption_enabled else frozenset()
+    if not rules.typed and not within:
+        return True
+    first = min(j.key for j in new)
+    ids = {j.id for j in new}
+    return not any(j.key > first and j.id not in ids and (j.variants or j.spec.team in within) for j in book.queue)
