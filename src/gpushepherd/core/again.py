@@ -45,7 +45,7 @@ def after_start(turn, job: Job, spot, preemptor: bool) -> None:
     book = turn.book
     no_victims = turn.no_victims
     if job.evictable and (job.cls.priority < turn.no_victims_prio
-                          or any(preemption.may_evict(p, job) for p in no_victims)):
+                          or any(typed.may_evict(p, job) for p in no_victims)):
         turn.sched.wake_at(preemption.comes_of_age(book, job))
     if book.repass:
         return
@@ -59,6 +59,6 @@ def after_start(turn, job: Job, spot, preemptor: bool) -> None:
         book.repass = True
         return
     if job.cohort is not None and (job.cohort[1].team in turn.claims_refused or (
-            any(preemption.borrows_from(p, job) for p in no_victims) and preemption.borrows(book, job))):
+            any(typed.borrows_from(p, job) for p in no_victims) and preemption.borrows(book, job))):
         book.repass = True
 

@@ -324,7 +324,7 @@ class Turn:
         if self.n_reserved:
             self.acted_after_reserve = True
         reclaiming = job.shape.mode != "share" and preemption.may_reclaim(book, job)
-        taken = [x for x in victims if reclaiming and preemption.borrows_from(job, x)]
+        taken = [x for x in victims if reclaiming and typed.borrows_from(job, x)]
         reclaim = bool(taken)
         for x in victims:
             book.preempt(x, job, self.out, "reclaim" if x in taken else "")

@@ -49,32 +49,12 @@ from gpushepherd.core.ledger import FULL_MILLI
 from gpushepherd.core.placement import best_fit_island, fits_island, members_of, place_counts
 from gpushepherd.core.profile import Profile, held_for
 from gpushepherd.core.state import INF, Job
+from gpushepherd.core.typed import borrows_from, member_in
 from gpushepherd.model.job import GPU_UNITS, JobState
 
 
 def _member_borrows(book, member) -> bool:
     return book.quota.usage.get((member.limit, ""), 0) > member.nominal * GPU_UNITS
-
-
-def member_in(cohort, job: Job):
-    """The member of ``cohort`` whose GPUs ``job`` counts in (its charges name the
-    member's limit), else ``None``. A job confined to a pool counts in the pool's cohort
-    and in a cohort of every pool; ``Job.cohort`` names the first only (oracle seed
-    143208: a job of another member there was taken for one outside the cohort)."""
-    charged = {i for i, user, _a in (job.run_charges or job.charges) if not user}
-    return next((m for m in cohort.members if m.limit in charged), None)
-
-
-def borrows_from(job: Job, victim: Job) -> bool:
-    """Whether ``victim`` counts as a job of another member of a cohort of ``job``'s
-    (evicted to give back lent quota: a reclaim)."""
-    return any((m := member_in(c[0], victim)) is not None and m is not c[1] for c in typed.cohorts_of(job))
-
-
-def may_evict(job: Job, victim: Job) -> bool:
-    """Whether ``victim`` could ever be on ``job``'s victim list (a lower class, or a job
-    of another member of its cohort)."""
-    return victim.cls.priority < job.cls.priority or borrows_from(job, victim)
 
 
 def _lenders(book, job: Job) -> list[tuple]:

@@ -168,3 +168,24 @@ def cohorts_of(job: Job) -> list:
     if not at_rest(job):
         return [job.cohort] if job.cohort is not None else []
     return [v.cohort for v in job.variants if v.cohort is not None]
+
+
+def member_in(cohort, job: Job):
+    """The member of ``cohort`` whose GPUs ``job`` counts in (its charges name the
+    member's limit), else ``None``. A job confined to a pool counts in the pool's cohort
+    and in a cohort of every pool; ``Job.cohort`` names the first only (oracle seed
+    143208: a job of another member there was taken for one outside the cohort)."""
+    charged = {i for i, user, _a in (job.run_charges or job.charges) if not user}
+    return next((m for m in cohort.members if m.limit in charged), None)
+
+
+def borrows_from(job: Job, victim: Job) -> bool:
+    """Whether ``victim`` counts as a job of another member of a cohort of ``job``'s
+    (evicted to give back lent quota: a reclaim)."""
+    return any((m := member_in(c[0], victim)) is not None and m is not c[1] for c in cohorts_of(job))
+
+
+def may_evict(job: Job, victim: Job) -> bool:
+    """Whether ``victim`` could ever be on ``job``'s victim list (a lower class, or a job
+    of another member of its cohort)."""
+    return victim.cls.priority < job.cls.priority or borrows_from(job, victim)
