@@ -95,6 +95,17 @@ def test_a_bad_aged_tier_is_refused_naming_field_value_and_what_is_allowed(field
     assert f"priority.{field}" in str(e.value) and repr(value) in str(e.value) and allowed in str(e.value)
 
 
+
+def test_a_cap_on_the_aged_tier_without_the_tier_is_refused():
+    # before: accepted and silently without effect
+    raw = {"cluster": {"nodes": [{"name": "n1", "gpus": 8}]}, "priority": {"age_tier_jobs": 2}}
+    with pytest.raises(PolicyError) as e:
+        policy_from_dict(raw)
+    assert "age_tier_jobs: 2 is not allowed without age_tier_s" in str(e.value)
+    raw["priority"]["age_tier_s"] = 3600.0
+    assert policy_from_dict(raw).rules is not None
+
+
 def test_a_restore_keeps_the_aged_tier_while_the_rules_have_one():
     prio = dict(DEFAULT_ORDER, recalc_s=10.0, age_tier_s=20.0)
     rules = policy(nodes=[("n1", 1)], preemption=False, priority=prio)

@@ -689,6 +689,13 @@ class PrioritySpec(_Strict):
         "Unset: every aged job. 1: only the oldest waiting job is lifted - it alone holds the reservation it "
         "needs (Slurm's bf reservation for the longest waiting job; note 053).", 1, JOBS))
 
+    @model_validator(mode="after")
+    def _tier_jobs_need_a_tier(self) -> "PrioritySpec":
+        if self.age_tier_jobs is not None and self.age_tier_s is None:
+            raise ValueError(f"age_tier_jobs: {self.age_tier_jobs} is not allowed without age_tier_s "
+                             "(it caps the aged tier, which age_tier_s turns on)")
+        return self
+
 
 class FairShareSpec(_Strict):
     """Decayed usage: GPU-seconds held, halving every ``half_life_s`` seconds."""
