@@ -135,6 +135,8 @@ class Book:
 
     # ------------------------------------------------------------- look-ups
     def order_key(self, job: Job) -> tuple:
+        """``job``'s queue key ``(tier, -score, submit s, id)`` (``priority.order_key``); a
+        job already queued keeps its aged tier (note 053) through ``prev``."""
         return priority.order_key(self, job.spec, job.cls, job.estimate_s, prev=job.key[0] if job.key else None)
 
     def groups_of(self, ckey: tuple) -> list[int]:
