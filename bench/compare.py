@@ -41,7 +41,7 @@ a job of 8 or more GPUs, utilisation, fairness across users (Jain's index over e
 user's mean slowdown, ``gpushepherd.tails``, design note 030; also kept: max / min over
 teams of their mean slowdown, teams with >= 20 finished jobs), preemptions, and
 preemptions of jobs that the policy says may not be preempted; and per size class (1,
-2-4, 5-8, 9-15, 16+ GPUs) mean / p99 / max wait and slowdown (``size_classes``, the
+2-4, 5-8, 9-15, 16+ GPUs) mean / p90 / p99 / max wait and slowdown (``size_classes``, the
 figures of ``shepherd simulate``); with deadlines in the trace (``--map
 deadline=COL`` or ``deadline_after=COL``), the share of them met (``deadlines``). At the end ``--out`` (default ``bench/results``)
 gets ``compare.md`` (the rows, then the size classes), ``compare.json`` and
@@ -318,17 +318,18 @@ def table(rows: list[dict]) -> str:
                  "(realistic); `perfect`: the true duration (reference only).")
     sized = [r for r in rows if r.get("size_classes")]
     if sized:
-        head = ("| trace | scheduler | estimates | GPUs | jobs | not started | wait mean | wait p99 | wait max | "
-                "slowdown mean | slowdown p99 | slowdown max |")
+        head = ("| trace | scheduler | estimates | GPUs | jobs | not started | wait mean | wait p90 | wait p99 | "
+                "wait max | slowdown mean | slowdown p99 | slowdown max |")
         lines += ["", "Per size class (GPUs): wait of the jobs that started (h), bounded slowdown of those that ended.",
-                  "", head, "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "", head, "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sized:
             for label, f in r["size_classes"].items():
                 if not f["jobs"]:
                     continue
                 w, s = f["wait_s"], f["slowdown"]
                 lines.append(f"| {r['trace']} | {_name(r)} | {r['estimates']} | {label} | {f['jobs']} | "
-                             f"{f['not_started']} | {_num(w['mean'], '.2f', 3600)} | {_num(w['p99'], '.1f', 3600)} | "
+                             f"{f['not_started']} | {_num(w['mean'], '.2f', 3600)} | {_num(w['p90'], '.1f', 3600)} | "
+                             f"{_num(w['p99'], '.1f', 3600)} | "
                              f"{_num(w['max'], '.1f', 3600)} | {_num(s['mean'], '.2f')} | {_num(s['p99'], '.1f')} | "
                              f"{_num(s['max'], '.1f')} |")
     return "\n".join(lines) + "\n"

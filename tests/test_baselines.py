@@ -266,3 +266,22 @@ def test_compare_labels_a_preset_by_the_days_and_cluster_it_ran():
     assert (ran["label"], ran["days"], ran["cluster"]) == ("Philly days 40-50, 32x8", "40:50", "32x8")
     assert compare._preset("philly", None, None)["label"] == "Philly days 40-70, 192x8"
     assert compare._preset("itp", "16x8", None)["label"] == "ITP cluster04, 16x8"
+
+
+def test_compare_table_prints_p90_wait_per_size_class():
+    """Issue 17 point 4: the size-class table of ``compare.md`` has a p90 wait column;
+    ten 8-GPU jobs, nine starting at once and one after 100 h: p90 10.0 h (test_tails)."""
+    import importlib.util
+
+    from gpushepherd.tails import tail_figures
+
+    spec = importlib.util.spec_from_file_location("bench_compare", ROOT / "bench" / "compare.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    fig = tail_figures([8] * 10, [0.0] * 9 + [360000.0], [1.0] * 10, ["u"] * 10)
+    row = {"trace": "t", "scheduler": "fifo", "estimates": "limit", "avg_jct_h": 1.0, "jct_over_bound": 1.0,
+           "max_wait_8plus_h": 100.0, "p99_wait_h": 91.0, "utilisation": 0.5, "preemptions": 0,
+           "nonpreemptible_preempted": 0, "wall_s": 1.0, "size_classes": fig["size_classes"]}
+    md = compare.table([row])
+    assert "| wait mean | wait p90 | wait p99 | wait max |" in md
+    assert "| t | fifo | limit | 5-8 | 10 | 0 | 10.00 | 10.0 | 91.0 | 100.0 |" in md

@@ -290,6 +290,7 @@ def test_size_class_tails_recompute_from_the_per_job_file(tmp_path):
     res = run("simulate", "--no-progress", "--cluster", "24x8", "--out", str(out), "--json", str(tmp_path / "s.json"))
     assert res.exit_code == 0, res.output
     assert "Per size class (GPUs)" in res.output and "fairness across users (Jain's index" in res.output
+    assert "wait p90" in res.output
     summary = json.loads((tmp_path / "s.json").read_text())
     df = pd.read_csv(out)
     bins = pd.cut(df["gpus"], [0, 1, 4, 8, 15, float("inf")], labels=["1", "2-4", "5-8", "9-15", "16+"])
@@ -301,6 +302,7 @@ def test_size_class_tails_recompute_from_the_per_job_file(tmp_path):
         wait = (g["start"] - g["submit"]).dropna()
         assert f["jobs"] == len(g) and f["started"] == len(wait)
         assert f["wait_s"]["max"] == pytest.approx(wait.max()) and f["wait_s"]["mean"] == pytest.approx(wait.mean())
+        assert f["wait_s"]["p90"] == pytest.approx(wait.quantile(0.9))  # pandas' default: the same interpolation
         slow = ((g["end"] - g["submit"]) / g["duration"].clip(lower=10)).clip(lower=1).dropna()
         assert f["slowdown"]["max"] == pytest.approx(slow.max())
     assert sizes["5-8"]["wait_s"]["max"] > 0  # 24 x 8 GPUs: gangs wait

@@ -306,6 +306,8 @@ def test_size_class_tails_and_user_fairness_over_the_window():
               for fam in text_string_to_metric_families(m.exposition().decode()) for s in fam.samples}
     assert value(parsed, "gpushepherd_size_class_wait_seconds", size_class="1", stat="max") == 90
     assert value(parsed, "gpushepherd_size_class_wait_seconds", size_class="5-8", stat="max") == 0
+    # 1 GPU: small waited 90 s, the eight others 0; p90 at 0.9 x 8 = 7.2: 0.2 x 90 s
+    assert value(parsed, "gpushepherd_size_class_wait_seconds", size_class="1", stat="p90") == pytest.approx(18)
     assert value(parsed, "gpushepherd_size_class_slowdown_ratio", size_class="1", stat="max") == pytest.approx(2.8)
     assert value(parsed, "gpushepherd_size_class_slowdown_ratio", size_class="5-8", stat="mean") == 1
     assert value(parsed, "gpushepherd_size_class_jobs", size_class="1", what="ended") == 9

@@ -447,6 +447,8 @@ def test_tails_by_size_and_fairness_across_users_equal_the_hand_computation(week
     one = tails.loc["1"]
     assert one["jobs"] == one["started"] == one["ended"] == 17 and one["not_started"] == 0
     assert one["wait_mean_s"] == pytest.approx(44 * H / 17) and one["wait_max_s"] == pytest.approx(11 * H)
+    # sorted waits: ten of 0 h, then 2, 3, 5, 6, 8, 9, 11 h; p90 at 0.9 x 16 = 14.4: 8 h + 0.4 x (9 - 8) h
+    assert one["wait_p90_s"] == pytest.approx(8.4 * H)
     assert one["slowdown_max"] == pytest.approx(14 / 3)  # b7: (11 h + 3 h) / 3 h
     assert tails.loc["2-4", "wait_max_s"] == 0 and tails.loc["2-4", "slowdown_max"] == pytest.approx(1.0)
     fair = rep.tables["fairness_across_users"].iloc[0]

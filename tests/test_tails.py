@@ -52,13 +52,31 @@ def test_tail_figures_per_size_class():
     assert list(sizes) == list(SIZE_CLASSES)
     one = sizes["1"]
     assert (one["jobs"], one["started"], one["not_started"], one["ended"]) == (3, 2, 1, 2)
-    assert one["wait_s"] == {"mean": 50.0, "p99": pytest.approx(99.0), "max": 100.0}
+    assert one["wait_s"] == {"mean": 50.0, "p90": pytest.approx(90.0), "p99": pytest.approx(99.0), "max": 100.0}
     assert one["slowdown"]["max"] == 3.0
     assert sizes["5-8"]["wait_s"]["max"] == 7200.0 and sizes["5-8"]["ended"] == 1
     assert sizes["2-4"] == {"jobs": 0, "started": 0, "not_started": 0, "ended": 0,
-                            "wait_s": {"mean": None, "p99": None, "max": None},
-                            "slowdown": {"mean": None, "p99": None, "max": None}}
+                            "wait_s": {"mean": None, "p90": None, "p99": None, "max": None},
+                            "slowdown": {"mean": None, "p90": None, "p99": None, "max": None}}
     assert [r["size_gpus"] for r in tail_rows(fig)] == ["1", "5-8", "16+"]
+
+
+def test_p90_wait_shows_the_tenth_of_a_class_that_waits_long():
+    """Issue 17 point 4: nine 8-GPU jobs start at once and one waits 100 h: the mean says
+    10 h, the p90 the linear interpolation between the 9th and 10th waits (0 h and 100 h,
+    at 0.9 x 9 = 8.1 of the way: 10 h); eleven 1-GPU jobs waiting 0, 1, ..., 10 h: p90 at
+    position 0.9 x 10 = 9, exactly 9 h; their slowdowns 1..11: p90 10."""
+    H = 3600.0
+    gpus = [8] * 10 + [1] * 11
+    wait = [0.0] * 9 + [100 * H] + [i * H for i in range(11)]
+    slow = [1.0] * 10 + [float(i + 1) for i in range(11)]
+    sizes = tail_figures(gpus, wait, slow, ["u"] * 21)["size_classes"]
+    assert sizes["5-8"]["wait_s"]["p90"] == pytest.approx(10 * H)
+    assert sizes["5-8"]["wait_s"]["mean"] == pytest.approx(10 * H)
+    assert sizes["1"]["wait_s"]["p90"] == pytest.approx(9 * H)
+    assert sizes["1"]["slowdown"]["p90"] == pytest.approx(10.0)
+    rows = {r["size_gpus"]: r for r in tail_rows(tail_figures(gpus, wait, slow, ["u"] * 21))}
+    assert rows["5-8"]["wait_p90_s"] == pytest.approx(10 * H) and rows["1"]["slowdown_p90"] == pytest.approx(10.0)
 
 
 def test_fairness_counts_users_with_enough_ended_jobs():

@@ -195,7 +195,7 @@ def _size_table(summary: dict) -> Table:
 
     table = Table(title="Per size class (GPUs): wait of the jobs that started, slowdown of those that ended",
                   title_justify="left")
-    for col in ("GPUs", "jobs", "not started", "wait avg", "wait p99", "wait max", "ended", "slowdown avg",
+    for col in ("GPUs", "jobs", "not started", "wait avg", "wait p90", "wait p99", "wait max", "ended", "slowdown avg",
                 "slowdown p99", "slowdown max"):
         table.add_column(col, justify="left" if col == "GPUs" else "right")
 
@@ -204,7 +204,7 @@ def _size_table(summary: dict) -> Table:
 
     for r in tail_rows(summary):
         table.add_row(r["size_gpus"], f"{r['jobs']:,}", f"{r['not_started']:,}", _hours(r["wait_mean_s"]),
-                      _hours(r["wait_p99_s"]), _hours(r["wait_max_s"]), f"{r['ended']:,}", x(r["slowdown_mean"]),
+                      _hours(r["wait_p90_s"]), _hours(r["wait_p99_s"]), _hours(r["wait_max_s"]), f"{r['ended']:,}", x(r["slowdown_mean"]),
                       x(r["slowdown_p99"]), x(r["slowdown_max"]))
     return table
 

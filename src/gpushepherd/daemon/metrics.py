@@ -455,7 +455,7 @@ class GaugeCollector(Collector):
                  "Queueing delay (submit to first start) of the jobs of a size class that first started"),
                 ("gpushepherd_size_class_slowdown_ratio", "slowdown",
                  "Bounded slowdown, max(1, JCT / max(seconds held, 10)), of the jobs of a size class that ended")):
-            yield _gauge(name, f"{doc} in the last {days}: mean, p99 or max (stat); absent with none (note 030).",
+            yield _gauge(name, f"{doc} in the last {days}: mean, p90, p99 or max (stat); absent with none (note 030).",
                          ["size_class", "stat"], [((c, stat), v) for c in SIZE_CLASSES
                                                   for stat, v in sizes[c][key].items() if v is not None])
         f = fig["fairness"]
