@@ -244,10 +244,12 @@ class Checker:
         for e in batch:
             if isinstance(e, JobCancelled) and e.job_id in self.watch:
                 self.watch[e.job_id]["cancelled"] = True
+        # the estimates first: the core's copy for them (``forward.clone``) then holds none
+        # of the profiles ``pending`` has the core build for its questions (note 056)
+        self.estimates(sched)
         self.pending(sched)
         self.reserved(sched, out)
         self.preemptions(sched, batch, out)
-        self.estimates(sched)
         self.islands(sched, out)
 
     def estimates(self, sched) -> None:
@@ -806,12 +808,13 @@ def restart_divergences(rules, calls: list[Call], horizon: int | None = None) ->
     a = Scheduler(rules)
     for cut, call in enumerate(calls[:-1]):
         a.handle(call.batch)
-        snap = json.dumps(a.snapshot())
-        b = Scheduler.restore(rules, json.loads(snap))
+        # JSON as a restart reads it; read once - restore_into copies what it keeps
+        snap = json.loads(json.dumps(a.snapshot()))
+        b = Scheduler.restore(rules, snap)
         again = b.handle([Tick(a.now)])
         if again:
             out.append(f"after t={a.now:g}: a second full pass at the same instant decided {_brief(again)}")
-        b = Scheduler.restore(rules, json.loads(snap))
+        b = Scheduler.restore(rules, snap)
         rest = calls[cut + 1:] if horizon is None else calls[cut + 1: cut + 1 + horizon]
         for i, nxt in enumerate(rest):
             got = b.handle(nxt.batch)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -156,3 +157,23 @@ def test_jobs_the_copy_has_not_started_within_its_bound_get_the_conservative_pla
     # one instant: the copy reaches t=10 (j2 ends, j5 starts); j3 and j4 from the plan
     est = {j: e.t for j, e in plan_all(sched, max_instants=1).items()}
     assert est == {"j5": 10.0, "j3": 100.0, "j4": 200.0}
+
+
+def test_with_no_job_pending_there_is_nothing_to_estimate_and_no_copy_is_run(monkeypatch):
+    # note 056: the oracle asks after every instant, many with an empty queue; the copy
+    # (forward.clone) cost as much there as anywhere and planned nothing
+    from gpushepherd.core import forward
+
+    sched = Scheduler(_rules())
+    sched.handle([JobSubmitted(0.0, job("j1", 2, runtime_estimate_s=100.0))])
+    assert sched.pending_jobs() == []
+
+    def no_copy(_sched):
+        raise AssertionError("a copy was run forward with no job pending")
+
+    monkeypatch.setattr(forward, "clone", no_copy)
+    assert sched.estimated_starts() == {}
+    assert plan_all(sched) == {}
+    sched.handle([JobSubmitted(1.0, job("j2", 4, runtime_estimate_s=10.0))])  # waits for j1
+    with pytest.raises(AssertionError, match="a copy was run"):
+        sched.estimated_starts()

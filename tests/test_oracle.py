@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from builders import job, policy
 from gpushepherd.core.intake import validate_spec
 from gpushepherd.core.scheduler import Scheduler
+from gpushepherd.model.events import Tick
 from gpushepherd.sim.engine import Restart, SimJob, Simulator
-from oracle_checks import PROPERTIES, Report, check, fits
+from oracle_checks import PROPERTIES, Report, check, drive, fits
 from oracle_workloads import RandomSource, build, workload_from_seed, workloads
 
 #: a longer hunt: SHEPHERD_ORACLE_SCALE=20 pytest tests/test_oracle.py
@@ -207,6 +208,63 @@ def test_the_checks_catch_a_restart_that_loses_a_pending_job(monkeypatch):
     monkeypatch.setattr(snapshot, "restore_into", forgetful)
     found = {f.prop for seed in range(20) for f in check(workload_from_seed(seed)).failures}
     assert "f_restart" in found
+
+
+def test_the_checks_catch_estimates_that_are_not_after_now_or_of_no_pending_job(monkeypatch):
+    # h_estimates, asked first after every instant (note 056): a core that estimates a
+    # waiting job to start now, or estimates a job that is not pending, is caught
+    from gpushepherd.core import estimates
+
+    real = estimates.plan_all
+
+    def now_for_the_first(sched, *args, **kwargs):
+        out = real(sched, *args, **kwargs)
+        if out:
+            first = min(out)
+            out[first] = estimates.Estimate(sched.now, out[first].basis)
+        return out
+
+    monkeypatch.setattr(estimates, "plan_all", now_for_the_first)
+    found = [f.text for seed in range(6) for f in check(workload_from_seed(seed)).failures
+             if f.prop == "h_estimates"]
+    assert any("is not after now" in text for text in found)
+
+    def of_a_running_job(sched, *args, **kwargs):
+        out = real(sched, *args, **kwargs)
+        for j in sched.running_jobs()[:1]:
+            out[j.id] = estimates.Estimate(sched.now + 1.0, "estimates")
+        return out
+
+    monkeypatch.setattr(estimates, "plan_all", of_a_running_job)
+    found = [f.text for seed in range(6) for f in check(workload_from_seed(seed)).failures
+             if f.prop == "h_estimates"]
+    assert any("which is not pending" in text for text in found)
+
+
+def test_a_restore_leaves_the_snapshot_it_reads_as_it_was():
+    # restart_divergences restores both cores of a cut (the second full pass, the
+    # replay) from one parsed snapshot (note 056): sound only while restore_into keeps
+    # no container of the snapshot and changes none
+    import copy
+    import json
+
+    cuts = 0
+    for seed in range(12):
+        wl = workload_from_seed(seed)
+        _result, calls = drive(wl, restarts=False, record_reasons=False)
+        a = Scheduler(wl.rules)
+        for n, call in enumerate(calls):
+            a.handle(call.batch)
+            if n % 3:
+                continue
+            snap = json.loads(json.dumps(a.snapshot()))
+            kept = copy.deepcopy(snap)
+            b = Scheduler.restore(wl.rules, snap)
+            assert snap == kept
+            b.handle([Tick(a.now)])  # nor does what the restored core does next
+            assert snap == kept
+            cuts += 1
+    assert cuts > 50
 
 
 def test_a_reference_core_restarts_as_a_reference_core():

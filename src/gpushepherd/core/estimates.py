@@ -140,6 +140,8 @@ def plan_all(sched, limit: int | None = DEFAULT_LIMIT,
     pending = [j.id for j in book.queue if j.state is JobState.PENDING]
     if limit is not None:
         pending = pending[:limit]
+    if not pending:
+        return {}  # nothing to plan: no copy to run forward (note 056)
     starts, horizon = forward.first_starts(sched, set(pending), max_instants)
     basis = basis_of(book, book.running.values())
     out = {j: Estimate(starts[j], basis) for j in pending if j in starts}
