@@ -60,10 +60,11 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 
-from gpushepherd.core import admission as A, typed
+from gpushepherd.core import admission as A, preemption as P, typed
 from gpushepherd.core.filters import share_can_join
 from gpushepherd.core.freed import card_of
 from gpushepherd.core.profile import Profile
+from gpushepherd.core.reasons import NOT_PREEMPTIBLE
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Preempt, Start
 from gpushepherd.model.events import GpuHealthChanged, JobCancelled, NodeLost, Tick
@@ -344,6 +345,18 @@ class Checker:
             at = float(detail.rsplit("t=", 1)[1].rstrip(")"))
             if not at > t or wake is None or wake > at:
                 bad = f"eligible at {at:g}, next_wakeup() {wake}"
+        elif code is ReasonCode.NO_PREEMPTIBLE_VICTIMS and detail == NOT_PREEMPTIBLE:
+            # the claim: some lower-priority job on its nodes may not be evicted (a class
+            # that is not preemptible); when every one may, something else keeps the job
+            # out (a class reservation the emptied GPU would take, say) and that is its reason
+            nodes = book.nodes_for(job)
+            may = {x.id for x in P.candidates(book, job, False)}
+            if not any(x.state in (JobState.RUNNING, JobState.STOPPING) and x.cls.priority < job.cls.priority
+                       and x.id not in may and (x.state is JobState.STOPPING or not x.evictable
+                                                or P.comes_of_age(book, x) <= t)  # young work: min_runtime
+                       and any(i in nodes for i, _m in x.alloc)
+                       for x in book.running.values()):
+                bad = "every lower-priority job on its nodes may be preempted" + repr([(x.id, x.state, x.cls.name, x.cls.priority, x.alloc, x.evictable) for x in book.running.values()]) + repr(sorted(nodes)) + repr((job.cls.name, job.cls.priority, job.share, [(x.id, x.cls.priority, x.share and x.share.kind) for x in book.running.values()]))
         elif code is ReasonCode.PRIORITY and v.rule == A.ORDER:
             h = book.jobs.get(detail)
             if (h is None or h.state is not JobState.PENDING or h.strict_q != job.strict_q or not h.key < job.key

@@ -54,7 +54,7 @@ class Turn:
         self.deferred: list[Job] = []
         self.started: list[Job] = []
         self.dequeue_now = dequeue_now
-        self.first_blocked: Job | None = None  # the first capacity-blocked job
+        self.first_blocked: Job | None = None  # the capacity-blocked job first in queue order
         self.last_reserved: Job | None = None  # the last job given a slot of the depth
         #: a job started or preempted after the first reservation of the pass
         self.acted_after_reserve = False
@@ -185,8 +185,8 @@ class Turn:
                 if self.preempt(job, preemption.share_plan):
                     return PREEMPTED, rule
                 self.no_victims.append(job)
-            if A.stops_strict_order(job, rule) and self.first_blocked is None:
-                self.first_blocked = job
+            if A.stops_strict_order(job, rule):
+                self.note_blocked(job)
             return BLOCKED, rule  # shares take no reservations
         if rule == A.HARD_NOW:
             within = preemption.within_team(self.book, job)
@@ -208,8 +208,7 @@ class Turn:
             self.no_victims.append(job)  # a borrower started later in the pass may be its victim
         elif self.book.rules.preemption_enabled:
             self.no_victims_prio = max(self.no_victims_prio, job.cls.priority)
-        if self.first_blocked is None:
-            self.first_blocked = job
+        self.note_blocked(job)
         if self.n_reserved < self.depth:
             job.lend = False
             self.deferred.append(job)
@@ -218,6 +217,13 @@ class Turn:
             self.last_reserved = job
             return RESERVED, rule
         return BLOCKED, rule
+
+    def note_blocked(self, job: Job) -> None:
+        """``first_blocked``: the capacity-blocked job first *in queue order* - without
+        backfill preemptors take their turns before the walk (``holds``), so the first
+        one refused is not always the job the strict order stops at (seed 220068)."""
+        if self.first_blocked is None or job.key < self.first_blocked.key:
+            self.first_blocked = job
 
     def preempt(self, job: Job, planner, *args) -> bool:
         """Step 5 with ``planner`` (``preemption.plan``, ``share_plan``): the preemption it
@@ -538,14 +544,14 @@ class Walk:
                     continue
             if nxt < len(sub):
                 heapq.heappush(cont, (sub[nxt].key, sig, nxt))
-        if self.stopped and strict and turn.first_blocked is None:
+        if self.stopped and strict and (turn.first_blocked is None or job.key < turn.first_blocked.key):
             # nothing can act any more, but the strict order's stop is still named: the
             # first job from here refused for capacity, as a full walk would find it
             # (the reasons of the jobs behind it depend on it)
             for later in queue.iter_from(job.key):
-                turn.turn(later, True)
-                if turn.first_blocked is not None:
+                if turn.first_blocked is not None and turn.first_blocked.key <= later.key:
                     break
+                turn.turn(later, True)
         if self.cut:
             # positions move when the started jobs leave the queue: keep keys only
             self.cont = [(key, sig, -1) for key, sig, _idx in cont]

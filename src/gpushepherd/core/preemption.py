@@ -42,11 +42,11 @@ unless it works):
 from __future__ import annotations
 
 from gpushepherd.core import typed
-from gpushepherd.core.admission import Admission, Scratch, Verdict
+from gpushepherd.core.admission import FREE, Admission, Scratch, Verdict
 from gpushepherd.core.filters import share_fits_card
-from gpushepherd.core.freed import card_of, freed_count, freed_masks, freed_parts, lower_cards
+from gpushepherd.core.freed import card_of, freed_count, freed_masks, freed_parts
 from gpushepherd.core.ledger import FULL_MILLI
-from gpushepherd.core.placement import best_fit_island, fits_island, members_of, place_counts
+from gpushepherd.core.placement import fits_island, members_of, place_counts
 from gpushepherd.core.profile import Profile, held_for
 from gpushepherd.core.state import INF, Job
 from gpushepherd.core.typed import borrows_from, member_in
@@ -198,25 +198,26 @@ def candidates(book, job: Job, reclaim: bool, young: bool = False, within: froze
 
 
 def plan(book, admission: Admission, profile: Profile | None, job: Job,
-         within: frozenset = frozenset()) -> tuple[tuple[list[Job], Verdict] | None, float]:
+         within: frozenset = frozenset(), why: list | None = None) -> tuple[tuple[list[Job], Verdict] | None, float]:
     """A victim set for ``job`` and the admission verdict it then gets (``None``: no set
     works), and, on a failure, the instant a too-young job comes of age that would make
-    a set work (``INF``: none would). ``within``: as ``candidates``."""
+    a set work (``INF``: none would). ``within``: as ``candidates``. ``why``: a list the
+    refusals of the job once victims are gone are appended to (the reason's source)."""
     reclaim = may_reclaim(book, job)
     cands = candidates(book, job, reclaim, within=within)
-    found = _plan_with(book, admission, profile, job, cands) if cands else None
+    found = _plan_with(book, admission, profile, job, cands, why) if cands else None
     if found is not None:
         return found, INF
     young = candidates(book, job, reclaim, young=True, within=within)
     if not young:
         return None, INF
     # would it work once the young ones come of age? then that is when to look again
-    if _plan_with(book, admission, profile, job, sorted(cands + young, key=lambda v: v.vkey)) is None:
+    if _plan_with(book, admission, profile, job, sorted(cands + young, key=lambda v: v.vkey), why) is None:
         return None, INF
     return None, min(comes_of_age(book, v) for v in young)
 
 
-def share_plan(book, admission: Admission, profile: Profile | None, job: Job
+def share_plan(book, admission: Admission, profile: Profile | None, job: Job, why: list | None = None
                ) -> tuple[tuple[list[Job], Verdict] | None, float]:
     """For a share (not MIG) no card or free GPU takes (rule 5): the fewest lower-priority
     shares to evict on the one card where it then fits, and the verdict it then gets
@@ -225,14 +226,14 @@ def share_plan(book, admission: Admission, profile: Profile | None, job: Job
 
     The candidates are ``candidates``' (class preemption) that hold a shared card. Per
     card of a node the job may use, a minimal set of its candidates after whom the job
-    fits the card (``_card_set``; all of its holders gone: an empty GPU, of any mode);
+    fits the card (``card_set``; all of its holders gone: an empty GPU, of any mode);
     the cards by ``_cost`` of their sets (lowest highest victim class, fewest victims,
     least work lost, victim order), then node and GPU; the first whose set the
     admission rule admits the job after wins."""
     if job.share.kind == "mig":
         return None, INF
     cands = [v for v in candidates(book, job, False) if card_of(v) is not None]
-    found = _share_plan_with(book, admission, profile, job, cands) if cands else None
+    found = _share_plan_with(book, admission, profile, job, cands, why) if cands else None
     if found is not None:
         return found, INF
     young = [v for v in candidates(book, job, False, young=True) if card_of(v) is not None]
@@ -241,13 +242,13 @@ def share_plan(book, admission: Admission, profile: Profile | None, job: Job
     # oracle seed 5099)
     for t in sorted({comes_of_age(book, v) for v in young}):
         ready = sorted(cands + [v for v in young if comes_of_age(book, v) <= t], key=lambda v: v.vkey)
-        if _share_plan_with(book, admission, profile, job, ready) is not None:
+        if _share_plan_with(book, admission, profile, job, ready, why) is not None:
             return None, t
     return None, INF
 
 
 def _share_plan_with(book, admission: Admission, profile: Profile | None, job: Job,
-                     cands: list[Job]) -> tuple[list[Job], Verdict] | None:
+                     cands: list[Job], why: list | None = None) -> tuple[list[Job], Verdict] | None:
     ledger = book.ledger
     nodes = set(members_of(ledger, book.groups_for(job)))
     on_card: dict[tuple[int, int], list[Job]] = {}
@@ -260,7 +261,7 @@ def _share_plan_with(book, admission: Admission, profile: Profile | None, job: J
         slot = ledger.slots[n]
         card = slot.cards.get(g)
         if card is not None and slot.healthy_mask >> g & 1:
-            chosen = _card_set(card, slot.node, job.share, vs)
+            chosen = card_set(card, slot.node, job.share, vs)
             if chosen is not None:
                 options.append((_cost(chosen, book.now), n, g, chosen))
     for _key, n, g, chosen in sorted(options, key=lambda o: o[:3]):
@@ -273,11 +274,22 @@ def _share_plan_with(book, admission: Admission, profile: Profile | None, job: J
             gone = max(book.now + v.stop_grace for v in chosen)
             first = [book.jobs[h] for h in sorted(ledger.slots[n].cards[g].holders)
                      if all(v.id != h for v in chosen) and book.jobs[h].end_est <= gone]
-            if first and not admission.decide(job, profile, Scratch(book, chosen + first)).admitted:
-                continue
+            if first:
+                after = admission.decide(job, profile, Scratch(book, chosen + first))
+                if not after.admitted:
+                    _refused(why, after)
+                    continue
+        _refused(why, verdict)
         if verdict.admitted and not breaks_holds(book, profile, job, chosen, verdict):
             return sorted(chosen, key=lambda v: v.vkey), verdict
     return None
+
+
+def _refused(why: list | None, verdict: Verdict) -> None:
+    """Keep a refusal other than capacity (rule 5) in ``why``: what keeps the job out
+    once its victims would be gone."""
+    if why is not None and not verdict.admitted and verdict.rule != FREE:
+        why.append(verdict)
 
 
 def breaks_holds(book, profile: Profile | None, job: Job, victims: list[Job], verdict: Verdict) -> bool:
@@ -300,7 +312,7 @@ def breaks_holds(book, profile: Profile | None, job: Job, victims: list[Job], ve
     return any(spare - -(-held_for(book, c.cls, book.now, (), gone) // GPU_UNITS) < 0 for c in others)
 
 
-def _card_set(card, node, share, victims: list[Job]) -> list[Job] | None:
+def card_set(card, node, share, victims: list[Job]) -> list[Job] | None:
     """A minimal set of ``victims`` (holders of ``card``) after whom ``share`` fits the
     card - joining it (same mode), or all holders gone, as an empty GPU of ``node`` - or
     ``None`` (none does, or it fits without any): the victims taken lowest class first,
@@ -340,7 +352,7 @@ def _card_set(card, node, share, victims: list[Job]) -> list[Job] | None:
 
 
 def _plan_with(book, admission: Admission, profile: Profile | None, job: Job,
-               cands: list[Job]) -> tuple[list[Job], Verdict] | None:
+               cands: list[Job], why: list | None = None) -> tuple[list[Job], Verdict] | None:
     """Steps 1-4 of the module docstring with ``cands`` as the possible victims."""
     ledger = book.ledger
     nodes = [i for i in members_of(ledger, book.groups_for(job))]
@@ -363,6 +375,7 @@ def _plan_with(book, admission: Admission, profile: Profile | None, job: Job,
         chosen.append(pool.pop(0))
         verdict = admission.decide(job, profile, Scratch(book, chosen))
     if not verdict.admitted:
+        _refused(why, verdict)
         return None
     for v in sorted(chosen, key=lambda v: order[v.id], reverse=True):
         if len(chosen) == 1:
@@ -539,55 +552,3 @@ def _on(v: Job, n: int, ledger) -> int:
         if idx == n:
             return (mask & ledger.slots[idx].healthy_mask).bit_count()
     return 0
-
-
-def lower_jobs_would_make_room(book, job: Job) -> bool:
-    """Whether evicting *every* lower-priority running job (evictable or not) would make
-    ``job`` fit: then its blocker is "no preemptible victims", not capacity."""
-    ledger = book.ledger
-    cand = members_of(ledger, book.groups_for(job))
-    prio = job.cls.priority
-    cards = {i: lower_cards(book, i, prio) for i in cand}  # shared cards of lower jobs only (note 042)
-    lower = {i: book.lower_gpus(i, prio, False) + cards[i].bit_count() for i in cand}
-    if not any(lower.values()):
-        return False
-    avail = {i: ledger.slots[i].free + lower[i] for i in cand}
-    totals = {i: ledger.slots[i].healthy for i in cand}
-    if place_counts(avail, cand, totals, job.shape) is None:
-        return False
-    if job.shape.island and book.on_islands(job):  # and inside one island (note 037)
-        masks = {i: ledger.slots[i].free_mask | cards[i] for i in cand}
-        for v in book.running.values():
-            if v.state is JobState.RUNNING and v.cls.priority < prio:
-                for idx, m in v.alloc:
-                    if idx in masks:
-                        masks[idx] |= m & ledger.slots[idx].healthy_mask
-        if best_fit_island(avail, cand, job.shape.k, ledger.slots, masks) is None:
-            return False
-    if book.reserved:  # other classes' reserved GPUs are not room
-        held = sum(max(0, r - book.class_units.get(c, 0)) for c, r in book.reserved.items() if c != job.cls.name)
-        lower_total = sum(book.lower_gpus(i, prio, False) + lower_cards(book, i, prio).bit_count()
-                          for i in range(len(ledger.slots)) if ledger.slots[i].alive)
-        if held and (ledger.free_total + lower_total) * GPU_UNITS - job.units < held:
-            return False
-    return True
-
-
-def lower_shares_would_make_room(book, job: Job) -> bool:
-    """Whether evicting *every* lower-priority running share (evictable or not) on some
-    card would make share ``job`` (not MIG) fit it: then its blocker is "no preemptible
-    victims", not the card's room (note 042)."""
-    if job.share.kind == "mig" or not any(q < job.cls.priority for q in book.running_prio):
-        return False
-    ledger = book.ledger
-    prio = job.cls.priority
-    for n in members_of(ledger, book.groups_for(job)):
-        slot = ledger.slots[n]
-        for g in sorted(slot.cards):
-            if not slot.healthy_mask >> g & 1:
-                continue
-            lower = [v for v in (book.jobs[h] for h in slot.cards[g].holders)
-                     if v.state is JobState.RUNNING and v.cls.priority < prio]
-            if lower and _card_set(slot.cards[g], slot.node, job.share, lower) is not None:
-                return True
-    return False

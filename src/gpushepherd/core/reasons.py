@@ -12,11 +12,15 @@ from gpushepherd.core.filters import describe, share_fits_card
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import members_of, place_counts
 from gpushepherd.core.shares import best_card_for
-from gpushepherd.core.preemption import (kept_from_borrower, lower_jobs_would_make_room, lower_shares_would_make_room,
-                                         plan as preemption_plan, share_plan)
+from gpushepherd.core.preemption import kept_from_borrower, plan as preemption_plan, share_plan
+from gpushepherd.core.room import lower_jobs_would_make_room, lower_shares_would_make_room, unevictable_lower
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState, natural_key
 from gpushepherd.model.reasons import PendingReason, ReasonCode, time_text
+
+#: ``NoPreemptibleVictims`` detail when evicting lower classes would make room but some
+#: of that work may not be evicted (a class that is not preemptible)
+NOT_PREEMPTIBLE = "lower-priority jobs may not be preempted"
 
 R = ReasonCode
 
@@ -145,9 +149,11 @@ def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> P
     groups = book.groups_for(job)
     if job.shape.mode == "share":
         if may_preempt and book.rules.preemption_enabled and lower_shares_would_make_room(book, job):
-            found, until = share_plan(book, adm, profile, job)
-            if found is None:
-                return _no_victims(book, job, until)
+            why: list = []
+            found, until = share_plan(book, adm, profile, job, why)
+            told = _no_victims(book, adm, profile, job, until, why) if found is None else None
+            if told is not None:
+                return told
         return share_reason(book, job)
     if job.shape.island:  # enough free GPUs on a node, but on no node inside one island
         cand = members_of(ledger, groups)
@@ -155,9 +161,11 @@ def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> P
             return PendingReason(R.NO_FIT, "nvlink-island")
     if (may_preempt and book.rules.preemption_enabled and any(q < job.cls.priority for q in book.running_prio)
             and lower_jobs_would_make_room(book, job)):
-        found, until = preemption_plan(book, adm, profile, job)
-        if found is None:
-            return _no_victims(book, job, until)
+        why = []
+        found, until = preemption_plan(book, adm, profile, job, why=why)
+        told = _no_victims(book, adm, profile, job, until, why) if found is None else None
+        if told is not None:
+            return told
     free_here = ledger.free_in(groups)
     if free_here >= job.shape.k:
         what = {"single": "single-node", "multi": "whole-nodes", "pods": "pods"}[job.shape.mode]
@@ -169,15 +177,24 @@ def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> P
     return PendingReason(R.RESOURCES)
 
 
-def _no_victims(book, job: Job, until: float) -> PendingReason:
+def _no_victims(book, adm, profile, job: Job, until: float, why: list) -> PendingReason | None:
     """``NoPreemptibleVictims``: when a too-young victim comes of age (``until``), or why
-    none may be evicted."""
+    none may be evicted; or, when the plan found victims that would make room but
+    another rule then refuses the job (``why``: the plan's refusals, the last with the
+    most victims gone), that rule's reason: a class reservation the freed GPUs would go
+    to, a claim, a quota (issue 20 point 12: the reason is the real blocker). ``None``
+    when every lower-priority job on its nodes may be evicted: no preemption helps, and
+    the capacity reason is the real one."""
     if until != INF:
         return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, f"min_runtime: victims eligible at t={time_text(until)}")
     kept = kept_from_borrower(book, job)
     if kept:
         return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, kept)
-    return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, "lower-priority jobs may not be preempted")
+    if why:
+        return reason_of(book, adm, profile, job, why[-1], False)
+    if not unevictable_lower(book, job):
+        return None  # every lower job may be evicted and that is of no use: capacity
+    return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, NOT_PREEMPTIBLE)
 
 
 def constraint_names(job: Job) -> str:
