@@ -70,9 +70,8 @@ class Claim:
     exit: float = -INF
     #: a hold: the shared cards ``(node index, GPU)`` its victims hold - no other share
     #: joins them while the hold stands (what they free is the preemptor's; note 042); of
-    #: a whole-GPU preemptor only those they free whole on its plan's nodes (a victim
-    #: evicted for quota beside another preemptor's on a card keeps no share off it -
-    #: seed 157735)
+    #: a whole-GPU preemptor those they free whole on its plan's nodes (seed 157735), or
+    #: anywhere with ``reserved_gpus`` (its class-hold slack counts them; seed 211517)
     cards: frozenset = frozenset()
 
     def gpus_at(self, n: int, q: float) -> int:
@@ -148,7 +147,7 @@ class Profile:
                       {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key,
                       cls=job.cls.name, covered=covered, exits=exits, exit=exit_t,
                       cards=frozenset(c for c in map(card_of, victims) if c is not None and (
-                          job.share is not None or (c in whole and c[0] in gpus))))
+                          job.share is not None or (c in whole and (c[0] in gpus or book.reserved)))))
         self.claims.append(claim)
         self._touched.clear()
         for n, c in claim.need_now.items():
