@@ -27,7 +27,7 @@ A job that passes all nine starts on the best placement satisfying all of them a
 from __future__ import annotations
 
 
-from gpushepherd.core import typed
+from gpushepherd.core import pins, typed
 from gpushepherd.core.filters import share_can_join
 from gpushepherd.core.freed import card_relief, freed_parts
 from gpushepherd.core.placement import (Counts, best_fit_island, fits_island, members_of, place_counts,
@@ -207,6 +207,14 @@ class Admission(ShareRules):
                         if mkey is not None:
                             memo[mkey] = min(memo.get(mkey, INF), job.shape.k)
                         return Verdict(CLAIMS, units=units, charges=charges)
+                if book.preemptors and job.shape.k > 1 and job.shape.mode == "single":
+                    # one NVLink island outside the GPUs a hold pins (note 054)
+                    held, first = pins.pinned(book, profile, job, self._exempt)
+                    on = next((n for n, _c in counts if n in held), None)
+                    if on is not None:
+                        counts = self._place(job, scratch, avoided, caps, within, held)
+                        if counts is None:
+                            return Verdict(CLAIMS, units=units, charges=charges, blocker=first[on])
             if self._quota_claimed(job, profile, charges, end, scratch):
                 return Verdict(CLAIMS, units=units, charges=charges)
             if book.reserved:
@@ -454,10 +462,12 @@ class Admission(ShareRules):
 
     # ---------------------------------------------------------- placement
     def _place(self, job: Job, scratch: Scratch | None, avoided: frozenset = frozenset(),
-               caps: dict[int, int] | None = None, within: dict[int, int] | None = None) -> Counts | None:
+               caps: dict[int, int] | None = None, within: dict[int, int] | None = None,
+               held: dict[int, int] | None = None) -> Counts | None:
         """Best fit for a whole-GPU job on free GPUs (``scratch``'s when given), away from
         ``avoided`` nodes and within ``caps``; nodes holding its (preferred) cache key
-        first; single-node multi-GPU jobs on nodes where they fit one NVLink island first."""
+        first; single-node multi-GPU jobs on nodes where they fit one NVLink island first
+        (outside the GPUs ``held``, per node, pins: ``pins.pinned``)."""
         book = self.book
         ledger = book.ledger
         groups = book.groups_for(job)
@@ -468,9 +478,9 @@ class Admission(ShareRules):
         if within is not None:  # only the GPUs of a plan, no more than it counted per node
             cand = [i for i in members_of(ledger, groups) if i in within and i not in avoided]
             if shape.island:  # note 037: only nodes where it fits one island
-                cand = [i for i in cand if fits_island(scratch.free_mask(i) if scratch is not None
-                                                       else ledger.slots[i].free_mask, shape.k,
-                                                       ledger.slots[i].node.nvlink_islands)]
+                cand = [i for i in cand if fits_island((scratch.free_mask(i) if scratch is not None
+                                                        else ledger.slots[i].free_mask) & ~(held or {}).get(i, 0),
+                                                       shape.k, ledger.slots[i].node.nvlink_islands)]
             avail = {i: min(scratch.free(i) if scratch is not None else ledger.slots[i].free, within[i],
                             caps.get(i, within[i]) if caps is not None else within[i]) for i in cand}
             return place_counts(avail, cand, {i: ledger.slots[i].healthy for i in cand}, shape)
@@ -490,7 +500,7 @@ class Admission(ShareRules):
             # free-count buckets, not every node of the filter (note 046)
             k = shape.k
             cand = [i for g in groups for f in range(k, ledger.groups[g].gpus + 1) for i in ledger.groups[g].buckets[f]]
-            return self._best_fit_islands(job, cand, {i: ledger.slots[i].free for i in cand}, None)
+            return self._best_fit_islands(job, cand, {i: ledger.slots[i].free for i in cand}, None, held)
         cand = [i for i in members_of(ledger, groups) if i not in avoided]
         tiers = [cand]
         if tiered:
@@ -506,7 +516,7 @@ class Admission(ShareRules):
                 avail[i] = f
             totals = {i: ledger.slots[i].healthy for i in tier}
             if islands:
-                counts = self._best_fit_islands(job, tier, avail, scratch)
+                counts = self._best_fit_islands(job, tier, avail, scratch, held)
             else:
                 counts = place_counts(avail, tier, totals, shape)
             if counts is not None:
@@ -514,7 +524,7 @@ class Admission(ShareRules):
         return None
 
     def _best_fit_islands(self, job: Job, cand: list[int], avail: dict[int, int],
-                          scratch: Scratch | None) -> Counts | None:
+                          scratch: Scratch | None, held: dict[int, int] | None = None) -> Counts | None:
         """Single-node best fit that prefers nodes where the job fits one NVLink island:
         ``(not on one island, free GPUs, node index)``; only those for a job that
         requires one (``require_island``, note 037)."""
@@ -527,6 +537,8 @@ class Admission(ShareRules):
                 continue
             slot = ledger.slots[i]
             mask = scratch.free_mask(i) if scratch is not None else slot.free_mask
+            if held:
+                mask &= ~held.get(i, 0)
             key = (0 if fits_island(mask, k, slot.node.nvlink_islands) else 1, f, i)
             if key[0] and job.shape.island:
                 continue

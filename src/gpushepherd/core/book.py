@@ -19,7 +19,7 @@ from gpushepherd.core.ends import EndsByKey
 from gpushepherd.core.filters import node_ok
 from gpushepherd.core.freed import share_victim
 from gpushepherd.core.ledger import Ledger, bits
-from gpushepherd.core.placement import fits_island, members_of, pick_gpus
+from gpushepherd.core.placement import members_of
 from gpushepherd.core.predict import RuntimePredictor
 from gpushepherd.core.queue import PendingQueue, estimate_band
 from gpushepherd.core.quota import QuotaBook
@@ -516,24 +516,6 @@ class Book:
             if p is not None:
                 p.victims.discard(victim.id)
             victim.preemptor = None
-
-    def pick_free(self, idx: int, k: int, job: Job | None = None) -> int:
-        """``pick_gpus`` of ``k`` of node ``idx``'s free GPUs for ``job``, as a mask: outside
-        the GPUs other preemptors hold there when enough others are free (on one NVLink
-        island if the free GPUs have one that takes ``k``). A hold counts GPUs per node;
-        the GPUs its plan picked (one island, note 037) are kept for it so that its
-        victims' leaving lets it start (seed 10002)."""
-        slot = self.ledger.slots[idx]
-        islands = slot.node.nvlink_islands
-        held = 0
-        for p in self.preemptors.values():
-            if p is not job:
-                held |= p.hold_gpus.get(idx, 0)
-        free = slot.free_mask
-        rest = free & ~held
-        if held and rest.bit_count() >= k and (fits_island(rest, k, islands) or not fits_island(free, k, islands)):
-            free = rest
-        return pick_gpus(free, k, islands)
 
     def clear_victims(self, job: Job) -> None:
         """Forget a job's preemption: its victims no longer exit for it; its hold is gone."""

@@ -22,7 +22,7 @@ import heapq
 from bisect import bisect_left
 
 from gpushepherd.core import admission as A
-from gpushepherd.core import again, preemption, reasons, typed
+from gpushepherd.core import again, pins, preemption, reasons, typed
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import pick_gpus
 from gpushepherd.core.planning import reservation_for
@@ -312,7 +312,7 @@ class Turn:
                 if mine.bit_count() >= c:  # a preemptor on the GPUs it planned for
                     mask = pick_gpus(mine, c, slot.node.nvlink_islands)
                 else:
-                    mask = book.pick_free(idx, c, job)
+                    mask = pins.pick_free(book, idx, c, job)
                 alloc.append((idx, mask))
                 parts.append((slot.node.name, bits(mask)))
             placement = Placement(tuple(parts))
@@ -338,8 +338,8 @@ class Turn:
         # a share holds the GPU it opens once its victims leave a card empty (note 042)
         job.plan = list(v.counts or []) if v.spot is None else [(v.spot[0], 1)] if v.spot[3] else []
         scratch = A.Scratch(book, victims)
-        job.hold_gpus = {idx: pick_gpus(scratch.free_mask(idx), c, book.ledger.slots[idx].node.nvlink_islands)
-                         for idx, c in job.plan}
+        job.hold_gpus = {idx: pick_gpus(pins.unpinned(book, idx, c, job, scratch.free_mask(idx)), c,
+                                        book.ledger.slots[idx].node.nvlink_islands) for idx, c in job.plan}
         job.reclaim = reclaim
         job.hold_pass = self.sched.pass_no
         book.preemptors[job.id] = job

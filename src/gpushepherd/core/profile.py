@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpushepherd.core import pins
 from gpushepherd.core.freed import card_of, freed_count, freed_parts
 from gpushepherd.core.placement import Counts
 from gpushepherd.core.state import INF, Job
@@ -70,9 +71,8 @@ class Claim:
     exit: float = -INF
     #: a hold: the shared cards ``(node index, GPU)`` its victims hold - no other share
     #: joins them while the hold stands (what they free is the preemptor's; note 042); of
-    #: a whole-GPU preemptor only those they free whole on its plan's nodes (a victim
-    #: evicted for quota beside another preemptor's on a card keeps no share off it -
-    #: seed 157735)
+    #: a whole-GPU preemptor those they free whole on its plan's nodes (seed 157735), or
+    #: anywhere with ``reserved_gpus`` (its class-hold slack counts them; seed 211517)
     cards: frozenset = frozenset()
 
     def gpus_at(self, n: int, q: float) -> int:
@@ -144,11 +144,11 @@ class Profile:
         charges = book.charges_with(job, job.units, covered)
         quota = {(i, user): amount for i, user, amount in charges}
         claim = Claim(job.id, True, book.now, exit_t + job.planned_run(), gpus,
-                      {n: max(0, c - coming.get(n, 0)) for n, c in gpus.items()}, quota,
+                      {n: max(0, c - coming.get(n, 0), pins.now(book, job, n)) for n, c in gpus.items()}, quota,
                       {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key,
                       cls=job.cls.name, covered=covered, exits=exits, exit=exit_t,
                       cards=frozenset(c for c in map(card_of, victims) if c is not None and (
-                          job.share is not None or (c in whole and c[0] in gpus))))
+                          job.share is not None or (c in whole and (c[0] in gpus or book.reserved)))))
         self.claims.append(claim)
         self._touched.clear()
         for n, c in claim.need_now.items():

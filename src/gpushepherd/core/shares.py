@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gpushepherd.core import pins
 from gpushepherd.core.filters import share_fits_card
 from gpushepherd.core.intake import units_of
 from gpushepherd.core.ledger import FULL_MILLI
@@ -338,7 +339,7 @@ class ShareRules:
                     break
         if idx is None:
             return None
-        return idx, self.book.pick_free(idx, 1, job).bit_length() - 1, None, True
+        return idx, pins.pick_free(self.book, idx, 1, job).bit_length() - 1, None, True
 
 
 def best_card_for(ledger, groups: list[int], share, exclude: frozenset = frozenset(),
