@@ -109,8 +109,15 @@ def place_live(ledger: Ledger, groups: list[int], shape: Shape) -> Counts | None
     free-count buckets (no scan over nodes).
     """
     if shape.mode == "single":
-        idx = ledger.best_fit(groups, shape.k)
-        return None if idx is None else [(idx, shape.k)]
+        k = shape.k
+        if len(groups) == 1:  # one shape group: the first node of its first bucket from k up
+            grp = ledger.groups[groups[0]]
+            for bucket in grp.buckets[k:grp.gpus + 1]:
+                if bucket:
+                    return [(bucket[0], k)]
+            return None
+        idx = ledger.best_fit(groups, k)
+        return None if idx is None else [(idx, k)]
     if shape.mode == "multi" and all(ledger.groups[g].healthy_sum == len(ledger.groups[g].members) * ledger.groups[g].gpus
                                      for g in groups):
         return _multi_from_buckets(ledger, groups, shape.k)
