@@ -88,6 +88,9 @@ class Turn:
         #: dropped, or a start that fills a class's reservation without a free GPU, loosens
         #: them - another pass at this instant sees it (seeds 119025, 157825)
         self.held_back = False
+        #: ``(planned end, counts)`` of each job started once the profile held a claim
+        #: (``standing._outlivers_fit_worse``)
+        self.outlived: list[tuple[float, list]] = []
 
     # ------------------------------------------------------------- steps
     def holds(self) -> None:
@@ -316,6 +319,7 @@ class Turn:
         again.after_start(self, job, v.spot, held)  # another pass, or a wake-up (again.py)
         if self.profile:
             self.profile.consume(job, counts, job.end_est, job.run_charges, held_from)
+            self.outlived.append((job.end_est, counts))
         self.started.append(job)
 
     def begin_preemption(self, job: Job, victims: list[Job], v: A.Verdict) -> None:
