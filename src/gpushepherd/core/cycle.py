@@ -247,8 +247,9 @@ class Turn:
     def materialize(self) -> None:
         """Compute the deferred reservations, in order, before anything in the pass could
         use them or change the state they are computed from: they come out exactly as if
-        computed when their job blocked - at the pass's instant, also when a query or a
-        later ``continue_fast`` asks for them (what is asked never changes what is decided)."""
+        computed when their job blocked - at the pass's instant (``continue_fast`` moves
+        it to its own, as a full pass then would), also when a query asks for them (what
+        is asked never changes what is decided)."""
         if not self.deferred:
             return
         book = self.book
@@ -392,9 +393,11 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
     cut = max((j.key for j in (turn.first_blocked, turn.last_reserved) if j is not None), default=None)
     if cut is not None and any(j.key < cut for j in new):
         return False
-    turn.materialize()  # the pass's own reservations, at its instant; those of the new jobs at now
     if not new_starts_covered(turn, new):
         return False  # a new job's start may change what an old job behind it may do
+    # reservations still deferred were read by no job of the pass: a full pass now would
+    # compute them at now, on this state (only submissions since) - so they are, when
+    # first needed (note 055); those computed already begin at now or later (just checked)
     turn.t = turn.book.now
     turn.out = out
     turn.started = []
