@@ -203,13 +203,15 @@ class Turn:
                 self.last_reserved = job
                 return RESERVED, rule
             return BLOCKED, rule
-        if self.can_preempt(job):
+        if not self.book.rules.preemption_enabled:
+            pass  # (none of the three below: each needs preemption on)
+        elif self.can_preempt(job):
             if self.preempt(job, preemption.plan):
                 return PREEMPTED, rule
             self.no_victims.append(job)
         elif preemption.may_reclaim_later(self.book, job):
             self.no_victims.append(job)  # a borrower started later in the pass may be its victim
-        elif self.book.rules.preemption_enabled:
+        else:
             self.no_victims_prio = max(self.no_victims_prio, job.cls.priority)
         if self.first_blocked is None:
             self.first_blocked = job
@@ -472,6 +474,7 @@ class Walk:
         strict = not book.rules.backfill_enabled
         cohorts = bool(book.rules.cohorts)
         within = bool(book.rules.within_team)
+        preempting = book.rules.preemption_enabled  # (``Turn.can_preempt`` is False without)
         n_heads = len(heads)
         self.cut = self.stopped = False
         pre = self.pre
@@ -512,7 +515,8 @@ class Walk:
                     break
             shape = job.shape
             no_room = fail_fit.get(job.fkey, INF) <= shape.k
-            if (full and no_room and not strict and not turn.can_preempt(job) and job.id not in book.preemptors
+            if (full and no_room and not strict and not (preempting and turn.can_preempt(job))
+                    and job.id not in book.preemptors
                     and not job.variants and not (within and preemption.within_team(book, job))):
                 # rule 5 (or an earlier one) refuses it and its sub-queue: nothing to do - unless
                 # its team's limit lets it preempt within the team, preemption off or not (seed 724)
@@ -537,7 +541,7 @@ class Walk:
                     nxt = idx + 1  # the next one may take a reservation too
                 elif rule == A.HARD_NOW:
                     continue  # a hard limit now: the same for its whole sub-queue
-                elif rule == A.CLAIMS or (turn.profile and turn.can_preempt(job)):
+                elif rule == A.CLAIMS or (preempting and turn.profile and turn.can_preempt(job)):
                     nxt = queue.next_shorter(sig, idx, job.pend_est)  # only a shorter run may do better
                     if nxt is None:
                         continue
