@@ -1,4 +1,4 @@
-"""The replay's speed-ups (issue 16 target 1, issue 20; design note 052) change no
+"""The replay's speed-ups (issue 16 target 1, issue 20; design notes 052, 055) change no
 decision: each shortcut is checked against the computation it skips, on the bundled
 Philly excerpt under ``examples/policies/philly.yaml``."""
 
@@ -61,6 +61,33 @@ def test_a_reservation_kept_without_recomputing_it_is_the_one_recomputed(monkeyp
     monkeypatch.setattr(standing, "_stands_unchanged", checked)
     _replay()
     assert seen["kept"] > 50 and seen["kept"] < seen["asked"]
+
+
+def test_a_reservation_outlived_by_worse_fits_is_the_one_recomputed(monkeypatch):
+    """Whenever ``standing._outlivers_fit_worse`` keeps a single-node reservation that
+    jobs started since outlive (note 055), the full check agrees; and it keeps one often
+    on this trace."""
+    from gpushepherd.core import standing
+
+    outlived = standing._outlivers_fit_worse
+    shortcut = standing._stands_unchanged
+    seen = {"kept": 0}
+
+    def checked(turn, job, c):
+        got = outlived(turn, job, c)
+        if got:
+            seen["kept"] += 1
+            monkeypatch.setattr(standing, "_stands_unchanged", lambda turn, claims: False)
+            turn.slots_before_start = 1
+            try:
+                assert standing.reservations_stand(turn)
+            finally:
+                monkeypatch.setattr(standing, "_stands_unchanged", shortcut)
+        return got
+
+    monkeypatch.setattr(standing, "_outlivers_fit_worse", checked)
+    _replay()
+    assert seen["kept"] > 20
 
 
 @pytest.mark.parametrize("depth", [1, 3])

@@ -119,7 +119,7 @@ class Admission(ShareRules):
         order) is the answer, its index in ``Verdict.variant``.
         The job's binding is left as it was (``typed.py``). A job bound to one type (a
         preemptor, a preemption plan of its turn) is decided on that type only."""
-        if not typed.at_rest(job):
+        if not job.variants or not typed.at_rest(job):
             return self._decide(job, profile, scratch, before_claims, no_room, memo, within)
         from gpushepherd.core.preemption import may_reclaim  # (preemption imports this module)
 
@@ -155,7 +155,7 @@ class Admission(ShareRules):
         book = self.book
         self._exempt = ()
         units = job.units
-        covered = self._coverage(job, units, scratch, profile)
+        covered = self._coverage(job, units, scratch, profile) if book.reserved else 0
         charges = book.charges_with(job, units, covered) if covered else job.charges
         v = self._rules_1_to_4(job, charges, scratch)
         if v is not None:

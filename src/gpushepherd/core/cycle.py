@@ -88,6 +88,9 @@ class Turn:
         #: dropped, or a start that fills a class's reservation without a free GPU, loosens
         #: them - another pass at this instant sees it (seeds 119025, 157825)
         self.held_back = False
+        #: ``(planned end, counts)`` of each job started once the profile held a claim
+        #: (``standing._outlivers_fit_worse``)
+        self.outlived: list[tuple[float, list]] = []
 
     # ------------------------------------------------------------- steps
     def holds(self) -> None:
@@ -200,13 +203,15 @@ class Turn:
                 self.last_reserved = job
                 return RESERVED, rule
             return BLOCKED, rule
-        if self.can_preempt(job):
+        if not self.book.rules.preemption_enabled:
+            pass  # (none of the three below: each needs preemption on)
+        elif self.can_preempt(job):
             if self.preempt(job, preemption.plan):
                 return PREEMPTED, rule
             self.no_victims.append(job)
         elif preemption.may_reclaim_later(self.book, job):
             self.no_victims.append(job)  # a borrower started later in the pass may be its victim
-        elif self.book.rules.preemption_enabled:
+        else:
             self.no_victims_prio = max(self.no_victims_prio, job.cls.priority)
         self.note_blocked(job)
         if self.n_reserved < self.depth:
@@ -250,8 +255,9 @@ class Turn:
     def materialize(self) -> None:
         """Compute the deferred reservations, in order, before anything in the pass could
         use them or change the state they are computed from: they come out exactly as if
-        computed when their job blocked - at the pass's instant, also when a query or a
-        later ``continue_fast`` asks for them (what is asked never changes what is decided)."""
+        computed when their job blocked - at the pass's instant (``continue_fast`` moves
+        it to its own, as a full pass then would), also when a query asks for them (what
+        is asked never changes what is decided)."""
         if not self.deferred:
             return
         book = self.book
@@ -322,6 +328,7 @@ class Turn:
         again.after_start(self, job, v.spot, held)  # another pass, or a wake-up (again.py)
         if self.profile:
             self.profile.consume(job, counts, job.end_est, job.run_charges, held_from)
+            self.outlived.append((job.end_est, counts))
         self.started.append(job)
 
     def begin_preemption(self, job: Job, victims: list[Job], v: A.Verdict) -> None:
@@ -394,9 +401,11 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
     cut = max((j.key for j in (turn.first_blocked, turn.last_reserved) if j is not None), default=None)
     if cut is not None and any(j.key < cut for j in new):
         return False
-    turn.materialize()  # the pass's own reservations, at its instant; those of the new jobs at now
     if not new_starts_covered(turn, new):
         return False  # a new job's start may change what an old job behind it may do
+    # reservations still deferred were read by no job of the pass: a full pass now would
+    # compute them at now, on this state (only submissions since) - so they are, when
+    # first needed (note 055); those computed already begin at now or later (just checked)
     turn.t = turn.book.now
     turn.out = out
     turn.started = []
@@ -471,6 +480,7 @@ class Walk:
         strict = not book.rules.backfill_enabled
         cohorts = bool(book.rules.cohorts)
         within = bool(book.rules.within_team)
+        preempting = book.rules.preemption_enabled  # (``Turn.can_preempt`` is False without)
         n_heads = len(heads)
         self.cut = self.stopped = False
         pre = self.pre
@@ -511,7 +521,8 @@ class Walk:
                     break
             shape = job.shape
             no_room = fail_fit.get(job.fkey, INF) <= shape.k
-            if (full and no_room and not strict and not turn.can_preempt(job) and job.id not in book.preemptors
+            if (full and no_room and not strict and not (preempting and turn.can_preempt(job))
+                    and job.id not in book.preemptors
                     and not job.variants and not (within and preemption.within_team(book, job))):
                 # rule 5 (or an earlier one) refuses it and its sub-queue: nothing to do - unless
                 # its team's limit lets it preempt within the team, preemption off or not (seed 724)
@@ -536,7 +547,7 @@ class Walk:
                     nxt = idx + 1  # the next one may take a reservation too
                 elif rule == A.HARD_NOW:
                     continue  # a hard limit now: the same for its whole sub-queue
-                elif rule == A.CLAIMS or (turn.profile and turn.can_preempt(job)):
+                elif rule == A.CLAIMS or (preempting and turn.profile and turn.can_preempt(job)):
                     nxt = queue.next_shorter(sig, idx, job.pend_est)  # only a shorter run may do better
                     if nxt is None:
                         continue

@@ -73,22 +73,32 @@ def place_counts(avail: dict[int, int], candidates: list[int], totals: dict[int,
             used[idx] = used.get(idx, 0) + shape.per_pod
         return list(used.items())
     # multi: whole free nodes, largest first, then one remainder node by best fit
-    whole = sorted((i for i in candidates if avail.get(i, 0) > 0 and avail.get(i, 0) >= totals[i]),
-                   key=lambda i: (-avail[i], i))
+    # (written out: a reservation's walk places multi-node jobs often, note 055)
+    whole = []
+    for i in candidates:
+        a = avail.get(i, 0)
+        if a > 0 and a >= totals[i]:
+            whole.append((-a, i))
+    whole.sort()
     chosen: Counts = []
     rem = shape.k
-    for idx in whole:
-        if avail[idx] <= rem:
-            chosen.append((idx, avail[idx]))
-            rem -= avail[idx]
+    taken = set()
+    for neg, idx in whole:
+        if -neg <= rem:
+            chosen.append((idx, -neg))
+            taken.add(idx)
+            rem += neg
             if rem == 0:
                 return chosen
-    taken = {i for i, _ in chosen}
-    rest = [i for i in candidates if i not in taken]
-    idx = best_fit_counts(avail, rest, rem)
-    if idx is None:
+    best = None
+    best_free = 0
+    for idx in candidates:  # best_fit_counts over the nodes not taken
+        f = avail.get(idx, 0)
+        if f >= rem and (best is None or f < best_free or (f == best_free and idx < best)) and idx not in taken:
+            best, best_free = idx, f
+    if best is None:
         return None
-    chosen.append((idx, rem))
+    chosen.append((best, rem))
     return chosen
 
 
@@ -99,8 +109,15 @@ def place_live(ledger: Ledger, groups: list[int], shape: Shape) -> Counts | None
     free-count buckets (no scan over nodes).
     """
     if shape.mode == "single":
-        idx = ledger.best_fit(groups, shape.k)
-        return None if idx is None else [(idx, shape.k)]
+        k = shape.k
+        if len(groups) == 1:  # one shape group: the first node of its first bucket from k up
+            grp = ledger.groups[groups[0]]
+            for bucket in grp.buckets[k:grp.gpus + 1]:
+                if bucket:
+                    return [(bucket[0], k)]
+            return None
+        idx = ledger.best_fit(groups, k)
+        return None if idx is None else [(idx, k)]
     if shape.mode == "multi" and all(ledger.groups[g].healthy_sum == len(ledger.groups[g].members) * ledger.groups[g].gpus
                                      for g in groups):
         return _multi_from_buckets(ledger, groups, shape.k)

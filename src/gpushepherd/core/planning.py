@@ -32,7 +32,7 @@ def earliest_start(book, profile: Profile, job: Job, nodes: list[int], totals: d
     claims on the nodes the walk is incremental: only nodes whose GPUs come free are
     looked at, and the exact placement runs when a cheap necessary condition holds."""
     run = job.planned_run()
-    node_set = set(nodes)
+    node_set = totals.keys()  # ``totals`` is keyed by ``nodes``: no set built per reservation
     gclaims = [c for c in profile.claims if not node_set.isdisjoint(c.gpus)]
     qkeys = {(i, user) for i, user, _a in job.charges} if check_quota else set()
     qclaims = list(profile.claims)
@@ -89,7 +89,7 @@ def earliest_start_from(book, profile, job, nodes, totals, t_min: float):
     """``earliest_start`` no earlier than ``t_min`` (GPUs and quota alternately, until
     both hold at one instant)."""
     run = job.planned_run()
-    node_set = set(nodes)
+    node_set = totals.keys()
     gclaims = [c for c in profile.claims if not node_set.isdisjoint(c.gpus)]
     qclaims = list(profile.claims)
     for _ in range(64):
@@ -134,7 +134,7 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
     placement when a cheap necessary condition (``_Gate``) holds."""
     ledger = book.ledger
     slots = ledger.slots
-    node_set = set(nodes)
+    node_set = totals.keys()  # (keyed by ``nodes``)
     changed: dict[int, int] = {}
 
     def full() -> dict[int, int]:
@@ -228,7 +228,7 @@ def _skip_to_bound(book, nodes: list[int], totals: dict[int, int], changed: dict
     whatever the gate says), with ``changed`` and the gate's counts as the walk would
     have them there - each node's GPUs released before it, from its release times.
     ``(None, ..)``: no instant can ever hold it."""
-    bound = book.release_index.whole_bound(book, set(nodes), need_whole, top, rest)
+    bound = book.release_index.whole_bound(book, totals.keys(), need_whole, top, rest)
     if bound == INF:
         return None, whole, biggest
     ends = book.ends

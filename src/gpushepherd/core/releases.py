@@ -76,13 +76,19 @@ class ReleaseIndex:
             new = [t for t in rel if t != INF]
             if old == new:
                 continue
-            for k, t in enumerate(old, 1):
-                lst = by_k[k]
-                del lst[bisect_left(lst, (t, n))]
             while len(by_k) <= len(new):
                 by_k.append([])
-            for k, t in enumerate(new, 1):
-                insort(by_k[k], (t, n))
+            n_old = len(old)
+            for k in range(1, max(n_old, len(new)) + 1):  # only the counts whose time moved
+                t_old = old[k - 1] if k <= n_old else None
+                t_new = new[k - 1] if k <= len(new) else None
+                if t_old == t_new:
+                    continue
+                lst = by_k[k]
+                if t_old is not None:
+                    del lst[bisect_left(lst, (t_old, n))]
+                if t_new is not None:
+                    insort(lst, (t_new, n))
             self.keys[n] = new
 
     def single_start(self, book, node_set: frozenset[int] | set[int], k: int,

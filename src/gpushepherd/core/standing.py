@@ -21,9 +21,13 @@ changes the state the reserved job's turn was decided on:
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from gpushepherd.core import typed
 from gpushepherd.core.planning import reservation_for
 from gpushepherd.core.profile import Profile
+from gpushepherd.core.releases import node_releases
+from gpushepherd.core.state import INF
 from gpushepherd.core.verdict import FREE
 from gpushepherd.model.job import JobState
 
@@ -87,7 +91,37 @@ def _stands_unchanged(turn, claims: dict) -> bool:
             and not book.preemptors and not job.variants and not job.charges and not book.reserved
             and not book.anti and not job.shape.island and job.shape.mode != "share"
             and job.state is JobState.PENDING and not any(d is job for d in turn.deferred)
-            and profile.consumed_until <= c.start)
+            and (profile.consumed_until <= c.start or _outlivers_fit_worse(turn, job, c)))
+
+
+def _outlivers_fit_worse(turn, job, c) -> bool:
+    """Whether a single-node reservation ``[(r, k)]`` at ``s`` stands although jobs
+    started since are planned to outlive ``s`` (note 055): ``r`` still has ``k`` GPUs
+    free at ``s``, and every other node such a job took GPUs on has fewer than ``k`` free
+    at ``s``, or more than ``r``, or as many with a higher index.
+
+    Proof (with ``_stands_unchanged``'s other conditions): a start only moves release
+    times later, so no node has ``k`` free before ``s`` (the earliest start is ``s``
+    again: ``r`` has them at ``s``); at ``s`` a node no such job touched has what it had
+    (a job ending by ``s`` has released its GPUs then), and it was a worse fit than ``r``,
+    whose free GPUs only fell; so ``r`` is still the best fit (``ReleaseIndex.single_start``:
+    fewest free at ``s``, then the lowest index)."""
+    if job.shape.mode != "single" or len(c.gpus) != 1 or turn.profile.consumed_until == INF:
+        return False
+    book = turn.book
+    s = c.start
+    ((r, k),) = c.gpus.items()
+    free_r = bisect_right(node_releases(book, r), s)
+    if k != job.shape.k or free_r < k:
+        return False
+    for end, counts in turn.outlived:
+        if end > s:
+            for m, _x in counts:
+                if m != r:
+                    free_m = bisect_right(node_releases(book, m), s)
+                    if free_m >= k and (free_m, m) < (free_r, r):
+                        return False
+    return True
 
 
 def new_starts_covered(turn, new: list) -> bool:

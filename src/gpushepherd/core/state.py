@@ -101,10 +101,12 @@ class Job:
     variants: tuple = ()
     base: object = None
     tv: int = -1
+    #: the spec's id, kept as a field: read millions of times a replay (a property cost
+    #: a call each; an update after submit never changes it, note 039)
+    id: str = field(init=False, default="")
 
-    @property
-    def id(self) -> str:
-        return self.spec.id
+    def __post_init__(self) -> None:
+        self.id = self.spec.id
 
     @property
     def gpus(self) -> int:
