@@ -595,7 +595,6 @@ class Ledger:
 
 def _remove_sorted(seq: list[int], value: int) -> None:
     i = bisect_left(seq, value)
-    if i < len(seq) and seq[i] == value:
-        del seq[i]
-    else:  # pragma: no cover - a broken invariant, not an input error
+    if i == len(seq) or seq[i] != value:  # pragma: no cover - a broken invariant, not an input error
         raise AssertionError(f"{value} missing from sorted list")
+    del seq[i]
