@@ -91,7 +91,8 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: the reservation, which then refused the hold its start, scenario I20-18; 211517 - a
 #: whole-GPU preemptor whose victims emptied a card on another node than its plan's, the
 #: free GPU that covered a class reservation at its start, held no card: a share joined it,
-#: scenario I20-26; 220068 - without backfill a preemptor refused first in the pass was taken
+#: scenario I20-26 (220007, 220176, 221952, 222331 of a later batch pass with the same fix,
+#: note 054); 220068 - without backfill a preemptor refused first in the pass was taken
 #: for the job the strict order stops at, and a job ahead of it read Priority(not reached by
 #: the last pass), scenario I20-30; 45 (of the first 60), 194, 247, 429, 479 -
 #: NoPreemptibleVictims(lower-priority jobs may not be preempted) where every lower job may be
@@ -105,7 +106,7 @@ FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 132
          119025, 123050, 143208, 146278, 152755, 157825, 159314, 160111, 168185, 172023, 191757, 196038,
          116225, 123639, 127598, 137455, 157735, 158351, 158599, 162346, 166603, 170352,
          171823, 181884, 190815, 195860, 211517,
-         220068, 194, 247, 429, 479)
+         220068, 194, 247, 429, 479, 220007, 220176, 221952, 222331)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (
