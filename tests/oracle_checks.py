@@ -356,7 +356,7 @@ class Checker:
                                                 or P.comes_of_age(book, x) <= t)  # young work: min_runtime
                        and any(i in nodes for i, _m in x.alloc)
                        for x in book.running.values()):
-                bad = "every lower-priority job on its nodes may be preempted" + repr([(x.id, x.state, x.cls.name, x.cls.priority, x.alloc, x.evictable) for x in book.running.values()]) + repr(sorted(nodes)) + repr((job.cls.name, job.cls.priority, job.share, [(x.id, x.cls.priority, x.share and x.share.kind) for x in book.running.values()]))
+                bad = "every lower-priority job on its nodes may be preempted"
         elif code is ReasonCode.PRIORITY and v.rule == A.ORDER:
             h = book.jobs.get(detail)
             if (h is None or h.state is not JobState.PENDING or h.strict_q != job.strict_q or not h.key < job.key

@@ -61,8 +61,9 @@ def unpinned(book, idx: int, k: int, job: Job | None, free: int) -> int:
 
 
 def pick_free(book, idx: int, k: int, job: Job | None = None) -> int:
-    """``pick_gpus`` of ``k`` of node ``idx``'s free GPUs for ``job``, as a mask: never a
-    GPU another hold pins (``unpinned``); outside every GPU other preemptors' plans
+    """``pick_gpus`` of ``k`` of node ``idx``'s free GPUs for ``job``, as a mask: no GPU
+    another hold pins while ``k`` others are free (``unpinned``; the admission rule counted
+    them, so the fallback to every free GPU is never taken by a start it admitted); outside every GPU other preemptors' plans
     picked there when enough others are free (on one NVLink island if the free GPUs have
     one that takes ``k``), so that a count-only hold starts on the GPUs it planned."""
     slot = book.ledger.slots[idx]

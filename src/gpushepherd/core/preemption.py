@@ -222,7 +222,8 @@ def share_plan(book, admission: Admission, profile: Profile | None, job: Job, wh
     """For a share (not MIG) no card or free GPU takes (rule 5): the fewest lower-priority
     shares to evict on the one card where it then fits, and the verdict it then gets
     (``None``: no card works); on a failure, the instant a too-young share comes of age
-    that would make a set work (``INF``: none would). Note 042.
+    that would make a set work (``INF``: none would). Note 042. ``why``: as ``plan``'s
+    (the refusals of the cards tried, cheapest first).
 
     The candidates are ``candidates``' (class preemption) that hold a shared card. Per
     card of a node the job may use, a minimal set of its candidates after whom the job

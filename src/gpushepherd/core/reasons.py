@@ -142,9 +142,11 @@ def unmanaged_reason(book, job: Job, capacity: bool = False) -> PendingReason | 
 
 
 def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> PendingReason:
-    """Why no free GPUs take the job: ``NoPreemptibleVictims`` when evicting lower
-    classes would make room but none of that work may be evicted now (saying when a
-    too-young victim comes of age), else the shape that does not fit, else ``Resources``."""
+    """Why no free GPUs take the job: when evicting lower classes would make room but no
+    victim set works, ``NoPreemptibleVictims`` if some of that work may not be evicted
+    (saying when a too-young victim comes of age), or the rule that refused the job with
+    its victims gone (``_no_victims``, note 058); else the shape that does not fit, else
+    ``Resources``."""
     ledger = book.ledger
     groups = book.groups_for(job)
     if job.shape.mode == "share":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gpushepherd.core.freed import lower_cards
 from gpushepherd.core.placement import best_fit_island, members_of, place_counts
-from gpushepherd.core.preemption import card_set
+from gpushepherd.core.preemption import candidates, card_set, comes_of_age
 from gpushepherd.core.state import Job
 from gpushepherd.model.job import GPU_UNITS, JobState
 
@@ -79,11 +79,22 @@ def lower_shares_would_make_room(book, job: Job) -> bool:
 
 
 def unevictable_lower(book, job: Job) -> bool:
-    """Whether some lower-priority job on a node ``job`` may use holds GPUs and may never
-    be evicted (its class or the job not preemptible, or it is stopping already): what
-    ``NoPreemptibleVictims(lower-priority jobs may not be preempted)`` claims."""
+    """Whether some lower-priority job on a node ``job`` may use holds GPUs and may not be
+    its victim for a reason other than its age: its class or the job not preemptible, it
+    is stopping already, or its cohort keeps it (``preemption.candidates``' lenders) - what
+    ``NoPreemptibleVictims(lower-priority jobs may not be preempted)`` claims. A job only
+    younger than ``preemption.min_runtime_s`` does not count (that reason says when)."""
     nodes = book.nodes_for(job)
     prio = job.cls.priority
-    return any(x.cls.priority < prio and (x.state is JobState.STOPPING or not x.evictable)
-               and any(i in nodes for i, _m in x.alloc)
-               for x in book.running.values() if x.state in (JobState.RUNNING, JobState.STOPPING))
+    may = None
+    for x in book.running.values():
+        if (x.state not in (JobState.RUNNING, JobState.STOPPING) or x.cls.priority >= prio
+                or not any(i in nodes for i, _m in x.alloc)):
+            continue
+        if x.state is JobState.STOPPING or not x.evictable:
+            return True
+        if may is None:
+            may = {v.id for v in candidates(book, job, False)}
+        if x.id not in may and comes_of_age(book, x) <= book.now:
+            return True  # kept by its cohort
+    return False
