@@ -101,7 +101,12 @@ def test_a_cap_on_the_aged_tier_without_the_tier_is_refused():
     raw = {"cluster": {"nodes": [{"name": "n1", "gpus": 8}]}, "priority": {"age_tier_jobs": 2}}
     with pytest.raises(PolicyError) as e:
         policy_from_dict(raw)
-    assert "age_tier_jobs: 2 is not allowed without age_tier_s" in str(e.value)
+    # the field named, not the whole priority section (a newcomer's finding)
+    assert "priority.age_tier_jobs: 2 is not allowed: only with priority.age_tier_s set" in str(e.value)
+    raw["priority"]["age_tier_s"] = -5.0  # an invalid tier: its own error, not a second one
+    with pytest.raises(PolicyError) as e:
+        policy_from_dict(raw)
+    assert "priority.age_tier_s: -5.0 is not allowed" in str(e.value) and "age_tier_jobs" not in str(e.value)
     raw["priority"]["age_tier_s"] = 3600.0
     assert policy_from_dict(raw).rules is not None
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema,
+                      field_validator, model_validator)
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]
@@ -689,12 +689,14 @@ class PrioritySpec(_Strict):
         "Unset: every aged job. 1: only the oldest waiting job is lifted - it alone holds the reservation it "
         "needs (Slurm's bf reservation for the longest waiting job; note 053).", 1, JOBS))
 
-    @model_validator(mode="after")
-    def _tier_jobs_need_a_tier(self) -> "PrioritySpec":
-        if self.age_tier_jobs is not None and self.age_tier_s is None:
-            raise ValueError(f"age_tier_jobs: {self.age_tier_jobs} is not allowed without age_tier_s "
-                             "(it caps the aged tier, which age_tier_s turns on)")
-        return self
+    @field_validator("age_tier_jobs")
+    @classmethod
+    def _tier_jobs_need_a_tier(cls, v: int | None, info: ValidationInfo) -> int | None:
+        # only where age_tier_s is valid and unset (an invalid one has its own error)
+        if v is not None and "age_tier_s" in info.data and info.data["age_tier_s"] is None:
+            raise ValueError("only with priority.age_tier_s set (it caps the aged tier, which "
+                             "age_tier_s turns on)")
+        return v
 
 
 class FairShareSpec(_Strict):
