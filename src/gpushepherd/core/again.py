@@ -14,7 +14,9 @@ before, so the repeats end:
 * a start a refused job may evict, too young now: a wake-up when it comes of age;
 * a start that makes its cohort member borrow after a refused job of another member could
   reclaim nothing, or after the claims refused a job of its own member (it may borrow
-  now, and the claims that lend bind it less; seeds 15683, 1430);
+  now, and the claims that lend bind it less; seeds 15683, 1430) - another member of any
+  cohort of the refused job's: a team borrows as a whole, so a start in one cohort makes
+  its jobs in another (a pool's) victims there (seed 235848);
 * a share opening a fresh GPU after a share was refused for room: it may join that card
   (seed 19272); any start after a share that may preempt was refused with room left for
   it by a later rule (cohort, anti-affinity, a class hold, the claims): a share preempts
@@ -58,7 +60,15 @@ def after_start(turn, job: Job, spot, preemptor: bool) -> None:
     if (preemptor and no_victims) or any(typed.at_rest(p) for p in no_victims):
         book.repass = True
         return
+    # (a member's borrowing is its team's: a start in one cohort may make that team's jobs
+    # in another cohort - a pool's - victims of a refused job there; seed 235848)
     if job.cohort is not None and (job.cohort[1].team in turn.claims_refused or (
-            any(typed.borrows_from(p, job) for p in no_victims) and preemption.borrows(book, job))):
+            any(typed.borrows_from(p, job) or _team_in_cohorts_of(p, job.cohort[1].team) for p in no_victims)
+            and preemption.borrows(book, job))):
         book.repass = True
 
+
+
+def _team_in_cohorts_of(job: Job, team: str) -> bool:
+    """Whether ``team`` is another member of a cohort ``job`` may count in."""
+    return any(m.team == team and m is not own for c, own in typed.cohorts_of(job) for m in c.members)
