@@ -35,6 +35,17 @@ def _replay(cluster: str = "16x8", depth: int | None = None):
     return h.hexdigest(), result
 
 
+def _full_check_agrees(monkeypatch, standing, turn, restore) -> None:
+    """The full standing check (``_stands_unchanged`` off) on ``turn``'s state says the
+    reservations stand; ``_stands_unchanged`` is ``restore`` again afterwards."""
+    monkeypatch.setattr(standing, "_stands_unchanged", lambda turn, claims: False)
+    turn.slots_before_start = 1
+    try:
+        assert standing.reservations_stand(turn)
+    finally:
+        monkeypatch.setattr(standing, "_stands_unchanged", restore)
+
+
 def test_a_reservation_kept_without_recomputing_it_is_the_one_recomputed(monkeypatch):
     """Whenever ``standing._stands_unchanged`` says the pass's one reservation stands (no
     hold, rule 5, every job started since planned to end by its start), the full check
@@ -50,12 +61,7 @@ def test_a_reservation_kept_without_recomputing_it_is_the_one_recomputed(monkeyp
         seen["asked"] += 1
         if got:
             seen["kept"] += 1
-            monkeypatch.setattr(standing, "_stands_unchanged", lambda turn, claims: False)
-            turn.slots_before_start = 1
-            try:
-                assert standing.reservations_stand(turn)
-            finally:
-                monkeypatch.setattr(standing, "_stands_unchanged", checked)
+            _full_check_agrees(monkeypatch, standing, turn, checked)
         return got
 
     monkeypatch.setattr(standing, "_stands_unchanged", checked)
@@ -77,12 +83,7 @@ def test_a_reservation_outlived_by_worse_fits_is_the_one_recomputed(monkeypatch)
         got = outlived(turn, job, c)
         if got:
             seen["kept"] += 1
-            monkeypatch.setattr(standing, "_stands_unchanged", lambda turn, claims: False)
-            turn.slots_before_start = 1
-            try:
-                assert standing.reservations_stand(turn)
-            finally:
-                monkeypatch.setattr(standing, "_stands_unchanged", shortcut)
+            _full_check_agrees(monkeypatch, standing, turn, shortcut)
         return got
 
     monkeypatch.setattr(standing, "_outlivers_fit_worse", checked)
