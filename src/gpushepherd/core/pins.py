@@ -25,7 +25,7 @@ def pins(book, p: Job, n: int) -> int:
     return p.hold_gpus.get(n, 0)
 
 
-def now(book, p: Job, n: int) -> int:
+def free_pinned(book, p: Job, n: int) -> int:
     """How many of the GPUs ``p`` pins on node ``n`` are free now: its hold takes them
     all now (its count alone would let another job take one of them)."""
     return (pins(book, p, n) & book.ledger.slots[n].free_mask).bit_count()

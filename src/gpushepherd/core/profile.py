@@ -144,7 +144,7 @@ class Profile:
         charges = book.charges_with(job, job.units, covered)
         quota = {(i, user): amount for i, user, amount in charges}
         claim = Claim(job.id, True, book.now, exit_t + job.planned_run(), gpus,
-                      {n: max(0, c - coming.get(n, 0), pins.now(book, job, n)) for n, c in gpus.items()}, quota,
+                      {n: max(0, c - coming.get(n, 0), pins.free_pinned(book, job, n)) for n, c in gpus.items()}, quota,
                       {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key,
                       cls=job.cls.name, covered=covered, exits=exits, exit=exit_t,
                       cards=frozenset(c for c in map(card_of, victims) if c is not None and (
