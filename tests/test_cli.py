@@ -152,7 +152,8 @@ def test_skip_bad_rows_skips_and_counts(tmp_path):
     (["--out", "x.txt"], "--out"),
     (["--estimates", "oracle"], "--estimates"),
     (["--format", "csv", "--trace", "README.md"], "--map"),
-    (["--trace", "nowhere.csv"], "cannot read"),
+    (["--trace", "nowhere.csv"], "--trace: 'nowhere.csv' does not exist: a trace file is needed"),
+    (["--trace", "."], "--trace: '.' is a directory"),
     (["--cluster", ""], "--cluster"),
     (["--json", ""], "--json"),
     (["--format", "itp"], "give --trace too"),
@@ -330,3 +331,17 @@ def test_deadlines_from_a_trace_are_counted_met_or_missed(tmp_path):
     assert bad.exit_code == 2
     assert (f"{late}: line 3: column 'due': '20' is not allowed: a time after the job's submit (20) on the submit "
             "column's clock (1 bad row in") in " ".join(bad.output.split())
+
+
+def test_piped_output_is_160_columns_wide_with_or_without_markup():
+    """rich cuts a table at 80 columns when the output is not a terminal; every command
+    (the demo's live queue too, which prints its own markup) gets 160 there."""
+    import io
+
+    from gpushepherd.cli.main import _console
+    for markup in (False, True):
+        con = _console(markup=markup)
+        assert not con.is_terminal and con.width == 160
+        con.file = io.StringIO()
+        con.print("[b]x[/b]")
+        assert con.file.getvalue() == ("x\n" if markup else "[b]x[/b]\n")

@@ -16,7 +16,6 @@ def test_demo_workload_keeps_every_promise(tmp_path):
     result = run_demo(tmp_path, on_event=lambda t, text: events.append((t, text)))
     failed = [(name, detail) for name, ok, detail in result.checks if not ok]
     assert not failed, f"{failed}\n" + "\n".join(f"{t:6.1f} {x}" for t, x in events)
-    assert result.wall_s < 100
     by_name = {v["name"]: v for v in result.jobs}
     train = by_name["train-llm"]
     # the preemptor started only after the victim left its GPUs, on GPUs it had held

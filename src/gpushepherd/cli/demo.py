@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -77,7 +77,8 @@ def register(app: typer.Typer) -> None:
         from gpushepherd.backends.fakeslurm import unavailable
         from gpushepherd.daemon.demo import BACKENDS, demo_policy_path, run_demo, temp_data_dir
 
-        console = Console()
+        from gpushepherd.cli.main import _console
+        console = _console(markup=True)  # 160 columns when piped, as every other command
         if data_dir is not None and (data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir()))):
             from gpushepherd.cli.main import err
             err.print(f"error: --data-dir: {str(data_dir)!r} is not allowed: a new or empty directory (the demo "
@@ -94,7 +95,8 @@ def register(app: typer.Typer) -> None:
         console.print(f"[bold]shepherd demo[/bold]: a server on {data_dir} under {demo_policy_path().name} "
                       "(small-team policy, one 8-GPU node"
                       + (", jobs through a fake Slurm cluster" if backend == "slurm" else "")
-                      + "); times are seconds since the start")
+                      + "); times are seconds since the start at which the demo saw each change (it looks every "
+                      "0.5 s; the checks at the end use the server's own times)")
         names: dict[str, str] = {}
         live = Live(Text("starting the server..."), console=console, refresh_per_second=4, transient=False)
 

@@ -49,12 +49,13 @@ app.add_typer(scenario_app, name="scenario")
 app.add_typer(policy_app, name="policy")
 
 
-def _console(stderr: bool = False) -> Console:
-    # Text from users (job ids, paths, team names) is printed as is: no rich markup,
-    # no :emoji: codes, no highlighting. Pipes and CI logs get a wide table.
-    con = Console(stderr=stderr, markup=False, emoji=False, highlight=False)
+def _console(stderr: bool = False, markup: bool = False) -> Console:
+    # Text from users (job ids, paths, team names) is printed as is: no rich markup
+    # (unless the caller prints only its own text: ``markup``), no :emoji: codes, no
+    # highlighting. Pipes and CI logs get a wide table (rich's default there is 80).
+    con = Console(stderr=stderr, markup=markup, emoji=False, highlight=False)
     if not con.is_terminal:
-        con = Console(stderr=stderr, markup=False, emoji=False, highlight=False, width=160)
+        con = Console(stderr=stderr, markup=markup, emoji=False, highlight=False, width=160)
     return con
 
 
@@ -361,6 +362,9 @@ def simulate(
             raise UsageError("--json and --out name the same file")
         bundled = trace is None
         trace_path = data_path(EXCERPT) if bundled else trace
+        if not bundled and not trace_path.is_file():
+            what = "is a directory" if trace_path.is_dir() else "does not exist"
+            raise UsageError(f"--trace: {str(trace_path)!r} {what}: a trace file is needed")
         policy_path = policy or data_path(DEMO_POLICY)
         raw = read_policy_dict(policy_path)
         pol = policy_from_dict(raw, str(policy_path))
