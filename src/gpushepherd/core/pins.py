@@ -6,7 +6,7 @@ that requires one NVLink island (``require_island``, note 037) needs the GPUs it
 picked (``Job.hold_gpus``: one island, its victims' GPUs among them): a job that took one
 of them - a smaller job preferring that island, say - left it a count but no island
 once its victims were gone, and it waited ``NoFit(nvlink-island)``. Such a hold *pins*
-its GPUs: it takes every pinned GPU free now (``now``), others are placed and checked for
+its GPUs: it takes every pinned GPU free now (``free_pinned``), others are placed and checked for
 an island on the free GPUs outside the pins (the admission rule's claims step, rule 9:
 the hold is the blocker), and their GPUs are picked outside them (``pick_free``).
 """
