@@ -15,7 +15,8 @@ Candidates:
   borrow preempts no other member, whose reclaim would undo it at once; issue 20);
 * *reclaim* - in the job's cohort, while its team stays within its nominal quota once
   admitted: jobs of other members that borrow (hold more than their nominal), of any
-  class or only lower ones (``reclaim: lower_priority``), Kueue's ``reclaimWithinCohort``;
+  class or only lower ones (``reclaim: lower_priority``), Kueue's ``reclaimWithinCohort``,
+  and that every other cohort of the two lets it take, as above;
 * *within a team* - for a job that a limit of a team with ``preemption.within_team:
   lower_priority`` keeps waiting (rule 2), the evictable jobs of a lower class that count
   in that limit (Kueue's ``withinClusterQueue: LowerPriority``; note 035).
@@ -182,7 +183,7 @@ def candidates(book, job: Job, reclaim: bool, young: bool = False, within: froze
             if v.id in out or v.state is not JobState.RUNNING or not v.evictable:
                 continue
             m = member_in(cohort, v)
-            if m is None or m is member or m.team not in borrowing:
+            if m is None or m is member or m.team not in borrowing or kept(v):  # kept by another cohort: 302283
                 continue
             if lower_only and v.cls.priority >= prio:
                 continue

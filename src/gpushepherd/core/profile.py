@@ -564,17 +564,17 @@ def free_total_at(book, p: float) -> int:
 
 
 def held_for(book, cls: str, p: float, claims, gone=frozenset(), unfilled: dict | None = None) -> int:
-    """Units other classes' ``reserved_gpus`` keep free at ``p`` for a job of ``cls``:
-    each reserved class's reservation less what it holds then (its running jobs still
-    running, by planned ends, but those in ``gone`` - victims that will have left -
-    and its claims active then). ``unfilled``: filled with that part per class."""
+    """Units other classes' ``reserved_gpus`` keep free at ``p`` for a job of ``cls``: each
+    reserved class's reservation less its claims active at ``p`` and its jobs running then
+    (planned ends; at now all, as ``free_total_at`` counts them: seed 302256), but for those
+    in ``gone`` (victims that will have left). ``unfilled``: filled with that part per class."""
     held = 0
     for name, res in book.reserved.items():
         if name == cls:
             continue
-        used = sum(j.run_units for j in book.class_jobs.get(name, {}).values() if j.end_est > p and j.id not in gone)
-        used += sum(sum(c.gpus.values()) * GPU_UNITS for c in claims
-                    if c.cls == name and (c.start <= p < c.end))
+        jobs = book.class_jobs.get(name, {}).values()
+        used = sum(j.run_units for j in jobs if (j.end_est > p or p <= book.now) and j.id not in gone)
+        used += sum(sum(c.gpus.values()) * GPU_UNITS for c in claims if c.cls == name and c.start <= p < c.end)
         held += max(0, res - used)
         if unfilled is not None and res > used:
             unfilled[name] = res - used
