@@ -1743,7 +1743,7 @@ class Daemon:
                 batch.append(JobKept(now, job_id, kept_to_dict(kept, spec_to_dict)))
             else:
                 batch.append(JobSubmitted(now, spec))
-            row = dict(id=job_id, num=int(job_id), spec=json.dumps(spec_to_dict(spec)), argv=json.dumps(argv),
+            row = dict(id=job_id, num=int(job_id), spec=self.store.spec_text(spec), argv=json.dumps(argv),
                        shell=shell, pty=pty, env=json.dumps(env), cwd=cwd, state=JobState.PENDING.value, run=0)
             rows.append(row)
             replies.append((fut, lambda j=job_id, r=row: self.job_view(j, {**r, "exit_code": None})))
@@ -2056,7 +2056,7 @@ class Daemon:
                 env = {**rec.env, "SHEPHERD_ARRAY_ID": rec.id, "SHEPHERD_ARRAY_TASK_ID": str(index),
                        "SHEPHERD_ARRAY_TASK_ATTEMPT": str(attempt)}
                 batch.append(JobSubmitted(now, spec))
-                rows.append(dict(id=job_id, num=self.next_num, spec=json.dumps(spec_to_dict(spec)),
+                rows.append(dict(id=job_id, num=self.next_num, spec=self.store.spec_text(spec),
                                  argv=json.dumps(rec.argv), shell=rec.shell, pty=False, env=json.dumps(env),
                                  cwd=rec.cwd, state=JobState.PENDING.value, run=0))
                 self.next_num += 1

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, fields
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -396,10 +397,12 @@ def spec_from_dict(d: dict) -> JobSpec:
     return JobSpec(**d, share=GpuShare(**share) if share else None)
 
 
-def event_row(e: Event) -> dict:
-    """The row of one core event: ``kind``, ``job_id``, JSON ``payload``."""
+def event_row(e: Event, spec_text: str | None = None) -> dict:
+    """The row of one core event: ``kind``, ``job_id``, JSON ``payload`` (a
+    submission's: ``spec_text`` when given, ``spec_to_dict`` of its spec as JSON)."""
     if isinstance(e, JobSubmitted):
-        return {"kind": "submit", "job_id": e.spec.id, "payload": json.dumps(spec_to_dict(e.spec))}
+        return {"kind": "submit", "job_id": e.spec.id,
+                "payload": spec_text if spec_text is not None else json.dumps(spec_to_dict(e.spec))}
     if isinstance(e, JobFinished):
         return {"kind": "exit", "job_id": e.job_id, "payload": json.dumps({"status": e.status.value})}
     if isinstance(e, JobCancelled):
@@ -604,7 +607,8 @@ class Store:
         self.token = uuid.uuid4().hex
         self._batch = self._last_batch()
         self._tokens_cache: tuple[str | None, list, bool] | None = None  # version, active, ever had one
-        self._compiled: dict[tuple, tuple[str, tuple | None]] = {}  # see _executemany
+        self._compiled: dict[tuple, tuple[str, Any]] = {}  # see _executemany
+        self._spec_texts: dict[int, tuple[JobSpec, str]] = {}  # see spec_text
         self._tv_lock = threading.Lock()
         self._tv_conn = None  # tokens_version's own DBAPI connection
         self._tv_sql = "SELECT value FROM meta WHERE key = " + ("?" if self.engine.dialect.paramstyle == "qmark"
@@ -735,12 +739,25 @@ class Store:
                 if batch:
                     b = self._batch
                     self._executemany(cur, "events+", lambda: insert(events),
-                                      [dict(batch=b, t=t, **event_row(e)) for e in batch])
+                                      [dict(batch=b, t=t, **event_row(e, self.spec_text(e.spec) if isinstance(
+                                          e, JobSubmitted) else None)) for e in batch])
                 if job_updates:
                     self._update_jobs_on(cur, job_updates)
             finally:
                 cur.close()
+                self._spec_texts.clear()
         return self._batch
+
+    def spec_text(self, spec: JobSpec) -> str:
+        """``spec_to_dict(spec)`` as JSON text, encoded once per ``JobSpec`` object
+        until the next ``append``: a submission's jobs row (``spec``) and its event's
+        payload are the same text (note 060). Loop thread only."""
+        hit = self._spec_texts.get(id(spec))
+        if hit is not None and hit[0] is spec:  # the object itself (frozen), not one that reused its id
+            return hit[1]
+        text = json.dumps(spec_to_dict(spec))
+        self._spec_texts[id(spec)] = (spec, text)
+        return text
 
     def _executemany(self, cur, name: str, build, params: list[dict]) -> None:
         """The statement ``build()`` (an INSERT or UPDATE of the columns of
@@ -754,9 +771,12 @@ class Store:
         if compiled is None:
             c = build().compile(dialect=self.engine.dialect, column_keys=[k for k in keys if k != "_id"])
             order = tuple(c.positiontup) if c.positional else None
-            compiled = self._compiled[key] = (str(c), order)
-        sql, order = compiled
-        cur.executemany(sql, [tuple(p[k] for k in order) for p in params] if order is not None else params)
+            # a row's values in the statement's order: one C call per row (note 060)
+            getter = None if order is None else itemgetter(*order) if len(order) > 1 \
+                else (lambda p, k=order[0]: (p[k],))
+            compiled = self._compiled[key] = (str(c), getter)
+        sql, getter = compiled
+        cur.executemany(sql, list(map(getter, params)) if getter is not None else params)
 
     def append_policy(self, t: float, raw: dict, by: str = "", source: str = "", audit_rows: list[dict] = ()) -> None:
         """Log a policy (parsed YAML) taking effect at ``t``, applied by user ``by`` from
