@@ -34,13 +34,26 @@ DEFAULT_INSTANTS = 5000
 IDLE_INSTANTS = 50
 
 
+#: the book's tables whose keys and values are all immutable (tuples of atoms, frozen
+#: ``Shape``s and ``GpuShare``s, the rules' cohorts, ints, strings, frozensets): a copy
+#: copies the dict, not its items (note 062)
+_FLAT_TABLES = ("sig_ids", "fkey_ids", "misfit_cache", "cap_cache", "max_node_cache", "cohort_cache",
+                "nodeset_cache", "island_cache")
+
+
 def clone(sched):
     """A copy of ``sched`` that shares nothing it may change with it: the compiled rules
     (immutable, and compared by identity: a job's class, its cohort), the ended jobs
     (a pass never looks at them again) and every job's spec (frozen) are shared, the
-    rest is copied."""
+    tables of immutable items (``_FLAT_TABLES``, the quota's ``_applicable``) are copied
+    one level deep, a live job's containers too (``Job.__deepcopy__``: its other fields
+    are immutable values); the rest is copied in full (note 062)."""
     book = sched.book
     memo = dict(_rules_memo(sched.rules))
+    for name in _FLAT_TABLES:
+        table = getattr(book, name)
+        memo[id(table)] = table.copy()
+    memo[id(book.quota._applicable)] = book.quota._applicable.copy()
     for job in book.jobs.values():
         if job.state.terminal:
             memo[id(job)] = job
