@@ -75,3 +75,41 @@ def test_a_share_preemptor_keeps_its_gpu_type_through_a_restore():
     batch = [JobFinished(6.0, job_id="W")]
     assert restored.handle(batch) == sched.handle(batch) == []
     assert restored.handle([Tick(6.0)]) == []
+
+
+def test_a_restore_keys_jobs_and_derives_charges_as_a_cold_full_make_job_does(monkeypatch):
+    # note 062: a restore leaves make_job's queue key out (the snapshot holds it) and
+    # starts from the last restore's memos of the rules (QuotaBook.applicable,
+    # Book.cohort_of); every job restored must be what a cold restore with the key worked
+    # out first makes of it, at every instant of oracle workloads (two rules in turn)
+    from dataclasses import fields
+
+    from oracle_checks import drive
+    from oracle_workloads import workload_from_seed
+    from gpushepherd.core import intake, snapshot
+    from gpushepherd.core.state import Job
+
+    def cold(rules, snap):
+        with monkeypatch.context() as m:
+            made = intake.make_job
+            m.setattr(snapshot, "make_job", lambda book, spec, keyed=True: made(book, spec))
+            m.setattr(snapshot, "_WARM", [None, {}, {}])
+            return Scheduler.restore(rules, snap)
+
+    def record(sched):
+        return {j.id: tuple(getattr(j, f.name) for f in fields(Job)) for j in sched.book.jobs.values()}
+
+    compared = 0
+    wls = [workload_from_seed(s) for s in range(0, 24, 4)]
+    for wl, other in zip(wls, wls[1:] + wls[:1]):
+        _r, calls = drive(wl, restarts=False, record_reasons=False)
+        a = Scheduler(wl.rules)
+        for call in calls[:-1]:
+            a.handle(call.batch)
+            snap = json.loads(json.dumps(a.snapshot()))
+            Scheduler.restore(other.rules, json.loads(json.dumps(Scheduler(other.rules).snapshot())))
+            warm, want = Scheduler.restore(wl.rules, snap), cold(wl.rules, snap)
+            assert record(warm) == record(want), f"t={a.now:g}"
+            assert warm.handle([Tick(a.now)]) == want.handle([Tick(a.now)])
+            compared += 1
+    assert compared > 50

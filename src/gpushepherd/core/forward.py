@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import heapq
 from dataclasses import replace
+from operator import attrgetter
 
 from gpushepherd.core.state import INF
 from gpushepherd.model.decisions import Preempt, ReconfigureMig, Start, Stop
@@ -34,13 +35,43 @@ DEFAULT_INSTANTS = 5000
 IDLE_INSTANTS = 50
 
 
+#: the book's tables whose keys and values are all immutable (tuples of atoms, frozen
+#: ``Shape``s and ``GpuShare``s, the rules' cohorts, ints, strings, frozensets): a copy
+#: copies the dict, not its items (note 062)
+_FLAT_TABLES = ("sig_ids", "fkey_ids", "misfit_cache", "cap_cache", "max_node_cache", "cohort_cache",
+                "nodeset_cache", "island_cache")
+
+#: the book's tables of lists of group ids, by filter (``fgroups`` holds lists of
+#: ``groups_cache``): copied a dict and a list deep, an alias kept one list
+_LIST_TABLES = ("groups_cache", "fgroups")
+#: a live job's fields of immutable values (``state.SHARED``) that other tables hold
+#: too (the queue's keys and heads, the victim orders): shared wherever they are met
+_job_values = attrgetter("key", "vkey", "shape", "charges", "run_charges", "share_at", "strict_q", "variants",
+                         "base", "cohort", "reason")
+
+
 def clone(sched):
     """A copy of ``sched`` that shares nothing it may change with it: the compiled rules
     (immutable, and compared by identity: a job's class, its cohort), the ended jobs
     (a pass never looks at them again) and every job's spec (frozen) are shared, the
-    rest is copied."""
+    tables of immutable items (``_FLAT_TABLES``, the quota's ``_applicable``) are copied
+    one level deep, those of lists of ints (``_LIST_TABLES``) two, a live job's
+    containers one (``Job.__deepcopy__``: its other fields are immutable values, shared
+    wherever they are met); the rest is copied in full (note 062)."""
     book = sched.book
     memo = dict(_rules_memo(sched.rules))
+    for name in _FLAT_TABLES:
+        table = getattr(book, name)
+        memo[id(table)] = table.copy()
+    memo[id(book.quota._applicable)] = book.quota._applicable.copy()
+    for name in _LIST_TABLES:
+        table, copied = getattr(book, name), {}
+        for key, ids in table.items():
+            kept = memo.get(id(ids))
+            if kept is None:
+                kept = memo[id(ids)] = ids.copy()
+            copied[key] = kept
+        memo[id(table)] = copied
     for job in book.jobs.values():
         if job.state.terminal:
             memo[id(job)] = job
@@ -49,6 +80,8 @@ def clone(sched):
                 memo[id(track)] = track
         else:
             memo[id(job.spec)] = job.spec
+            for value in _job_values(job):
+                memo[id(value)] = value
     return copy.deepcopy(sched, memo)
 
 

@@ -175,10 +175,12 @@ def estimate_for(book, spec: JobSpec, limit: float | None) -> float | None:
     return estimate
 
 
-def make_job(book, spec: JobSpec) -> Job:
+def make_job(book, spec: JobSpec, keyed: bool = True) -> Job:
     """The core's record of a submitted (or adopted, or restored) job: its class, time
     limit, estimate (the user's, else a prediction, else the time limit; never above the
-    limit), node filter, shape, quota charges and cohort. Not yet queued or logged."""
+    limit), node filter, shape, quota charges and cohort. Not yet queued or logged.
+    ``keyed=False``: its queue key is left empty - a restore sets the one its snapshot
+    holds (note 062)."""
     rules = book.rules
     cls = rules.classes[spec.workload_class]
     book.last_submit = max(book.last_submit, spec.submit_time)  # also on restore
@@ -215,7 +217,8 @@ def make_job(book, spec: JobSpec) -> Job:
     grace = cls.grace_period_s if spec.grace_period_s is None else spec.grace_period_s
     job.stop_grace = float(grace) if checkpointable else 0.0
     job.fkey = book.filter_id(shape)
-    job.key = book.order_key(job)
+    if keyed:
+        job.key = book.order_key(job)
     return job
 
 

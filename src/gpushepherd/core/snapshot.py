@@ -111,6 +111,7 @@ def restore_into(sched, snap: dict) -> None:
             GPUs that do not exist.
     """
     book = sched.book
+    _warm(book)
     for raw in snap.get("added_nodes", []):
         node = Node(**{**raw, "labels": tuple(tuple(x) for x in raw.get("labels", ())),
                        "nvlink_islands": tuple(tuple(x) for x in raw.get("nvlink_islands", ())),
@@ -147,7 +148,7 @@ def restore_into(sched, snap: dict) -> None:
         if spec_raw.get("share") is not None:
             spec_raw["share"] = GpuShare(**spec_raw["share"])
         spec = JobSpec(**spec_raw)
-        job = make_job(book, spec)
+        job = make_job(book, spec, keyed="score" not in raw)  # keyed below from the snapshot
         book.jobs[spec.id] = job
         job.runs = raw["runs"]
         job.first_start = raw["first_start"]
@@ -215,6 +216,22 @@ def restore_into(sched, snap: dict) -> None:
         book.ledger.set_gpu_unmanaged(book.ledger.by_name[name], g, True)
         book.any_unmanaged = True
     book.dirty = True
+
+
+#: the rules of the last restore, and its memos of pure functions of the rules alone
+_WARM: list = [None, {}, {}]
+
+
+def _warm(book) -> None:
+    """Give a new book the memos of the last book restored under the same rules object:
+    the limits a team and class count in (``QuotaBook.applicable``) and the cohorts
+    (``Book.cohort_of``) are functions of the (immutable) rules alone, so one memo
+    serves every book under them - a restore (the oracle: two per instant) then does
+    not work them out again for every job (note 062)."""
+    if _WARM[0] is not book.rules:
+        _WARM[:] = [book.rules, {}, {}]
+    book.quota._applicable = _WARM[1]
+    book.cohort_cache = _WARM[2]
 
 
 def _restored_tier(book, spec, cls, stored) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from gpushepherd.core.placement import Shape
 from gpushepherd.core.quota import Charge
@@ -108,6 +109,22 @@ class Job:
     def __post_init__(self) -> None:
         self.id = self.spec.id
 
+    def __deepcopy__(self, memo: dict) -> "Job":
+        """A copy for ``forward.clone`` (note 062): the containers a job changes in place
+        (``CONTAINERS``) are copied one level deep - their items are immutable - through
+        ``memo`` (an alias elsewhere stays one object); every other field holds an
+        immutable value (``SHARED``: atoms, enums, tuples of atoms, frozen dataclasses,
+        the compiled rules; a change assigns a new value) and is shared, not copied."""
+        new = object.__new__(Job)
+        for name, value in zip(_FIELDS, _get_fields(self)):
+            if name in CONTAINERS:
+                kept = memo.get(id(value))
+                if kept is None:
+                    kept = memo[id(value)] = value.copy()
+                value = kept
+            setattr(new, name, value)
+        return new
+
     @property
     def gpus(self) -> int:
         return self.spec.gpus
@@ -143,3 +160,20 @@ class Job:
         if self.time_limit_s is None:
             return None
         return max(0.0, self.time_limit_s - self.done_s)
+
+
+#: ``Job`` fields that hold a container changed in place (a list, set or dict of
+#: immutable items: ``(node, mask)`` and ``(node, count)`` tuples, job ids, GPU masks,
+#: ``Transition``s, deadline-flag tuples): a copy copies them one level deep
+CONTAINERS = frozenset({"alloc", "victims", "plan", "history", "deadline_flags", "hold_gpus"})
+#: every other ``Job`` field: immutable values only, shared by a copy (``Job.__deepcopy__``;
+#: note 062 lists where each is assigned - always a new value, never changed in place)
+SHARED = frozenset({
+    "spec", "seq", "cls", "key", "shape", "charges", "preemptible", "checkpointable", "estimate_s",
+    "time_limit_s", "state", "reason", "reason_pass", "run_start", "first_start", "runs", "preemptions",
+    "done_s", "signal_t", "end_est", "preemptor", "vkey", "sig", "strict_q", "fkey", "pend_est", "reclaim",
+    "cohort", "units", "share_at", "stop_reason", "preempted_by", "evictable", "stop_grace", "run_units",
+    "run_charges", "covered", "start_no", "hold_pass", "lend", "variants", "base", "tv", "id"})
+_FIELDS = Job.__slots__
+assert set(_FIELDS) == CONTAINERS | SHARED and not CONTAINERS & SHARED, "every Job field is a container or shared"
+_get_fields = attrgetter(*_FIELDS)
