@@ -101,7 +101,9 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: core/again.py); 302256 - a hold's class slack counted a reserved class's job past its
 #: planned end as gone but its GPUs as busy, and kept a free GPU from a job whose victims
 #: had left; 302283 - a reclaim in a pool's cohort took a job another cohort kept (its team
-#: within its nominal there, the preemptor's borrowing): they stay in the suite's batch
+#: within its nominal there, the preemptor's borrowing); 305500 - a share preempted after a
+#: start in the pass had asked for another pass that let a share ahead of it preempt: they
+#: stay in the suite's batch
 FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 1323, 1334, 1430, 1733, 1912, 2024, 2617,
          2914, 2919, 3462, 4467, 5099, 7641, 8914, 9361, 9955, 10002, 10572, 11023, 11959, 12010, 12899, 12903, 13435,
          13765, 14222, 15055, 15683, 15977, 17125, 17570, 17695, 18216, 18541, 18785, 19084, 19272, 20199, 20252, 21092,
@@ -111,7 +113,7 @@ FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 132
          119025, 123050, 143208, 146278, 152755, 157825, 159314, 160111, 168185, 172023, 191757, 196038,
          116225, 123639, 127598, 137455, 157735, 158351, 158599, 162346, 166603, 170352,
          171823, 181884, 190815, 195860, 211517,
-         220068, 194, 247, 429, 479, 220007, 220176, 221952, 222331, 235848, 302256, 302283)
+         220068, 194, 247, 429, 479, 220007, 220176, 221952, 222331, 235848, 302256, 302283, 305500)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

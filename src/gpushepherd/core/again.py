@@ -31,6 +31,11 @@ before, so the repeats end:
 * a preemptor starting at its turn on free GPUs while its victims are still leaving,
   after a job could not preempt: its hold is dropped, and the GPUs it held may be what
   that job's plan lacked (seeds 168020, 168123).
+
+Once another pass is asked, no job of this pass preempts (``Turn.preempt``): the start
+may let a job ahead of the later ones preempt, and the next pass turns them in queue
+order (seed 305500: a share that joined a card let a share ahead of it evict the card's
+other holders; a share behind it preempted first, before the repeat).
 """
 
 from __future__ import annotations

@@ -68,9 +68,8 @@ class Turn:
         #: jobs that found no victims in this pass: one started later may be theirs
         #: once it comes of age (a wake-up then, ``again.py``)
         self.no_victims: list[Job] = []
-        #: the highest class priority of a refused whole-GPU job that could not preempt
-        #: because nothing below it was evictable yet: a lower job started later in the
-        #: pass may become its victim once it comes of age (a wake-up then, ``again.py``)
+        #: the highest class of a refused whole-GPU job with nothing below it evictable yet: a
+        #: lower job started later may be its victim once it comes of age (wake-up, ``again.py``)
         self.no_victims_prio = -INF
         #: the fast pass's memo of placements the claims refused (``Admission.decide``)
         self.memo: dict | None = None
@@ -84,9 +83,8 @@ class Turn:
         #: their jobs started later may make the member a borrower, whom the claims that
         #: lend or may reclaim no longer bind (``Profile.reclaimers_of``; ``again.py``)
         self.claims_refused: set[str] = set()
-        #: a job was refused by a class hold or the claims in this pass: a preemptor's hold
-        #: dropped, or a start that fills a class's reservation without a free GPU, loosens
-        #: them - another pass at this instant sees it (seeds 119025, 157825)
+        #: a job was refused by a class hold or the claims in this pass: a dropped hold, or a start
+        #: filling a class's reservation with no free GPU, loosens them: another pass sees it (119025, 157825)
         self.held_back = False
         #: ``(planned end, counts)`` of each job started once the profile held a claim
         #: (``standing._outlivers_fit_worse``)
@@ -224,15 +222,17 @@ class Turn:
         return BLOCKED, rule
 
     def note_blocked(self, job: Job) -> None:
-        """``first_blocked``: the capacity-blocked job first *in queue order* - without
-        backfill preemptors take their turns before the walk (``holds``), so the first
-        one refused is not always the job the strict order stops at (seed 220068)."""
+        """``first_blocked``: the capacity-blocked job first *in queue order* - without backfill
+        preemptors turn before the walk (``holds``): the first refused may be another (220068)."""
         if self.first_blocked is None or job.key < self.first_blocked.key:
             self.first_blocked = job
 
     def preempt(self, job: Job, planner, *args) -> bool:
         """Step 5 with ``planner`` (``preemption.plan``, ``share_plan``): the preemption it
-        finds begins (``True``); else a wake-up when a too-young victim would do."""
+        finds begins (``True``); else a wake-up when a too-young victim would do. None once
+        a start asked for another pass (``again.py``): a job ahead may preempt then (305500)."""
+        if self.book.repass:
+            return False
         self.materialize()
         found, until = planner(self.book, self.adm, self.profile, job, *args)
         if found is not None:
