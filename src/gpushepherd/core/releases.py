@@ -125,24 +125,9 @@ class ReleaseIndex:
         ``whole * top + rest`` GPUs on nodes of ``top`` GPUs fits nowhere (its whole
         nodes, then its remainder on one more node, note 052)."""
         self._refresh(book)
-        bound = -INF
-        if whole:
-            if top >= len(self.by_k):
-                return INF
-            seen = 0
-            for t, n in self.by_k[top]:
-                if n in node_set:
-                    seen += 1
-                    if seen == whole:
-                        bound = t
-                        break
-            else:
-                return INF
+        bound = self._nth(top, node_set, whole) if whole else -INF
         if rest:
-            if rest >= len(self.by_k):
-                return INF
-            first = next((t for t, n in self.by_k[rest] if n in node_set), INF)
-            bound = max(bound, first)
+            bound = max(bound, self._nth(rest, node_set, 1))
         return bound
 
     def multi_start(self, book, node_set, whole: int, top: int, rest: int,
