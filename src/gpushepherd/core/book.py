@@ -113,6 +113,7 @@ class Book:
         self.totals_cache: dict[int, tuple[list[int], dict[int, int]]] = {}
         self.release_cache: dict[int, tuple[int, list[float]]] = {}  # node -> (version, releases)
         self.release_index = ReleaseIndex()  # single-node reservations (releases.py)
+        self.reference = False  # the reference pass's book: planning walks, no index reads (note 059)
         self.max_node_cache: dict[tuple, int] = {}
         self.misfit_cache: dict[tuple, str | None] = {}
         self.cap_cache: dict[tuple, bool] = {}

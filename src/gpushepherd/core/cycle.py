@@ -371,7 +371,7 @@ def run_fast(sched, out: list[Decision]) -> Turn:
     turn.holds()
     turn.memo = {}
     turn.walk = Walk(turn)
-    turn.walk.run()
+    turn.walk.run(turn)
     return turn
 
 
@@ -380,7 +380,7 @@ def resume_fast(turn: Turn, out: list[Decision]) -> None:
     but the time): the pass it completes is the one an unbounded budget would make."""
     turn.out = out
     turn.started = []
-    turn.walk.resume()
+    turn.walk.resume(turn)
 
 
 def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
@@ -454,8 +454,7 @@ class Walk:
     """
 
     def __init__(self, turn: Turn):
-        self.turn = turn
-        book = self.book = turn.book
+        book = self.book = turn.book  # (not the turn: a pass is freed by reference counting, note 059)
         queue = book.queue
         self.heads = list(queue.heads)
         self.prio_top = None  # the highest class pending (worked out when it matters)
@@ -472,8 +471,8 @@ class Walk:
         self.pre = sorted(book.preemptors.values(), key=lambda j: j.key)
         self.pi = 0
 
-    def run(self) -> None:
-        turn, book = self.turn, self.book
+    def run(self, turn: Turn) -> None:
+        book = self.book
         queue = book.queue
         subs = queue.subs
         heads, cont, fail_fit = self.heads, self.cont, self.fail_fit
@@ -569,14 +568,14 @@ class Walk:
         turn.finish()
         turn.sched.resume_at = book.now + 1.0 if self.cut else None  # the rest: a second later
 
-    def resume(self) -> None:
+    def resume(self, turn: Turn) -> None:
         """Find the positions of the jobs the walk was about to look at again, and go on."""
         queue = self.book.queue
         self.cont = [(key, sig, bisect_left(queue.keys_of(sig), key)) for key, sig, _i in self.cont
                      if sig in queue.subs]
         heapq.heapify(self.cont)
         self.budget = self.book.rules.backfill_max_job_test
-        self.run()
+        self.run(turn)
 
 
 def pending_reason(sched, job: Job) -> PendingReason:

@@ -145,8 +145,14 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
     shape = job.shape
     if shape.mode == "single":
         return book.release_index.single_start(book, node_set, shape.k, free_out)
+    groups = book.groups_for(job)
+    if shape.mode == "multi" and not book.reference:  # (the reference pass walks: the oracle holds the two equal)
+        top = _plain_size(ledger, groups)
+        if top:  # read from the release index, no walk (note 059)
+            whole, rest = divmod(shape.k, top)
+            return book.release_index.multi_start(book, node_set, whole, top, rest, free_out)
     single = False
-    gate = _Gate.of(shape, ledger, book.groups_for(job), nodes, totals)
+    gate = _Gate.of(shape, ledger, groups, nodes, totals)
     if gate.maybe():
         if single:
             idx = ledger.best_fit(book.groups_for(job), shape.k)
@@ -214,6 +220,20 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
                     free_out.update((n, avail[n]) for n, _c in counts)
                 return max(end_t, book.now), counts
     return None
+
+
+def _plain_size(ledger, groups: list[int]) -> int:
+    """The GPUs of every node of ``groups`` when they are all of one size, fully healthy,
+    without MIG and without shared cards (a node's release times then count its whole
+    GPUs free, as the walk does); else 0."""
+    top = 0
+    for g in groups:
+        grp = ledger.groups[g]
+        if (top and grp.gpus != top) or grp.node.mig or grp.healthy_sum != len(grp.members) * grp.gpus or any(
+                grp.open.values()):
+            return 0
+        top = grp.gpus
+    return top
 
 
 #: planned ends past which a multi-node walk first looks for where its gate can hold

@@ -125,22 +125,61 @@ class ReleaseIndex:
         ``whole * top + rest`` GPUs on nodes of ``top`` GPUs fits nowhere (its whole
         nodes, then its remainder on one more node, note 052)."""
         self._refresh(book)
-        bound = -INF
-        if whole:
-            if top >= len(self.by_k):
-                return INF
-            seen = 0
-            for t, n in self.by_k[top]:
-                if n in node_set:
-                    seen += 1
-                    if seen == whole:
-                        bound = t
-                        break
-            else:
-                return INF
+        bound = self._nth(top, node_set, whole) if whole else -INF
         if rest:
-            if rest >= len(self.by_k):
-                return INF
-            first = next((t for t, n in self.by_k[rest] if n in node_set), INF)
-            bound = max(bound, first)
+            bound = max(bound, self._nth(rest, node_set, 1))
         return bound
+
+    def multi_start(self, book, node_set, whole: int, top: int, rest: int,
+                    free_out: dict[int, int] | None) -> tuple[float, Counts] | None:
+        """``planning._walk_free``'s answer for a multi-node job of ``whole * top + rest``
+        GPUs on fully healthy nodes of ``top`` whole GPUs without shared cards, read from
+        the index instead of walked over planned ends (note 059): ``(start, counts)`` or
+        ``None`` (never). The multi rule (``place_counts``: whole free nodes largest first,
+        then the tightest remainder node) holds at ``T`` exactly when ``whole`` nodes have
+        all ``top`` GPUs free by ``T`` and ``whole + 1`` nodes (those whole ones and one
+        more) have ``rest`` free - a count of nodes that only grows with ``T`` - so the
+        walk's first success is the later of the ``whole``-th ``top``-th release and the
+        ``(whole + 1)``-th ``rest``-th one, and its placement is the rule's on the GPUs
+        free at that release (a release in the past starts now, as in the walk)."""
+        self._refresh(book)
+        by_k = self.by_k
+        t_whole = t_rest = -INF
+        if whole:
+            t_whole = self._nth(top, node_set, whole)
+        if rest:
+            t_rest = self._nth(rest, node_set, whole + 1)
+        t = max(t_whole, t_rest)
+        if t == INF:
+            return None
+        taken = sorted(n for s, n in by_k[top] if s <= t and n in node_set)[:whole] if whole else []
+        counts: Counts = [(n, top) for n in taken]
+        if free_out is not None:
+            free_out.update((n, top) for n in taken)
+        if rest:
+            keys = self.keys
+            best = None
+            for s, n in by_k[rest]:
+                if s > t:
+                    break
+                if n in node_set and n not in taken:
+                    cand = (bisect_right(keys[n], t), n)
+                    if best is None or cand < best:
+                        best = cand
+            counts.append((best[1], rest))
+            if free_out is not None:
+                free_out[best[1]] = best[0]
+        return max(t, book.now), counts
+
+    def _nth(self, k: int, node_set, m: int) -> float:
+        """The ``m``-th earliest time a node of ``node_set`` has ``k`` GPUs free (``INF``:
+        fewer than ``m`` nodes ever have)."""
+        if k >= len(self.by_k):
+            return INF
+        seen = 0
+        for s, n in self.by_k[k]:
+            if n in node_set:
+                seen += 1
+                if seen == m:
+                    return s
+        return INF

@@ -67,7 +67,7 @@ class Scheduler:
         self.rules = rules
         self.book = Book(rules)
         self.admission = self.admission_class(self.book)
-        self.reference = reference
+        self.reference = self.book.reference = reference
         self.pass_no = 0
         self.last_turn: cycle.Turn | None = None
         self.last_pass_t = float("-inf")

@@ -19,6 +19,7 @@ end of its grace period and keeps only the work of its last periodic checkpoint
 
 from __future__ import annotations
 
+import gc
 import heapq
 import json
 import time
@@ -263,14 +264,23 @@ class Simulator:
 
     def run(self) -> SimResult:
         """Run to the end (no events left). Returns the records and integrals."""
+        freezing = gc.isenabled() and gc.get_freeze_count() == 0  # (see the loop)
+        if freezing:
+            gc.freeze()  # the jobs to replay
         adopted = {e.spec.id for e in self.events if isinstance(e, JobAdopted)}
+        # submissions are known up front: a sorted list beside the heap, which then holds
+        # only what the replay makes (exits, ticks) and the events (note 059)
+        subs: list[tuple[float, int, JobSpec]] = []
         for sj in self.jobs:
             if sj.spec.id in self.records:
+                if freezing:
+                    gc.unfreeze()
                 raise ValueError(f"job id {sj.spec.id!r} appears twice")
             self.records[sj.spec.id] = JobRecord(sj.spec, sj.duration, signal_answers=sj.signal_answers,
                                                  checkpoint_every_s=sj.checkpoint_every_s)
             if sj.spec.id not in adopted:
-                self._push(sj.spec.submit_time, 2, sj.spec)
+                self._n += 1
+                subs.append((sj.spec.submit_time, self._n, sj.spec))
         for e in self.events:
             self._push(e.t, 1, e)
         for t in self.probe_times:
@@ -296,14 +306,30 @@ class Simulator:
         timeline: dict[str, list[tuple[float, int]]] = {}
         heap = self._heap
         records = self.records
+        subs.sort(key=lambda s: (s[0], s[1]))
+        si, n_subs = 0, len(subs)
         t = t_first
+        # what a replay builds lives on to its end (jobs, records, histories) and a pass
+        # leaves no cycles: the cyclic collector is kept off it, every object it made
+        # frozen as the replay goes (``gc.freeze``), and all unfrozen at the end - its
+        # full collections walked the whole replay again and again (note 059)
         try:
-            while heap:
-                t = heap[0][0]
+            while heap or si < n_subs:
+                t = heap[0][0] if heap else INF
+                if si < n_subs and subs[si][0] < t:
+                    t = subs[si][0]
                 batch: list[Event] = []
                 restart = False
+                # the heap's order at one instant: exits, events, submissions, ticks
+                items = []
+                while heap and heap[0][0] == t and heap[0][1] < 2:
+                    items.append(heapq.heappop(heap))
+                while si < n_subs and subs[si][0] == t:
+                    items.append((t, 2, 0, subs[si][2]))
+                    si += 1
                 while heap and heap[0][0] == t:
-                    _t, kind, _n, payload = heapq.heappop(heap)
+                    items.append(heapq.heappop(heap))
+                for _t, kind, _n, payload in items:
                     if kind == 0:  # exit of a run
                         job_id, run = payload
                         rec = records[job_id]
@@ -405,6 +431,8 @@ class Simulator:
                     ticks.add(wake)
                     self._push(wake, 3, None)
                 instants += 1
+                if freezing:
+                    gc.freeze()
                 if time.monotonic() >= next_report:
                     self._report(SimProgress(t, t_first, t_last_submit, submitted, finished, total, instants))
                     next_report = time.monotonic() + self.progress_every_s
@@ -413,6 +441,9 @@ class Simulator:
                                                           instants)
         else:
             interrupted = None
+        finally:
+            if freezing:
+                gc.unfreeze()
         for job_id, rec in records.items():
             job = sched.jobs.get(job_id)
             if job is not None and not job.state.terminal:
