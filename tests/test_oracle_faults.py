@@ -916,3 +916,34 @@ def test_a_new_start_that_puts_a_team_at_its_limit_lets_an_older_job_preempt_wit
     out = sched.handle([JobSubmitted(2.0, job("N", 1, "training", "T", 2, share=GpuShare("fraction", milli=500)))])
     assert [(type(d).__name__, d.job_id) for d in out] == [("Start", "N"), ("Preempt", "W")]
     assert out[1].preemptor == "O"
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_no_preemption_in_a_pass_after_a_start_asked_for_another_pass(reference):
+    # seed 305500 (scenario I20-36, variant q-waiting-before): n1 2 GPUs, batch reserves
+    # 1 (grace 50). B1 and B2 (batch, 1/2 each) share GPU 1; P (training, 3/4) at 5 and Q
+    # (research-training, 3/4) at 7 may not evict them: the emptied card would be a fresh
+    # GPU batch's reservation needs. J (training, memory only) comes at 10 and joins their
+    # card: evicting B1 and B2 now leaves J's card to join, and J's start asks for another
+    # pass. The reference pass went on to Q, behind J, which preempted them; the fast core
+    # turned J alone and gave them to P in the repeat pass (at f8d0ba2 only the reference
+    # case fails; scenario I20-36 itself, J and Q new together, fails on both). P preempts.
+    rules = policy(nodes=[("n1", 2)], classes={"batch": {"reserved_gpus": 1, "grace_period_s": 50}},
+                   preemption={"enabled": True, "min_runtime_s": 0})
+    sched = Scheduler(rules, reference=reference)
+    half = GpuShare("fraction", milli=500)
+    out = sched.handle([JobSubmitted(0.0, job("W", 1, "production-inference", "T", 0)),
+                        JobSubmitted(0.0, job("B1", 1, "batch", "T", 0, share=half)),
+                        JobSubmitted(0.0, job("B2", 1, "batch", "T", 0, share=half))])
+    assert [(d.job_id, placed(d)) for d in out] == [("W", {"n1": (0,)}), ("B1", {"n1": (1,)}), ("B2", {"n1": (1,)})]
+    three_quarters = GpuShare("fraction", milli=750)
+    assert sched.handle([JobSubmitted(5.0, job("P", 1, "training", "T", 5, share=three_quarters))]) == []
+    assert sched.handle([JobSubmitted(7.0, job("Q", 1, "research-training", "T", 7, share=three_quarters))]) == []
+    assert str(sched.pending_reason("Q")) == "ReservedFor(classes.batch.reserved_gpus)"
+    memory_only = GpuShare("fraction", mem_mib=40960)
+    out = sched.handle([JobSubmitted(10.0, job("J", 1, "training", "T", 10, share=memory_only))])
+    assert (type(out[0]).__name__, out[0].job_id) == ("Start", "J")
+    assert sorted((type(d).__name__, d.job_id, d.preemptor) for d in out[1:]) == [
+        ("Preempt", "B1", "P"), ("Preempt", "B2", "P")]
+    assert str(sched.pending_reason("P")) == "PreemptionInProgress(B1,B2)"
+    assert str(sched.pending_reason("Q")) == "NoFit(gpu-fraction)"
