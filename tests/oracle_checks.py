@@ -63,6 +63,7 @@ from itertools import combinations
 from gpushepherd.core import admission as A, preemption as P, typed
 from gpushepherd.core.filters import share_can_join
 from gpushepherd.core.freed import card_of
+from gpushepherd.core.ledger import FULL_MILLI
 from gpushepherd.core.profile import Profile
 from gpushepherd.core.reasons import NOT_PREEMPTIBLE
 from gpushepherd.core.scheduler import Scheduler
@@ -348,15 +349,39 @@ class Checker:
         elif code is ReasonCode.NO_PREEMPTIBLE_VICTIMS and detail == NOT_PREEMPTIBLE:
             # the claim: some lower-priority job on its nodes may not be evicted (a class
             # that is not preemptible); when every one may, something else keeps the job
-            # out (a class reservation the emptied GPU would take, say) and that is its reason
+            # out (a class reservation the emptied GPU would take, say) and that is its reason;
+            # a job a cohort keeps is no such job: that reason names the cohort (note 063)
             nodes = book.nodes_for(job)
             may = {x.id for x in P.candidates(book, job, False)}
             if not any(x.state in (JobState.RUNNING, JobState.STOPPING) and x.cls.priority < job.cls.priority
                        and x.id not in may and (x.state is JobState.STOPPING or not x.evictable
-                                                or P.comes_of_age(book, x) <= t)  # young work: min_runtime
+                                                or (P.comes_of_age(book, x) <= t  # young work: min_runtime
+                                                    and not any(_kept_by(book, c, job, x)
+                                                                for c in self.rules.cohorts.values())))
                        and any(i in nodes for i, _m in x.alloc)
                        for x in book.running.values()):
-                bad = "every lower-priority job on its nodes may be preempted"
+                bad = "every lower-priority job on its nodes may be preempted or is kept by a cohort"
+        elif code is ReasonCode.NO_PREEMPTIBLE_VICTIMS and (m := _KEPT_TEXT.search(detail)):
+            # the claim: a cohort keeps a lower-priority job on its nodes from it, for the
+            # cause the text says - its team would borrow there, or the job's team is within
+            # its nominal there (Kueue's borrowWithinCohort: Never; the guarantee; note 063)
+            # (a cohort of per-GPU-type quotas is one per type, all of its name: note 038)
+            named = [c for c in self.rules.cohorts.values() if c.name == m["cohort"]]
+            cause = "borrow" if m["cause"] == "would borrow beyond" else "guarantee"
+            nodes = book.nodes_for(job)
+            if not any(x.state is JobState.RUNNING and x.evictable and x.cls.priority < job.cls.priority
+                       and any(i in nodes for i, _m in x.alloc) and _kept_by(book, c, job, x) == cause
+                       for x in book.running.values() for c in named):
+                bad = f"no lower-priority job on its nodes is kept by cohorts.{m['cohort']} ({cause})"
+        elif code is ReasonCode.NO_FIT and detail == "whole-gpu":
+            # the claim: what is free on its nodes is shares or MIG instances (note 063)
+            if not _room_as_shares(book, job):
+                bad = "no room is left on its nodes as shared cards or MIG instances"
+        elif code is ReasonCode.NO_FIT and detail in ("gpu-fraction", "gpu-memory") and job.share is not None:
+            # the claim: a card of its kind on its nodes has room of that dimension left,
+            # too little for the job (note 063)
+            if not _card_room(book, job, detail):
+                bad = f"no {job.share.kind} card on its nodes has {detail} left"
         elif code is ReasonCode.PRIORITY and v.rule == A.ORDER:
             h = book.jobs.get(detail)
             if (h is None or h.state is not JobState.PENDING or h.strict_q != job.strict_q or not h.key < job.key
@@ -661,6 +686,60 @@ class Checker:
                     continue
             self.report.fail("g_live", f"the run ends with {job.id} pending, refused by rule {RULE_NAMES[v.rule]} "
                              f"({sched.pending_reason(job.id)}): it could start later")
+
+
+#: a ``NoPreemptibleVictims`` detail that names the cohort keeping the victims (note 063)
+_KEPT_TEXT = re.compile(r"(?P<cause>would borrow beyond|is within) its nominal \S+ in cohorts\.(?P<cohort>[^:]+):")
+
+
+def _kept_by(book, cohort, job, x) -> str | None:
+    """Why ``cohort`` keeps running job ``x`` from preempting ``job`` (both count in it as
+    jobs of different members): ``"borrow"`` - ``job``'s team would hold more than its
+    nominal quota there once it runs (Kueue's ``borrowWithinCohort: Never``);
+    ``"guarantee"`` - ``x``'s team holds no more than its nominal there; else ``None``."""
+    own, member = _member(cohort, job.charges), _member(cohort, x.run_charges)
+    if own is None or member is None or own is member:
+        return None
+    usage = book.quota.usage
+    if usage.get((own.limit, ""), 0) + job.units > own.nominal * GPU_UNITS:
+        return "borrow"
+    if usage.get((member.limit, ""), 0) <= member.nominal * GPU_UNITS:
+        return "guarantee"
+    return None
+
+
+def _room_as_shares(book, job) -> bool:
+    """Whether some node ``job`` may use has room left on a shared card in service (the
+    tightest of compute, memory and slots left above 0) or a free MIG instance in service
+    (``stranded.py``'s free capacity)."""
+    ledger = book.ledger
+    for n in book.nodes_for(job):
+        slot = ledger.slots[n]
+        if not slot.alive:
+            continue
+        if any(card.key and card.room_fraction() > 0 for card in slot.cards.values()):
+            return True
+        if any(card.free_count() for card in slot.migs.values()):
+            return True
+    return False
+
+
+def _card_room(book, job, detail: str) -> bool:
+    """Whether a card in service of ``job``'s share kind on its nodes has compute left
+    (``gpu-fraction``), or memory left or - a share that asks compute - the compute it
+    asks (``gpu-memory``: memory is what binds there)."""
+    ledger = book.ledger
+    for n in book.nodes_for(job):
+        slot = ledger.slots[n]
+        milli, _mem, slots = job.share.need(slot.node)
+        for card in slot.cards.values():
+            if not (slot.alive and card.key and card.mode == job.share.kind):
+                continue
+            if detail == "gpu-fraction" and card.milli < FULL_MILLI:
+                return True
+            if detail == "gpu-memory" and (card.mem < card.cap_mem or (milli and card.fits(milli, 0, slots))):
+                return True
+    return False
 
 
 def _waits_for_a_card(sched, job, v) -> bool:

@@ -103,7 +103,10 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: had left; 302283 - a reclaim in a pool's cohort took a job another cohort kept (its team
 #: within its nominal there, the preemptor's borrowing); 305500 - a share preempted after a
 #: start in the pass had asked for another pass that let a share ahead of it preempt: they
-#: stay in the suite's batch
+#: stay in the suite's batch. Note 063's checks (NoFit(whole-gpu) / NoFit(gpu-fraction) /
+#: NoFit(gpu-memory) with no such room left, a cohort's refusal read as "may not be
+#: preempted" or named off the job's nodes) failed on 46 of these and on 3, 22, 28, 45, 49,
+#: 56, 59 of range(60) at 8bf7a6e
 FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 1323, 1334, 1430, 1733, 1912, 2024, 2617,
          2914, 2919, 3462, 4467, 5099, 7641, 8914, 9361, 9955, 10002, 10572, 11023, 11959, 12010, 12899, 12903, 13435,
          13765, 14222, 15055, 15683, 15977, 17125, 17570, 17695, 18216, 18541, 18785, 19084, 19272, 20199, 20252, 21092,
@@ -203,6 +206,22 @@ def test_the_checks_catch_a_core_that_leaves_a_job_waiting(monkeypatch):
     monkeypatch.setattr(cycle.Turn, "turn", skipping)
     found = {f.prop for seed in range(12) for f in check(workload_from_seed(seed)).failures}
     assert {"a_equal", "b_work"} <= found
+
+
+def test_the_checks_catch_reasons_that_claim_room_or_a_cohort_that_is_not_there(monkeypatch):
+    # note 063: a core that reads NoFit(whole-gpu) / NoFit(gpu-fraction) / NoFit(gpu-memory)
+    # with no room of that kind left, and the generic NoPreemptibleVictims where only a
+    # cohort keeps the lower jobs (as 8bf7a6e did on seeds 22, 45, 56), is caught by c_reason
+    from gpushepherd.core import reasons
+
+    monkeypatch.setattr(reasons, "room_as_shares", lambda book, job: True)
+    monkeypatch.setattr(reasons, "card_room", lambda book, job, dim: True)
+    monkeypatch.setattr(reasons, "kept_by_cohort", lambda book, job: "")
+    texts = [f.text for seed in (22, 45, 56) for f in check(workload_from_seed(seed)).failures
+             if f.prop == "c_reason"]
+    for claim in ("no room is left on its nodes as shared cards", "has gpu-fraction left", "has gpu-memory left",
+                  "may be preempted or is kept by a cohort"):
+        assert any(claim in t for t in texts), claim
 
 
 def test_the_checks_catch_a_restart_that_loses_a_pending_job(monkeypatch):

@@ -28,7 +28,7 @@ def test_strict_order_behind_a_share_reads_priority_of_that_share():
     out = sched.handle([JobSubmitted(1.0, job("S", 1, "batch", "t", 1, share=GpuShare("fraction", milli=500))),
                         JobSubmitted(1.0, job("T", 1, "batch", "t", 1))])
     assert out == []
-    assert str(sched.pending_reason("S")) == "NoFit(gpu-fraction)"
+    assert str(sched.pending_reason("S")) == "Resources"  # no card is open: capacity (note 063)
     assert str(sched.pending_reason("T")) == "Priority(S)"
 
 

@@ -154,7 +154,7 @@ def test_a_share_evicts_no_share_of_its_own_class_or_above():
     sched = one_full_card()
     out = sched.handle([JobSubmitted(10, job("x", cls="sandbox", submit=10, share=frac(500)))])
     assert preempted(out) == []
-    assert str(sched.pending_reason("x")) == "NoFit(gpu-fraction)"
+    assert str(sched.pending_reason("x")) == "Resources"  # the one card is full (note 063)
 
 
 def test_a_share_waits_for_young_victims_to_come_of_age():

@@ -37,8 +37,20 @@ def test_ten_tenths_fill_one_card_exactly():
     sched, out = scheduler(policy(nodes=[("n1", 1)]), *[job(f"j{i}", share=frac(100)) for i in range(11)])
     assert len(started(out)) == 10
     assert sched.ledger.slots[0].cards[0].milli == 1000
-    assert sched.pending_reason("j10").detail == "gpu-fraction"
+    # the card is full: no fraction of it is left, and that is capacity (note 063)
+    assert str(sched.pending_reason("j10")) == "Resources"
     sched.check_invariants()
+
+
+def test_a_share_reads_gpu_fraction_only_while_a_card_has_some_left():
+    # NoFit(gpu-fraction): a card of its kind has compute left, too little for it; a
+    # card with none left is capacity, Resources (note 063)
+    sched, out = scheduler(policy(nodes=[("n1", 1)]), job("a", share=frac(600)), job("b", share=frac(500), submit=1))
+    assert started(out) == {"a": "n1:0[fraction:0.6]"}
+    assert str(sched.pending_reason("b")) == "NoFit(gpu-fraction)"
+    out = sched.handle(submit(job("c", share=frac(400), submit=2)))
+    assert started(out) == {"c": "n1:0[fraction:0.4]"}
+    assert str(sched.pending_reason("b")) == "Resources"
 
 
 def test_a_share_prefers_the_tightest_card_and_keeps_whole_gpus_whole():
@@ -64,7 +76,7 @@ def test_memory_shares_never_over_commit_a_card():
     sched, out = scheduler(rules, job("a", share=frac(0, 6000)), job("b", share=frac(0, 4000)),
                            job("c", share=frac(0, 1)))
     assert set(started(out)) == {"a", "b"}
-    assert sched.pending_reason("c").detail == "gpu-memory"
+    assert str(sched.pending_reason("c")) == "Resources"  # no memory left on the card (note 063)
     assert sched.ledger.slots[0].cards[0].mem == 10000
 
 
@@ -103,7 +115,8 @@ def test_mig_instances_and_whole_gpus_never_mix():
     got = started(out)
     assert got["w"] == "n1:1" and "w2" not in got
     assert sorted(v for k, v in got.items() if k.startswith("m")) == [f"n1:0[mig:1g.10gb@{i}]" for i in range(7)]
-    assert sched.pending_reason("w2") .detail == "whole-gpu"
+    # the seven instances are held: nothing is left as MIG instances either (note 063)
+    assert str(sched.pending_reason("w2")) == "Resources"
     assert sched.pending_reason("m7").detail == "mig-slice 1g.10gb"
     assert sched.ledger.slots[0].healthy == 1  # whole-GPU capacity of n1 is 1, never 2
     sched.check_invariants()

@@ -113,18 +113,27 @@ def borrows(book, job: Job) -> bool:
     return _member_borrows(book, job.cohort[1])
 
 
-def kept_from_borrower(book, job: Job) -> str:
-    """Why lower-class jobs of other members of ``job``'s cohort are not its victims when
-    its team would borrow once it runs (``borrowWithinCohort: Never``), as a reason
-    detail; ``""`` when that is not so or no such job runs."""
-    if job.cohort is None or stays_within_nominal(book, job):
+def kept_by_cohort(book, job: Job) -> str:
+    """Why a cohort ``job`` counts in keeps lower-class jobs on its nodes from being its
+    victims (``candidates``' ``kept``), as a reason detail: its team would borrow there
+    once it runs (``borrowWithinCohort: Never``), or the victim's team is within its
+    nominal quota there (Kueue's guarantee); ``""`` when no such job runs. The first such
+    cohort in policy order names it (note 063: a job confined to a pool counts in two)."""
+    if not book.rules.cohorts:
         return ""
-    cohort, member = job.cohort
+    nodes = book.nodes_for(job)
     prio = job.cls.priority
-    for q, jobs in book.evictable.items():
-        if q < prio and any((m := member_in(cohort, v)) is not None and m is not member for v in jobs.values()):
-            return (f"{member.team} would borrow beyond its nominal {member.nominal} in cohorts.{cohort.name}: "
+    lower = sorted((v for q, jobs in book.evictable.items() if q < prio for v in jobs.values()
+                    if any(i in nodes for i, _m in v.alloc)), key=lambda v: v.vkey)
+    for cohort, own, takes in _lenders(book, job):
+        kept = [m for v in lower if (m := member_in(cohort, v)) is not None and m is not own and m.team not in takes]
+        if not kept:
+            continue
+        if book.quota.usage.get((own.limit, ""), 0) + job.units > own.nominal * GPU_UNITS:
+            return (f"{own.team} would borrow beyond its nominal {own.nominal} in cohorts.{cohort.name}: "
                     f"other members' jobs are not preempted to borrow")
+        return (f"{kept[0].team} is within its nominal {kept[0].nominal} in cohorts.{cohort.name}: "
+                f"a member within its nominal quota keeps its jobs")
     return ""
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from gpushepherd.core import admission as A
 from gpushepherd.core.filters import describe, share_fits_card
-from gpushepherd.core.ledger import bits
+from gpushepherd.core.ledger import FULL_MILLI, bits
 from gpushepherd.core.placement import members_of, place_counts
 from gpushepherd.core.shares import best_card_for
-from gpushepherd.core.preemption import kept_from_borrower, plan as preemption_plan, share_plan
+from gpushepherd.core.preemption import kept_by_cohort, plan as preemption_plan, share_plan
 from gpushepherd.core.room import lower_jobs_would_make_room, lower_shares_would_make_room, unevictable_lower
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState, natural_key
@@ -174,9 +174,38 @@ def capacity_reason(book, adm, profile, job: Job, may_preempt: bool = True) -> P
         return PendingReason(R.NO_FIT, what)
     if ledger.free_total >= job.shape.k and len(groups) < len(ledger.groups):
         return PendingReason(R.NO_FIT, constraint_names(job))
-    if any(ledger.groups[g].node.mig or any(ledger.groups[g].open.values()) for g in groups):
+    if room_as_shares(book, job):
         return PendingReason(R.NO_FIT, "whole-gpu")  # capacity left only as shares or MIG instances
     return PendingReason(R.RESOURCES)
+
+
+def room_as_shares(book, job: Job) -> bool:
+    """Whether a node ``job`` may use has room left on a shared card in service (the
+    tightest of its compute, memory and slots left above 0) or a free MIG instance in
+    service: the free capacity of ``stranded.py`` that whole GPUs are not. Without it a
+    whole-GPU job waits ``Resources``, not ``NoFit(whole-gpu)`` (note 063)."""
+    ledger = book.ledger
+    for n in sorted(book.nodes_for(job)):
+        slot = ledger.slots[n]
+        if any(card.key and card.room_fraction() > 0 for card in slot.cards.values()):
+            return True
+        if any(card.free_count() for card in slot.migs.values()):
+            return True
+    return False
+
+
+def card_room(book, job: Job, dim: str) -> bool:
+    """Whether a card in service of share ``job``'s kind on its nodes has compute
+    (``dim`` ``gpu-fraction``) or memory (``gpu-memory``) left: the room a
+    ``NoFit(<dim>)`` says is too small (note 063)."""
+    ledger = book.ledger
+    kind = job.share.kind
+    for n in sorted(book.nodes_for(job)):
+        for card in ledger.slots[n].cards.values():
+            if card.key and card.mode == kind and (card.milli < FULL_MILLI if dim == "gpu-fraction"
+                                                   else card.mem < card.cap_mem):
+                return True
+    return False
 
 
 def _no_victims(book, adm, profile, job: Job, until: float, why: list) -> PendingReason | None:
@@ -189,7 +218,7 @@ def _no_victims(book, adm, profile, job: Job, until: float, why: list) -> Pendin
     the capacity reason is the real one."""
     if until != INF:
         return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, f"min_runtime: victims eligible at t={time_text(until)}")
-    kept = kept_from_borrower(book, job)
+    kept = kept_by_cohort(book, job)
     if kept:
         return PendingReason(R.NO_PREEMPTIBLE_VICTIMS, kept)
     if why:
@@ -225,9 +254,10 @@ def share_reason(book, job: Job) -> PendingReason:
         if coming:
             return PendingReason(R.NO_FIT, f"mig-slice {share.profile}, reconfiguring {','.join(coming)}")
         return PendingReason(R.NO_FIT, f"mig-slice {share.profile}")
-    if any(share.need(ledger.groups[g].node)[1] for g in groups) and best_card_for(ledger, groups, share,
-                                                                                    memory=False) is not None:
-        return PendingReason(R.NO_FIT, "gpu-memory")
+    if (any(share.need(ledger.groups[g].node)[1] for g in groups)
+            and best_card_for(ledger, groups, share, memory=False) is not None
+            and (share.milli or share.kind != "fraction" or card_room(book, job, "gpu-memory"))):
+        return PendingReason(R.NO_FIT, "gpu-memory")  # a card takes it but for memory
     if share.kind == "time_slice":
         return PendingReason(R.NO_FIT, "time-slice-replica")
     if share.kind == "mps":
@@ -235,4 +265,6 @@ def share_reason(book, job: Job) -> PendingReason:
     fresh = ledger.free_in([g for g in groups if share_fits_card(ledger.groups[g].node, share)]) > 0
     if fresh:  # pragma: no cover - a free GPU that fits would have been a spot
         return PendingReason(R.NO_FIT, "gpu")
-    return PendingReason(R.NO_FIT, "gpu-fraction" if share.milli else "gpu-memory")
+    dim = "gpu-fraction" if share.milli else "gpu-memory"
+    # a card with some of it left, too little; none left at all is capacity (note 063)
+    return PendingReason(R.NO_FIT, dim) if card_room(book, job, dim) else PendingReason(R.RESOURCES)

@@ -81,7 +81,8 @@ def lower_shares_would_make_room(book, job: Job) -> bool:
 def unevictable_lower(book, job: Job) -> bool:
     """Whether some lower-priority job on a node ``job`` may use holds GPUs and may not be
     its victim for a reason other than its age: its class or the job not preemptible, it
-    is stopping already, or its cohort keeps it (``preemption.candidates``' lenders) - what
+    is stopping already, or a cohort keeps it (``preemption.candidates``' lenders; that
+    reason names the cohort first, ``kept_by_cohort``, note 063) - what
     ``NoPreemptibleVictims(lower-priority jobs may not be preempted)`` claims. A job only
     younger than ``preemption.min_runtime_s`` does not count (that reason says when)."""
     nodes = book.nodes_for(job)
