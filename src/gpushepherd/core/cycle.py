@@ -93,19 +93,14 @@ class Turn:
     # ------------------------------------------------------------- steps
     def holds(self) -> None:
         """Step 3: every preemptor's hold is in force before anyone's turn (holds bind
-        every job); each preemptor then takes its turn in queue order (``turn``) -
-        without backfill first of all, since the strict order stops at the first job its
-        hold blocks (there are no reservations a preemptor could delay then)."""
+        every job); one whose victims are all gone starts on what it held, before anyone
+        - another preemptor too (seed 311874: a share's freed room) - or lets it go; the
+        others take their turns in queue order (``turn``) - without backfill first of
+        all, since the strict order stops at the first job a hold blocks."""
         order = sorted(self.book.preemptors.values(), key=lambda j: j.key)
         for p in order:
             self.profile.add_hold(p)
-        if not self.book.rules.backfill_enabled:
-            for p in order:
-                self.turn(p)
-            return
         for p in order:
-            # a preemptor whose victims are all gone: its hold has served - it starts
-            # on the GPUs it held, before anyone its hold kept back, or lets them go
             if not p.victims and p.id not in self.visited:
                 self.visited[p.id] = (STARTED, A.ADMITTED)
                 v = self.adm.decide(p, self.profile, within=dict(p.plan))
@@ -116,6 +111,10 @@ class Turn:
                     self.book.clear_victims(p)
                     typed.rest(p)  # every GPU type again (note 038)
                     del self.visited[p.id]  # an ordinary job now: its turn in order
+        if not self.book.rules.backfill_enabled:
+            for p in order:
+                if p.id in self.book.preemptors:  # (one let go is an ordinary job: its turn in order)
+                    self.turn(p)
 
     def turn(self, job: Job, no_room: bool = False) -> tuple[int, int]:
         """Steps 4-6 for one pending job: ``(outcome, rule)``; ``rule`` is the first

@@ -99,6 +99,9 @@ def snapshot(book) -> dict:
             "usage": book.usage.snapshot(book.now) if book.now != float("-inf") else [],
             "usage_exact": book.usage.exact() if book.now != float("-inf") else [],
             "priority_recalc": [book.recalc_t, book.next_recalc],
+            # the wake-ups a pass asked for (a victim coming of age): not worked out from
+            # the state again, so a restored core keeps them (seed 311299)
+            "wakeups": sorted(t for t in book.wakeups if t > book.now),
             "predictor": book.predictor.snapshot() if book.predictor is not None else []}
 
 
@@ -137,6 +140,7 @@ def restore_into(sched, snap: dict) -> None:
         book.quota.set_time(book.now)
         book.usage.restore(snap.get("usage", []), book.now)
     book.recalc_t, book.next_recalc = snap.get("priority_recalc", [float("-inf"), float("-inf")])
+    book.wakeups = [float(t) for t in snap.get("wakeups", [])]  # sorted: a heap
     if book.predictor is not None:
         book.predictor.restore(snap.get("predictor", []))
     bound: dict[str, str | None] = {}  # a preemptor's GPU type, by job id
