@@ -946,4 +946,4 @@ def test_no_preemption_in_a_pass_after_a_start_asked_for_another_pass(reference)
     assert sorted((type(d).__name__, d.job_id, d.preemptor) for d in out[1:]) == [
         ("Preempt", "B1", "P"), ("Preempt", "B2", "P")]
     assert str(sched.pending_reason("P")) == "PreemptionInProgress(B1,B2)"
-    assert str(sched.pending_reason("Q")) == "NoFit(gpu-fraction)"
+    assert str(sched.pending_reason("Q")) == "Resources"  # the card has no compute left (note 063)
