@@ -947,3 +947,50 @@ def test_no_preemption_in_a_pass_after_a_start_asked_for_another_pass(reference)
         ("Preempt", "B1", "P"), ("Preempt", "B2", "P")]
     assert str(sched.pending_reason("P")) == "PreemptionInProgress(B1,B2)"
     assert str(sched.pending_reason("Q")) == "Resources"  # the card has no compute left (note 063)
+
+
+def _brief(out) -> list:
+    return [(type(d).__name__, d.job_id, getattr(d, "preemptor", None)) for d in out]
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_second_preemptor_in_a_pass_is_not_overtaken_by_a_job_behind_it(reference):
+    # a review's case against 7e1c2d1 (which let no job preempt once another pass was
+    # asked, but let later jobs start): A's preemption asks for another pass; B (behind
+    # A) then could not preempt LB, and C (behind B) started on the A100s B's plan needed
+    # - B waited until C came of age and evicted it. The pass halts at B instead; the
+    # next pass gives B its preemption and holds C back.
+    rules = policy(nodes=[("n2", 8), ("n3", 8, "H100")], preemption={"enabled": True, "min_runtime_s": 60})
+    sched = Scheduler(rules, reference=reference)
+    sched.handle([JobSubmitted(0.0, job("LA", 8, "batch", "t", 0, gpu_types=("H100",), runtime_estimate_s=10000,
+                                        time_limit_s=10000)),
+                  JobSubmitted(0.0, job("LB", 4, "batch", "t", 0, runtime_estimate_s=10000, time_limit_s=10000))])
+    out = sched.handle([
+        JobSubmitted(100.0, job("A", 8, "production-inference", "t", 100, gpu_types=("H100",), runtime_estimate_s=1000)),
+        JobSubmitted(100.0, job("B", 8, "production-inference", "t", 100, gpu_types=("A100-80GB",),
+                                runtime_estimate_s=1000)),
+        JobSubmitted(100.0, job("C", 4, "sandbox", "t", 100, runtime_estimate_s=500, time_limit_s=500))])
+    assert _brief(out) == [("Preempt", "LA", "A"), ("Preempt", "LB", "B")]
+    assert str(sched.pending_reason("C")) == "HeldForPreemptor(B)"
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_pass_over_new_jobs_halts_where_a_full_pass_would_preempt(reference):
+    # a review's case against 7e1c2d1: the pass over new jobs only (continue_fast) reuses
+    # the last pass's turn, whose flags (a share refused by the claims at 2) made N1's
+    # start ask for another pass; N2 then could not preempt S and N3 started on the H100
+    # N2's plan needed, where a full pass (the reference, a restored core) preempts S for
+    # N2 and holds N3 back. Now every core decides what the full pass does.
+    a100, h100 = ("A100-80GB",), ("H100",)
+    rules = policy(nodes=[("n1", 2), ("n2", 2, "H100")], preemption={"enabled": True, "min_runtime_s": 0})
+    sched = Scheduler(rules, reference=reference)
+    sched.handle([JobSubmitted(0.0, job("R", 1, "training", "t", 0, gpu_types=a100, runtime_estimate_s=1000)),
+                  JobSubmitted(0.0, job("S", 1, "sandbox", "t", 0, gpu_types=h100, runtime_estimate_s=5000))])
+    sched.handle([JobSubmitted(1.0, job("F", 2, "training", "t", 1, gpu_types=a100, runtime_estimate_s=1000))])
+    sched.handle([JobSubmitted(2.0, job("O", 1, "research-training", "t", 2, gpu_types=a100, runtime_estimate_s=5000,
+                                        share=GpuShare("fraction", milli=500)))])
+    out = sched.handle([JobSubmitted(10.0, job("N1", 1, "training", "t", 10, gpu_types=a100, runtime_estimate_s=100)),
+                        JobSubmitted(10.0, job("N2", 2, "training", "t", 10, gpu_types=h100, runtime_estimate_s=1000)),
+                        JobSubmitted(10.0, job("N3", 1, "training", "t", 10, gpu_types=h100, runtime_estimate_s=100))])
+    assert _brief(out) == [("Start", "N1", None), ("Preempt", "S", "N2")]
+    assert str(sched.pending_reason("N3")) == "HeldForPreemptor(N2)"

@@ -32,10 +32,12 @@ before, so the repeats end:
   after a job could not preempt: its hold is dropped, and the GPUs it held may be what
   that job's plan lacked (seeds 168020, 168123).
 
-Once another pass is asked, no job of this pass preempts (``Turn.preempt``): the start
-may let a job ahead of the later ones preempt, and the next pass turns them in queue
-order (seed 305500: a share that joined a card let a share ahead of it evict the card's
-other holders; a share behind it preempted first, before the repeat).
+Once another pass is asked (by a start, a preemption or a dropped hold), the first job
+that reaches the preemption step halts the pass (``Turn.preempt``): nobody behind it
+preempts or starts, and the next pass turns every job in queue order (seed 305500: a
+share that joined a card let a share ahead of it evict the card's other holders; a share
+behind it preempted first, before the repeat). So an instant with k preemptions takes up
+to k + 1 passes (note 064).
 """
 
 from __future__ import annotations

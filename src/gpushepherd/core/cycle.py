@@ -65,16 +65,14 @@ class Turn:
         self.walk: "Walk | None" = None
         #: preemptors whose turn came in this pass -> what it gave (``turn``)
         self.visited: dict[str, tuple[int, int]] = {}
-        #: jobs that found no victims in this pass: one started later may be theirs
-        #: once it comes of age (a wake-up then, ``again.py``)
+        #: jobs that found no victims in this pass: one started later may be theirs once of age (``again.py``)
         self.no_victims: list[Job] = []
         #: the highest class of a refused whole-GPU job with nothing below it evictable yet: a
         #: lower job started later may be its victim once it comes of age (wake-up, ``again.py``)
         self.no_victims_prio = -INF
         #: the fast pass's memo of placements the claims refused (``Admission.decide``)
         self.memo: dict | None = None
-        #: a share was refused for room (rules 5-9) in this pass: a card a later
-        #: share opens on a fresh GPU may take it without a fresh GPU (``again.py``)
+        #: a share was refused for room (rules 5-9): a card a later share opens may take it (``again.py``)
         self.share_refused = False
         #: a share that may preempt was refused by a capacity rule after room (6-9): a later
         #: start may leave it no room, and then it preempts (``again.py``; seeds 1323, 125940, 123639)
@@ -86,6 +84,7 @@ class Turn:
         #: a job was refused by a class hold or the claims in this pass: a dropped hold, or a start
         #: filling a class's reservation with no free GPU, loosens them: another pass sees it (119025, 157825)
         self.held_back = False
+        self.halted = False  # ``preempt`` after another pass was asked: the walk stops
         #: ``(planned end, counts)`` of each job started once the profile held a claim
         #: (``standing._outlivers_fit_worse``)
         self.outlived: list[tuple[float, list]] = []
@@ -113,7 +112,7 @@ class Turn:
                     del self.visited[p.id]  # an ordinary job now: its turn in order
         if not self.book.rules.backfill_enabled:
             for p in order:
-                if p.id in self.book.preemptors:  # (one let go is an ordinary job: its turn in order)
+                if p.id in self.book.preemptors and not self.halted:  # (one let go: its turn in order)
                     self.turn(p)
 
     def turn(self, job: Job, no_room: bool = False) -> tuple[int, int]:
@@ -228,9 +227,10 @@ class Turn:
 
     def preempt(self, job: Job, planner, *args) -> bool:
         """Step 5 with ``planner`` (``preemption.plan``, ``share_plan``): the preemption it
-        finds begins (``True``); else a wake-up when a too-young victim would do. None once
-        a start asked for another pass (``again.py``): a job ahead may preempt then (305500)."""
+        finds begins (``True``); else a wake-up when a too-young victim would do. Once the pass
+        asked for another (``book.repass``) it halts here: the next turns all in order (305500)."""
         if self.book.repass:
+            self.halted = True
             return False
         self.materialize()
         found, until = planner(self.book, self.adm, self.profile, job, *args)
@@ -414,6 +414,8 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
     if strict and walk.stopped:
         return False  # the first job the strict order stops at was not turned (seed 13435)
     for job in sorted(new, key=lambda j: j.key):
+        if turn.halted:
+            break
         if job.state is not JobState.PENDING:
             continue
         full = turn.n_reserved >= turn.depth
@@ -482,7 +484,7 @@ class Walk:
         n_heads = len(heads)
         self.cut = self.stopped = False
         pre = self.pre
-        while True:
+        while not turn.halted:
             nxt_key = None
             if cont:
                 nxt_key = cont[0][0]

@@ -23,6 +23,8 @@ def run_reference(sched, out: list[Decision]) -> Turn:
     turn = Turn(sched, out, dequeue_now=True)
     turn.holds()
     for job in sorted(book.queue, key=lambda j: j.key):
+        if turn.halted:
+            break  # another pass was asked before a job could preempt: it turns them all
         if job.state is not JobState.PENDING:
             continue
         _outcome, rule = turn.turn(job)
