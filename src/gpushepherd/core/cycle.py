@@ -3,7 +3,7 @@
 
 1. expire    - time limits, memory overruns, idle stops, closing windows (``expire.py``);
 2. order     - pending jobs by priority (``priority.py``; the queue is kept sorted);
-3. holds     - every preemptor's turn, in queue order, before anyone else;
+3. holds     - every preemptor's hold in force; one whose victims are gone starts first;
 4. admit     - each pending job in order through the admission rule (``admission.py``);
 5. preempt   - a job refused for capacity may evict lower-priority work or reclaim
                lent quota, planned on a scratch copy (``preemption.py``);
