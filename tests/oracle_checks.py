@@ -43,7 +43,8 @@ many times each property was checked and every failure. The properties:
   (never in the past, never "now" for a job that waits), on a stated basis, and equal
   to ``estimated_start`` of the same job; asking changes no decision (``f_restart``);
 * ``i_share_victims`` - preemption of and for shares (note 042), written plainly: a
-  class-preemption victim is of a lower class and evictable, never a MIG instance; a
+  class-preemption victim is of a lower class and evictable, never a MIG instance -
+  unless a reclaim may take it, judged per victim from the cohorts (note 065); a
   share preemptor's victims are shares on one card;
 * ``g_live`` - at the end no pending job could start later (each is refused for good:
   a limit it can never fit, no healthy nodes that could hold it); after every instant,
@@ -600,9 +601,10 @@ class Checker:
 
     def share_victims(self, book, preempts: list) -> None:
         """Preemption of and for shares, written plainly (note 042): a class-preemption
-        victim is of a lower class and may be evicted, never a MIG instance; a share
-        preemptor's victims are shares on one card; a whole-GPU preemptor's share
-        victims leave their card empty or free quota it needs (counted apart)."""
+        victim is of a lower class and may be evicted, never a MIG instance - unless a
+        reclaim may take it (``_reclaims``); a share preemptor's victims are shares on
+        one card; a whole-GPU preemptor's share victims leave their card empty or free
+        quota it needs (counted apart)."""
         by: dict[str, list] = {}
         for d in preempts:
             by.setdefault(d.preemptor, []).append(book.jobs[d.job_id])
@@ -614,7 +616,7 @@ class Checker:
             self.report.counts["i_share_victims"] += 1
             t = book.now
             for v in victims:
-                if p.reclaim:
+                if self._reclaims(p, v):
                     continue
                 if not (v.cls.priority < p.cls.priority and v.evictable) or (v.share and v.share.kind == "mig"):
                     self.report.fail("i_share_victims", f"t={t:g}: {pid} ({p.cls.name}) preempts {v.id} "
@@ -632,6 +634,30 @@ class Checker:
                     if card is not None and not set(card.holders) <= ids | {
                             h for h in card.holders if book.jobs[h].state is JobState.PREEMPTING}:
                         self.report.counts["i_share_for_quota"] += 1
+
+    def _reclaims(self, p, v) -> bool:
+        """Whether a reclaim may take ``v`` for ``p`` by its kind (note 005, Kueue's
+        ``reclaimWithinCohort``): ``p`` is a whole-GPU job (a share reclaims nothing,
+        note 042), ``v`` may be evicted and is a job of another member of a cohort both
+        count in that reclaims from any class, or from lower ones than ``p``'s. Whether
+        ``v``'s team borrowed and ``p``'s stays within its nominal quota is
+        ``guarantee``'s. Judged per victim from the rules, not from the preemptor's
+        ``reclaim`` flag: the core clears it when the preemptor starts or lets its hold
+        go, which may be later in the same instant (seed 316833: ``j1`` reclaimed two
+        shares, then started on other GPUs that its victims' exit let it take) - and
+        with ``p``'s charges on every GPU type it may use (note 038: it may have started
+        on another type than the one it reclaimed on)."""
+        if p.share is not None or not v.evictable:
+            return False
+        charges = [p.charges, *(x.charges for x in p.variants)]
+        for cohort in self.rules.cohorts.values():
+            member = _member(cohort, v.run_charges)
+            if member is None or cohort.reclaim == "never" or not any(
+                    (own := _member(cohort, c)) is not None and own is not member for c in charges):
+                continue
+            if cohort.reclaim == "any" or v.cls.priority < p.cls.priority:
+                return True
+        return False
 
     def guarantee(self, book, d: Preempt) -> None:
         """A job of another member of a cohort the preemptor counts in is evicted only
