@@ -107,7 +107,10 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: freed before that preemptor's turn; 311299 - a restored core lost a wake-up a pass had
 #: asked for (a victim coming of age); 316833 - a reclaimer that started elsewhere in the
 #: instant of its reclaim, whose victims the check judged by its reclaim flag (cleared at
-#: the start): a fault of the check, note 065, I20-37: they stay in the suite's batch. Note 063's checks (NoFit(whole-gpu) / NoFit(gpu-fraction) /
+#: the start): a fault of the check, note 065, I20-37; 326198 - a training share filled its
+#: class's reservation on a card after a preemption plan that reservation had refused, and
+#: only a second pass preempted (note 066, scenario I20-38): they stay in the suite's batch.
+#: Note 063's checks (NoFit(whole-gpu) / NoFit(gpu-fraction) /
 #: NoFit(gpu-memory) with no such room left, a cohort's refusal read as "may not be
 #: preempted" or named off the job's nodes) failed on 46 of these and on 3, 22, 28, 45, 49,
 #: 56, 59 of range(60) at 8bf7a6e
@@ -121,7 +124,7 @@ FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 132
          116225, 123639, 127598, 137455, 157735, 158351, 158599, 162346, 166603, 170352,
          171823, 181884, 190815, 195860, 211517,
          220068, 194, 247, 429, 479, 220007, 220176, 221952, 222331, 235848, 302256, 302283, 305500, 311874, 311299,
-         316833)
+         316833, 326198)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

@@ -84,6 +84,7 @@ class Turn:
         #: a job was refused by a class hold or the claims in this pass: a dropped hold, or a start
         #: filling a class's reservation with no free GPU, loosens them: another pass sees it (119025, 157825)
         self.held_back = False
+        self.plan_refused = False  # a preemption plan found no victims in this pass (``again.py``)
         self.halted = False  # ``preempt`` after another pass was asked: the walk stops
         #: ``(planned end, counts)`` of each job started once the profile held a claim
         #: (``standing._outlivers_fit_worse``)
@@ -237,6 +238,7 @@ class Turn:
         if found is not None:
             self.begin_preemption(job, *found)
             return True
+        self.plan_refused = True
         self.sched.wake_at(until)
         return False
 
@@ -295,8 +297,6 @@ class Turn:
             share = job.share
             if not fresh and pos is None:
                 held_from = self.adm.card_end(idx, gpu)  # the card stays held from then
-            if self.held_back and v.covered and not fresh:
-                book.repass = True  # its class's reservation is filled with no free GPU taken
             if pos is None:
                 ledger.allocate_share(job.id, idx, gpu, share.kind, share.need(slot.node))
                 job.share_at = (gpu,)
@@ -324,7 +324,7 @@ class Turn:
             counts = v.counts
         held = job.id in book.preemptors and bool(job.victims)  # its victims are still leaving
         book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now, covered=v.covered)
-        again.after_start(self, job, v.spot, held)  # another pass, or a wake-up (again.py)
+        again.after_start(self, job, v.spot, held, v.covered)  # another pass, or a wake-up (again.py)
         if self.profile:
             self.profile.consume(job, counts, job.end_est, job.run_charges, held_from)
             self.outlived.append((job.end_est, counts))
