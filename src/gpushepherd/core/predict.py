@@ -41,17 +41,24 @@ class RuntimePredictor:
                 q = self.ratios[key] = deque(maxlen=self.history)
             q.append(ratio)
 
+    def ratios_for(self, team: str, user: str) -> list[float] | None:
+        """The ratios a prediction for ``team``/``user`` rests on, sorted (the user's, else
+        the team's when the user has fewer than ``min_jobs``); ``None``: too little history."""
+        for key in (("user", team, user), ("team", team)):
+            q = self.ratios.get(key)
+            if q is not None and len(q) >= self.min_jobs:
+                return sorted(q)
+        return None
+
     def predict(self, team: str, user: str, limit_s: float | None) -> float | None:
         """Predicted run time in seconds, or ``None`` (no limit, or too little history)."""
         if not limit_s:
             return None
-        for key in (("user", team, user), ("team", team)):
-            q = self.ratios.get(key)
-            if q is not None and len(q) >= self.min_jobs:
-                ranked = sorted(q)
-                r = ranked[min(len(ranked) - 1, max(0, math.ceil(self.quantile * len(ranked)) - 1))]
-                return max(1.0, min(limit_s, limit_s * r))
-        return None
+        ranked = self.ratios_for(team, user)
+        if ranked is None:
+            return None
+        r = ranked[min(len(ranked) - 1, max(0, math.ceil(self.quantile * len(ranked)) - 1))]
+        return max(1.0, min(limit_s, limit_s * r))
 
     def snapshot(self) -> list[list]:
         """``[[kind, team, (user,) [ratios...]], ...]`` sorted by key, ratios oldest first."""

@@ -1,0 +1,59 @@
+"""Deadline ordering when the only estimate is a time limit (issue 17 point 3, note
+068): with a prediction history the deadline factor of a job without an estimate of its
+own is the chance it can still end in time - the share of its user's ratios run time /
+time limit at most (deadline - now) / limit - on both cores."""
+
+from __future__ import annotations
+
+import pytest
+from builders import job, policy, simulate
+
+from gpushepherd.core.scheduler import Scheduler
+
+CORES = pytest.mark.parametrize("reference", [False, True], ids=["fast", "reference"])
+
+
+def _rules(weight: float):
+    return policy(nodes=[("n1", 1)], preemption=False, prediction={"enabled": True, "min_jobs": 3},
+                  priority={"weights": {"deadline": weight}, "recalc_s": 10.0, "deadline_horizon_s": 200.0})
+
+
+def _starts(rules, jobs, reference: bool) -> dict[str, float]:
+    res = simulate(rules, jobs, scheduler=lambda r: Scheduler(r, reference=reference))
+    return {k: r.starts[0][0] for k, r in res.records.items() if r.starts}
+
+
+def _jobs(deadline: float):
+    # one GPU, every job's limit 100 s. H1-H3 run 0-25, 25-75, 75-175 and teach user u
+    # the ratios 0.25, 0.5, 1.0 (the 0.9 quantile: a prediction of the full 100 s); X
+    # runs 175-225. A (no deadline) and D (runs 30 s) wait for X; at 225 one of them starts.
+    h = [(job(f"H{i}", 1, "batch", "t", 0, user="u", time_limit_s=100.0), d) for i, d in ((1, 25.0), (2, 50.0),
+                                                                                            (3, 100.0))]
+    return h + [(job("X", 1, "batch", "t", 0.5, user="u", time_limit_s=100.0), 50.0),
+                (job("A", 1, "batch", "t", 180, user="u", time_limit_s=100.0), 100.0),
+                (job("D", 1, "batch", "t", 181, user="u", time_limit_s=100.0, deadline=deadline), 30.0)]
+
+
+@CORES
+def test_a_job_whose_limit_says_too_late_but_may_end_in_time_goes_first(reference):
+    # deadline 280: at the recalculation at 220 D has 60 s left, less than its limit and
+    # its prediction (100 s: by them it is already late, note 034 gave it nothing), but
+    # 2 of its user's 3 ratios (0.25, 0.5 <= 0.6) end in time: chance 2/3, and its slack
+    # by the median ratio (60 - 50 = 10 s) is inside the horizon. D starts at 225 and
+    # ends at 255, by its deadline; without the factor A goes first and D ends at 355.
+    assert _starts(_rules(0.0), _jobs(280.0), reference)["D"] == 325.0
+    starts = _starts(_rules(1_000_000.0), _jobs(280.0), reference)
+    assert starts["D"] == 225.0 and starts["A"] == 255.0
+
+
+@CORES
+def test_a_job_that_no_ratio_of_its_history_lets_end_in_time_is_not_lifted(reference):
+    # deadline 240: 20 s left at 220, less than the shortest ratio's 25 s -> chance 0
+    assert _starts(_rules(1_000_000.0), _jobs(240.0), reference)["D"] == 325.0
+
+
+@CORES
+def test_a_job_with_slack_to_spare_by_the_median_ratio_is_not_lifted(reference):
+    # deadline 500: 280 s left at 220, 230 s of slack by the median ratio (50 s): more
+    # than the 200 s horizon, so A (submitted first) keeps its turn
+    assert _starts(_rules(1_000_000.0), _jobs(500.0), reference)["D"] == 325.0
