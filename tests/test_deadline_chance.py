@@ -1,7 +1,8 @@
 """Deadline ordering when the only estimate is a time limit (issue 17 point 3, note
-068): with a prediction history the deadline factor of a job without an estimate of its
-own is the chance it can still end in time - the share of its user's ratios run time /
-time limit at most (deadline - now) / limit - on both cores."""
+068): the deadline factor of a job without an estimate of its own, whose user has a
+history of ratios run time / time limit (kept whenever the deadline weight is set), is
+the chance it can still end in time - the share of those ratios at most (deadline - now)
+/ limit - on both cores."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import pytest
 from builders import job, policy, simulate
 
 from gpushepherd.core.scheduler import Scheduler
+from gpushepherd.sim.engine import SimJob, Simulator
 
 CORES = pytest.mark.parametrize("reference", [False, True], ids=["fast", "reference"])
 
 
-def _rules(weight: float):
-    return policy(nodes=[("n1", 1)], preemption=False, prediction={"enabled": True, "min_jobs": 3},
+def _rules(weight: float, predict: bool = True):
+    return policy(nodes=[("n1", 1)], preemption=False, prediction={"enabled": predict, "min_jobs": 3},
                   priority={"weights": {"deadline": weight}, "recalc_s": 10.0, "deadline_horizon_s": 200.0})
 
 
@@ -44,6 +46,21 @@ def test_a_job_whose_limit_says_too_late_but_may_end_in_time_goes_first(referenc
     assert _starts(_rules(0.0), _jobs(280.0), reference)["D"] == 325.0
     starts = _starts(_rules(1_000_000.0), _jobs(280.0), reference)
     assert starts["D"] == 225.0 and starts["A"] == 255.0
+
+
+@CORES
+def test_without_predictions_a_deadline_weight_keeps_the_ratios_and_predicts_nothing(reference):
+    # prediction.enabled false: the same chance lifts D (the ratios are kept for it), but
+    # no job is given a prediction - D's estimate stays its 100 s limit
+    rules = _rules(1_000_000.0, predict=False)
+    starts = _starts(rules, _jobs(280.0), reference)
+    assert starts["D"] == 225.0 and starts["A"] == 255.0
+    sim = Simulator(rules, [SimJob(s, d) for s, d in _jobs(280.0)],
+                    scheduler=lambda r: Scheduler(r, reference=reference))
+    sim.run()
+    assert sim.sched.predictor.ratios_for("t", "u") == [0.25, 0.3, 0.5, 0.5, 1.0, 1.0]
+    assert sim.sched.predictor.predict("t", "u", 100.0) is None
+    assert sim.sched.jobs["D"].estimate_s == 100.0
 
 
 @CORES

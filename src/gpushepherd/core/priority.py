@@ -8,7 +8,8 @@ each factor in [0, 1]; ``nice`` is the job's own adjustment in score points (Slu
 ``(tier, -score, submit time, job id)``; scores are recomputed every ``priority.recalc_s`` (at
 its multiples), as Slurm's ``PriorityCalcPeriod``. ``urgency`` is least-laxity-first for
 jobs at risk of missing their deadline (note 034); for a job known only by its time
-limit and a prediction history, the chance it can still end in time (note 068). Under
+limit and its user's history of run time / time limit, the chance it can still end in
+time (note 068). Under
 ``priority.top_class_tier`` the top class's jobs come before all others whatever their
 scores (note 045). Under
 ``priority.age_tier_s`` a job that has waited that long (at the last recalculation) comes
@@ -120,8 +121,9 @@ def urgency(book, spec: JobSpec, cls, estimate: float | None = None) -> float:
     or one that can no longer make it (boosting it would only make others miss theirs).
     Least laxity first (Mok's LLF); among jobs of equal laxity the earlier deadline.
 
-    A job with no estimate of its own whose user (else team) has a prediction history
-    (``prediction.enabled``, ``RuntimePredictor.ratios_for``) has no known slack: its
+    A job with no estimate of its own whose user (else team) has a history of ratios
+    (``RuntimePredictor.ratios_for``; kept whenever the deadline weight is set, with or
+    without ``prediction.enabled``) has no known slack: its
     time limit over-estimates its run time and a prediction is one quantile. Its factor
     is the chance it can still end in time if it starts now - the share of the history's
     ratios ``run time / time limit`` at most ``(deadline - now) / limit`` - while its
@@ -143,7 +145,7 @@ def urgency(book, spec: JobSpec, cls, estimate: float | None = None) -> float:
 def _history(book, spec: JobSpec, cls) -> tuple[list[float] | None, float | None]:
     """``(sorted ratios run time / time limit, time limit)`` for a job whose deadline
     factor is a chance (``urgency``): no estimate of its own, a time limit, and a
-    prediction history for its user or team; else ``(None, None)``."""
+    history of ratios for its user or team; else ``(None, None)``."""
     if spec.runtime_estimate_s is not None or book.predictor is None:
         return None, None
     limit = time_limit(spec, cls)
