@@ -86,7 +86,9 @@ class Book:
         self.fs_memo: dict = {}
         self.fs_memo_stamp: tuple = ()
         pr = rules.prediction
-        self.predictor = RuntimePredictor(pr.quantile, pr.history, pr.min_jobs) if pr.enabled else None
+        # a deadline weight keeps the ratios too, without predicting (its chances; note 068)
+        self.predictor = (RuntimePredictor(pr.quantile, pr.history, pr.min_jobs, predicts=pr.enabled)
+                          if pr.enabled or rules.priority.deadline_weight else None)
         # per class: units held, units covered by its reserved_gpus
         self.class_units: dict[str, int] = {}
         self.covered_units: dict[str, int] = {}

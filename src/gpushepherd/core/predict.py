@@ -11,6 +11,10 @@ when the user has fewer than ``min_jobs`` - never above the limit and never belo
 A job that outruns its prediction keeps running until its time limit; reservations
 that counted on its end are recomputed (it is taken to end now, as any late job).
 
+Under ``priority.weights.deadline`` the ratios are kept without ``prediction.enabled``
+too (``predicts`` false: nothing is predicted): the deadline factor reads a job's chance
+to end in time from them (note 068).
+
 Deterministic: ratios are kept in completion order; the quantile is the nearest rank.
 """
 
@@ -23,8 +27,10 @@ from collections import deque
 class RuntimePredictor:
     """Ratios of run time to time limit per user and team; predictions from them."""
 
-    def __init__(self, quantile: float = 0.9, history: int = 20, min_jobs: int = 3):
+    def __init__(self, quantile: float = 0.9, history: int = 20, min_jobs: int = 3, predicts: bool = True):
         self.quantile = quantile
+        #: False: ratios are kept (the deadline factor's chances, note 068), nothing predicted
+        self.predicts = predicts
         self.history = history
         self.min_jobs = min_jobs
         self.ratios: dict[tuple[str, ...], deque[float]] = {}
@@ -41,17 +47,24 @@ class RuntimePredictor:
                 q = self.ratios[key] = deque(maxlen=self.history)
             q.append(ratio)
 
-    def predict(self, team: str, user: str, limit_s: float | None) -> float | None:
-        """Predicted run time in seconds, or ``None`` (no limit, or too little history)."""
-        if not limit_s:
-            return None
+    def ratios_for(self, team: str, user: str) -> list[float] | None:
+        """The ratios a prediction for ``team``/``user`` rests on, sorted (the user's, else
+        the team's when the user has fewer than ``min_jobs``); ``None``: too little history."""
         for key in (("user", team, user), ("team", team)):
             q = self.ratios.get(key)
             if q is not None and len(q) >= self.min_jobs:
-                ranked = sorted(q)
-                r = ranked[min(len(ranked) - 1, max(0, math.ceil(self.quantile * len(ranked)) - 1))]
-                return max(1.0, min(limit_s, limit_s * r))
+                return sorted(q)
         return None
+
+    def predict(self, team: str, user: str, limit_s: float | None) -> float | None:
+        """Predicted run time in seconds, or ``None`` (no limit, or too little history)."""
+        if not limit_s or not self.predicts:
+            return None
+        ranked = self.ratios_for(team, user)
+        if ranked is None:
+            return None
+        r = ranked[min(len(ranked) - 1, max(0, math.ceil(self.quantile * len(ranked)) - 1))]
+        return max(1.0, min(limit_s, limit_s * r))
 
     def snapshot(self) -> list[list]:
         """``[[kind, team, (user,) [ratios...]], ...]`` sorted by key, ratios oldest first."""

@@ -7,8 +7,11 @@ each factor in [0, 1]; ``nice`` is the job's own adjustment in score points (Slu
 ``nice``, an admin's nudge when negative; note 039). The queue is ordered by
 ``(tier, -score, submit time, job id)``; scores are recomputed every ``priority.recalc_s`` (at
 its multiples), as Slurm's ``PriorityCalcPeriod``. ``urgency`` is least-laxity-first for
-jobs at risk of missing their deadline (note 034). Under ``priority.top_class_tier`` the
-top class's jobs come before all others whatever their scores (note 045). Under
+jobs at risk of missing their deadline (note 034); for a job known only by its time
+limit and its user's history of run time / time limit, the chance it can still end in
+time (note 068). Under
+``priority.top_class_tier`` the top class's jobs come before all others whatever their
+scores (note 045). Under
 ``priority.age_tier_s`` a job that has waited that long (at the last recalculation) comes
 before every job that has not, below the top class, the oldest first (note 053).
 """
@@ -116,21 +119,53 @@ def urgency(book, spec: JobSpec, cls, estimate: float | None = None) -> float:
     for ``0 <= slack <= horizon``, slack = deadline - now - what the job still needs
     (its estimate, else its time limit, else nothing); 0 for a job with slack to spare
     or one that can no longer make it (boosting it would only make others miss theirs).
-    Least laxity first (Mok's LLF); among jobs of equal laxity the earlier deadline."""
+    Least laxity first (Mok's LLF); among jobs of equal laxity the earlier deadline.
+
+    A job with no estimate of its own whose user (else team) has a history of ratios
+    (``RuntimePredictor.ratios_for``; kept whenever the deadline weight is set, with or
+    without ``prediction.enabled``) has no known slack: its
+    time limit over-estimates its run time and a prediction is one quantile. Its factor
+    is the chance it can still end in time if it starts now - the share of the history's
+    ratios ``run time / time limit`` at most ``(deadline - now) / limit`` - while its
+    slack by the history's median ratio (the upper one of an even count) is within the
+    horizon, else 0 (note 068)."""
     pr = book.rules.priority
+    ratios, limit = _history(book, spec, cls)
+    if ratios is not None:
+        left = spec.deadline - max(book.recalc_t, spec.submit_time)
+        if left - ratios[len(ratios) // 2] * limit > pr.deadline_horizon_s:
+            return 0.0
+        return sum(1 for r in ratios if r * limit <= left) / len(ratios)
     slack = _slack(book, spec, cls, estimate, book.recalc_t)
     if slack < 0 or slack > pr.deadline_horizon_s:
         return 0.0
     return 1.0 - slack / pr.deadline_horizon_s
 
 
+def _history(book, spec: JobSpec, cls) -> tuple[list[float] | None, float | None]:
+    """``(sorted ratios run time / time limit, time limit)`` for a job whose deadline
+    factor is a chance (``urgency``): no estimate of its own, a time limit, and a
+    history of ratios for its user or team; else ``(None, None)``."""
+    if spec.runtime_estimate_s is not None or book.predictor is None:
+        return None, None
+    limit = time_limit(spec, cls)
+    ratios = book.predictor.ratios_for(spec.team, spec.user) if limit else None
+    return (ratios, limit) if ratios is not None else (None, None)
+
+
 def _slack(book, spec: JobSpec, cls, estimate: float | None, at: float | None = None) -> float:
     """Seconds a job with a deadline may still wait at ``at`` (default: now) and end by
-    it: deadline - at - its estimate (else its time limit, else nothing)."""
-    need = estimate if estimate is not None else spec.runtime_estimate_s
-    limit = time_limit(spec, cls)
-    if need is None or (limit is not None and limit < need):
-        need = limit
+    it: deadline - at - its estimate (else its time limit, else nothing); for a job whose
+    factor is a chance (``urgency``), what its shortest ratio of history needs (after
+    that the chance is 0)."""
+    ratios, limit = _history(book, spec, cls)
+    if ratios is not None:
+        need = ratios[0] * limit
+    else:
+        need = estimate if estimate is not None else spec.runtime_estimate_s
+        limit = time_limit(spec, cls)
+        if need is None or (limit is not None and limit < need):
+            need = limit
     return spec.deadline - max(book.now if at is None else at, spec.submit_time) - (need or 0.0)
 
 

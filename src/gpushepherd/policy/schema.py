@@ -645,7 +645,11 @@ class WeightsSpec(_Strict):
         "Weight of the deadline factor (note 034): a job at risk of missing its deadline - slack = deadline - now - "
         "its remaining estimate (or time limit) between 0 and `deadline_horizon_s` - gets 1 - slack / horizon, so "
         "the least slack ranks first (least-laxity-first); a job that can no longer make it, or has slack to "
-        "spare, gets 0. Jobs of the top class (production inference) always get 1, so the factor never lifts a job "
+        "spare, gets 0. A job with no estimate of its own whose user (or team) has `prediction.min_jobs` completed "
+        "jobs gets the chance it can still end in time - the share of their last `prediction.history` ratios run "
+        "time / time limit at most (deadline - now) / limit - while its slack by the median ratio is within the "
+        "horizon (note 068; the ratios are kept whenever this weight is set, with or without `prediction.enabled`). "
+        "Jobs of the top class (production inference) always get 1, so the factor never lifts a job "
         "above one of theirs.", 200000.0))
 
 
