@@ -67,6 +67,8 @@ def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:
         how = ("preemptible only if it checkpoints" if c.preempt_only_if_checkpointable else "preemptible") \
             if c.preemptible else "never preempted"
         extra = f", reserved {c.reserved_gpus} GPUs" if c.reserved_gpus else ""
+        if c.reserved_within(rules.nodes) < c.reserved_gpus:
+            extra += f" (keeps {c.reserved_within(rules.nodes)}: its pools hold no more)"
         extra += f", pools {','.join(c.pools)}" if c.pools else ""
         lines.append(f"class {c.name}: priority {c.priority}, {how}{extra}")
     team_limits: dict[str, list[str]] = {}

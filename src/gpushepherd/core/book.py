@@ -94,7 +94,7 @@ class Book:
         self.covered_units: dict[str, int] = {}
         self.class_jobs: dict[str, dict[str, Job]] = {}  # reserved classes: their jobs holding GPUs
         self.start_seq = 0  # runs started, in order (a run's start_no)
-        self.reserved = {c.name: c.reserved_gpus * GPU_UNITS for c in rules.classes.values() if c.reserved_gpus}
+        self.reserved = self.reservations()
         # class anti-affinity: per node index, class -> jobs of it holding GPUs there
         self.anti = any(c.avoid for c in rules.classes.values())
         self.node_classes: list[dict[str, int]] = [{} for _ in self.ledger.slots]
@@ -237,7 +237,15 @@ class Book:
         table = self.lower_vic if victims_only else self.lower_all
         return table[idx][self.prio_pos[prio]] if idx < len(table) else 0
 
+    def reservations(self) -> dict[str, int]:
+        """Units each class's ``reserved_gpus`` keep from the others, over every node
+        the ledger knows (``ClassRules.reserved_within``; note 069)."""
+        nodes = [s.node for s in self.ledger.slots]
+        kept = {c.name: c.reserved_within(nodes) * GPU_UNITS for c in self.rules.classes.values()}
+        return {name: units for name, units in kept.items() if units}
+
     def topology_changed(self) -> None:
+        self.reserved = self.reservations()  # an added node may widen a class's reach
         self.uniform = None
         self.nodeset_cache.clear()
         self.totals_cache.clear()

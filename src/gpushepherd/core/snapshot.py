@@ -127,6 +127,7 @@ def restore_into(sched, snap: dict) -> None:
     for name in snap.get("lost_nodes", []):
         if name in book.ledger.by_name:
             book.ledger.remove_node(book.ledger.by_name[name])
+    book.reserved = book.reservations()  # over the nodes as restored (note 069)
     for name, g in snap.get("unhealthy", []):
         book.ledger.set_gpu_health(book.ledger.by_name[name], g, False)
     for name, g, layout, plan in snap.get("mig", []):

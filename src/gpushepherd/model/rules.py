@@ -60,6 +60,15 @@ class ClassRules:
     #: island (a job may say otherwise; note 037)
     require_island: bool = False
 
+    def reserved_within(self, nodes) -> int:
+        """The GPUs its ``reserved_gpus`` keep from other classes on ``nodes`` (``Node``
+        objects, lost ones included: they may come back): at most the GPUs of those its
+        pools allow - a reservation holds what the class can use (a Slurm reservation's
+        nodes lie in one partition; design note 069)."""
+        if not self.reserved_gpus:
+            return 0
+        return min(self.reserved_gpus, sum(n.gpus for n in nodes if self.pools is None or n.pool in self.pools))
+
 
 class LimitUnit(str, enum.Enum):
     GPUS = "gpus"

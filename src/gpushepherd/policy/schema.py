@@ -341,7 +341,8 @@ class ClassSpec(_Strict):
     production inference"): other classes may use at most the capacity minus the
     unused part of every reservation, kept as free whole GPUs (a shared card only the
     class's jobs hold counts whole for it: a share of another class joins it only while
-    free GPUs cover the unused part).
+    free GPUs cover the unused part). A reservation keeps at most the GPUs of the nodes
+    the class's pools allow (note 069).
     """
 
     priority: int | None = Field(None, **doc(
@@ -381,7 +382,8 @@ class ClassSpec(_Strict):
         "GPUs guaranteed to the class and never lent to other classes (R4: reserve 2 for production inference); "
         "other classes may use at most the capacity minus the unused part of every reservation, kept as free "
         "whole GPUs (a shared card only the class's jobs hold counts whole for it: a share of another class "
-        "joins it only while free GPUs cover the unused part).", 2, GPUS))
+        "joins it only while free GPUs cover the unused part). It keeps at most the GPUs of the nodes in the "
+        "class's `pools` (a Slurm reservation's nodes lie in its partition).", 2, GPUS))
     windows: list[WindowSpec] = Field(default_factory=list, **doc(
         "Limits that change with the time of day and week (R4: batch 2 GPUs by day, 6 by night; R8); outside "
         "every window the class's own limits hold.", [{"name": "night", "from": "20:00", "to": "08:00",
