@@ -383,15 +383,18 @@ class Profile:
                 used -= holder.run_units
         return used
 
-    def quota_cap(self, job_id: str, k: Key, headroom: int, end: float, exempt: tuple = ()) -> int:
+    def quota_cap(self, job_id: str, k: Key, headroom: int, end: float, exempt: tuple = (), scratch=None) -> int:
         """The most of limit key ``k`` (``headroom`` left of it now) a job may take now
-        for a run ending at ``end`` without delaying a claim (``exempt``: as ``node_cap``)."""
+        for a run ending at ``end`` without delaying a claim (``exempt``: as ``node_cap``;
+        ``scratch``: victims gone, what they hold at a claim point is spare there, note 067)."""
         cap = headroom
         held = self.quota_held.get(k)
         if held:
             cap -= sum(a for claim, a in held if claim.job_id != job_id)
         for p in self.binding_points(end):
             s = self.qspare[p].get(k)
+            if s is not None and scratch is not None:
+                s += scratch.quota_at(k, p)
             if s is not None and exempt:
                 s += sum(c.quota.get(k, 0) for c in exempt if c.start <= p < c.end)
             if s is not None and s < cap:
@@ -399,10 +402,10 @@ class Profile:
         return cap
 
     def blocker(self, job_id: str, counts: Counts, charges, end: float, free_of, headroom_of,
-                exempt: tuple = ()) -> Claim | None:
+                exempt: tuple, gone) -> Claim | None:
         """The first claim (holds first, then reservations in order; not those in
         ``exempt``) that a job placed on ``counts`` with ``charges``, ending at ``end``,
-        would delay; ``None``."""
+        would delay, its victims ``gone`` (a scratch, as ``quota_cap``); ``None``."""
         for claim in self.claims:
             if claim.job_id == job_id or claim in exempt:
                 continue
@@ -418,20 +421,20 @@ class Profile:
                 continue
             if end <= claim.start:
                 continue
-            sp = self.spare.get(claim.start, {})
+            sp = self.spare.get(p := claim.start, {})
             for n, x in counts:
                 s = sp.get(n)
-                if s is not None and x > s and n in claim.gpus:
+                if s is not None and x > s + gone.extra_at(n, p) and n in claim.gpus:
                     return claim
-            qs = self.qspare.get(claim.start, {})
+            qs = self.qspare.get(p, {})
             for i, user, a in charges:
                 s = qs.get((i, user))
-                if s is not None and a > s and (i, user) in claim.quota:
+                if s is not None and a > s + gone.quota_at((i, user), p) and (i, user) in claim.quota:
                     return claim
         for p in self.binding_points(end):  # only the sum of several claims binds
             for n, x in counts:
                 s = self.spare[p].get(n)
-                if s is not None and x > s:
+                if s is not None and x > s + gone.extra_at(n, p):
                     found = next((c for c in self.owners[p] if n in c.gpus and c not in exempt), None)
                     if found is not None:
                         return found
