@@ -3,19 +3,22 @@ rule 9 (the claims of reservations and holds) must read that world too, and a re
 there must name the claim that binds there (oracle seed 326283, issue 20 point 12,
 design note 067, scenario I20-39). Both cores.
 
-The claims' spare of a quota key at a claim point counts every running job planned to
-hold it then; a victim gone gives its charge back at that point too. Read without that,
-a reclaim that leaves every reservation whole was refused by the claims, and the
-reason, named against the world with the victims still running, found no claim that
-binds: ``ReservedFor`` with no job.
+The claims' spare of a quota key at a claim point, and a claim's class-hold slack, count
+every running job planned to hold GPUs or quota then; a victim gone gives them back at
+that point too. Read without that, a preemption or reclaim that leaves every reservation
+whole was refused by the claims, and the reason, named against the world with the
+victims still running, found no claim that binds (``ReservedFor`` with no job) or one
+that does not bind with the victims gone.
 """
 
 from __future__ import annotations
 
 import pytest
-from builders import job, node, policy
+from builders import job, node, placed, policy
 from gpushepherd.core.scheduler import Scheduler
-from gpushepherd.model.events import JobSubmitted, Tick
+from gpushepherd.model.decisions import Start
+from gpushepherd.model.events import JobFinished, JobSubmitted, Tick
+from gpushepherd.model.job import ExitStatus
 
 A = (("zone", "a"),)
 B = (("zone", "b"),)
@@ -108,3 +111,27 @@ def test_a_refused_plan_names_the_reservation_that_binds_with_its_victims_gone(r
     assert sched.handle([_sub(1.5, "R2", 3, "batch", "b", 50, user="u5", node_selector=B)]) == []
     assert sched.handle([_sub(2, "P", 2, "batch", "b", 50, user="u3")]) == []
     assert str(sched.pending_reason("P")) == "ReservedFor(R2)"
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_preemption_is_not_refused_by_a_class_hold_slack_its_victims_leave_whole(reference):
+    # n1 has 4 GPUs; production inference reserves 1 (unused). V (sandbox, 2 GPUs, to
+    # 100) and W (training, u1, to 10) run, 1 GPU is free. R (training, u1) waits for the
+    # per-user limit: its reservation takes 1 GPU at 10, and its class-hold slack there is
+    # 0 (2 free at 10, R's 1, the reservation's 1). P (training, 2 GPUs) comes at 2 and
+    # may evict V: with V gone 3 GPUs are free now (1 kept for the reservation) and 4 at
+    # 10 (R's 1, the reservation's 1, P's 2). The slack read without V's GPUs (busy
+    # there by its planned end) refused P: ReservedFor(R), which does not hold the room.
+    rules = policy(nodes=[("n1", 4)], preemption={"enabled": True, "min_runtime_s": 0}, backfill=3,
+                   classes={"production-inference": {"reserved_gpus": 1}},
+                   teams={"t": {"max_running_jobs_per_user": 1}})
+    sched = Scheduler(rules, reference=reference)
+    sched.handle([_sub(0, "V", 2, "sandbox", "t", 100, user="u2"), _sub(0, "W", 1, "training", "t", 10, user="u1")])
+    assert sched.handle([_sub(1, "R", 1, "training", "t", 50, user="u1")]) == []
+    out = sched.handle([_sub(2, "P", 2, "training", "t", 50, user="u3")])
+    assert _brief(out) == [("Preempt", "V", "priority:training", "P")]
+    assert str(sched.pending_reason("P")) == "PreemptionInProgress(V)"
+    started = sched.handle([JobFinished(2.0, "V", ExitStatus.PREEMPTED)])
+    assert [(d.job_id, placed(d)) for d in started if isinstance(d, Start)] == [("P", {"n1": (1, 2)})]
+    started = sched.handle([JobFinished(10.0, "W", ExitStatus.COMPLETED)])  # R's reservation held
+    assert [(d.job_id, placed(d)) for d in started if isinstance(d, Start)] == [("R", {"n1": (0,)})]

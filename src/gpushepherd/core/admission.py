@@ -231,7 +231,7 @@ class Admission(ShareRules):
             if self._quota_claimed(job, profile, charges, end, scratch):
                 return Verdict(CLAIMS, units=units, charges=charges)
             if book.reserved:
-                blocker = profile.class_blocker(job, job.shape.k, end, self._exempt)
+                blocker = profile.class_blocker(job, job.shape.k, end, self._exempt, scratch)
                 if blocker is not None:
                     return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
         return Verdict(ADMITTED, counts=counts, units=units, charges=charges, covered=covered)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpushepherd.core import pins
-from gpushepherd.core.freed import card_of, freed_count, freed_parts
+from gpushepherd.core.freed import card_of, freed_count, freed_parts, slack_freed
 from gpushepherd.core.placement import Counts
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState
@@ -221,16 +221,17 @@ class Profile:
                 first = first or c
         return frozenset(nodes), first
 
-    def class_blocker(self, job: Job, x: int, end: float, exempt: tuple = ()) -> Claim | None:
+    def class_blocker(self, job: Job, x: int, end: float, exempt: tuple = (), scratch=None) -> Claim | None:
         """The first claim whose class-hold condition a job taking ``x`` whole GPUs now for
-        a run ending at ``end`` would break (``takes``)."""
+        a run ending at ``end`` would break (``takes``); ``scratch``: as ``quota_cap``."""
         if not self.book.reserved:
             return None
         own = next((c for c in self.claims if c.hold and c.job_id == job.id), None)
         for c in self.claims:
             if c.gslack is None or c.job_id == job.id or c in exempt:
                 continue
-            if (c.hold or c.start < end) and self.takes(c, job, x - self._counted(own, c))[0] > c.gslack:
+            took = self.takes(c, job, x - self._counted(own, c))[0] if c.hold or c.start < end else -INF
+            if took > c.gslack and (scratch is None or took > c.gslack + slack_freed(self, c, scratch)):
                 return c
         return None
 
@@ -384,21 +385,19 @@ class Profile:
         return used
 
     def quota_cap(self, job_id: str, k: Key, headroom: int, end: float, exempt: tuple = (), scratch=None) -> int:
-        """The most of limit key ``k`` (``headroom`` left of it now) a job may take now
-        for a run ending at ``end`` without delaying a claim (``exempt``: as ``node_cap``;
-        ``scratch``: victims gone, what they hold at a claim point is spare there, note 067)."""
+        """The most of limit key ``k`` (``headroom`` left of it now) a job may take now for a run
+        ending at ``end`` without delaying a claim (``exempt``: as ``node_cap``; ``scratch``: note 067)."""
         cap = headroom
         held = self.quota_held.get(k)
         if held:
             cap -= sum(a for claim, a in held if claim.job_id != job_id)
         for p in self.binding_points(end):
             s = self.qspare[p].get(k)
-            if s is not None and scratch is not None:
-                s += scratch.quota_at(k, p)
-            if s is not None and exempt:
+            if s is None:
+                continue
+            if exempt:
                 s += sum(c.quota.get(k, 0) for c in exempt if c.start <= p < c.end)
-            if s is not None and s < cap:
-                cap = s
+            cap = min(cap, s + (scratch.quota_at(k, p) if scratch is not None else 0))
         return cap
 
     def blocker(self, job_id: str, counts: Counts, charges, end: float, free_of, headroom_of,
