@@ -231,7 +231,7 @@ class Profile:
             if c.gslack is None or c.job_id == job.id or c in exempt:
                 continue
             took = self.takes(c, job, x - self._counted(own, c))[0] if c.hold or c.start < end else -INF
-            if took > c.gslack and (scratch is None or took > c.gslack + slack_freed(self, c, scratch)):
+            if took > c.gslack + (slack_freed(self, c, scratch) if scratch is not None and took > -INF else 0):
                 return c
         return None
 
