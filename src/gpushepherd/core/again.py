@@ -40,11 +40,14 @@ before, so the repeats end:
   class hold and the claims' class slack loosen.
 
 Once another pass is asked (by a start, a preemption or a dropped hold), the first job
-that reaches the preemption step halts the pass (``Turn.preempt``): nobody behind it
-preempts or starts, and the next pass turns every job in queue order (seed 305500: a
-share that joined a card let a share ahead of it evict the card's other holders; a share
-behind it preempted first, before the repeat). So an instant with k preemptions takes up
-to k + 1 passes (note 064).
+that would start or reach the preemption step halts the pass (``Turn._decided``,
+``Turn.preempt``): nobody behind it preempts or starts, and the next pass turns every job
+in queue order (seed 305500: a share that joined a card let a share ahead of it evict the
+card's other holders; a share behind it preempted first, before the repeat; seed 341629:
+a start made its team borrow, which gave a job ahead a reclaim victim and freed a job
+behind from that job's reservation - the job behind started first, and the one ahead had
+to evict it too, a second later). So an instant with k starts and preemptions takes up
+to k + 1 passes (notes 064, 070).
 """
 
 from __future__ import annotations

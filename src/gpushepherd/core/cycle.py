@@ -85,7 +85,7 @@ class Turn:
         #: filling a class's reservation with no free GPU, loosens them: another pass sees it (119025, 157825)
         self.held_back = False
         self.plan_refused = False  # a preemption plan found no victims in this pass (``again.py``)
-        self.halted = False  # ``preempt`` after another pass was asked: the walk stops
+        self.halted = False  # a start or ``preempt`` after another pass was asked: the walk stops
         #: ``(planned end, counts)`` of each job started once the profile held a claim
         #: (``standing._outlivers_fit_worse``)
         self.outlived: list[tuple[float, list]] = []
@@ -149,6 +149,9 @@ class Turn:
 
     def _decided(self, job: Job, v: A.Verdict, preemptor: bool) -> tuple[int, int]:
         book = self.book
+        if v.admitted and book.repass:  # another pass was asked: it turns this job in order (note 070)
+            self.halted = True
+            return BLOCKED, A.ADMITTED
         if preemptor and (v.admitted or not job.victims):  # its hold is dropped
             book.repass = book.repass or self.held_back
         self.held_back = self.held_back or v.rule in (A.CLASS_HOLD, A.CLAIMS)
@@ -229,7 +232,8 @@ class Turn:
     def preempt(self, job: Job, planner, *args) -> bool:
         """Step 5 with ``planner`` (``preemption.plan``, ``share_plan``): the preemption it
         finds begins (``True``); else a wake-up when a too-young victim would do. Once the pass
-        asked for another (``book.repass``) it halts here: the next turns all in order (305500)."""
+        asked for another (``book.repass``) it halts here, as a start does (``_decided``): the
+        next turns all in order (305500, 341629)."""
         if self.book.repass:
             self.halted = True
             return False
