@@ -88,7 +88,6 @@ def after_start(turn, job: Job, spot, preemptor: bool, covered: int = 0) -> None
         book.repass = True
 
 
-
 def _team_in_cohorts_of(job: Job, team: str) -> bool:
     """Whether ``team`` is another member of a cohort ``job`` may count in."""
     return any(m.team == team and m is not own for c, own in typed.cohorts_of(job) for m in c.members)
