@@ -285,8 +285,11 @@ class Book:
 
     def enqueue(self, job: Job) -> None:
         """Put a job in its sub-queue (signature: shape, class, charges, estimate band,
-        strict FIFO queue)."""
+        strict FIFO queue). A preemptor queued again (a node added, its spec amended) is
+        signed at rest, then bound again to the GPU type it planned on, as a restore binds
+        it (notes 038, 071)."""
         job.pend_est = job.planned_run()
+        held = typed.bound_type(job) if job.id in self.preemptors else None
         typed.rest(job)  # per-GPU-type quotas: a pending job at rest is bound to its base (note 038)
         shape = job.shape
         # failures are monotone in the GPU count within one filter and layout (and pod
@@ -296,6 +299,7 @@ class Book:
         sig = (shape, job.cls.name, job.charges, estimate_band(None if job.pend_est == INF else job.pend_est),
                job.strict_q, tuple((v.charges, v.cohort) for v in job.variants))
         job.sig = self.sig_ids.setdefault(sig, len(self.sig_ids))
+        typed.bind_type(job, held)
         self.queue.add(job)
         if job.share is not None:
             self.pending_shares += 1
