@@ -26,7 +26,6 @@ A job that passes all nine starts on the best placement satisfying all of them a
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 from gpushepherd.core import pins, typed
 from gpushepherd.core.filters import share_can_join
@@ -48,7 +47,7 @@ class Scratch:
     them: ``freed.freed_parts``), their charges and class units released."""
 
     __slots__ = ("book", "victims", "freed", "free_total", "quota", "class_units", "covered", "node_classes",
-                 "ends", "relief", "held")
+                 "ends", "relief")
 
     def __init__(self, book, victims: list[Job]):
         self.book = book
@@ -67,8 +66,6 @@ class Scratch:
         #: shared cards some holders of which are victims: ``(node, GPU) -> (milli, MiB,
         #: slots)`` they give back (a card they all leave is in ``freed``; note 042)
         self.relief = card_relief(ledger, victims, self.freed)
-        #: ``(planned end, (limit index, user), amount)`` per charge of a victim (``quota_at``)
-        self.held = [(v.end_est, (i, user), a) for v in victims for i, user, a in v.run_charges]
         for v in victims:
             for i, user, a in v.run_charges:
                 self.quota[(i, user)] = self.quota.get((i, user), 0) + a
@@ -96,16 +93,6 @@ class Scratch:
     def extra_at(self, n: int, p: float) -> int:
         """GPUs of node ``n`` the victims free that would still be held at ``p``."""
         return sum(g for idx, g, end in self.ends if idx == n and end > p)
-
-    def quota_at(self, k: tuple[int, str], p: float) -> int:
-        """What the victims give back of quota key ``k`` (``(limit index, user)``) that
-        they would still hold at ``p`` by their planned ends: the claims' spare of ``k``
-        at ``p`` (``Profile._qspare_fresh``) counts them as holding it then (note 067)."""
-        return sum(a for end, key, a in self.held if end > p and key == k)
-
-
-#: a scratch of no victims for ``Profile.blocker`` read live: it gives nothing back
-NO_VICTIMS = SimpleNamespace(extra_at=lambda _n, _p: 0, quota_at=lambda _k, _p: 0)
 
 
 class Admission(ShareRules):
@@ -231,20 +218,18 @@ class Admission(ShareRules):
             if self._quota_claimed(job, profile, charges, end, scratch):
                 return Verdict(CLAIMS, units=units, charges=charges)
             if book.reserved:
-                blocker = profile.class_blocker(job, job.shape.k, end, self._exempt, scratch)
+                blocker = profile.class_blocker(job, job.shape.k, end, self._exempt)
                 if blocker is not None:
                     return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
         return Verdict(ADMITTED, counts=counts, units=units, charges=charges, covered=covered)
 
-    def blocker_of(self, job: Job, profile: Profile, charges: tuple | None = None,
-                   scratch: Scratch | None = None) -> Claim | None:
-        """The claim a user is told a job refused by rule 9 (now, live; on ``scratch``: with
-        its victims gone, as that refusal was made) waits for: the first (holds first, then
-        reservations in order) that its best placement without claims would delay, else
-        the first claiming a node it may use."""
+    def blocker_of(self, job: Job, profile: Profile, charges: tuple | None = None) -> Claim | None:
+        """The claim a user is told a job refused by rule 9 (now, live) waits for: the
+        first (holds first, then reservations in order) that its best placement without
+        claims would delay, else the first claiming a node it may use."""
         end = self.book.now + job.planned_run()
         self._exempt = profile.reclaimers_of(job)
-        return self._blocker(job, profile, None, job.charges if charges is None else charges, end, scratch)
+        return self._blocker(job, profile, None, job.charges if charges is None else charges, end, None)
 
     # ----------------------------------------------------------- rules 1-4
     def _rules_1_to_4(self, job: Job, charges: tuple, scratch: Scratch | None) -> Verdict | None:
@@ -448,7 +433,7 @@ class Admission(ShareRules):
         for i, user, amount in charges:
             k = (i, user)
             used = quota.usage.get(k, 0) - (scratch.quota.get(k, 0) if scratch is not None else 0)
-            if amount > profile.quota_cap(job.id, k, quota.current[i] - used, end, self._exempt, scratch):
+            if amount > profile.quota_cap(job.id, k, quota.current[i] - used, end, self._exempt):
                 return True
         return False
 
@@ -468,7 +453,7 @@ class Admission(ShareRules):
             return quota.current[k[0]] - used
 
         exempt = self._exempt
-        found = profile.blocker(job.id, counts, charges, end, free_of, headroom_of, exempt, scratch or NO_VICTIMS)
+        found = profile.blocker(job.id, counts, charges, end, free_of, headroom_of, exempt)
         if found is None:
             found = next((c for c in profile.claims if c.job_id != job.id and c not in exempt
                           and (c.hold or end > c.start)

@@ -12,7 +12,7 @@ whole GPU (a MIG GPU is never handed out whole) and is no class-preemption victi
 from __future__ import annotations
 
 from gpushepherd.core.state import Job
-from gpushepherd.model.job import GPU_UNITS, JobState
+from gpushepherd.model.job import JobState
 
 
 def share_victim(job: Job) -> bool:
@@ -106,23 +106,3 @@ def lower_cards(book, idx: int, prio: int) -> int:
                 for hid in card.holders):
             mask |= 1 << g
     return mask
-
-
-def slack_freed(profile, c, scratch) -> int:
-    """Whole GPUs a preemption plan's victims (``scratch``, an ``admission.Scratch``) add
-    to claim ``c``'s class-hold slack (``profile.class_slack``, ``Profile._hold_slacks``):
-    those they free that it counted busy at its start (a hold: now, all of them), less
-    what the reserved classes they leave unfilled then keep free (note 067)."""
-    from gpushepherd.core.profile import held_for  # (the profile imports this module)
-
-    book = profile.book
-    now = c.hold or c.start <= book.now
-    p = book.now if now else c.start
-    gpus = sum(g for _n, g, end in scratch.ends if now or end > p)
-    gone = frozenset(v.id for v in scratch.victims if v.cls.name in book.reserved)
-    if gone:
-        claims, was = ((), frozenset(v for h in profile.claims if h.hold for v in book.jobs[h.job_id].victims)) \
-            if c.hold else (profile.claims, frozenset())
-        before, after = held_for(book, c.cls, p, claims, was), held_for(book, c.cls, p, claims, was | gone)
-        gpus -= -(-after // GPU_UNITS) - -(-before // GPU_UNITS)
-    return gpus

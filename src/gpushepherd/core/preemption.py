@@ -42,10 +42,8 @@ unless it works):
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gpushepherd.core import typed
-from gpushepherd.core.admission import CLAIMS, FREE, Admission, Scratch, Verdict
+from gpushepherd.core.admission import FREE, Admission, Scratch, Verdict
 from gpushepherd.core.filters import share_fits_card
 from gpushepherd.core.freed import card_of, freed_count, freed_masks, freed_parts
 from gpushepherd.core.ledger import FULL_MILLI
@@ -278,8 +276,7 @@ def _share_plan_with(book, admission: Admission, profile: Profile | None, job: J
             if chosen is not None:
                 options.append((_cost(chosen, book.now), n, g, chosen))
     for _key, n, g, chosen in sorted(options, key=lambda o: o[:3]):
-        scratch = Scratch(book, chosen)
-        verdict = admission.decide(job, profile, scratch)
+        verdict = admission.decide(job, profile, Scratch(book, chosen))
         if verdict.admitted and not verdict.spot[3]:
             # joining the card: its other holders planned to leave before the victims
             # (signalled, or their planned end first) leave it empty - the job then opens
@@ -289,28 +286,21 @@ def _share_plan_with(book, admission: Admission, profile: Profile | None, job: J
             first = [book.jobs[h] for h in sorted(ledger.slots[n].cards[g].holders)
                      if all(v.id != h for v in chosen) and book.jobs[h].end_est <= gone]
             if first:
-                both = Scratch(book, chosen + first)
-                after = admission.decide(job, profile, both)
+                after = admission.decide(job, profile, Scratch(book, chosen + first))
                 if not after.admitted:
-                    _refused(why, after, admission, profile, job, both)
+                    _refused(why, after)
                     continue
-        _refused(why, verdict, admission, profile, job, scratch)
+        _refused(why, verdict)
         if verdict.admitted and not breaks_holds(book, profile, job, chosen, verdict):
             return sorted(chosen, key=lambda v: v.vkey), verdict
     return None
 
 
-def _refused(why: list | None, verdict: Verdict, admission: Admission, profile: Profile | None, job: Job,
-             scratch: Scratch) -> None:
+def _refused(why: list | None, verdict: Verdict) -> None:
     """Keep a refusal other than capacity (rule 5) in ``why``: what keeps the job out
-    once its victims would be gone (``scratch``). A refusal by the claims (rule 9) names
-    its claim there, where it was made: read with the victims in place, another claim
-    (or none) may bind (oracle seed 326283, note 067)."""
-    if why is None or verdict.admitted or verdict.rule == FREE:
-        return
-    if verdict.rule == CLAIMS and verdict.blocker is None and profile is not None:
-        verdict = replace(verdict, blocker=admission.blocker_of(job, profile, verdict.charges, scratch))
-    why.append(verdict)
+    once its victims would be gone."""
+    if why is not None and not verdict.admitted and verdict.rule != FREE:
+        why.append(verdict)
 
 
 def breaks_holds(book, profile: Profile | None, job: Job, victims: list[Job], verdict: Verdict) -> bool:
@@ -390,15 +380,13 @@ def _plan_with(book, admission: Admission, profile: Profile | None, job: Job,
     if chosen is None:
         return None
     order = {v.id: k for k, v in enumerate(cands)}
-    scratch = Scratch(book, chosen)
-    verdict = admission.decide(job, profile, scratch)
+    verdict = admission.decide(job, profile, Scratch(book, chosen))
     pool = [v for v in cands if v not in chosen]
     while not verdict.admitted and pool:
         chosen.append(pool.pop(0))
-        scratch = Scratch(book, chosen)
-        verdict = admission.decide(job, profile, scratch)
+        verdict = admission.decide(job, profile, Scratch(book, chosen))
     if not verdict.admitted:
-        _refused(why, verdict, admission, profile, job, scratch)
+        _refused(why, verdict)
         return None
     for v in sorted(chosen, key=lambda v: order[v.id], reverse=True):
         if len(chosen) == 1:

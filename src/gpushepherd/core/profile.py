@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpushepherd.core import pins
-from gpushepherd.core.freed import card_of, freed_count, freed_parts, slack_freed
+from gpushepherd.core.freed import card_of, freed_count, freed_parts
 from gpushepherd.core.placement import Counts
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState
@@ -221,17 +221,16 @@ class Profile:
                 first = first or c
         return frozenset(nodes), first
 
-    def class_blocker(self, job: Job, x: int, end: float, exempt: tuple = (), scratch=None) -> Claim | None:
+    def class_blocker(self, job: Job, x: int, end: float, exempt: tuple = ()) -> Claim | None:
         """The first claim whose class-hold condition a job taking ``x`` whole GPUs now for
-        a run ending at ``end`` would break (``takes``); ``scratch``: as ``quota_cap``."""
+        a run ending at ``end`` would break (``takes``)."""
         if not self.book.reserved:
             return None
         own = next((c for c in self.claims if c.hold and c.job_id == job.id), None)
         for c in self.claims:
             if c.gslack is None or c.job_id == job.id or c in exempt:
                 continue
-            took = self.takes(c, job, x - self._counted(own, c))[0] if c.hold or c.start < end else -INF
-            if took > c.gslack + (slack_freed(self, c, scratch) if scratch is not None and took > -INF else 0):
+            if (c.hold or c.start < end) and self.takes(c, job, x - self._counted(own, c))[0] > c.gslack:
                 return c
         return None
 
@@ -384,27 +383,26 @@ class Profile:
                 used -= holder.run_units
         return used
 
-    def quota_cap(self, job_id: str, k: Key, headroom: int, end: float, exempt: tuple = (), scratch=None) -> int:
-        """The most of limit key ``k`` (``headroom`` left of it now) a job may take now for a run
-        ending at ``end`` without delaying a claim (``exempt``: as ``node_cap``; ``scratch``: note 067)."""
+    def quota_cap(self, job_id: str, k: Key, headroom: int, end: float, exempt: tuple = ()) -> int:
+        """The most of limit key ``k`` (``headroom`` left of it now) a job may take now
+        for a run ending at ``end`` without delaying a claim (``exempt``: as ``node_cap``)."""
         cap = headroom
         held = self.quota_held.get(k)
         if held:
             cap -= sum(a for claim, a in held if claim.job_id != job_id)
         for p in self.binding_points(end):
             s = self.qspare[p].get(k)
-            if s is None:
-                continue
-            if exempt:
+            if s is not None and exempt:
                 s += sum(c.quota.get(k, 0) for c in exempt if c.start <= p < c.end)
-            cap = min(cap, s + (scratch.quota_at(k, p) if scratch is not None else 0))
+            if s is not None and s < cap:
+                cap = s
         return cap
 
     def blocker(self, job_id: str, counts: Counts, charges, end: float, free_of, headroom_of,
-                exempt: tuple, gone) -> Claim | None:
+                exempt: tuple = ()) -> Claim | None:
         """The first claim (holds first, then reservations in order; not those in
         ``exempt``) that a job placed on ``counts`` with ``charges``, ending at ``end``,
-        would delay, its victims ``gone`` (a scratch, as ``quota_cap``); ``None``."""
+        would delay; ``None``."""
         for claim in self.claims:
             if claim.job_id == job_id or claim in exempt:
                 continue
@@ -420,20 +418,20 @@ class Profile:
                 continue
             if end <= claim.start:
                 continue
-            sp = self.spare.get(p := claim.start, {})
+            sp = self.spare.get(claim.start, {})
             for n, x in counts:
                 s = sp.get(n)
-                if s is not None and x > s + gone.extra_at(n, p) and n in claim.gpus:
+                if s is not None and x > s and n in claim.gpus:
                     return claim
-            qs = self.qspare.get(p, {})
+            qs = self.qspare.get(claim.start, {})
             for i, user, a in charges:
                 s = qs.get((i, user))
-                if s is not None and a > s + gone.quota_at((i, user), p) and (i, user) in claim.quota:
+                if s is not None and a > s and (i, user) in claim.quota:
                     return claim
         for p in self.binding_points(end):  # only the sum of several claims binds
             for n, x in counts:
                 s = self.spare[p].get(n)
-                if s is not None and x > s + gone.extra_at(n, p):
+                if s is not None and x > s:
                     found = next((c for c in self.owners[p] if n in c.gpus and c not in exempt), None)
                     if found is not None:
                         return found

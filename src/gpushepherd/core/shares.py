@@ -144,7 +144,7 @@ class ShareRules:
             if self._quota_claimed(job, profile, charges, end, scratch):
                 return Verdict(CLAIMS, units=units, charges=charges)
             if spot[3] and book.reserved:
-                blocker = profile.class_blocker(job, 1, end, self._exempt, scratch)
+                blocker = profile.class_blocker(job, 1, end, self._exempt)
                 if blocker is not None:
                     return Verdict(CLAIMS, units=units, charges=charges, blocker=blocker)
         return Verdict(ADMITTED, spot=spot, units=units, charges=charges, covered=covered)
