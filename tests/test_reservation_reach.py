@@ -92,4 +92,4 @@ def test_the_policy_summary_says_what_a_reservation_beyond_the_class_pools_keeps
     lines = summary(RULES)
     assert "class production-inference: priority 400, never preempted, reserved 3 GPUs (keeps 1: its pools hold no " \
            "more), pools inf" in lines
-    assert "class batch: priority 200, preemptible, reserved 1 GPUs" in lines
+    assert "class batch: priority 200, preemptible, reserved 1 GPU" in lines

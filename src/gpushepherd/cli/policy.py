@@ -53,6 +53,10 @@ def _cohort_terms(spec: PolicySpec | None) -> tuple[dict[str, list[str]], list[s
     return per_team, lines, paths
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
 def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:
     """Lines describing a compiled policy: pools (nodes, GPUs), classes (priority,
     preemptible), teams (nominal quota, limits and allowed classes; with ``spec``, a cohort member's
@@ -61,12 +65,12 @@ def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:
     pools: dict[str, list[int]] = {}
     for n in rules.nodes:
         pools.setdefault(n.pool, []).append(n.gpus)
-    lines = ["pools: " + ", ".join(f"{p} ({len(g)} node{'s' if len(g) != 1 else ''}, {sum(g)} GPUs)"
+    lines = ["pools: " + ", ".join(f"{p} ({len(g)} node{'s' if len(g) != 1 else ''}, {_gpus(sum(g))})"
                                    for p, g in sorted(pools.items()))]
     for c in sorted(rules.classes.values(), key=lambda c: (-c.priority, c.name)):
         how = ("preemptible only if it checkpoints" if c.preempt_only_if_checkpointable else "preemptible") \
             if c.preemptible else "never preempted"
-        extra = f", reserved {c.reserved_gpus} GPUs" if c.reserved_gpus else ""
+        extra = f", reserved {_gpus(c.reserved_gpus)}" if c.reserved_gpus else ""
         if c.reserved_within(rules.nodes) < c.reserved_gpus:
             extra += f" (keeps {c.reserved_within(rules.nodes)}: its pools hold no more)"
         extra += f", pools {','.join(c.pools)}" if c.pools else ""
