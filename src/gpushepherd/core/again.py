@@ -46,8 +46,9 @@ in queue order (seed 305500: a share that joined a card let a share ahead of it 
 card's other holders; a share behind it preempted first, before the repeat; seed 341629:
 a start made its team borrow, which gave a job ahead a reclaim victim and freed a job
 behind from that job's reservation - the job behind started first, and the one ahead had
-to evict it too, a second later). So an instant with k starts and preemptions takes up
-to k + 1 passes (notes 064, 070).
+to evict it too, a second later). Each repeat is asked by a start, a preemption or a
+dropped hold of the pass before, so an instant with k of them in all takes up to k + 1
+passes (notes 064, 070).
 """
 
 from __future__ import annotations
