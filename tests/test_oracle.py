@@ -109,8 +109,11 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: instant of its reclaim, whose victims the check judged by its reclaim flag (cleared at
 #: the start): a fault of the check, note 065, I20-37; 326198 - a training share filled its
 #: class's reservation on a card after a preemption plan that reservation had refused, and
-#: only a second pass preempted (note 066, scenario I20-38); 365256 - a preemptor whose
-#: victims had left did not start (found on note 067's change, reverted); 335785 - a
+#: only a second pass preempted (note 066, scenario I20-38); 326283, 342188 - a reclaim
+#: refused at a claim point no binding claim held, its victims counted there (ReservedFor
+#: with no holder; note 067, I20-50); 365256 - a preemptor whose victims had left did not
+#: start (found on note 067's first change, reverted: a class-hold slack its victims freed
+#: went to the claim's job ahead of it); 335785 - a
 #: class's reserved_gpus kept more GPUs than its pools hold, and a strict FIFO queue
 #: waited behind a job that could never start (note 069, I20-42); 340177 - found with 341629's batch on 0f2726f, passing since
 #: note 066; 341629 - a job admitted after its pass had asked for another started before
@@ -131,7 +134,7 @@ FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 132
          116225, 123639, 127598, 137455, 157735, 158351, 158599, 162346, 166603, 170352,
          171823, 181884, 190815, 195860, 211517,
          220068, 194, 247, 429, 479, 220007, 220176, 221952, 222331, 235848, 302256, 302283, 305500, 311874, 311299,
-         316833, 326198, 365256, 335785, 340177, 341629, 353597)
+         316833, 326198, 326283, 342188, 365256, 335785, 340177, 341629, 353597)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

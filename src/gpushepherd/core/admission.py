@@ -433,7 +433,8 @@ class Admission(ShareRules):
         for i, user, amount in charges:
             k = (i, user)
             used = quota.usage.get(k, 0) - (scratch.quota.get(k, 0) if scratch is not None else 0)
-            if amount > profile.quota_cap(job.id, k, quota.current[i] - used, end, self._exempt):
+            if amount > profile.quota_cap(job.id, k, quota.current[i] - used, end, self._exempt,
+                                          scratch.victims if scratch is not None else ()):
                 return True
         return False
 

@@ -106,3 +106,21 @@ def lower_cards(book, idx: int, prio: int) -> int:
                 for hid in card.holders):
             mask |= 1 << g
     return mask
+
+
+def quota_freed(victims: list[Job], k: tuple[int, str], p: float, claims: list) -> int:
+    """What a preemption plan's ``victims`` give back of quota key ``k`` (``(limit index,
+    user)``) at claim point ``p``: the charges to ``k`` of those planned to hold it past
+    ``p`` (the claims' spare there counts them: ``Profile._qspare_fresh``) that rank
+    behind the job of every claim in ``claims`` (those of ``k`` active at ``p`` that bind
+    the plan's job). A victim is queued again under its own key: one ranked ahead of a
+    claim's job takes its turn first and may take the quota back then, and a reclaim
+    counted on it would have bought that claim nothing (note 067). One ranked behind
+    them all may not delay them (rule 9 binds it as any job behind a claim). With no
+    such claim, the spare at ``p`` is the running jobs' alone: everything comes back."""
+    keys = [c.key for c in claims]
+    if not all(keys):
+        return 0
+    last = max(keys, default=None)
+    return sum(a for v in victims if v.end_est > p and (last is None or v.key > last)
+               for i, user, a in v.run_charges if (i, user) == k)

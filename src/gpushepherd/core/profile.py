@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpushepherd.core import pins
-from gpushepherd.core.freed import card_of, freed_count, freed_parts
+from gpushepherd.core.freed import card_of, freed_count, freed_parts, quota_freed
 from gpushepherd.core.placement import Counts
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState
@@ -383,19 +383,24 @@ class Profile:
                 used -= holder.run_units
         return used
 
-    def quota_cap(self, job_id: str, k: Key, headroom: int, end: float, exempt: tuple = ()) -> int:
-        """The most of limit key ``k`` (``headroom`` left of it now) a job may take now
-        for a run ending at ``end`` without delaying a claim (``exempt``: as ``node_cap``)."""
+    def quota_cap(self, job_id: str, k: Key, headroom: int, end: float, exempt: tuple = (), victims=()) -> int:
+        """The most of limit key ``k`` (``headroom`` left of it now) a job may take now for a
+        run ending at ``end`` without delaying a claim (``exempt``: as ``node_cap``);
+        ``victims``: a preemption plan's, gone (``freed.quota_freed``, note 067)."""
         cap = headroom
         held = self.quota_held.get(k)
         if held:
             cap -= sum(a for claim, a in held if claim.job_id != job_id)
         for p in self.binding_points(end):
             s = self.qspare[p].get(k)
-            if s is not None and exempt:
+            if s is None:
+                continue
+            if exempt:
                 s += sum(c.quota.get(k, 0) for c in exempt if c.start <= p < c.end)
-            if s is not None and s < cap:
-                cap = s
+            if victims:
+                s += quota_freed(victims, k, p, [c for c in self.owners[p] if k in c.quota and c not in exempt
+                                                 and c.job_id != job_id])
+            cap = min(cap, s)
         return cap
 
     def blocker(self, job_id: str, counts: Counts, charges, end: float, free_of, headroom_of,
