@@ -383,6 +383,19 @@ class Checker:
             # too little for the job (note 063)
             if not _card_room(book, job, detail):
                 bad = f"no {job.share.kind} card on its nodes has {detail} left"
+        elif code is ReasonCode.NO_FIT and detail.startswith("mig-slice") and job.share is not None:
+            # the claim: no instance of its profile is free and in service on its nodes
+            ledger = book.ledger
+            if any(ledger.slots[n].alive and card.free_of(job.share.profile) is not None
+                   for n in book.nodes_for(job) for card in ledger.slots[n].migs.values()):
+                bad = f"a {job.share.profile} instance is free on its nodes"
+        elif code is ReasonCode.NO_FIT and detail in _REPLICA and job.share is not None:
+            # the claim: cards of its kind are open on its nodes and none has the replicas
+            # (MPS clients, with their SMs) it asks; none open at all is capacity (note 076)
+            if _replica_free(book, job):
+                bad = f"a {job.share.kind} card on its nodes has the replicas it asks free"
+            elif not _card_room(book, job, detail):
+                bad = f"no {job.share.kind} card is open on its nodes"
         elif code is ReasonCode.PRIORITY and v.rule == A.ORDER:
             h = book.jobs.get(detail)
             if (h is None or h.state is not JobState.PENDING or h.strict_q != job.strict_q or not h.key < job.key
@@ -750,10 +763,16 @@ def _room_as_shares(book, job) -> bool:
     return False
 
 
+#: the ``NoFit`` details that say "no free replica" (the conventions' ``no_free_mps_replica``)
+_REPLICA = ("time-slice-replica", "mps-client")
+
+
 def _card_room(book, job, detail: str) -> bool:
     """Whether a card in service of ``job``'s share kind on its nodes has compute left
-    (``gpu-fraction``), or memory left or - a share that asks compute - the compute it
-    asks (``gpu-memory``: memory is what binds there)."""
+    (``gpu-fraction``); or memory left, or - a share that asks compute, or a replica of a
+    card with a replica limit (time-slicing, MPS) - the compute and the replica it asks
+    (``gpu-memory``: memory is what binds there; note 076); or is open at all (the
+    replicas ``time-slice-replica`` / ``mps-client`` says are taken)."""
     ledger = book.ledger
     for n in book.nodes_for(job):
         slot = ledger.slots[n]
@@ -763,8 +782,26 @@ def _card_room(book, job, detail: str) -> bool:
                 continue
             if detail == "gpu-fraction" and card.milli < FULL_MILLI:
                 return True
-            if detail == "gpu-memory" and (card.mem < card.cap_mem or (milli and card.fits(milli, 0, slots))):
+            if detail == "gpu-memory" and (card.mem < card.cap_mem
+                                           or ((milli or card.cap_slots) and card.fits(milli, 0, slots))):
                 return True
+            if detail in _REPLICA:  # a card of its kind is open at all
+                return True
+    return False
+
+
+def _replica_free(book, job) -> bool:
+    """Whether a card in service of ``job``'s share kind on its nodes has the replicas
+    (time-slicing) or MPS clients it asks free - an MPS client with its SM percentage:
+    then ``NoFit(time-slice-replica)`` / ``NoFit(mps-client)`` ("no free replica") is not
+    true (note 076)."""
+    ledger = book.ledger
+    for n in book.nodes_for(job):
+        slot = ledger.slots[n]
+        milli, _mem, slots = job.share.need(slot.node)
+        if any(slot.alive and card.key and card.mode == job.share.kind and card.cap_slots
+               and card.fits(milli, 0, slots) for card in slot.cards.values()):
+            return True
     return False
 
 

@@ -197,14 +197,29 @@ def room_as_shares(book, job: Job) -> bool:
 def card_room(book, job: Job, dim: str) -> bool:
     """Whether a card in service of share ``job``'s kind on its nodes has compute
     (``dim`` ``gpu-fraction``) or memory (``gpu-memory``) left: the room a
-    ``NoFit(<dim>)`` says is too small (note 063)."""
+    ``NoFit(<dim>)`` says is too small (note 063); ``dim`` ``replica``: a card of its
+    kind is open at all - the replicas "no free replica" says are all taken (note 076)."""
     ledger = book.ledger
     kind = job.share.kind
     for n in sorted(book.nodes_for(job)):
         for card in ledger.slots[n].cards.values():
-            if card.key and card.mode == kind and (card.milli < FULL_MILLI if dim == "gpu-fraction"
-                                                   else card.mem < card.cap_mem):
+            if card.key and card.mode == kind and (dim == "replica" or (
+                    card.milli < FULL_MILLI if dim == "gpu-fraction" else card.mem < card.cap_mem)):
                 return True
+    return False
+
+
+def replica_free(book, job: Job) -> bool:
+    """Whether a card in service of share ``job``'s kind on its nodes would take it but
+    for memory: the replicas (time-slicing) or MPS clients it asks are free, and an MPS
+    client's SM percentage with them (an MPS replica is a client and its part of the SMs;
+    note 076). ``best_card_for(..., memory=False)`` without its tie-break."""
+    ledger = book.ledger
+    for n in sorted(book.nodes_for(job)):
+        milli, _mem, slots = job.share.need(ledger.slots[n].node)
+        if any(card.key and card.mode == job.share.kind and card.fits(milli, 0, slots)
+               for card in ledger.slots[n].cards.values()):
+            return True
     return False
 
 
@@ -258,10 +273,12 @@ def share_reason(book, job: Job) -> PendingReason:
             and best_card_for(ledger, groups, share, memory=False) is not None
             and (share.milli or share.kind != "fraction" or card_room(book, job, "gpu-memory"))):
         return PendingReason(R.NO_FIT, "gpu-memory")  # a card takes it but for memory
-    if share.kind == "time_slice":
-        return PendingReason(R.NO_FIT, "time-slice-replica")
-    if share.kind == "mps":
-        return PendingReason(R.NO_FIT, "mps-client")
+    if share.kind in ("time_slice", "mps"):
+        # "no free replica": cards of its kind are open and none has the replicas (MPS
+        # clients and their SMs) it asks; none open at all is capacity (note 076)
+        if card_room(book, job, "replica") and not replica_free(book, job):
+            return PendingReason(R.NO_FIT, "time-slice-replica" if share.kind == "time_slice" else "mps-client")
+        return PendingReason(R.RESOURCES)
     fresh = ledger.free_in([g for g in groups if share_fits_card(ledger.groups[g].node, share)]) > 0
     if fresh:  # pragma: no cover - a free GPU that fits would have been a spot
         return PendingReason(R.NO_FIT, "gpu")
