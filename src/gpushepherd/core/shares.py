@@ -17,11 +17,19 @@ from gpushepherd.core.ledger import FULL_MILLI
 from gpushepherd.core.placement import members_of, pick_gpus
 from gpushepherd.core.profile import Claim, Profile
 from gpushepherd.core.state import Job
-from gpushepherd.core.verdict import ADMITTED, ANTI, CLAIMS, CLASS_HOLD, COHORT, FREE, Verdict
+from gpushepherd.core.verdict import ADMITTED, ANTI, CLAIMS, CLASS_HOLD, COHORT, FREE, ORDER, Verdict
 from gpushepherd.model.job import GPU_UNITS
 
 if TYPE_CHECKING:
     from gpushepherd.core.admission import Scratch
+
+
+def charged_by_spot(share) -> bool:
+    """Whether a share's charge depends on the node it lands on: a memory-only
+    fraction (its memory over the card's) or an MPS share without an SM percentage
+    (1 / the node's ``max_clients`` per replica); while pending it is charged the least
+    it could be (``intake.units_of``, note 037)."""
+    return share.kind in ("fraction", "mps") and not share.milli
 
 
 class ShareRules:
@@ -57,23 +65,28 @@ class ShareRules:
                       before_claims=None) -> Verdict:
         """Rules 1-9 for a share: hard limits, a strict queue's order, a card that fits (the tightest shared card,
         else a fresh GPU), the cohort, anti-affinity, class holds for a fresh GPU,
-        claims. A memory-only share is charged by the card it lands on."""
+        claims. A share charged by the card it lands on (``charged_by_spot``) is judged
+        by rules 1-3 on its least charge, then by rule 2 again on the charge of the spot
+        it would take - before rule 4: a hard limit it exceeds even as its strict
+        queue's head is the reason, not the head (note 075)."""
         book = self.book
         self._exempt = ()
         self._kept = {}
         covered, charges = self._charged(job, job.units, scratch, profile)
-        v = self._rules_1_to_4(job, charges, scratch)
-        if v is not None:
-            return v
+        order = self._rules_1_to_4(job, charges, scratch)
+        if order is not None and (order.rule != ORDER or not charged_by_spot(job.share)):
+            return order
         groups = book.groups_for(job)
         spot = self.share_spot(job, groups, frozenset(), None, None, scratch=scratch)
         if spot is None:
-            return Verdict(FREE, units=job.units, charges=charges)
+            return order or Verdict(FREE, units=job.units, charges=charges)
         units, covered, charges = self._share_charges(job, spot, scratch, profile)
         if charges:
             v = self._hard(charges, scratch)
             if v is not None:
                 return v
+        if order is not None:
+            return order
         if job.cohort is not None:
             hit = self._blocking(charges, True, scratch)
             if hit is not None:
@@ -251,7 +264,7 @@ class ShareRules:
         the node's ``max_clients`` per replica (note 037)."""
         share = job.share
         units = job.units
-        if share.kind in ("fraction", "mps") and not share.milli:
+        if charged_by_spot(share):
             units = units_of(self.book, job.spec, job.shape.ckey, self.book.ledger.slots[spot[0]].node)
         covered, charges = self._charged(job, units, scratch, profile)
         return units, covered, charges
