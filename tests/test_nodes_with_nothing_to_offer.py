@@ -6,7 +6,7 @@ reason (design note 072).
 ``bench/oracle.py`` seed 379637 crashed both cores with ``ZeroDivisionError`` in
 ``planning._Gate.maybe``: a multi-node job whose class avoids the nodes other jobs hold
 was left, for its reservation walk, with one node whose only GPU was unhealthy; the walk's
-gate took that node's 0 GPUs in service as "every node has 0 GPUs" and divided the job's
+gate took that node's 0 GPUs in service as "nodes of one size, 0 GPUs each" and divided the job's
 GPUs by it. Nodes with nothing to offer must simply not fit.
 """
 
@@ -37,7 +37,7 @@ MIG_ONLY = {"name": "n3", "gpus": 1, "gpu_type": "A100-80GB", "gpu_mem_mib": 819
 def both_cores(wl: Workload):
     """Drive ``wl`` through the fast core (pending reasons asked after every call,
     restarts as the workload says) and the reference core; assert that neither raises
-    (a raise fails the test) and that they agree. Returns the fast run's result."""
+    (a raise fails the test) and that they agree. Returns both runs' results."""
     fast, fast_calls = drive(wl)
     ref, ref_calls = drive(wl, reference=True)
     assert _first_difference(fast_calls, ref_calls) is None
