@@ -151,6 +151,8 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
         if top:  # read from the release index, no walk (note 059)
             whole, rest = divmod(shape.k, top)
             return book.release_index.multi_start(book, node_set, whole, top, rest, free_out)
+    if not any(totals.values()):  # no GPU in service on any node: none comes free either (note 072)
+        return None
     single = False
     gate = _Gate.of(shape, ledger, groups, nodes, totals)
     if gate.maybe():
@@ -170,7 +172,7 @@ def _walk_free(book, job: Job, nodes: list[int], totals: dict[int, int],
     # a multi-node job on nodes of one size: the gate's test and update written out here
     # (whole nodes free and the most free on one node; the walk's inner loop, note 052)
     inline = gate.homog and shape.mode == "multi"
-    need_whole, rest = divmod(k, gate.top) if inline else (0, 0)  # (a pod job's nodes may have no GPU: seed 923)
+    need_whole, rest = divmod(k, gate.top) if inline else (0, 0)  # (inline: gate.top > 0, note 072)
     whole, biggest = gate.whole, gate.biggest
     i, n_ends = 0, len(ends)
     if inline and n_ends > _SKIP_FROM and not any(slots[n].cards for n in nodes):
@@ -435,11 +437,11 @@ class _Gate:
     @classmethod
     def of(cls, shape, ledger, groups: list[int], nodes: list[int], totals: dict[int, int]) -> "_Gate":
         """The gate from the ledger's free-count buckets when the job's groups are of one
-        size and fully healthy (no walk over the nodes; the buckets may count nodes the job
+        size (not 0) and fully healthy (no walk over the nodes; the buckets may count nodes the job
         avoids, which only weakens a necessary condition), else from the nodes."""
         sizes = {ledger.groups[g].gpus for g in groups}
-        if len(sizes) == 1 and all(ledger.groups[g].healthy_sum == len(ledger.groups[g].members) * ledger.groups[g].gpus
-                                   for g in groups):
+        if len(sizes) == 1 and 0 not in sizes and all(
+                ledger.groups[g].healthy_sum == len(ledger.groups[g].members) * ledger.groups[g].gpus for g in groups):
             gate = cls.__new__(cls)
             gate.shape = shape
             gate.top = sizes.pop()
@@ -455,8 +457,10 @@ class _Gate:
     def __init__(self, shape, avail: dict[int, int], totals: dict[int, int]):
         self.shape = shape
         sizes = set(totals.values())
-        self.top = max(sizes, default=1)
-        self.homog = len(sizes) <= 1
+        self.top = max(sizes, default=0)
+        # whole nodes plus a remainder only on nodes of one size that have GPUs in service;
+        # mixed sizes, or none in service (unhealthy, MIG-only; note 072): only the total
+        self.homog = len(sizes) == 1 and self.top > 0
         self.sum = sum(max(0, v) for v in avail.values())
         self.biggest = max(avail.values(), default=0)
         self.whole = sum(1 for n, v in avail.items() if v > 0 and v >= totals[n])
@@ -482,7 +486,7 @@ class _Gate:
             return self.biggest >= shape.k
         if shape.mode == "pods":
             return self.slots >= shape.pods
-        if not self.homog:  # mixed node sizes: only the total is a safe test
+        if not self.homog:  # mixed node sizes or none in service: only the total is a safe test
             return self.sum >= shape.k
         need_whole, rest = divmod(shape.k, self.top)
         return self.whole >= need_whole and (rest == 0 or self.biggest >= rest)

@@ -414,7 +414,7 @@ def _pieces(book, job: Job, nodes: list[int]) -> list[int]:
         return [shape.k]
     if shape.mode == "pods":
         return [shape.per_pod] * shape.pods
-    size = max(book.ledger.slots[i].healthy for i in nodes)
+    size = max(book.ledger.slots[i].healthy for i in nodes)  # >= 1: _plan_with placed the job there (note 072)
     whole, rest = divmod(shape.k, size)
     return [size] * whole + ([rest] if rest else [])
 
