@@ -116,7 +116,10 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: note 066; 341629 - a job admitted after its pass had asked for another started before
 #: the job ahead had its second turn (note 070, I20-43); 353597 - a preemptor queued again
 #: (a node added, an update) lost the GPU type of its plan and let its hold go (note 071,
-#: I20-44): they stay in the suite's batch.
+#: I20-44); 368854, 369771 - a share of a reserved class joined a card, covered by nothing
+#: now (a job its plan would evict covered the reservation), after that plan was refused by
+#: the class hold, and only a second pass preempted (note 074, I20-47): they stay in the
+#: suite's batch.
 #: Note 063's checks (NoFit(whole-gpu) / NoFit(gpu-fraction) /
 #: NoFit(gpu-memory) with no such room left, a cohort's refusal read as "may not be
 #: preempted" or named off the job's nodes) failed on 46 of these and on 3, 22, 28, 45, 49,
@@ -131,7 +134,7 @@ FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 132
          116225, 123639, 127598, 137455, 157735, 158351, 158599, 162346, 166603, 170352,
          171823, 181884, 190815, 195860, 211517,
          220068, 194, 247, 429, 479, 220007, 220176, 221952, 222331, 235848, 302256, 302283, 305500, 311874, 311299,
-         316833, 326198, 365256, 335785, 340177, 341629, 353597)
+         316833, 326198, 365256, 335785, 340177, 341629, 353597, 368854, 369771)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (
