@@ -120,7 +120,13 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: the job ahead had its second turn (note 070, I20-43); 353597 - a preemptor queued again
 #: (a node added, an update) lost the GPU type of its plan and let its hold go (note 071,
 #: I20-44); 379637 - a multi-node job whose only nodes left had no GPU in service crashed
-#: both cores (ZeroDivisionError; note 072, I20-45): they stay in the suite's batch.
+#: both cores (ZeroDivisionError; note 072, I20-45); 368854, 369771 - a share of a reserved
+#: class joined a card, covered by nothing now (a job its plan would evict covered the
+#: reservation), after that plan was refused by the class hold, and only a second pass
+#: preempted (note 074, I20-47); 367237 - a share charged by its spot read Priority(head)
+#: in a strict queue while rule 2 at that spot refused it (note 075, I20-48); 371686 - the
+#: oracle's gpu-memory check missed a time-slice card with a free replica (note 076,
+#: I20-49): they stay in the suite's batch.
 #: Note 063's checks (NoFit(whole-gpu) / NoFit(gpu-fraction) /
 #: NoFit(gpu-memory) with no such room left, a cohort's refusal read as "may not be
 #: preempted" or named off the job's nodes) failed on 46 of these and on 3, 22, 28, 45, 49,
@@ -136,7 +142,7 @@ FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 132
          171823, 181884, 190815, 195860, 211517,
          220068, 194, 247, 429, 479, 220007, 220176, 221952, 222331, 235848, 302256, 302283, 305500, 311874, 311299,
          316833, 326198, 326283, 342188, 365256, 335785, 340177, 341629, 353597, 379637,
-         367237, 371686)
+         367237, 371686, 368854, 369771)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

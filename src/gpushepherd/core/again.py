@@ -31,13 +31,18 @@ before, so the repeats end:
 * a preemptor starting at its turn on free GPUs while its victims are still leaving,
   after a job could not preempt: its hold is dropped, and the GPUs it held may be what
   that job's plan lacked (seeds 168020, 168123);
-* a job of a class with ``reserved_gpus`` that fills its class's reservation without
-  taking a free whole GPU (a share joining a card, a MIG slice), after a job was refused
-  by a class hold or the claims - at its turn (``Turn.held_back``; seeds 119025, 157825)
-  or in its preemption plan, on the state without its victims (``Turn.plan_refused``;
-  seed 326198: production inference could not evict a sandbox job while training's
-  reserved GPU was half filled by a share; a training share then filled the card): the
-  class hold and the claims' class slack loosen.
+* a job of a class with ``reserved_gpus`` that starts without taking a free whole GPU
+  (a share joining a card, a MIG slice), after a job was refused by a class hold or the
+  claims - at its turn (``Turn.held_back``; seeds 119025, 157825) or in its preemption
+  plan, on the state without its victims (``Turn.plan_refused``; seed 326198: production
+  inference could not evict a sandbox job while training's reserved GPU was half filled
+  by a share; a training share then filled the card): the class hold and the claims'
+  class slack loosen. Whether the start is *covered* now does not matter (note 074): the
+  class hold reads what the class uses, and a plan or a hold's slack reads it without
+  victims - a victim of the class, or a preemptor's hold, may have covered the
+  reservation now, so a start covered by nothing now fills it there (seed 368854: a
+  training share joined a card while a whole training job, which production inference's
+  plan would evict, covered training's reservation; 369771: the same with batch).
 
 Once another pass is asked (by a start, a preemption or a dropped hold), the first job
 that would start or reach the preemption step halts the pass (``Turn._decided``,
@@ -57,11 +62,11 @@ from gpushepherd.core import preemption, typed
 from gpushepherd.core.state import Job
 
 
-def after_start(turn, job: Job, spot, preemptor: bool, covered: int = 0) -> None:
+def after_start(turn, job: Job, spot, preemptor: bool) -> None:
     """Ask for what ``job``'s start in ``turn``'s pass calls for (module docstring):
     ``spot`` is a share's ``(node index, GPU, MIG position or None, fresh GPU)`` (``None``:
     whole GPUs); ``preemptor``: it started at its turn as a preemptor whose victims had
-    not all left; ``covered``: the units of it its class's ``reserved_gpus`` cover."""
+    not all left."""
     book = turn.book
     no_victims = turn.no_victims
     if job.evictable and (job.cls.priority < turn.no_victims_prio
@@ -69,8 +74,8 @@ def after_start(turn, job: Job, spot, preemptor: bool, covered: int = 0) -> None
         turn.sched.wake_at(preemption.comes_of_age(book, job))
     if book.repass:
         return
-    if covered and spot is not None and not spot[3] and (turn.held_back or turn.plan_refused):
-        book.repass = True  # its class's reservation filled, no free GPU taken: the class hold loosens
+    if spot is not None and not spot[3] and (turn.held_back or turn.plan_refused) and job.cls.name in book.reserved:
+        book.repass = True  # its class uses more, no free GPU taken: the class hold may loosen (note 074)
         return
     if spot is None or spot[2] is None:  # whole GPUs, or a card (no MIG instance)
         card = spot is not None

@@ -328,7 +328,7 @@ class Turn:
             counts = v.counts
         held = job.id in book.preemptors and bool(job.victims)  # its victims are still leaving
         book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now, covered=v.covered)
-        again.after_start(self, job, v.spot, held, v.covered)  # another pass, or a wake-up (again.py)
+        again.after_start(self, job, v.spot, held)  # another pass, or a wake-up (again.py)
         if self.profile:
             self.profile.consume(job, counts, job.end_est, job.run_charges, held_from)
             self.outlived.append((job.end_est, counts))
