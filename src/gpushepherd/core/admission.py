@@ -484,6 +484,9 @@ class Admission(ShareRules):
                                                        shape.k, ledger.slots[i].node.nvlink_islands)]
             avail = {i: min(scratch.free(i) if scratch is not None else ledger.slots[i].free, within[i],
                             caps.get(i, within[i]) if caps is not None else within[i]) for i in cand}
+            if shape.mode == "multi":  # its plan, as counted: a node it took whole stays whole
+                # for it when a GPU there comes into service since (note 073)
+                return list(within.items()) if all(avail.get(i, 0) >= c for i, c in within.items()) else None
             return place_counts(avail, cand, {i: ledger.slots[i].healthy for i in cand}, shape)
         if (scratch is None and not avoided and not islands and not tiered and caps is not None
                 and shape.mode == "single"):
