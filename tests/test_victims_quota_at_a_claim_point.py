@@ -1,9 +1,9 @@
 """A preemption plan asks the admission rule with its victims gone; rule 9 reads the
 claims' quota spare at each claim point, which counts every running job planned to hold
 the quota then - the plan's victims too. What the victims hold there comes back to the
-plan only when no claim there can lose it to them: a victim is queued again under its own
-key, so one ranked ahead of a claim's job may take the quota back first; one ranked
-behind every claim's job may not (rule 9 binds it). Oracle seeds 326283, 342188 (a
+plan only where no claim binds the job: a victim is queued again, and one that ranks
+ahead of a claim's job then may take the quota back first (its key now does not say:
+a running job's key is not recalculated). Oracle seeds 326283, 342188 (a
 reclaim refused at a point no claim bound, read ``ReservedFor`` naming no job), design
 note 067, scenario I20-50. Both cores.
 """
@@ -83,16 +83,39 @@ def _reclaim_beside(r_cls: str, reference: bool) -> Scheduler:
 
 
 @pytest.mark.parametrize("reference", [False, True])
-def test_a_reclaim_gets_the_quota_back_of_a_victim_ranked_behind_the_claims_job(reference):
-    # R is training: it ranks ahead of A1 (batch). A1 queued again may not start before
-    # R's reservation (rule 9 binds it), so its 2 come back at 10: P reclaims A1 at 2 and
-    # starts; at 10 R starts and A1 waits (the cohort has 1 left). Before, the plan read
-    # the spare at 10 with A1 in it and P waited for A1 to end at 100.
+def test_a_reclaim_does_not_count_the_quota_of_a_victim_ranked_behind_the_claims_job_now(reference):
+    # R is training: it ranks ahead of A1 (batch) now. A victim's rank when it is queued
+    # again is not its key now (the next test), so where R's claim binds, A1's 2 do not
+    # come back at 10: P waits (1 GPU free) and at 10, R started, reclaims A1 and starts
+    # when it leaves. (The merged second fix reclaimed at 2 on the rank now.)
     sched = _reclaim_beside("training", reference)
-    assert _brief(sched.handle([_sub(2, "P", 2, "batch", "b", 50, user="u2")])) == [("Preempt", "A1", "reclaim", "P")]
-    assert _starts(sched.handle([JobFinished(2.0, "A1", ExitStatus.PREEMPTED)])) == ["P"]
-    assert _starts(sched.handle([JobFinished(10.0, "B1", ExitStatus.COMPLETED)])) == ["R"]
-    assert sched.book.jobs["A1"].state.name == "PENDING"
+    assert sched.handle([_sub(2, "P", 2, "batch", "b", 50, user="u2")]) == []
+    assert str(sched.pending_reason("P")) == "Resources"
+    assert _brief(sched.handle([JobFinished(10.0, "B1", ExitStatus.COMPLETED)])) == [
+        ("Start", "R", None, None), ("Preempt", "A1", "reclaim", "P")]
+    assert _starts(sched.handle([JobFinished(10.0, "A1", ExitStatus.PREEMPTED)])) == ["P"]
+
+
+@pytest.mark.parametrize("prio", [{"age_tier_s": 5, "recalc_s": 10},
+                                  {"weights": {"age": 1000}, "max_age_s": 1000, "recalc_s": 10}])
+@pytest.mark.parametrize("reference", [False, True])
+def test_no_reclaim_of_a_victim_whose_key_now_hides_that_it_ranks_ahead_when_queued_again(reference, prio):
+    # the review of the merged second fix: a running job's key is not recalculated, so
+    # under the aged tier or an age weight A1 (running since 0) reads behind R (rekeyed at
+    # 10) at 12. Counted back at R's claim point (30), P reclaimed A1 at 12; A1, queued
+    # again and rekeyed at 20, ranked ahead of R and took the cohort back at 30: R waited,
+    # the eviction bought it nothing. Now nothing comes back where R's claim binds: R
+    # starts at 30 on its reservation.
+    rules = policy(nodes=[("n1", 4)], preemption={"enabled": True, "min_runtime_s": 0.0}, backfill=3,
+                   teams={"a": {"nominal_gpus": 0}, "b": {"nominal_gpus": 4, "max_running_jobs_per_user": 1}},
+                   cohorts={"co": {"members": ["a", "b"], "reclaim": "any"}}, priority=prio)
+    sched = Scheduler(rules, reference=reference)
+    sched.handle([_sub(0, "A1", 2, "batch", "a", 100), _sub(0, "B1", 1, "batch", "b", 30, user="u1")])
+    sched.handle([_sub(1, "R", 1, "batch", "b", 50, user="u1")])
+    sched.handle([Tick(10.0)])
+    assert sched.handle([_sub(12, "P", 2, "batch", "b", 50, user="u2")]) == []
+    sched.handle([Tick(20.0)])
+    assert "R" in _starts(sched.handle([JobFinished(30.0, "B1", ExitStatus.COMPLETED)]))
 
 
 @pytest.mark.parametrize("reference", [False, True])

@@ -111,16 +111,15 @@ def lower_cards(book, idx: int, prio: int) -> int:
 def quota_freed(victims: list[Job], k: tuple[int, str], p: float, claims: list) -> int:
     """What a preemption plan's ``victims`` give back of quota key ``k`` (``(limit index,
     user)``) at claim point ``p``: the charges to ``k`` of those planned to hold it past
-    ``p`` (the claims' spare there counts them: ``Profile._qspare_fresh``) that rank
-    behind the job of every claim in ``claims`` (those of ``k`` active at ``p`` that bind
-    the plan's job). A victim is queued again under its own key: one ranked ahead of a
-    claim's job takes its turn first and may take the quota back then, and a reclaim
-    counted on it would have bought that claim nothing (note 067). One ranked behind
-    them all may not delay them (rule 9 binds it as any job behind a claim). With no
-    such claim, the spare at ``p`` is the running jobs' alone: everything comes back."""
-    keys = [c.key for c in claims]
-    if not all(keys):
+    ``p`` (the claims' spare there counts them: ``Profile._qspare_fresh``), and only when
+    ``claims`` (those of ``k`` active at ``p`` that bind the plan's job) is empty. Then
+    the spare at ``p`` is the running jobs' alone, and with the victims' charges back it
+    is never tighter than the room now. Where a claim binds, nothing comes back: a victim
+    is queued again under its own key, and one that ranks ahead of the claim's job when
+    it is requeued may take the quota back first - the eviction then bought the claim
+    nothing (note 067). Its rank then cannot be read from its key now: a running job's
+    key is not recalculated (``priority.maybe_recalc`` rekeys the queue), and age,
+    the aged tier and fair-share move it once it is queued again."""
+    if claims:
         return 0
-    last = max(keys, default=None)
-    return sum(a for v in victims if v.end_est > p and (last is None or v.key > last)
-               for i, user, a in v.run_charges if (i, user) == k)
+    return sum(a for v in victims if v.end_est > p for i, user, a in v.run_charges if (i, user) == k)
