@@ -468,7 +468,9 @@ class Admission(ShareRules):
         """Best fit for a whole-GPU job on free GPUs (``scratch``'s when given), away from
         ``avoided`` nodes and within ``caps``; nodes holding its (preferred) cache key
         first; single-node multi-GPU jobs on nodes where they fit one NVLink island first
-        (outside the GPUs ``held``, per node, pins: ``pins.pinned``)."""
+        (outside the GPUs ``held``, per node, pins: ``pins.pinned``). ``within``: only a
+        preemptor's plan; one over several nodes is placed as counted, or not at all, its
+        shape now notwithstanding (notes 073, 077)."""
         book = self.book
         ledger = book.ledger
         groups = book.groups_for(job)
@@ -484,8 +486,10 @@ class Admission(ShareRules):
                                                        shape.k, ledger.slots[i].node.nvlink_islands)]
             avail = {i: min(scratch.free(i) if scratch is not None else ledger.slots[i].free, within[i],
                             caps.get(i, within[i]) if caps is not None else within[i]) for i in cand}
-            if shape.mode == "multi":  # its plan, as counted: a node it took whole stays whole
-                # for it when a GPU there comes into service since (note 073)
+            if shape.mode == "multi" or (shape.mode == "single" and len(within) > 1):
+                # its plan, as counted: a node it took whole stays whole for it when a GPU
+                # there comes into service since (note 073), and a plan over several nodes
+                # stays its placement when a node added since makes it fit one (note 077)
                 return list(within.items()) if all(avail.get(i, 0) >= c for i, c in within.items()) else None
             return place_counts(avail, cand, {i: ledger.slots[i].healthy for i in cand}, shape)
         if (scratch is None and not avoided and not islands and not tiered and caps is not None
