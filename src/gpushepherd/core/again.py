@@ -43,9 +43,6 @@ before, so the repeats end:
   reservation now, so a start covered by nothing now fills it there (seed 368854: a
   training share joined a card while a whole training job, which production inference's
   plan would evict, covered training's reservation; 369771: the same with batch).
-  After a refusal at a turn only (no refused plan), only when the start fills a read of
-  its class's reservation that was below it (``_fills_a_read``): else nothing loosens, and
-  k shares of a covered class joining cards took k repeat passes (note 074, "Narrowed").
 
 Once another pass is asked (by a start, a preemption or a dropped hold), the first job
 that would start or reach the preemption step halts the pass (``Turn._decided``,
@@ -77,8 +74,7 @@ def after_start(turn, job: Job, spot, preemptor: bool) -> None:
         turn.sched.wake_at(preemption.comes_of_age(book, job))
     if book.repass:
         return
-    if (spot is not None and not spot[3] and job.cls.name in book.reserved
-            and (turn.plan_refused or (turn.held_back and _fills_a_read(turn, job)))):
+    if spot is not None and not spot[3] and (turn.held_back or turn.plan_refused) and job.cls.name in book.reserved:
         book.repass = True  # its class uses more, no free GPU taken: the class hold may loosen (note 074)
         return
     if spot is None or spot[2] is None:  # whole GPUs, or a card (no MIG instance)
@@ -96,33 +92,6 @@ def after_start(turn, job: Job, spot, preemptor: bool) -> None:
             any(typed.borrows_from(p, job) or _team_in_cohorts_of(p, job.cohort[1].team) for p in no_victims)
             and preemption.borrows(book, job))):
         book.repass = True
-
-
-def _fills_a_read(turn, job: Job) -> bool:
-    """Whether ``job``'s start (just made) raises a use of its class's ``reserved_gpus``
-    that a refusal at a turn (``Turn.held_back``: a class hold, the claims) read below the
-    reservation: the live class hold (rule 8, what the class holds before it), or a claim's
-    class-hold slack (``profile.held_for``: a hold's now, its class's jobs but the holds'
-    victims; a reservation's start, its class's jobs running then) where the job is still
-    running. Each read is ``max(0, reserved - used)``: at or above the reservation the start
-    changes none of it (note 074, "Narrowed")."""
-    book = turn.book
-    name = job.cls.name
-    res = book.reserved[name]
-    if book.class_units.get(name, 0) - job.run_units < res:
-        return True
-    claims = [c for c in turn.profile.claims if c.gslack is not None and c.cls != name] if turn.profile else ()
-    if not claims:
-        return False
-    others = [j for j in book.class_jobs.get(name, {}).values() if j is not job]
-    gone = frozenset(v for c in turn.profile.claims if c.hold for v in book.jobs[c.job_id].victims)
-    for c in claims:
-        if c.hold or c.start <= book.now:
-            if sum(j.run_units for j in others if j.id not in gone) < res:
-                return True
-        elif job.end_est > c.start and sum(j.run_units for j in others if j.end_est > c.start) < res:
-            return True
-    return False
 
 
 def _team_in_cohorts_of(job: Job, team: str) -> bool:
