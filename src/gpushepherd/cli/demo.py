@@ -60,6 +60,17 @@ def usage_table(result) -> Table:
     return table
 
 
+def header(data_dir: Path, policy_name: str, backend: str = "local") -> list[Text]:
+    """The demo's first lines, one thought each, every one under 80 columns (but for a
+    long data directory): what runs, where its data is, what the times mean."""
+    lines = [Text.assemble(("shepherd demo", "bold"), ": a server under the small-team policy on one 8-GPU node")]
+    if backend == "slurm":
+        lines.append(Text("  jobs run on a fake Slurm cluster that the demo starts and stops"))
+    return lines + [Text(f"  policy: {policy_name}"), Text(f"  server data: {data_dir}"),
+                    Text("  times: seconds since the start, when the demo saw each change (every 0.5 s);"),
+                    Text("  the checks at the end use the server's own times")]
+
+
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where the demo server keeps its "
@@ -92,11 +103,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         own_dir = data_dir is None
         data_dir = temp_data_dir() if own_dir else data_dir
-        console.print(f"[bold]shepherd demo[/bold]: a server on {data_dir} under {demo_policy_path().name} "
-                      "(small-team policy, one 8-GPU node"
-                      + (", jobs through a fake Slurm cluster" if backend == "slurm" else "")
-                      + "); times are seconds since the start at which the demo saw each change (it looks every "
-                      "0.5 s; the checks at the end use the server's own times)")
+        for line in header(data_dir, demo_policy_path().name, backend):
+            console.print(line)
         names: dict[str, str] = {}
         live = Live(Text("starting the server..."), console=console, refresh_per_second=4, transient=False)
 
