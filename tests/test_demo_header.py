@@ -38,3 +38,42 @@ def test_demo_header_fits_80_columns_unwrapped(tmp_path, monkeypatch, backend):
               "  times: seconds since the start, when the demo saw each change (every 0.5 s);",
               "  the checks at the end use the server's own times"]
     assert [x.rstrip() for x in lines[:len(first)]] == first
+
+
+JOBS = [
+    {"id": "1", "class": "production-inference", "team": "ml-platform", "gpus": 2, "state": "RUNNING",
+     "placement": "gpu-server-1:0,1", "runs": 1},
+    {"id": "2", "class": "training", "team": "research", "gpus": 4, "state": "PREEMPTING",
+     "placement": "gpu-server-1:4,5,6,7", "runs": 1},
+    {"id": "3", "class": "sandbox", "team": "research", "gpus": 1, "state": "PENDING", "reason": "Resources", "runs": 0},
+    {"id": "4", "class": "batch", "team": "data", "gpus": 1, "state": "RUNNING", "reason": "3/6 done, 1 running",
+     "tasks": 6, "runs": 5},
+    {"id": "4_3.2", "class": "batch", "team": "data", "gpus": 1, "state": "RUNNING", "placement": "gpu-server-1:3"},
+    {"id": "7", "class": "production-inference", "team": "ml-platform", "gpus": 4, "state": "PENDING",
+     "reason": "HeldForPreemptor(7)", "runs": 0},
+]
+NODES = [{"gpu": [{"index": i, "jobs": [["1"], ["1"], [], ["4_3.2"], ["2"], ["2"], ["2"], ["2"]][i]}
+                  for i in range(8)]}]
+NAMES = {"1": "inference-api", "2": "train-llm", "3": "notebook", "4": "embed-batch", "7": "inference-burst"}
+
+
+def _render(renderable, width: int) -> list[str]:
+    screen = io.StringIO()
+    Console(file=screen, width=width, emoji=False, highlight=False).print(renderable)
+    return [x.rstrip() for x in screen.getvalue().splitlines()]
+
+
+@pytest.mark.parametrize("width", [80, 103, 104, 160])
+def test_demo_tables_neither_cut_nor_wrap_a_cell(width):
+    from gpushepherd.cli.demo import FULL_WIDTH, _queue_table, usage_table
+
+    lines = _render(_queue_table(12.0, JOBS, NODES, NAMES, width), width)
+    assert not any("…" in x for x in lines), lines
+    assert len(lines) == 1 + 1 + 5 + 1, lines  # title, header, one line per job (not the array's child), GPU map
+    assert ("CLASS" in lines[1] and "TEAM" in lines[1]) == (width >= FULL_WIDTH)
+    assert "inference-burst" in lines[-2] and "HeldForPreemptor(7)" in lines[-2] and "[3:4_3.2]" in lines[-1]
+    result = DemoResult(jobs=[{**v, "gpu_s": 10.0, "submit_time": 0.0, "first_start": 1.0} for v in JOBS],
+                        usage=[{"team": t, "decayed_usage_gpu_s": 12345.0, "fair_share_factor": 0.5}
+                               for t in ("data", "ml-platform", "research")])
+    lines = _render(usage_table(result), width)
+    assert not any("…" in x for x in lines) and len(lines) == 1 + 1 + 3, lines

@@ -18,21 +18,28 @@ _STYLE = {"RUNNING": "green", "PENDING": "yellow", "PREEMPTING": "magenta", "STO
           "COMPLETED": "blue", "FAILED": "red", "CANCELLED": "dim", "TIMEOUT": "red"}
 
 
-def _queue_table(t: float, jobs: list[dict], nodes: list[dict], names: dict[str, str]) -> Group:
-    table = Table("JOB", "NAME", "CLASS", "TEAM", "GPUS", "STATE", "REASON / PLACEMENT", "RUNS",
-                  title=f"queue at {t:5.1f} s", title_justify="left", box=None)
+#: the queue table's width with every column (at the demo's longest names, classes,
+#: placements and reasons); narrower consoles get it without CLASS and TEAM, which the
+#: submission lines above it name
+FULL_WIDTH = 104
+
+
+def _queue_table(t: float, jobs: list[dict], nodes: list[dict], names: dict[str, str], width: int = 160) -> Group:
+    wide = width >= FULL_WIDTH
+    heads = ["JOB", "NAME", *(["CLASS", "TEAM"] if wide else []), "GPUS", "STATE", "REASON / PLACEMENT", "RUNS"]
+    table = Table(*heads, title=f"queue at {t:5.1f} s", title_justify="left", box=None)
     for v in jobs:
         if "_" in v["id"]:
             continue  # array children are summed up in their array's line
         state = v["state"]
         detail = v.get("reason") if state in ("PENDING",) or "tasks" in v else v.get("placement") or ""
-        table.add_row(v["id"], names.get(v["id"], ""), v["class"], v["team"], str(v["gpus"]),
+        table.add_row(v["id"], names.get(v["id"], ""), *([v["class"], v["team"]] if wide else []), str(v["gpus"]),
                       Text(state, style=_STYLE.get(state, "")), detail or "", str(v.get("runs", "")))
     gpus = Text("GPUs  ")
     for n in nodes:
         for g in n["gpu"]:
             holder = ",".join(g["jobs"]) or "."
-            gpus.append(f"[{g['index']}:{holder:>4}] ", style="green" if g["jobs"] else "dim")
+            gpus.append(f"[{g['index']}:{holder:>3}] ", style="green" if g["jobs"] else "dim")
     return Group(table, gpus)
 
 
@@ -50,8 +57,8 @@ def usage_table(result) -> Table:
         if v.get("first_start") is not None:
             r["waits"].append(v["first_start"] - v["submit_time"])
     fair = {u["team"]: u for u in result.usage}
-    table = Table("TEAM", "JOBS", "GPU-SECONDS", "PREEMPTIONS", "MEAN WAIT S", "DECAYED GPU-S", "FAIR-SHARE",
-                  title="usage per team", title_justify="left", box=None)
+    table = Table("TEAM", "JOBS", "GPU-S", "PREEMPTIONS", "MEAN WAIT S", "DECAYED GPU-S", "FAIR-SHARE",
+                  title="usage per team", title_justify="left", box=None, pad_edge=False)  # 80 columns
     for team in sorted(set(rows) | set(fair)):
         r, u = rows[team], fair.get(team, {})
         wait = sum(r["waits"]) / len(r["waits"]) if r["waits"] else 0.0
@@ -117,7 +124,7 @@ def register(app: typer.Typer) -> None:
         snapshot = []  # not a terminal (a pipe, CI): one frame during the burst, as text
 
         def on_tick(t: float, jobs: list[dict], nodes: list[dict]) -> None:
-            frame = _queue_table(t, jobs, nodes, names)
+            frame = _queue_table(t, jobs, nodes, names, console.width)
             live.update(frame)
             if not console.is_terminal and not snapshot and t >= 12:
                 snapshot.append(t)
