@@ -77,3 +77,15 @@ def test_demo_tables_neither_cut_nor_wrap_a_cell(width):
                                for t in ("data", "ml-platform", "research")])
     lines = _render(usage_table(result), width)
     assert not any("…" in x for x in lines) and len(lines) == 1 + 1 + 3, lines
+
+
+def test_event_and_check_lines_wrap_under_their_text():
+    from gpushepherd.cli.demo import hanging
+    from rich.text import Text
+
+    text = "submitted inference-burst (job 7): production-inference, team ml-platform, 4 GPU(s)"
+    lines = _render(hanging(Text("   8.5 s "), text), 80)
+    assert lines == ["   8.5 s  submitted inference-burst (job 7): production-inference, team",
+                     "          ml-platform, 4 GPU(s)"], lines
+    assert _render(hanging(Text("   8.5 s "), "embed-batch[3.2] (job 4_3.2): new -> RUNNING"), 160) == [
+        "   8.5 s  embed-batch[3.2] (job 4_3.2): new -> RUNNING"]  # as is: no markup read in job names

@@ -78,6 +78,16 @@ def header(data_dir: Path, policy_name: str, backend: str = "local") -> list[Tex
                     Text("  the checks at the end use the server's own times")]
 
 
+def hanging(left: Text, text: str) -> Table:
+    """``left``, a space, then ``text`` (as is, no markup), whose wrapped lines start
+    under its first: a narrow terminal keeps the times and check marks in their column."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    grid.add_row(left, Text(text))
+    return grid
+
+
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where the demo server keeps its "
@@ -119,7 +129,7 @@ def register(app: typer.Typer) -> None:
             if text.startswith("submitted "):
                 name, job_id = text.split()[1], text.split("(job ")[1].split(")")[0]
                 names[job_id] = name
-            live.console.print(f"[dim]{t:6.1f} s[/dim]  {text}")
+            live.console.print(hanging(Text(f"{t:6.1f} s ", style="dim"), text))
 
         snapshot = []  # not a terminal (a pipe, CI): one frame during the burst, as text
 
@@ -147,8 +157,8 @@ def register(app: typer.Typer) -> None:
         console.print()
         console.print(usage_table(result))
         for name, ok, detail in result.checks:
-            mark = "[yellow]n/a[/yellow] " if ok is None else "[green]ok[/green]  " if ok else "[red]FAIL[/red]"
-            console.print(f"{mark} {name}: {detail}")
+            mark = Text("n/a ", "yellow") if ok is None else Text("ok  ", "green") if ok else Text("FAIL", "red")
+            console.print(hanging(mark, f"{name}: {detail}"))
         kept = f"kept in {data_dir}" if keep else "removed"
         console.print(f"done in {result.wall_s:.0f} s; data directory {kept}")
         if not result.ok:
