@@ -18,21 +18,28 @@ _STYLE = {"RUNNING": "green", "PENDING": "yellow", "PREEMPTING": "magenta", "STO
           "COMPLETED": "blue", "FAILED": "red", "CANCELLED": "dim", "TIMEOUT": "red"}
 
 
-def _queue_table(t: float, jobs: list[dict], nodes: list[dict], names: dict[str, str]) -> Group:
-    table = Table("JOB", "NAME", "CLASS", "TEAM", "GPUS", "STATE", "REASON / PLACEMENT", "RUNS",
-                  title=f"queue at {t:5.1f} s", title_justify="left", box=None)
+#: the queue table's width with every column (at the demo's longest names, classes,
+#: placements and reasons); narrower consoles get it without CLASS and TEAM, which the
+#: submission lines above it name
+FULL_WIDTH = 104
+
+
+def _queue_table(t: float, jobs: list[dict], nodes: list[dict], names: dict[str, str], width: int = 160) -> Group:
+    wide = width >= FULL_WIDTH
+    heads = ["JOB", "NAME", *(["CLASS", "TEAM"] if wide else []), "GPUS", "STATE", "REASON / PLACEMENT", "RUNS"]
+    table = Table(*heads, title=f"queue at {t:5.1f} s", title_justify="left", box=None)
     for v in jobs:
         if "_" in v["id"]:
             continue  # array children are summed up in their array's line
         state = v["state"]
         detail = v.get("reason") if state in ("PENDING",) or "tasks" in v else v.get("placement") or ""
-        table.add_row(v["id"], names.get(v["id"], ""), v["class"], v["team"], str(v["gpus"]),
+        table.add_row(v["id"], names.get(v["id"], ""), *([v["class"], v["team"]] if wide else []), str(v["gpus"]),
                       Text(state, style=_STYLE.get(state, "")), detail or "", str(v.get("runs", "")))
     gpus = Text("GPUs  ")
     for n in nodes:
         for g in n["gpu"]:
             holder = ",".join(g["jobs"]) or "."
-            gpus.append(f"[{g['index']}:{holder:>4}] ", style="green" if g["jobs"] else "dim")
+            gpus.append(f"[{g['index']}:{holder:>3}] ", style="green" if g["jobs"] else "dim")
     return Group(table, gpus)
 
 
@@ -50,14 +57,35 @@ def usage_table(result) -> Table:
         if v.get("first_start") is not None:
             r["waits"].append(v["first_start"] - v["submit_time"])
     fair = {u["team"]: u for u in result.usage}
-    table = Table("TEAM", "JOBS", "GPU-SECONDS", "PREEMPTIONS", "MEAN WAIT S", "DECAYED GPU-S", "FAIR-SHARE",
-                  title="usage per team", title_justify="left", box=None)
+    table = Table("TEAM", "JOBS", "GPU-S", "PREEMPTIONS", "MEAN WAIT S", "DECAYED GPU-S", "FAIR-SHARE",
+                  title="usage per team", title_justify="left", box=None, pad_edge=False)  # 80 columns
     for team in sorted(set(rows) | set(fair)):
         r, u = rows[team], fair.get(team, {})
         wait = sum(r["waits"]) / len(r["waits"]) if r["waits"] else 0.0
         table.add_row(team, str(r["jobs"]), f"{r['gpu_s']:.0f}", str(r["preempt"]), f"{wait:.1f}",
                       f"{u.get('decayed_usage_gpu_s', 0.0):.0f}", f"{u.get('fair_share_factor', 0.0):.3f}")
     return table
+
+
+def header(data_dir: Path, policy_name: str, backend: str = "local") -> list[Text]:
+    """The demo's first lines, one thought each, every one under 80 columns (but for a
+    long data directory): what runs, where its data is, what the times mean."""
+    lines = [Text.assemble(("shepherd demo", "bold"), ": a server under the small-team policy on one 8-GPU node")]
+    if backend == "slurm":
+        lines.append(Text("  jobs run on a fake Slurm cluster that the demo starts and stops"))
+    return lines + [Text(f"  policy: {policy_name}"), Text(f"  server data: {data_dir}"),
+                    Text("  times: seconds since the start, when the demo saw each change (every 0.5 s);"),
+                    Text("  the checks at the end use the server's own times")]
+
+
+def hanging(left: Text, text: str) -> Table:
+    """``left``, a space, then ``text`` (as is, no markup), whose wrapped lines start
+    under its first: a narrow terminal keeps the times and check marks in their column."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    grid.add_row(left, Text(text))
+    return grid
 
 
 def register(app: typer.Typer) -> None:
@@ -92,11 +120,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         own_dir = data_dir is None
         data_dir = temp_data_dir() if own_dir else data_dir
-        console.print(f"[bold]shepherd demo[/bold]: a server on {data_dir} under {demo_policy_path().name} "
-                      "(small-team policy, one 8-GPU node"
-                      + (", jobs through a fake Slurm cluster" if backend == "slurm" else "")
-                      + "); times are seconds since the start at which the demo saw each change (it looks every "
-                      "0.5 s; the checks at the end use the server's own times)")
+        for line in header(data_dir, demo_policy_path().name, backend):
+            console.print(line)
         names: dict[str, str] = {}
         live = Live(Text("starting the server..."), console=console, refresh_per_second=4, transient=False)
 
@@ -104,12 +129,12 @@ def register(app: typer.Typer) -> None:
             if text.startswith("submitted "):
                 name, job_id = text.split()[1], text.split("(job ")[1].split(")")[0]
                 names[job_id] = name
-            live.console.print(f"[dim]{t:6.1f} s[/dim]  {text}")
+            live.console.print(hanging(Text(f"{t:6.1f} s ", style="dim"), text))
 
         snapshot = []  # not a terminal (a pipe, CI): one frame during the burst, as text
 
         def on_tick(t: float, jobs: list[dict], nodes: list[dict]) -> None:
-            frame = _queue_table(t, jobs, nodes, names)
+            frame = _queue_table(t, jobs, nodes, names, console.width)
             live.update(frame)
             if not console.is_terminal and not snapshot and t >= 12:
                 snapshot.append(t)
@@ -132,8 +157,8 @@ def register(app: typer.Typer) -> None:
         console.print()
         console.print(usage_table(result))
         for name, ok, detail in result.checks:
-            mark = "[yellow]n/a[/yellow] " if ok is None else "[green]ok[/green]  " if ok else "[red]FAIL[/red]"
-            console.print(f"{mark} {name}: {detail}")
+            mark = Text("n/a ", "yellow") if ok is None else Text("ok  ", "green") if ok else Text("FAIL", "red")
+            console.print(hanging(mark, f"{name}: {detail}"))
         kept = f"kept in {data_dir}" if keep else "removed"
         console.print(f"done in {result.wall_s:.0f} s; data directory {kept}")
         if not result.ok:

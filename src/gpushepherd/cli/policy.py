@@ -57,8 +57,48 @@ def _gpus(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
+#: the weights of ``priority.weights`` by their policy names (``PriorityRules`` fields)
+_WEIGHTS = (("class", "class_weight"), ("time_limit", "time_limit_weight"), ("age", "age_weight"),
+            ("fair_share", "fair_share_weight"), ("size", "size_weight"), ("deadline", "deadline_weight"))
+
+
+def _num(x: float) -> str:
+    return f"{int(x)}" if float(x).is_integer() else f"{x:g}"
+
+
+def order_lines(rules: Rules) -> list[str]:
+    """How the class priorities and ``priority`` order the queue and decide preemption
+    (design note 045): the top class's hard tier, the aged tier, the score's non-zero
+    weights (and class's, even at 0), the tie-breaks; then what the class priorities do
+    besides (``core/priority.py``'s queue key; ``core/preemption.py``'s candidates)."""
+    pr = rules.priority
+    top = max((c.priority for c in rules.classes.values()), default=0)
+    tiers = []
+    if pr.top_class_tier:
+        names = ", ".join(sorted(c.name for c in rules.classes.values() if c.priority >= top))
+        tiers.append(f"jobs of {names} (the top class priority, {top}), a hard tier (top_class_tier)")
+    if pr.age_tier_s is not None:
+        which = "jobs" if pr.age_tier_jobs is None else f"the {pr.age_tier_jobs} oldest jobs"
+        tiers.append(f"{which} that have waited {_num(pr.age_tier_s)} s, oldest first (age_tier_s)")
+    weights = [f"{name}={_num(getattr(pr, field))}" + (f" (over {_num(pr.max_age_s)} s)" if name == "age" else "")
+               for name, field in _WEIGHTS if name == "class" or getattr(pr, field)]
+    recalc = f"; recomputed every {_num(pr.recalc_s)} s" if pr.dynamic else ""
+    score = (f"{'the rest ' if tiers else ''}by score: weights {', '.join(weights)}; ties by submit time, job id"
+             + recalc)
+    steps = tiers + [score]
+    lines = [f"order: {k}. {x}" if len(steps) > 1 else f"order: {x}" for k, x in enumerate(steps, 1)]
+    uses = ["pick the top tier"] if pr.top_class_tier else []
+    uses.append("decide who may preempt whom (a job may preempt preemptible jobs of a lower class priority)"
+                if rules.preemption_enabled else "decide no preemption (preemption.enabled is false)")
+    queue = (f"class weight {_num(pr.class_weight)}: they order the queue" if pr.class_weight else
+             "class weight 0: they do not order the " + ("other classes" if pr.top_class_tier else "queue"))
+    lines.append(f"class priorities: {' and '.join(uses)}; {queue}")
+    return lines
+
+
 def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:
-    """Lines describing a compiled policy: pools (nodes, GPUs), classes (priority,
+    """Lines describing a compiled policy: pools (nodes, GPUs), the order of the queue and
+    what class priorities decide (``order_lines``), classes (priority,
     preemptible), teams (nominal quota, limits and allowed classes; with ``spec``, a cohort member's
     nominal_gpus, borrowing_limit and lending_limit as the policy writes them), cohorts,
     other limits, windows."""
@@ -67,6 +107,7 @@ def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:
         pools.setdefault(n.pool, []).append(n.gpus)
     lines = ["pools: " + ", ".join(f"{p} ({len(g)} node{'s' if len(g) != 1 else ''}, {_gpus(sum(g))})"
                                    for p, g in sorted(pools.items()))]
+    lines += order_lines(rules)
     for c in sorted(rules.classes.values(), key=lambda c: (-c.priority, c.name)):
         how = ("preemptible only if it checkpoints" if c.preempt_only_if_checkpointable else "preemptible") \
             if c.preemptible else "never preempted"

@@ -29,6 +29,8 @@ MAX_LIVE_TASKS = 1000
 MAX_TASKS_PER_STEP = 500
 
 _RUNNING = ("RUNNING", "PREEMPTING", "STOPPING")
+#: how a chunk that ran ends (CANCELLED and REJECTED ones may never have run)
+_RAN = ("COMPLETED", "FAILED", "TIMEOUT")
 
 _PART = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 _CHILD = re.compile(r"(\d+)_(\d+)(?:\.(\d+))?")
@@ -127,12 +129,14 @@ class ArrayRec:
     done: int = 0
     failed: list[int] = field(default_factory=list)  # failed for good (after retries; TIMEOUT, CANCELLED, ...)
     retries: int = 0  # attempts after the first, over all chunks
+    ran: bool = False  # a chunk has run and ended (a last attempt seen ending in _RAN)
 
     def rebuild(self, state_of: Callable[[str], str | None]) -> None:
         """Recompute the incremental progress from ``attempts`` and each last attempt's
         state (``state_of(child id)``; ``None``: unknown, counted as pending). Once, at
         a start: O(tasks)."""
         self.todo, self.retry, self.live, self.done, self.failed = deque(), [], {}, 0, []
+        self.ran = False
         self.retries = sum(len(ids) - 1 for ids in self.attempts.values())
         for i in self.indices:
             ids = self.attempts.get(i)
@@ -149,6 +153,7 @@ class ArrayRec:
             if st == "PENDING" or st in _RUNNING:
                 continue
             del self.live[job_id]
+            self.ran = self.ran or st in _RAN
             if st == "COMPLETED":
                 self.done += 1
             elif st == "FAILED" and len(self.attempts.get(i, ())) <= self.max_retries and self.cancelled is None:
@@ -193,18 +198,32 @@ class ArrayRec:
         submitted_pending = len(self.live) - running
         total = len(self.indices)
         failed = sorted(self.failed)
-        if self.cancelled is not None and not self.live:
-            state = "CANCELLED"
-        elif self.done + len(failed) == total:
-            state = "COMPLETED" if not failed else "FAILED"
-        elif running:
-            state = "RUNNING"
-        else:
-            state = "PENDING"
+        between = (self.cancelled is None and not self.live and bool(self.todo or self.retry)
+                   and (self.ran or self.retries > 0))
+        state = _state(self.cancelled is not None and not self.live, self.done, len(failed), total, running, between)
         return {"state": state, "total": total, "done": self.done, "failed": failed, "running": running,
                 "pending": submitted_pending + len(self.todo) + len(self.retry),
                 "submitted_pending": submitted_pending, "live": len(self.live),
                 "retries_used": self.retries}
+
+
+def _state(cancelled: bool, done: int, failed: int, total: int, running: int, between: bool) -> str:
+    """An array's state: ``CANCELLED`` (cancelled, no chunk left live), ``COMPLETED`` or
+    ``FAILED`` (every chunk ended: ``FAILED`` when one failed for good), ``RUNNING`` (a
+    chunk holds GPUs, or ``between`` chunks), else ``PENDING`` (a submitted chunk waits in
+    the core, or none has run yet).
+
+    ``between``: a chunk has run, none is live (submitted and not ended) and more are to
+    be submitted (never submitted, or FAILED with retries left), not cancelled. The server
+    submits the next chunk only at its next step (``Daemon._array_children`` reads the
+    core's states before the step's exits are applied), so without this an array read
+    ``RUNNING -> PENDING -> RUNNING`` between two chunks, a requeue that never happened.
+    If the next chunk then waits in the core, the array is ``PENDING``: a real wait."""
+    if cancelled:
+        return "CANCELLED"
+    if done + failed == total:
+        return "COMPLETED" if not failed else "FAILED"
+    return "RUNNING" if running or between else "PENDING"
 
 
 def progress(rec: ArrayRec, states: dict[str, str]) -> dict:
@@ -231,14 +250,9 @@ def progress(rec: ArrayRec, states: dict[str, str]) -> dict:
             failed.append(i)
     total = len(rec.indices)
     active = running or pending
-    if rec.cancelled is not None and not active:
-        state = "CANCELLED"
-    elif len(done) + len(failed) == total:
-        state = "COMPLETED" if not failed else "FAILED"
-    elif running:
-        state = "RUNNING"
-    else:
-        state = "PENDING"
+    ran = bool(done or retryable or retries) or any(states.get(rec.attempts[i][-1]) in _RAN for i in failed)
+    between = rec.cancelled is None and not active and bool(waiting or retryable) and ran
+    state = _state(rec.cancelled is not None and not active, len(done), len(failed), total, len(running), between)
     return {"state": state, "total": total, "done": len(done), "failed": failed, "running": len(running),
             "pending": len(pending) + len(waiting) + len(retryable), "submitted_pending": len(pending),
             "not_submitted": waiting, "retry": retryable, "retries_used": retries}
