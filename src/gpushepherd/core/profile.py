@@ -447,17 +447,19 @@ class Profile:
         """A job started now on ``counts`` with ``charges``, planned to end at ``end``:
         it takes from the spare of every claim point it outlives (and from the class-hold
         slack of the claims it outlives). ``start``: it holds ``counts`` only from then on
-        (a share joining a card keeps the card's GPU from then: it takes from the
+        (a share joining a card keeps the card's GPU from then: it takes that GPU from the
         class-hold slack only of reservations starting then or later - a hold's slack
         counts free GPUs and its victims' only, never a card other jobs hold; oracle
-        seed 59)."""
+        seed 59). Of every claim it outlives, it fills the unfilled reservation of its
+        class that the slack counted (``takes``), wherever it runs - a card it joins, a
+        MIG slice - as a restored core's slack counts it (note 078)."""
         self.consumed_until = max(self.consumed_until, INF if job.shape.mode == "share" else end)
         if self.book.reserved:
             x = sum(c for _n, c in counts)
             for c in self.claims:
-                if (c.gslack is not None and (c.hold or c.start < end)
-                        and (start is None or (not c.hold and c.start >= start))):
-                    took, d = self.takes(c, job, x)
+                if c.gslack is not None and (c.hold or c.start < end):
+                    holds_gpu = start is None or (not c.hold and c.start >= start)
+                    took, d = self.takes(c, job, x if holds_gpu else 0)
                     c.gslack -= took
                     if d:
                         c.gunfilled[job.cls.name] -= d
