@@ -16,8 +16,8 @@ and X (batch, 1 GPU, 10 s) starts on n1:7 behind Z's reservation (batch, 6 GPUs)
 
 Reservation, by hand: n1 has 8 GPUs; training reserves 1; preemption off. At 0 TC
 (training, 0.5, 1000 s) opens n1:0 and W (batch, 6 GPUs, 100 s) takes n1:1-6; n1:7 stays
-free for training. At 1 Z (production inference, 6 GPUs) is refused and reserves n1:1-6
-from 100; its slack there is 7 free - 6 - 1 (training's 0.5) = 0. J1 (training, 0.5)
+free for training. At 1 Z (production inference, 6 GPUs) is refused and reserves 6 GPUs
+of n1 from 100; its slack there is 7 free - 6 - 1 (training's 0.5) = 0. J1 (training, 0.5)
 joins n1:0, which stays held until 1000: training holds its reserved GPU at 100 too, Z's
 slack is 1, and X (batch, 1 GPU, 1000 s) starts on n1:7.
 """
