@@ -43,6 +43,11 @@ before, so the repeats end:
   reservation now, so a start covered by nothing now fills it there (seed 368854: a
   training share joined a card while a whole training job, which production inference's
   plan would evict, covered training's reservation; 369771: the same with batch).
+  After a refusal at a turn only (no refused plan), only when the start filled some of
+  its class's reservation that a refusal read unfilled: the class hold (the class's use
+  before it below the reservation) or a claim's slack (``Profile.consume`` lowered the
+  claim's unfilled part, which it keeps as every later admission reads it, note 078).
+  Else nothing loosens, and k such starts took up to k + 1 passes.
 
 Once another pass is asked (by a start, a preemption or a dropped hold), the first job
 that would start or reach the preemption step halts the pass (``Turn._decided``,
@@ -62,11 +67,12 @@ from gpushepherd.core import preemption, typed
 from gpushepherd.core.state import Job
 
 
-def after_start(turn, job: Job, spot, preemptor: bool) -> None:
+def after_start(turn, job: Job, spot, preemptor: bool, fills: bool = True) -> None:
     """Ask for what ``job``'s start in ``turn``'s pass calls for (module docstring):
     ``spot`` is a share's ``(node index, GPU, MIG position or None, fresh GPU)`` (``None``:
     whole GPUs); ``preemptor``: it started at its turn as a preemptor whose victims had
-    not all left."""
+    not all left; ``fills``: it filled some of its class's reservation that the class hold
+    (its use now) or a claim's class slack (``Profile.consume``) counted unfilled."""
     book = turn.book
     no_victims = turn.no_victims
     if job.evictable and (job.cls.priority < turn.no_victims_prio
@@ -74,7 +80,8 @@ def after_start(turn, job: Job, spot, preemptor: bool) -> None:
         turn.sched.wake_at(preemption.comes_of_age(book, job))
     if book.repass:
         return
-    if spot is not None and not spot[3] and (turn.held_back or turn.plan_refused) and job.cls.name in book.reserved:
+    if (spot is not None and not spot[3] and (turn.plan_refused or (turn.held_back and fills))
+            and job.cls.name in book.reserved):
         book.repass = True  # its class uses more, no free GPU taken: the class hold may loosen (note 074)
         return
     if spot is None or spot[2] is None:  # whole GPUs, or a card (no MIG instance)

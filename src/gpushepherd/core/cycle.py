@@ -327,11 +327,13 @@ class Turn:
             placement = Placement(tuple(parts))
             counts = v.counts
         held = job.id in book.preemptors and bool(job.victims)  # its victims are still leaving
+        # its class's reservation was unfilled (rule 7 reads it), or a claim's slack counted it so
+        fills = book.class_units.get(job.cls.name, 0) < book.reserved.get(job.cls.name, 0)
         book.launch(job, alloc, placement, self.out, units=v.units, dequeue=self.dequeue_now, covered=v.covered)
-        again.after_start(self, job, v.spot, held)  # another pass, or a wake-up (again.py)
         if self.profile:
-            self.profile.consume(job, counts, job.end_est, job.run_charges, held_from)
+            fills = self.profile.consume(job, counts, job.end_est, job.run_charges, held_from) or fills
             self.outlived.append((job.end_est, counts))
+        again.after_start(self, job, v.spot, held, fills)  # another pass, or a wake-up (again.py)
         self.started.append(job)
 
     def begin_preemption(self, job: Job, victims: list[Job], v: A.Verdict) -> None:

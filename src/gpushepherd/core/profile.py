@@ -443,24 +443,29 @@ class Profile:
         return None
 
     # ------------------------------------------------------------- changes
-    def consume(self, job: Job, counts: Counts, end: float, charges, start: float | None = None) -> None:
+    def consume(self, job: Job, counts: Counts, end: float, charges, start: float | None = None) -> bool:
         """A job started now on ``counts`` with ``charges``, planned to end at ``end``:
         it takes from the spare of every claim point it outlives (and from the class-hold
         slack of the claims it outlives). ``start``: it holds ``counts`` only from then on
-        (a share joining a card keeps the card's GPU from then: it takes from the
+        (a share joining a card keeps the card's GPU from then: it takes that GPU from the
         class-hold slack only of reservations starting then or later - a hold's slack
         counts free GPUs and its victims' only, never a card other jobs hold; oracle
-        seed 59)."""
+        seed 59). Of every claim it outlives, it fills the unfilled reservation of its
+        class that the slack counted (``takes``), wherever it runs - a card it joins, a
+        MIG slice - as a restored core's slack counts it (note 078). ``True`` when it
+        filled some of that (``again.after_start``)."""
         self.consumed_until = max(self.consumed_until, INF if job.shape.mode == "share" else end)
+        filled = False
         if self.book.reserved:
             x = sum(c for _n, c in counts)
             for c in self.claims:
-                if (c.gslack is not None and (c.hold or c.start < end)
-                        and (start is None or (not c.hold and c.start >= start))):
-                    took, d = self.takes(c, job, x)
+                if c.gslack is not None and (c.hold or c.start < end):
+                    holds_gpu = start is None or (not c.hold and c.start >= start)
+                    took, d = self.takes(c, job, x if holds_gpu else 0)
                     c.gslack -= took
                     if d:
                         c.gunfilled[job.cls.name] -= d
+                        filled = True
         for p in self.binding_points(end):
             if start is not None and p < start:
                 for i, user, a in charges:
@@ -475,6 +480,7 @@ class Profile:
             for i, user, a in charges:
                 if (i, user) in qs:
                     qs[(i, user)] -= a
+        return filled
 
     def drop_hold(self, job_id: str) -> None:
         """Forget a preemptor's hold (it started, or its victims left and it does not fit)."""
