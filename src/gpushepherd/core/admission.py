@@ -229,7 +229,7 @@ class Admission(ShareRules):
         claims would delay, else the first claiming a node it may use."""
         end = self.book.now + job.planned_run()
         self._exempt = profile.reclaimers_of(job)
-        return self._blocker(job, profile, None, job.charges if charges is None else charges, end, None)
+        return self._blocker(job, profile, job.charges if charges is None else charges, end)
 
     # ----------------------------------------------------------- rules 1-4
     def _rules_1_to_4(self, job: Job, charges: tuple, scratch: Scratch | None) -> Verdict | None:
@@ -438,20 +438,18 @@ class Admission(ShareRules):
                 return True
         return False
 
-    def _blocker(self, job: Job, profile: Profile, caps, charges: tuple, end: float,
-                 scratch: Scratch | None) -> Claim | None:
+    def _blocker(self, job: Job, profile: Profile, charges: tuple, end: float) -> Claim | None:
         """The claim a user is told the job waits for: the first that its best
-        placement without claims would delay."""
+        placement without claims (on the live book) would delay."""
         book = self.book
-        counts = self._place(job, scratch) or []
+        counts = self._place(job, None) or []
         quota = book.quota
 
         def free_of(n: int) -> int:
-            return scratch.free(n) if scratch is not None else book.ledger.slots[n].free
+            return book.ledger.slots[n].free
 
         def headroom_of(k) -> int:
-            used = quota.usage.get(k, 0) - (scratch.quota.get(k, 0) if scratch is not None else 0)
-            return quota.current[k[0]] - used
+            return quota.current[k[0]] - quota.usage.get(k, 0)
 
         exempt = self._exempt
         found = profile.blocker(job.id, counts, charges, end, free_of, headroom_of, exempt)
