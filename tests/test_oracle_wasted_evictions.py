@@ -154,3 +154,31 @@ def test_the_strict_form_excuses_room_that_came_back_unforeseen():
     w = WastedEvictions(PRIORITY, strict=True)
     _elsewhere(w, [JobFinished(80.0, "Y", ExitStatus.COMPLETED)])
     assert w.out.failures == []
+
+
+def test_the_strict_form_fires_on_the_rank_give_back_note_067_narrowed(monkeypatch):
+    # note 067's merged second fix gave a victim's quota back at a claim point when its
+    # key ranked it behind every binding claim's job; a running job's key is stale, so in
+    # oracle seed 1016 j5 evicted j9 at 22 for quota, started elsewhere before j9 left,
+    # and j9, rekeyed ahead, was back on its own GPU at 26 (the review's finding, caught by
+    # no property then). With that rule back, the strict form reports it; as merged
+    # now (nothing comes back where a claim binds), nothing.
+    import oracle_checks
+    from gpushepherd.core import profile
+    from oracle_checks import check
+    from oracle_workloads import workload_from_seed
+
+    def rank_give_back(victims, k, p, claims):
+        keys = [c.key for c in claims]
+        if not all(keys):
+            return 0
+        last = max(keys, default=None)
+        return sum(a for v in victims if v.end_est > p and (last is None or v.key > last)
+                   for i, user, a in v.run_charges if (i, user) == k)
+
+    monkeypatch.setattr(oracle_checks, "WASTED", "2")
+    assert [f.prop for f in check(workload_from_seed(1016)).failures] == []
+    monkeypatch.setattr(profile, "quota_freed", rank_give_back)
+    texts = [f.text for f in check(workload_from_seed(1016)).failures if f.prop == "j_wasted"]
+    assert texts == ["t=26: j9, evicted for j5 at t=22, starts again on its own GPUs [('n4', 0)]; j5 runs elsewhere "
+                     "and nothing gave room back in between (strict form)"]
