@@ -279,7 +279,8 @@ class Checker:
         a preemptor waiting on a class reservation (``e_preemptor``'s excuse)."""
         book = sched.book
         facts = {"limits": tuple(book.quota.current),
-                 "left": lambda before, p: _reservation_left(book, before, sched.pending_reason(p))}
+                 "left": lambda before, p: _reservation_left(book, before, sched.pending_reason(p)),
+                 "short": lambda p: _hold_short(book, book.jobs[p])}
         if book.reserved and any(isinstance(d, Preempt) and d.preemptor for d in out):
             facts["reserved"] = _class_use(book)
         return facts
@@ -931,6 +932,20 @@ def _class_use(book) -> dict[str, int]:
             (name,) = classes
             used[name] = used.get(name, 0) + GPU_UNITS
     return used
+
+
+def _hold_short(book, p) -> set[str]:
+    """The nodes of preemptor ``p``'s plan where its hold is short now: the GPUs free
+    there and those its victims still hold there are fewer than the plan counts (a
+    share's plan: every node of it; no plan: none)."""
+    ledger = book.ledger
+    out = set()
+    for idx, count in p.plan:
+        slot = ledger.slots[idx]
+        held = sum(mask.bit_count() for v in p.victims for i, mask in book.jobs[v].alloc if i == idx)
+        if p.share is not None or slot.free + held < count:
+            out.add(slot.node.name)
+    return out
 
 
 def _member(cohort, charges):

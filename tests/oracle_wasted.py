@@ -4,8 +4,9 @@ decisions it returned.
 
 An eviction is **wasted** when a victim ``V``, evicted for preemptor ``P`` at ``t0``
 (``Preempt(V, preemptor=P)``), is started again at ``t1`` on a GPU it was evicted from
-(the same node and GPU index; a share: its card's GPU) while ``P`` has not started since
-``t0`` and is still pending, and nothing in between may legitimately have changed ``P``'s
+(the same node and GPU index; a share: its card's GPU), one on a node where ``P``'s hold
+is short after the call (``facts["short"]``), while ``P`` has not started since ``t0``
+and is still pending, and nothing in between may legitimately have changed ``P``'s
 plan. The rule broken is the architecture's step 7 ("commit only if the preemptor then
 really fits") with R6 (a victim loses its work since its checkpoint): a preemptor's hold
 keeps what its victims free for it (note 054), so a victim back on its own GPUs before its
@@ -134,7 +135,9 @@ class WastedEvictions:
         """One ``handle`` call: its events ``batch`` and decisions ``out``. ``facts``
         (optional, read after the call): ``limits`` (every limit's value now),
         ``reserved`` (units each class holds), ``left(reserved_before, p)`` (whether a
-        reserved class's job left and ``p`` waits on a class reservation)."""
+        reserved class's job left and ``p`` waits on a class reservation), ``short(p)``
+        (the node names of ``p``'s plan where its hold is short now; a victim back only
+        on other nodes took nothing the plan needs)."""
         self.call += 1
         k = self.call
         facts = facts or {}
@@ -205,6 +208,11 @@ class WastedEvictions:
             return
         if ev.p in self.gone or not (now & ev.gpus):
             return  # cancelled; or started on other GPUs (the preemptor's hold is e_preemptor's)
+        short = facts.get("short")
+        if short is not None and ev.p in self.preempted and not {n for n, _g in now & ev.gpus} & short(ev.p):
+            # back on GPUs of its own that the preemptor's plan leaves (its hold is whole)
+            out.counts["j_info:back on GPUs its preemptor's plan does not need"] += 1
+            return
         why = self._excuse(ev, facts)
         if why is not None:
             out.counts[f"j_excused:{why}"] += 1

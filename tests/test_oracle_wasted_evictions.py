@@ -182,3 +182,27 @@ def test_the_strict_form_fires_on_the_rank_give_back_note_067_narrowed(monkeypat
     texts = [f.text for f in check(workload_from_seed(1016)).failures if f.prop == "j_wasted"]
     assert texts == ["t=26: j9, evicted for j5 at t=22, starts again on its own GPUs [('n4', 0)]; j5 runs elsewhere "
                      "and nothing gave room back in between (strict form)"]
+
+
+def test_a_victim_back_on_gpus_its_preemptors_plan_leaves_is_not_reported():
+    # oracle seed 421733's shape: V ran on n1:0,1 and n2:0; P's plan needs n2 only. V is
+    # back on n1:0,1 and a new node's GPU while P waits for V2: P's hold on n2 is whole
+    # (the core's ``short(p)`` names no node), so the restart took nothing P needs
+    w = WastedEvictions(PRIORITY)
+    w.observe(0.0, [JobSubmitted(0.0, job("V", 3)), JobSubmitted(0.0, job("V2", 3))],
+              [Start(0.0, "V", Placement((("n2", (0,)), ("n1", (0, 1))))), Start(0.0, "V2", _at("n2", 1, 2, 3))])
+    w.observe(5.0, [JobSubmitted(5.0, job("P", 4, "training"))],
+              [Preempt(5.0, "V2", grace_s=60, preemptor="P"), Preempt(5.0, "V", preemptor="P")])
+    back = Placement((("n9", (0,)), ("n1", (0, 1))))
+    w.observe(5.0, [_exit(5.0, "V")], [Start(5.0, "V", back)], {"short": lambda p: set()})
+    assert w.out.failures == []
+    assert w.out.counts["j_info:back on GPUs its preemptor's plan does not need"] == 1
+    # where the hold is short on a node it is back on, it is reported
+    w = WastedEvictions(PRIORITY)
+    w.observe(0.0, [JobSubmitted(0.0, job("V", 3)), JobSubmitted(0.0, job("V2", 3))],
+              [Start(0.0, "V", Placement((("n2", (0,)), ("n1", (0, 1))))), Start(0.0, "V2", _at("n2", 1, 2, 3))])
+    w.observe(5.0, [JobSubmitted(5.0, job("P", 4, "training"))],
+              [Preempt(5.0, "V2", grace_s=60, preemptor="P"), Preempt(5.0, "V", preemptor="P")])
+    w.observe(5.0, [_exit(5.0, "V")], [Start(5.0, "V", Placement((("n2", (0,)), ("n1", (0, 1)))))],
+              {"short": lambda p: {"n2"}})
+    assert [p for p, _t in w.out.failures] == ["j_wasted"]
