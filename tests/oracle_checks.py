@@ -46,6 +46,11 @@ many times each property was checked and every failure. The properties:
   class-preemption victim is of a lower class and evictable, never a MIG instance -
   unless a reclaim may take it, judged per victim from the cohorts (note 065); a
   share preemptor's victims are shares on one card;
+* ``j_wasted`` - no eviction is wasted (design note 079, ``oracle_wasted``): a victim is
+  not started again on a GPU it was evicted from while its preemptor, not started since,
+  still waits - unless something changed the preemptor's plan in between (hardware, an
+  operator, a job of its priority or higher, a quota window, a reserved class's job
+  leaving, ``e_preemptor``'s judgement at its last victim's exit);
 * ``g_live`` - at the end no pending job could start later (each is refused for good:
   a limit it can never fit, no healthy nodes that could hold it); after every instant,
   a job waiting on time (a window, a victim's minimum runtime) has ``next_wakeup()``.
@@ -54,6 +59,7 @@ many times each property was checked and every failure. The properties:
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import traceback
@@ -74,9 +80,14 @@ from gpushepherd.model.job import GPU_UNITS, JobState
 from gpushepherd.model.reasons import ReasonCode
 from gpushepherd.model.rules import week_values
 from gpushepherd.sim.engine import SimJob, Simulator
+from oracle_wasted import WastedEvictions
 
+#: property j (wasted evictions, ``oracle_wasted``): ``SHEPHERD_ORACLE_WASTED=0`` turns it off,
+#: ``=2`` adds its strict form (off by default: it flags plans that ignore room other
+#: preemptors' victims are about to leave, note 079)
+WASTED = {"0": "", "2": "2"}.get(os.environ.get("SHEPHERD_ORACLE_WASTED", "1"), "1")
 PROPERTIES = ("a_equal", "b_work", "c_reason", "d_reserved", "e_preemptor", "f_restart", "g_live", "h_estimates",
-              "i_share_victims")
+              "i_share_victims", *(("j_wasted",) if WASTED else ()))
 MAX_CALLS = 3000  # a dozen jobs need a few dozen instants; many more is a livelock
 #: wake-ups in a row that decide nothing over more than this many seconds end a run as a
 #: livelock (``next_wakeup()`` asking for ticks that change nothing): every window of a
@@ -238,6 +249,11 @@ class Checker:
         self.report = report
         self.watch: dict[str, dict] = {}  # preemptor -> what its preemption was
         self.hw_lost_at: list[float] = []
+        #: property j, read from the decision stream (``oracle_wasted``)
+        classes = wl.rules.classes
+        self.wasted = WastedEvictions({n: c.priority for n, c in classes.items()}, report, strict=WASTED == "2",
+                                      reserved=frozenset(n for n, c in classes.items() if c.reserved_gpus)
+                                      ) if WASTED else None
 
     # -------------------------------------------------------------- per call
     def after(self, sched, batch, out) -> None:
@@ -254,6 +270,20 @@ class Checker:
         self.reserved(sched, out)
         self.preemptions(sched, batch, out)
         self.islands(sched, out)
+        if self.wasted is not None:
+            self.wasted.observe(t, batch, out, self.facts(sched, out))
+
+    def facts(self, sched, out) -> dict:
+        """What property j reads of the core after a call: every limit's value, the units
+        each class holds (at an eviction), and whether a reserved class's job left for
+        a preemptor waiting on a class reservation (``e_preemptor``'s excuse)."""
+        book = sched.book
+        facts = {"limits": tuple(book.quota.current),
+                 "left": lambda before, p: _reservation_left(book, before, sched.pending_reason(p)),
+                 "short": lambda p: _hold_short(book, book.jobs[p])}
+        if book.reserved and any(isinstance(d, Preempt) and d.preemptor for d in out):
+            facts["reserved"] = _class_use(book)
+        return facts
 
     def estimates(self, sched) -> None:
         """Property h: the estimated starts of every pending job (module docstring)."""
@@ -606,6 +636,8 @@ class Checker:
                 why = "its priority was lowered"
             elif _card_left_first(book, w, sched.pending_reason(pid)):
                 why = "the other holders of its card left first"
+            if self.wasted is not None:
+                self.wasted.judge(pid, "failed" if why is None else f"excused: {why}")
             if why is not None:
                 self.report.counts[f"e_excused:{why}"] += 1
                 continue
@@ -900,6 +932,20 @@ def _class_use(book) -> dict[str, int]:
             (name,) = classes
             used[name] = used.get(name, 0) + GPU_UNITS
     return used
+
+
+def _hold_short(book, p) -> set[str]:
+    """The nodes of preemptor ``p``'s plan where its hold is short now: the GPUs free
+    there and those its victims still hold there are fewer than the plan counts (a
+    share's plan: every node of it; no plan: none)."""
+    ledger = book.ledger
+    out = set()
+    for idx, count in p.plan:
+        slot = ledger.slots[idx]
+        held = sum(mask.bit_count() for v in p.victims for i, mask in book.jobs[v].alloc if i == idx)
+        if p.share is not None or slot.free + held < count:
+            out.add(slot.node.name)
+    return out
 
 
 def _member(cohort, charges):
