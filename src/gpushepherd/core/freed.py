@@ -108,11 +108,11 @@ def lower_cards(book, idx: int, prio: int) -> int:
     return mask
 
 
-def quota_freed(victims: list[Job], k: tuple[int, str], p: float, bound: bool) -> int:
+def quota_freed(victims: list[Job], k: tuple[int, str], p: float, claims: list) -> int:
     """What a preemption plan's ``victims`` give back of quota key ``k`` (``(limit index,
     user)``) at claim point ``p``: the charges to ``k`` of those planned to hold it past
     ``p`` (the claims' spare there counts them: ``Profile._qspare_fresh``), and only when
-    ``bound`` is false (no claim of ``k`` active at ``p`` binds the plan's job). Then
+    ``claims`` (those of ``k`` active at ``p`` that bind the plan's job) is empty. Then
     the spare at ``p`` is the running jobs' alone, and with the victims' charges back it
     is never tighter than the room now. Where a claim binds, nothing comes back: a victim
     is queued again under its own key, and one that ranks ahead of the claim's job when
@@ -120,6 +120,6 @@ def quota_freed(victims: list[Job], k: tuple[int, str], p: float, bound: bool) -
     nothing (note 067). Its rank then cannot be read from its key now: a running job's
     key is not recalculated (``priority.maybe_recalc`` rekeys the queue), and age,
     the aged tier and fair-share move it once it is queued again."""
-    if bound:
+    if claims:
         return 0
     return sum(a for v in victims if v.end_est > p for i, user, a in v.run_charges if (i, user) == k)

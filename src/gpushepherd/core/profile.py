@@ -398,8 +398,8 @@ class Profile:
             if exempt:
                 s += sum(c.quota.get(k, 0) for c in exempt if c.start <= p < c.end)
             if victims:
-                s += quota_freed(victims, k, p, any(k in c.quota and c not in exempt and c.job_id != job_id
-                                                    for c in self.owners[p]))
+                s += quota_freed(victims, k, p, [c for c in self.owners[p] if k in c.quota and c not in exempt
+                                                 and c.job_id != job_id])
             cap = min(cap, s)
         return cap
 
