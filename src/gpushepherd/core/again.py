@@ -14,7 +14,9 @@ before, so the repeats end:
 * a start a refused job may evict, too young now: a wake-up when it comes of age;
 * a start that makes its cohort member borrow after a refused job of another member could
   reclaim nothing, or after the claims refused a job of its own member (it may borrow
-  now, and the claims that lend bind it less; seeds 15683, 1430) - another member of any
+  now, and the claims that lend bind it less; seeds 15683, 1430), or of another member (a
+  claim of its team may borrow now, and that member's job may reclaim it; note 078's
+  review) - another member of any
   cohort of the refused job's: a team borrows as a whole, so a start in one cohort makes
   its jobs in another (a pool's) victims there (seed 235848);
 * a share opening a fresh GPU after a share was refused for room: it may join that card
@@ -95,10 +97,18 @@ def after_start(turn, job: Job, spot, preemptor: bool, fills: bool = True) -> No
         return
     # (a member's borrowing is its team's: a start in one cohort may make that team's jobs
     # in another cohort - a pool's - victims of a refused job there; seed 235848)
-    if job.cohort is not None and (job.cohort[1].team in turn.claims_refused or (
+    if job.cohort is not None and (_member_refused(job, turn.claims_refused) or (
             any(typed.borrows_from(p, job) or _team_in_cohorts_of(p, job.cohort[1].team) for p in no_victims)
             and preemption.borrows(book, job))):
         book.repass = True
+
+
+def _member_refused(job: Job, refused: set[str]) -> bool:
+    """Whether the claims refused a job of a member (``job``'s own team or another) of a
+    cohort ``job`` counts in: its start may make its team's claims borrow, and a refused
+    job of another member within its nominal quota may reclaim a borrowing claim's GPUs
+    (``Profile.reclaimers_of``; note 078, review of 2026-12-07)."""
+    return bool(refused) and any(m.team in refused for c, _own in typed.cohorts_of(job) for m in c.members)
 
 
 def _team_in_cohorts_of(job: Job, team: str) -> bool:
