@@ -105,4 +105,5 @@ def test_a_negative_class_priority_is_refused(tmp_path):
     policy.write_text("name: neg\ncluster: {nodes: [{name: n1, gpus: 8}]}\nclasses:\n  sandbox: {priority: -5}\n")
     r = CliRunner().invoke(app, ["policy", "check", str(policy)])
     assert r.exit_code == 2, r.output
-    assert "classes.sandbox.priority" in r.output and "-5" in r.output and "greater than or equal to 0" in r.output, r.output
+    said = r.output
+    assert "classes.sandbox.priority" in said and "-5" in said and "greater than or equal to 0" in said, said

@@ -79,7 +79,8 @@ def order_lines(rules: Rules) -> list[str]:
     tier = pr.top_class_tier and bool(top_names)
     tiers = []
     if tier:
-        tiers.append(f"jobs of {', '.join(top_names)} (the top class priority, {max_prio}), a hard tier (top_class_tier)")
+        names = ", ".join(top_names)
+        tiers.append(f"jobs of {names} (the top class priority, {max_prio}), a hard tier (top_class_tier)")
     if pr.age_tier_s is not None:
         which = "jobs" if pr.age_tier_jobs is None else f"the {pr.age_tier_jobs} oldest jobs"
         tiers.append(f"{which} that have waited {_num(pr.age_tier_s)} s, oldest first (age_tier_s)")
