@@ -30,11 +30,12 @@ def _rec(n: int, retries: int = 0) -> ArrayRec:
     return rec
 
 
-def _state(rec: ArrayRec, states: dict[str, str]) -> str:
-    rec.update(states.get)
-    inc, full = rec.counts(states.get)["state"], progress(rec, states)["state"]
-    assert inc == full
-    return inc
+def _state(rec: ArrayRec, states: dict[str, str], started: set[str] | None = None) -> str:
+    ran = None if started is None else started.__contains__
+    rec.update(states.get, ran)
+    inc, full = rec.counts(states.get), progress(rec, states, ran)
+    assert (inc["state"], inc["between"]) == (full["state"], full["between"])
+    return inc["state"]
 
 
 def _submit_next(rec: ArrayRec, states: dict[str, str]) -> str:
@@ -78,25 +79,62 @@ def test_chunks_that_never_ran_leave_the_array_pending():
     assert _state(rec, states) == "PENDING"
 
 
+def test_a_chunk_cancelled_after_it_ran_has_run():
+    # a chunk that started and was then cancelled ran: the array stays RUNNING until the next chunk
+    # is submitted, on both counting paths (it flickered RUNNING -> PENDING -> RUNNING)
+    rec, states, started = _rec(3), {}, set()
+    a = _submit_next(rec, states)
+    states[a] = "RUNNING"
+    started.add(a)
+    assert _state(rec, states, started) == "RUNNING"
+    states[a] = "CANCELLED"
+    assert _state(rec, states, started) == "RUNNING"
+    rebuilt = _rec(3)  # a restart reads the same
+    rebuilt.attempts = dict(rec.attempts)
+    rebuilt.rebuild(states.get, started.__contains__)
+    assert rebuilt.counts(states.get)["state"] == "RUNNING"
+    b = _submit_next(rec, states)
+    states[b] = "CANCELLED"  # cancelled before it started: still the first chunk's run
+    assert _state(rec, states, started) == "RUNNING"
+
+
+def _record_steps(d, record):
+    """Call ``record(rec)`` for every array after each of the server's steps; the old step."""
+    step = d.step
+
+    def recording_step():
+        out = step()
+        for rec in d.arrays.values():
+            record(rec)
+        return out
+
+    d.step = recording_step
+    return step
+
+
+def _submit_array(client, tmp_path, array: str, code: str) -> str:
+    body = {"class": "batch", "team": "ml", "user": "ana", "gpus": 1, "array": array,
+            "command": [sys.executable, "-c", code], "cwd": str(tmp_path)}
+    r = client.post("/jobs", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
 def test_server_array_never_reads_running_then_pending_without_a_requeue(tmp_path):
     with in_process_api(tmp_path, POLICY) as client:
         d = client.daemon
         seen: list[tuple[str, list[str]]] = []
-        step = d.step
+        reasons: list[str] = []
 
-        def recording_step():  # the array's state and its chunks' core states after every step
-            out = step()
-            for rec in d.arrays.values():
-                kids = sorted(j for j in d.sched.jobs if j.startswith(f"{rec.id}_"))
-                seen.append((d._array_progress(rec)["state"], [d.sched.jobs[j].state.value for j in kids]))
-            return out
+        def record(rec: ArrayRec) -> None:  # the array's state and its chunks' core states after every step
+            kids = sorted(j for j in d.sched.jobs if j.startswith(f"{rec.id}_"))
+            seen.append((d._array_progress(rec)["state"], [d.sched.jobs[j].state.value for j in kids]))
+            view = d.array_view(rec)
+            if view["state"] == "RUNNING" and not view["running"]:  # between chunks: no "0 running"
+                reasons.append(view["reason"])
 
-        d.step = recording_step
-        body = {"class": "batch", "team": "ml", "user": "ana", "gpus": 1, "array": "0-3%1",
-                "command": [sys.executable, "-c", "pass"], "cwd": str(tmp_path)}
-        r = client.post("/jobs", json=body)
-        assert r.status_code == 201, r.text
-        array_id = r.json()["id"]
+        step = _record_steps(d, record)
+        array_id = _submit_array(client, tmp_path, "0-3%1", "pass")
         deadline = time.monotonic() + 60
         while client.get(f"/jobs/{array_id}").json()["state"] != "COMPLETED":
             assert time.monotonic() < deadline, seen[-5:]
@@ -107,3 +145,29 @@ def test_server_array_never_reads_running_then_pending_without_a_requeue(tmp_pat
         assert shown[shown.index("RUNNING"):] == ["RUNNING", "COMPLETED"], seen
         # every chunk ran once and completed: no requeue the array's states could stand for
         assert all(st == "COMPLETED" for st in seen[-1][1]) and len(seen[-1][1]) == 4
+        assert reasons and all(r.endswith(" done, next chunk being submitted") for r in reasons), reasons
+
+
+def test_server_array_stays_running_when_a_chunk_that_ran_is_cancelled(tmp_path):
+    with in_process_api(tmp_path, POLICY) as client:
+        d = client.daemon
+        seen: list[str] = []
+        step = _record_steps(d, lambda rec: seen.append(d._array_progress(rec)["state"]))
+        array_id = _submit_array(client, tmp_path, "0-1%1", "import time; time.sleep(60)")
+        first, second = f"{array_id}_0", f"{array_id}_1"
+        deadline = time.monotonic() + 60
+
+        def wait(job_id: str, state: str) -> None:
+            while getattr(d.sched.jobs.get(job_id), "state", None) is None or \
+                    d.sched.jobs[job_id].state.value != state:
+                assert time.monotonic() < deadline, (job_id, seen[-5:])
+                time.sleep(0.05)
+
+        wait(first, "RUNNING")
+        assert client.post(f"/jobs/{first}/cancel").status_code < 300
+        wait(second, "RUNNING")
+        d.step = step
+        assert d.job_started(first) and d.sched.jobs[first].state.value == "CANCELLED"
+        shown = [s for i, s in enumerate(seen) if i == 0 or seen[i - 1] != s]
+        assert shown[shown.index("RUNNING"):] == ["RUNNING"], seen
+        client.post(f"/jobs/{array_id}/cancel")

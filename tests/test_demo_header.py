@@ -35,8 +35,8 @@ def test_demo_header_fits_80_columns_unwrapped(tmp_path, monkeypatch, backend):
     if backend == "slurm":
         first.append("  jobs run on a fake Slurm cluster that the demo starts and stops")
     first += ["  policy: demo-server-policy.yaml", f"  server data: {data}",
-              "  times: seconds since the start, when the demo saw each change (every 0.5 s);",
-              "  the checks at the end use the server's own times"]
+              "  times: seconds since the server answered, when the demo saw each change",
+              "  (every 0.5 s); the checks at the end use the server's own times"]
     assert [x.rstrip() for x in lines[:len(first)]] == first
 
 

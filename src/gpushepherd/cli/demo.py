@@ -74,8 +74,8 @@ def header(data_dir: Path, policy_name: str, backend: str = "local") -> list[Tex
     if backend == "slurm":
         lines.append(Text("  jobs run on a fake Slurm cluster that the demo starts and stops"))
     return lines + [Text(f"  policy: {policy_name}"), Text(f"  server data: {data_dir}"),
-                    Text("  times: seconds since the start, when the demo saw each change (every 0.5 s);"),
-                    Text("  the checks at the end use the server's own times")]
+                    Text("  times: seconds since the server answered, when the demo saw each change"),
+                    Text("  (every 0.5 s); the checks at the end use the server's own times")]
 
 
 def hanging(left: Text, text: str) -> Table:

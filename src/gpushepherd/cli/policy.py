@@ -72,11 +72,15 @@ def order_lines(rules: Rules) -> list[str]:
     weights (and class's, even at 0), the tie-breaks; then what the class priorities do
     besides (``core/priority.py``'s queue key; ``core/preemption.py``'s candidates)."""
     pr = rules.priority
-    top = max((c.priority for c in rules.classes.values()), default=0)
+    prios = [c.priority for c in rules.classes.values()]
+    # the core's top class: priority >= max_prio, which is 1 when every class has 0 (``core/book.py``)
+    max_prio = max(prios, default=1) or 1
+    top_names = sorted(c.name for c in rules.classes.values() if c.priority >= max_prio)
+    tier = pr.top_class_tier and bool(top_names)
     tiers = []
-    if pr.top_class_tier:
-        names = ", ".join(sorted(c.name for c in rules.classes.values() if c.priority >= top))
-        tiers.append(f"jobs of {names} (the top class priority, {top}), a hard tier (top_class_tier)")
+    if tier:
+        names = ", ".join(top_names)
+        tiers.append(f"jobs of {names} (the top class priority, {max_prio}), a hard tier (top_class_tier)")
     if pr.age_tier_s is not None:
         which = "jobs" if pr.age_tier_jobs is None else f"the {pr.age_tier_jobs} oldest jobs"
         tiers.append(f"{which} that have waited {_num(pr.age_tier_s)} s, oldest first (age_tier_s)")
@@ -87,13 +91,43 @@ def order_lines(rules: Rules) -> list[str]:
              + recalc)
     steps = tiers + [score]
     lines = [f"order: {k}. {x}" if len(steps) > 1 else f"order: {x}" for k, x in enumerate(steps, 1)]
-    uses = ["pick the top tier"] if pr.top_class_tier else []
-    uses.append("decide who may preempt whom (a job may preempt preemptible jobs of a lower class priority)"
-                if rules.preemption_enabled else "decide no preemption (preemption.enabled is false)")
-    queue = (f"class weight {_num(pr.class_weight)}: they order the queue" if pr.class_weight else
-             "class weight 0: they do not order the " + ("other classes" if pr.top_class_tier else "queue"))
-    lines.append(f"class priorities: {' and '.join(uses)}; {queue}")
+    uses = ["pick the top tier"] if tier else []
+    uses.append(_preempt_use(rules))
+    below = bool(top_names) and len(top_names) < len(rules.classes)  # a class the deadline term lifts the top over
+    lines.append(f"class priorities: {' and '.join(uses)}; {_queue_use(rules, tier, below)}")
+    if pr.top_class_tier and not tier:
+        lines.append("top_class_tier: no class has a priority above 0, so no job is in the tier")
     return lines
+
+
+def _preempt_use(rules: Rules) -> str:
+    """What the class priorities decide of preemption (``core/preemption.py``'s
+    ``candidates``): lower classes with preemption on, plus cohort reclaim of any class
+    (``reclaim: any``); with it off, only ``within_team`` preemption inside those teams."""
+    if rules.preemption_enabled:
+        anyclass = sorted({c.name for c in rules.cohorts.values() if c.reclaim == "any"})
+        extra = (f"; cohort reclaim (reclaim: any in {', '.join(anyclass)}) also evicts borrowers of any class"
+                 if anyclass else "")
+        return f"decide who may preempt whom (a job may preempt preemptible jobs of a lower class priority{extra})"
+    if rules.within_team:
+        return ("decide preemption only within teams " + ", ".join(sorted(rules.within_team))
+                + " (preemption.enabled is false; within_team: lower_priority)")
+    return "decide no preemption (preemption.enabled is false)"
+
+
+def _queue_use(rules: Rules, tier: bool, below: bool) -> str:
+    """Whether the class priorities order the queue by score (``core/priority.py``'s
+    ``_terms``): by the class weight when classes differ in priority, and, with a
+    deadline weight, the top class's full deadline term."""
+    pr = rules.priority
+    if pr.class_weight and len({c.priority for c in rules.classes.values()}) > 1:
+        return f"class weight {_num(pr.class_weight)}: they order the queue"
+    said = f"class weight {_num(pr.class_weight)}"
+    if pr.class_weight:
+        said += ", but every class has one priority"
+    if pr.deadline_weight and below and not tier:
+        return said + f"; the top class's jobs get the full deadline weight ({_num(pr.deadline_weight)})"
+    return said + ": they do not order the " + ("other classes" if tier else "queue")
 
 
 def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:

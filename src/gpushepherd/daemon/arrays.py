@@ -29,8 +29,13 @@ MAX_LIVE_TASKS = 1000
 MAX_TASKS_PER_STEP = 500
 
 _RUNNING = ("RUNNING", "PREEMPTING", "STOPPING")
-#: how a chunk that ran ends (CANCELLED and REJECTED ones may never have run)
+#: how a chunk that surely ran ends (a CANCELLED one ran if it started: ``started``)
 _RAN = ("COMPLETED", "FAILED", "TIMEOUT")
+
+
+def _started_by_state(state_of: Callable[[str], str | None]) -> Callable[[str], bool]:
+    """``started`` when the caller knows no starts: a chunk ran if it ended in ``_RAN``."""
+    return lambda job_id: (state_of(job_id) or "PENDING") in _RAN
 
 _PART = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 _CHILD = re.compile(r"(\d+)_(\d+)(?:\.(\d+))?")
@@ -129,12 +134,12 @@ class ArrayRec:
     done: int = 0
     failed: list[int] = field(default_factory=list)  # failed for good (after retries; TIMEOUT, CANCELLED, ...)
     retries: int = 0  # attempts after the first, over all chunks
-    ran: bool = False  # a chunk has run and ended (a last attempt seen ending in _RAN)
+    ran: bool = False  # a chunk that ended had started (``started`` of a last attempt seen ending)
 
-    def rebuild(self, state_of: Callable[[str], str | None]) -> None:
+    def rebuild(self, state_of: Callable[[str], str | None], started: Callable[[str], bool] | None = None) -> None:
         """Recompute the incremental progress from ``attempts`` and each last attempt's
         state (``state_of(child id)``; ``None``: unknown, counted as pending). Once, at
-        a start: O(tasks)."""
+        a start: O(tasks). ``started``: as ``update``."""
         self.todo, self.retry, self.live, self.done, self.failed = deque(), [], {}, 0, []
         self.ran = False
         self.retries = sum(len(ids) - 1 for ids in self.attempts.values())
@@ -144,16 +149,20 @@ class ArrayRec:
                 self.todo.append(i)
             else:
                 self.live[ids[-1]] = i
-        self.update(state_of)
+        self.update(state_of, started)
 
-    def update(self, state_of: Callable[[str], str | None]) -> None:
-        """Move the live children that ended to done / retry / failed. O(live)."""
+    def update(self, state_of: Callable[[str], str | None], started: Callable[[str], bool] | None = None) -> None:
+        """Move the live children that ended to done / retry / failed. O(live).
+        ``started(child id)``: whether that child ever started (the server's first start
+        or runs; default: it ended COMPLETED, FAILED or TIMEOUT) - a chunk cancelled after
+        it ran has run (``counts``' between chunks)."""
+        started = started or _started_by_state(state_of)
         for job_id, i in list(self.live.items()):
             st = state_of(job_id) or "PENDING"
             if st == "PENDING" or st in _RUNNING:
                 continue
             del self.live[job_id]
-            self.ran = self.ran or st in _RAN
+            self.ran = self.ran or st in _RAN or started(job_id)
             if st == "COMPLETED":
                 self.done += 1
             elif st == "FAILED" and len(self.attempts.get(i, ())) <= self.max_retries and self.cancelled is None:
@@ -201,7 +210,8 @@ class ArrayRec:
         between = (self.cancelled is None and not self.live and bool(self.todo or self.retry)
                    and (self.ran or self.retries > 0))
         state = _state(self.cancelled is not None and not self.live, self.done, len(failed), total, running, between)
-        return {"state": state, "total": total, "done": self.done, "failed": failed, "running": running,
+        return {"state": state, "between": between, "total": total, "done": self.done, "failed": failed,
+                "running": running,
                 "pending": submitted_pending + len(self.todo) + len(self.retry),
                 "submitted_pending": submitted_pending, "live": len(self.live),
                 "retries_used": self.retries}
@@ -226,9 +236,11 @@ def _state(cancelled: bool, done: int, failed: int, total: int, running: int, be
     return "RUNNING" if running or between else "PENDING"
 
 
-def progress(rec: ArrayRec, states: dict[str, str]) -> dict:
+def progress(rec: ArrayRec, states: dict[str, str], started: Callable[[str], bool] | None = None) -> dict:
     """Chunks done / failed for good / running / pending / not submitted, retries used,
-    and the array's state, from each child's core state (``states``: id -> state)."""
+    and the array's state, from each child's core state (``states``: id -> state;
+    ``started``: as ``ArrayRec.update``). ``between``: as ``ArrayRec.counts``."""
+    started = started or _started_by_state(states.get)
     done, failed, running, pending, waiting, retryable = [], [], [], [], [], []
     retries = 0
     for i in rec.indices:
@@ -250,9 +262,10 @@ def progress(rec: ArrayRec, states: dict[str, str]) -> dict:
             failed.append(i)
     total = len(rec.indices)
     active = running or pending
-    ran = bool(done or retryable or retries) or any(states.get(rec.attempts[i][-1]) in _RAN for i in failed)
+    ran = bool(done or retryable or retries) or any(started(rec.attempts[i][-1]) for i in failed)
     between = rec.cancelled is None and not active and bool(waiting or retryable) and ran
     state = _state(rec.cancelled is not None and not active, len(done), len(failed), total, len(running), between)
-    return {"state": state, "total": total, "done": len(done), "failed": failed, "running": len(running),
+    return {"state": state, "between": between, "total": total, "done": len(done), "failed": failed,
+            "running": len(running),
             "pending": len(pending) + len(waiting) + len(retryable), "submitted_pending": len(pending),
             "not_submitted": waiting, "retry": retryable, "retries_used": retries}

@@ -953,7 +953,7 @@ class Daemon:
         for rec in self.arrays.values():
             for ids in rec.attempts.values():
                 ids.sort(key=lambda j: parse_child_id(j)[2])
-            rec.rebuild(self.job_state)
+            rec.rebuild(self.job_state, self.job_started)
             rec.ended = rec.counts(self.job_state)["state"] in ("COMPLETED", "FAILED", "CANCELLED")
 
     def job_state(self, job_id: str) -> str | None:
@@ -1732,7 +1732,7 @@ class Daemon:
                 rec = ArrayRec(id=job_id, num=int(job_id), text=text, indices=indices, throttle=throttle,
                                max_retries=max_retries, submit_time=now, spec=spec_to_dict(spec), argv=argv,
                                shell=shell, env=env, cwd=cwd)
-                rec.rebuild(self.job_state)
+                rec.rebuild(self.job_state, self.job_started)
                 new_arrays.append(rec)
                 replies.append((fut, lambda j=job_id: self.job_view(j)))
                 return
@@ -2020,8 +2020,20 @@ class Daemon:
                     argv=json.dumps(a.argv), shell=a.shell, env=json.dumps(a.env), cwd=a.cwd, cancelled=a.cancelled)
 
     def _array_progress(self, rec: ArrayRec) -> dict:
-        rec.update(self.job_state)
+        rec.update(self.job_state, self.job_started)
         return rec.counts(self.job_state)
+
+    def job_started(self, job_id: str) -> bool:
+        """Whether a job ever started: its first start in the core, a Start decision this
+        server made, an end only a run reaches, else its archived record's first start."""
+        job = self.sched.jobs.get(job_id)
+        if job is not None:
+            return job.first_start is not None
+        if self.runs.get(job_id) or self.ended_states.get(job_id) in ("COMPLETED", "FAILED", "TIMEOUT"):
+            return True
+        if self.ended_states.get(job_id) != "CANCELLED":
+            return False
+        return self.store.ended_records([job_id]).get(job_id, {}).get("first_start") is not None
 
     def _array_children(self, now: float, batch: list, rows: list, new_arrays: list) -> list[tuple[str, int, str]]:
         """Submit the chunks each array may run now (index order; at most its throttle,
@@ -2309,7 +2321,8 @@ class Daemon:
             "submit_time": rec.submit_time, "tasks": p["total"], "done": p["done"], "running": p["running"],
             "pending": p["pending"], "failed_indices": p["failed"], "retries_used": p["retries_used"],
             "throttle": rec.throttle, "max_retries": rec.max_retries, "cancelled": rec.cancelled is not None,
-            "reason": f"{p['done']}/{p['total']} done, {p['running']} running"
+            "reason": f"{p['done']}/{p['total']} done, "
+                      + ("next chunk being submitted" if p["between"] else f"{p['running']} running")
                       + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else ""),
             "placement": None, "estimated_start": None, "estimated_start_basis": None, "priority": None,
             "command": rec.argv, "exit_code": None,

@@ -345,7 +345,7 @@ class ClassSpec(_Strict):
     the class's pools allow (note 069).
     """
 
-    priority: int | None = Field(None, **doc(
+    priority: NonNegInt | None = Field(None, **doc(
         "Class priority: higher classes are ordered first and may preempt lower ones (Kueue "
         "WorkloadPriorityClass, Slurm QOS priority). Required for a class that is not a standard one.", 350))
     preemptible: bool | None = Field(None, **doc(
