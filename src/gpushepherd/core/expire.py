@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 
 from gpushepherd.core import typed
-from gpushepherd.core.admission import CLASS_HOLD
+from gpushepherd.core.admission import CLASS_HOLD, ORDER
 from gpushepherd.core.amend import timer_at
 from gpushepherd.core.lifecycle import idle_entry_live
 from gpushepherd.core.usage import declared_mib
@@ -114,9 +114,15 @@ def window_matters(book, adm) -> bool:
             continue
         if typed.any_variant(job, lambda j: adm.may_ever_start(  # on some GPU type it may use (note 038)
                 j, book.charges_with(j, j.units, book.coverage_for(j, j.units)))):
-            if book.reserved and adm.decide(job, None).rule == CLASS_HOLD:
+            rule = adm.decide(job, None).rule if book.reserved or job.strict_q is not None else None
+            if book.reserved and rule == CLASS_HOLD:
                 # past every limit now, kept off by other classes' reserved_gpus (static,
                 # never windowed): a boundary cannot start it, a finish or submit can
+                continue
+            if rule == ORDER:
+                # behind the head of its strict FIFO queue (rule 4 reads no window): only
+                # the head's start lets it go, and the head is judged here on its own
+                # (seed 437809: behind a share kept off by reservations, note 081)
                 continue
             return True
     # a running job a closing window could stop: a windowed limit it counts in may
