@@ -103,6 +103,22 @@ def next_timer(book) -> float | None:
     return t_limit
 
 
+def _boundary_may_start(book, adm, job) -> bool:
+    """Whether a window boundary may start ``job`` as bound now (one GPU type of a job
+    at rest: ``decide`` then judges that type alone, note 038): it could ever fit, and
+    it is not refused for a reason no window changes - other classes' ``reserved_gpus``
+    (static, never windowed: a finish or a submit can loosen them) or the head of its
+    strict FIFO queue (rule 4 reads no window; the head is judged on its own; seed
+    437809, note 081). Judged per type: one type's verdict must not hide another's
+    windowed limit (the review of note 081)."""
+    if not adm.may_ever_start(job, book.charges_with(job, job.units, book.coverage_for(job, job.units))):
+        return False
+    if not (book.reserved or job.strict_q is not None):
+        return True
+    rule = adm.decide(job, None).rule
+    return not ((book.reserved and rule == CLASS_HOLD) or rule == ORDER)
+
+
 def window_matters(book, adm) -> bool:
     """Whether a window boundary can change anything: a pending job counts against a
     windowed limit (and could ever fit it and the healthy nodes: ``adm.never_fits``), or
@@ -112,18 +128,7 @@ def window_matters(book, adm) -> bool:
         job = sig_jobs[0]
         if not any(i in windowed for i, _u, _a in job.charges):
             continue
-        if typed.any_variant(job, lambda j: adm.may_ever_start(  # on some GPU type it may use (note 038)
-                j, book.charges_with(j, j.units, book.coverage_for(j, j.units)))):
-            rule = adm.decide(job, None).rule if book.reserved or job.strict_q is not None else None
-            if book.reserved and rule == CLASS_HOLD:
-                # past every limit now, kept off by other classes' reserved_gpus (static,
-                # never windowed): a boundary cannot start it, a finish or submit can
-                continue
-            if rule == ORDER:
-                # behind the head of its strict FIFO queue (rule 4 reads no window): only
-                # the head's start lets it go, and the head is judged here on its own
-                # (seed 437809: behind a share kept off by reservations, note 081)
-                continue
+        if typed.any_variant(job, lambda j: _boundary_may_start(book, adm, j)):
             return True
     # a running job a closing window could stop: a windowed limit it counts in may
     # tighten below what is in use of it
