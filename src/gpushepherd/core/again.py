@@ -69,7 +69,7 @@ from gpushepherd.core import preemption, typed
 from gpushepherd.core.state import Job
 
 
-def after_start(turn, job: Job, spot, preemptor: bool, fills: bool = True) -> None:
+def after_start(turn, job: Job, spot, preemptor: bool, fills: bool) -> None:
     """Ask for what ``job``'s start in ``turn``'s pass calls for (module docstring):
     ``spot`` is a share's ``(node index, GPU, MIG position or None, fresh GPU)`` (``None``:
     whole GPUs); ``preemptor``: it started at its turn as a preemptor whose victims had
