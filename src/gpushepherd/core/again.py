@@ -97,20 +97,53 @@ def after_start(turn, job: Job, spot, preemptor: bool, fills: bool) -> None:
         return
     # (a member's borrowing is its team's: a start in one cohort may make that team's jobs
     # in another cohort - a pool's - victims of a refused job there; seed 235848)
-    if job.cohort is not None and (_member_refused(job, turn.claims_refused) or (
-            any(typed.borrows_from(p, job) or _team_in_cohorts_of(p, job.cohort[1].team) for p in no_victims)
+    if job.cohort is not None and (_member_refused(book, job, turn.claims_refused) or any(
+            _lent_to(book, p, job) for p in no_victims) or (
+            any(typed.borrows_from(p, job) or _team_in_cohorts_of(book, p, job.cohort[1].team) for p in no_victims)
             and preemption.borrows(book, job))):
         book.repass = True
 
 
-def _member_refused(job: Job, refused: set[str]) -> bool:
+def _counts_in(book, job: Job) -> list:
+    """The cohorts ``job`` counts in: ``typed.cohorts_of`` (its own, or its variants'
+    while at rest) and every other policy cohort its charges name a member's limit in
+    (a job confined to a pool counts in a cohort of every pool too; note 082)."""
+    out = [c for c, _own in typed.cohorts_of(job)]
+    for c in book.rules.cohorts.values():
+        if c not in out and typed.any_variant(job, lambda j: typed.member_in(c, j) is not None):
+            out.append(c)
+    return out
+
+
+def _lent_to(book, p: Job, job: Job) -> bool:
+    """Whether ``job``'s member borrows, after its start, in a cohort where the refused
+    ``p`` counts as a job of another member, on some type ``p`` may take: ``job``'s team's
+    jobs there are victims for ``p`` now (``preemption._lenders``, the victim rule, reads
+    the same facts; note 082, oracle seed 441895: a pool job's second cohort)."""
+    def lent(q: Job) -> bool:
+        for c in book.rules.cohorts.values():
+            own = typed.member_in(c, q)
+            if own is not None and (m := typed.member_in(c, job)) is not None and m is not own \
+                    and preemption.member_borrows(book, m):
+                return True
+        return False
+    return typed.any_variant(p, lent)
+
+
+def _member_refused(book, job: Job, refused: set[str]) -> bool:
     """Whether the claims refused a job of a member (``job``'s own team or another) of a
     cohort ``job`` counts in: its start may make its team's claims borrow, and a refused
     job of another member within its nominal quota may reclaim a borrowing claim's GPUs
-    (``Profile.reclaimers_of``; note 078, review of 2026-12-07)."""
-    return bool(refused) and any(m.team in refused for c, _own in typed.cohorts_of(job) for m in c.members)
+    (``Profile.reclaimers_of``; note 078, review of 2026-12-07; every cohort it counts
+    in, note 082)."""
+    return bool(refused) and any(m.team in refused for c in _counts_in(book, job) for m in c.members)
 
 
-def _team_in_cohorts_of(job: Job, team: str) -> bool:
-    """Whether ``team`` is another member of a cohort ``job`` may count in."""
-    return any(m.team == team and m is not own for c, own in typed.cohorts_of(job) for m in c.members)
+def _team_in_cohorts_of(book, job: Job, team: str) -> bool:
+    """Whether ``team`` is another member of a cohort ``job`` may count in (note 082:
+    every cohort, not only ``Job.cohort``)."""
+    def other(q: Job) -> bool:
+        return any(m.team == team and m is not own for c, own in typed.cohorts_of(q) for m in c.members) or any(
+            (own := typed.member_in(c, q)) is not None and any(m.team == team and m is not own for m in c.members)
+            for c in book.rules.cohorts.values())
+    return typed.any_variant(job, other)

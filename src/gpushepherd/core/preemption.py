@@ -54,7 +54,8 @@ from gpushepherd.core.typed import borrows_from, member_in
 from gpushepherd.model.job import GPU_UNITS, JobState
 
 
-def _member_borrows(book, member) -> bool:
+def member_borrows(book, member) -> bool:
+    """Whether cohort ``member`` uses more than its nominal quota (GPU units): it borrows."""
     return book.quota.usage.get((member.limit, ""), 0) > member.nominal * GPU_UNITS
 
 
@@ -70,7 +71,7 @@ def _lenders(book, job: Job) -> list[tuple]:
             continue
         takes = set()
         if book.quota.usage.get((own.limit, ""), 0) + job.units <= own.nominal * GPU_UNITS:
-            takes = {m.team for m in cohort.members if m is not own and _member_borrows(book, m)}
+            takes = {m.team for m in cohort.members if m is not own and member_borrows(book, m)}
         out.append((cohort, own, takes))
     return out
 
@@ -97,7 +98,7 @@ def may_reclaim(book, job: Job) -> bool:
     if not _within_nominal_to_reclaim(book, job):
         return False
     member = job.cohort[1]
-    return any(m is not member and _member_borrows(book, m) for m in job.cohort[0].members)
+    return any(m is not member and member_borrows(book, m) for m in job.cohort[0].members)
 
 
 def may_reclaim_later(book, job: Job) -> bool:
@@ -110,7 +111,7 @@ def may_reclaim_later(book, job: Job) -> bool:
 def borrows(book, job: Job) -> bool:
     """Whether the cohort member of ``job`` (a job in a cohort) uses more than its
     nominal quota, in GPU units: it borrows, and its jobs may be reclaimed."""
-    return _member_borrows(book, job.cohort[1])
+    return member_borrows(book, job.cohort[1])
 
 
 def kept_by_cohort(book, job: Job) -> str:
