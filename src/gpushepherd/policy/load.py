@@ -231,13 +231,19 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
         if model is None:
             return None
         if isinstance(model, type) and issubclass(model, BaseModel):
-            field = model.model_fields.get(part)
+            field = _fields_by_name(model).get(part)
             if field is None:
                 return model
             model = _inner_model(field.annotation)
         elif isinstance(model, tuple) and model[0] == "dict":
             model = model[1]
     return None
+
+
+def _fields_by_name(model: type[BaseModel]) -> dict:
+    """A model's fields by the name a policy file writes: the alias where one is set
+    (``priority.weights.class`` is the field ``class_``)."""
+    return {(f.alias or name): f for name, f in model.model_fields.items()}
 
 
 def _inner_model(annotation: Any) -> Any:
@@ -265,7 +271,7 @@ def _translate(exc: ValidationError, source: str) -> PolicyError:
     value = err.get("input")
     if err["type"] == "extra_forbidden":
         parent = _model_at(loc)
-        names = sorted(parent.model_fields) if parent is not None else []
+        names = sorted(_fields_by_name(parent)) if parent is not None else []
         allowed = "unknown field; allowed fields here: " + ", ".join(names) if names else "unknown field"
         close = difflib.get_close_matches(str(loc[-1]), names, n=1)
         return PolicyError(source, path, loc[-1], allowed + (f" (did you mean {close[0]!r}?)" if close else ""))
