@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpushepherd.core.filters import inventory_misfit, job_filter
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
-from gpushepherd.model.job import JobState, natural_key
+from gpushepherd.model.job import JobSpec, JobState, natural_key
 from gpushepherd.model.placement import Placement
 from gpushepherd.model.rules import Rules
 
@@ -29,12 +30,15 @@ class PolicyConflict(ValueError):
         super().__init__("; ".join(c.msg for c in conflicts))
 
 
-def conflicts(sched: Scheduler, old: Rules, new: Rules, placements: dict[str, Placement]) -> list[Conflict]:
+def conflicts(sched: Scheduler, old: Rules, new: Rules, placements: dict[str, Placement],
+              kept: tuple[JobSpec, ...] = ()) -> list[Conflict]:
     """What stops ``new`` from replacing ``old`` under the jobs of ``sched`` that have
-    not ended, in job id order:
+    not ended and the jobs ``kept`` from the core (held, waiting for a dependency or a
+    begin time: the daemon's, note 021), in job id order:
 
     * a job the new policy would refuse at submit (``validate_spec``: class, team, time
-      limit above the class's max runtime, share kind);
+      limit above the class's max runtime, share kind) - a kept job too: it is submitted
+      to the core when released, and would be refused then;
     * a job holding GPUs on a node the new policy removes, on GPU indices it no longer
       has (a node shrunk below the GPUs in use), or in a pool it removes;
     * a pending job whose class may run only in pools the new policy has no node in.
@@ -45,14 +49,13 @@ def conflicts(sched: Scheduler, old: Rules, new: Rules, placements: dict[str, Pl
     new_nodes = {n.name: n for n in new.nodes}
     old_pool = {n.name: n.pool for n in old.nodes}
     new_pools = {n.pool for n in new.nodes}
-    live = sorted((j for j in sched.jobs.values() if not j.state.terminal), key=lambda j: natural_key(j.id))
-    for job in live:
+    live = [j for j in sched.jobs.values() if not j.state.terminal]
+    for job in sorted([*live, *kept], key=lambda j: natural_key(j.id)):
+        if isinstance(job, JobSpec):
+            _refused_at_submit(new, job, f"job {job.id!r} (PENDING, kept from the scheduler until released)", out)
+            continue
         state = f"job {job.id!r} ({job.state.value})"
-        try:
-            validate_spec(new, job.spec)
-        except SpecError as exc:
-            field = str(exc).split(": ")[1] if str(exc).count(": ") >= 2 else "spec"
-            out.append(Conflict(job.id, field, f"{exc} under the new policy, and {state} has not ended"))
+        _refused_at_submit(new, job.spec, state, out)
         if job.state.holds_gpus:
             for name, gpus in placements[job.id].parts:
                 node = new_nodes.get(name)
@@ -72,3 +75,31 @@ def conflicts(sched: Scheduler, old: Rules, new: Rules, placements: dict[str, Pl
                 out.append(Conflict(job.id, f"classes.{cls.name}.pools", f"classes.{cls.name}.pools: "
                                     f"{list(cls.pools)} has no node under the new policy, and {state} waits in it"))
     return out
+
+
+def _refused_at_submit(new: Rules, spec: JobSpec, state: str, out: list[Conflict]) -> None:
+    try:
+        validate_spec(new, spec)
+    except SpecError as exc:
+        field = str(exc).split(": ")[1] if str(exc).count(": ") >= 2 else "spec"
+        out.append(Conflict(spec.id, field, f"{exc} under the new policy, and {state} has not ended"))
+
+
+def never_start(new: Scheduler, kept: tuple[JobSpec, ...] = ()) -> list[tuple[str, str]]:
+    """The jobs waiting under the core ``new`` (the live state restored under a new
+    policy) and the jobs ``kept`` from it that no node of the new cluster could ever
+    hold, as ``(job id, why)`` in job id order - the reason the core rejects such a job
+    with at submit (``ExceedsCapacity``). A policy that leaves them is applied (Slurm and
+    Kubernetes keep such a job pending too), but says so: a waiting job reads
+    ``ExceedsCapacity`` from then on, and a kept job is rejected when released."""
+    out = []
+    for job in new.jobs.values():
+        if job.state is JobState.PENDING and (why := new.inventory_misfit(job)) is not None:
+            out.append((job.id, why))
+    nodes = [s.node for s in new.ledger.slots]
+    for spec in kept:
+        cls = new.rules.classes.get(spec.workload_class)
+        if cls is not None and (why := inventory_misfit(nodes, cls, spec, job_filter(cls, spec),
+                                                        new.rules.mig_reconfigure)) is not None:
+            out.append((spec.id, why + " (kept from the scheduler: rejected when released)"))
+    return sorted(out, key=lambda x: natural_key(x[0]))

@@ -55,7 +55,7 @@ from gpushepherd.daemon.local import exit_status, mig_uuid
 from gpushepherd.daemon.metrics import Metrics
 from gpushepherd.gpu import InventoryError, JobDevices, open_inventory, procs
 from gpushepherd.gpu.inventory import foreign_processes, node_mismatches
-from gpushepherd.daemon.policy_change import Conflict, PolicyConflict, conflicts
+from gpushepherd.daemon.policy_change import Conflict, PolicyConflict, conflicts, never_start
 from gpushepherd.daemon.services import Services
 from gpushepherd.daemon.ratelog import RateLog
 from gpushepherd.daemon.store import (
@@ -623,6 +623,7 @@ class Daemon:
                                  audit_rows=audit(len(self.policies) + 1))
         self.sched, self.rules = new, pol.rules
         self.policies = self.store.policy_history()
+        self._never_start_note(new)  # a warning in the server's log
 
     def _replay(self) -> None:
         """Rebuild the core: from the newest snapshot, if any, and the batches after it
@@ -660,7 +661,8 @@ class Daemon:
                     sched, self.rules = self._restored(sched, rules), rules
                     continue
                 except (ValueError, KeyError, AssertionError) as exc:
-                    why = "; ".join(c.msg for c in conflicts(sched, self.rules, rules, self.placements)) or \
+                    why = "; ".join(c.msg for c in conflicts(sched, self.rules, rules, self.placements,
+                                                             self._kept_specs())) or \
                         f"the running jobs do not fit it: {exc!r}"
                 skipped[version] = why
                 log.warning("policy version %d in the event log is skipped (the one before stays in force): %s",
@@ -1205,7 +1207,7 @@ class Daemon:
             pol = policy_from_dict(raw, source=source or "<policy>")
         if self.policies and raw == self._in_force()["policy"]:
             return pol, raw, None
-        found = conflicts(self.sched, self.rules, pol.rules, self.placements)
+        found = conflicts(self.sched, self.rules, pol.rules, self.placements, self._kept_specs())
         if found:
             raise PolicyConflict(found)
         try:
@@ -1262,7 +1264,23 @@ class Daemon:
             self._snapshot_due = True  # a restart then never restores under the old rules first
             log.info("policy version %d applied by %r from %s", version + 1, by, source)
             fut.set_result({**self.policy_view(), "applied": True,
-                            "message": f"version {version + 1} applied (was {was})"})
+                            "message": f"version {version + 1} applied (was {was})" + self._never_start_note(new)})
+
+    def _kept_specs(self) -> tuple[JobSpec, ...]:
+        """The specs of the jobs kept from the core and still waiting (note 021)."""
+        return tuple(k.spec for k in self.kept.values() if k.state == "PENDING")
+
+    def _never_start_note(self, new: Scheduler) -> str:
+        """``"; N job(s) can never start under it: ..."`` for the jobs no node of ``new``'s
+        cluster could hold (``policy_change.never_start``), logged as a warning; ``""``
+        when none."""
+        found = never_start(new, self._kept_specs())
+        if not found:
+            return ""
+        text = (f"; {len(found)} job{'s' if len(found) > 1 else ''} can never start under it: "
+                + "; ".join(f"job {j!r}: {why}" for j, why in found))
+        log.warning("policy in force%s", text)
+        return text
 
     def _in_force(self) -> dict:
         """The history entry of the policy in force: the last one not ``skipped``."""
