@@ -199,11 +199,20 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
 
 
 def _shown(j: dict, key: str) -> Any:
-    """Field ``key`` of job view ``j`` as ``show`` prints it: ``-`` for no project or
-    name, a word for a field the server hid (another team's job, note 023)."""
+    """Field ``key`` of job view ``j`` as ``show`` prints it (scontrol's style, no
+    Python reprs): ``-`` for no value (and no project or name), the command as a shell
+    would read it, a list joined with commas, a word for a field the server hid
+    (another team's job, note 023)."""
     if key in j.get("hidden", ()):
         return f"(hidden: a job of team {j.get('team')}, seen by its members and admins)"
-    return (j.get(key) or "-") if key in ("project", "name") else j.get(key)
+    v = j.get(key)
+    if v is None or (v == "" and key in ("project", "name")) or v == []:
+        return "-"
+    if isinstance(v, list):
+        return shlex.join(map(str, v)) if key == "command" else ",".join(map(str, v))
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return v
 
 
 def _num(v: Any) -> str:

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 # (design note 028; tests/test_install.py checks what this module imports).
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode=None, help=__doc__.split("\n\n")[0] if __doc__ else None)
+                  rich_markup_mode=None, help=__doc__.split("\n\n")[0] if __doc__ else None,
+                  context_settings={"help_option_names": ["-h", "--help"]})  # every command: -h as well
 scenario_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                            help="Run scenario files: a cluster, a policy, jobs and the expected outcome.")
 policy_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Check policy files; apply, show and list the versions of a running server's policy; print the policy reference.")
@@ -129,8 +130,15 @@ def run() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"gpushepherd {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(version: Annotated[bool, typer.Option("--version", "-V", is_eager=True, callback=_print_version,
+                                               help="Print the version and exit.")] = False) -> None:
     """gpushepherd: who gets the next free GPU, and by what rule."""
 
 
