@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import datetime
 import tempfile
 import time
 from collections.abc import Callable
@@ -486,15 +487,30 @@ def _explain(result, job_id: str) -> None:
     out.print(Text(_safe(f"{job_id}  team {spec.team}  user {spec.user}  class {spec.workload_class}  gpus "
                          f"{spec.gpus}  time limit {_hours(job.time_limit_s)}  true duration {_hours(rec.duration)}"),
                    style="bold"))
+    rules = result.scheduler.rules
+    # the policy's local time beside t where it decides something: day/night windows or a set start
+    clock = rules.clock if rules.clock is not None and (rules.clock.epoch or any(
+        lim.windows for lim in rules.limits)) else None
     table = Table(show_header=True)
-    for col in ("t (s)", "from", "to", "why"):
+    cols = ("t (s)",) + ((f"local time ({clock.timezone})",) if clock is not None else ()) + ("from", "to", "why")
+    for col in cols:
         table.add_column(col)
     lines = [(tr.t, 0, tr.from_state, tr.to_state, tr.reason) for tr in job.history]
     lines += [(a, 1, "PENDING", "PENDING", f"waiting: {r} (until {'-' if b is None else _num(b)})")
               for a, b, r in rec.reasons if b is None or b > a]
     for t, _k, a, b, why in sorted(lines, key=lambda x: (x[0], x[1])):
-        table.add_row(_num(t), a, b, Text(_safe(why)))
+        when = (_wall(clock, t),) if clock is not None else ()
+        table.add_row(_num(t), *when, a, b, Text(_safe(why)))
     out.print(table)
+
+
+def _wall(clock, t: float) -> str:
+    """Scheduler time ``t`` (seconds) as the policy clock's local wall time, which its
+    day/night windows read (``clock.start``; none: ``t`` is Unix time)."""
+    try:
+        return datetime.fromtimestamp(clock.epoch + t, clock.tz).strftime("%a %Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return "-"
 
 
 def _num(t: float) -> str:
