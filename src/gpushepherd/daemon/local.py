@@ -303,6 +303,17 @@ class LocalBackend(RunFiles):
             self._containment = cgroups.open_containment(self.data_dir)
         return self._containment
 
+    def after_stop(self) -> None:
+        """After the server's loop has stopped: remove this server's own cgroups (``<parent>/gpushepherd/
+        <instance>``, cgroup v2 and v1) when no run is left in them - a run still alive
+        keeps its cgroup and so the instance's (a restart re-attaches), and a restart
+        makes them again. Before this every server ever started left an empty
+        directory per data dir behind (a newcomer counted 109). Never raises."""
+        # by path (a restarted server that only re-attached never opened its containment);
+        # an empty run cgroup left (its run ended, its removal not yet retried) goes too:
+        # a restart finds such a run by its exit file, as before
+        cgroups.remove_instance(self.data_dir)
+
     def describe(self) -> str:
         """How jobs run here, for the log: as whom, and their containment."""
         return f"{self.run_as.text()}; containment: {self.containment.text()}"

@@ -531,6 +531,9 @@ class Daemon:
                     for _ in range(len(self.sched.jobs) // ARCHIVE_CHUNK + 2):
                         if self.take_snapshot(max(self.clock(), self.sched.now)):
                             break
+        after_stop = getattr(self.backend, "after_stop", None)
+        if after_stop is not None and (self._thread is None or not self._thread.is_alive()):
+            after_stop()  # nothing launches any more (the local backend's empty cgroups go)
         self.store.release_lock()
         self.store.close()
         self._unlock_data_dir()
