@@ -2057,7 +2057,7 @@ class Daemon:
                         batch.append(JobCancelled(now, job.id))
                 rec.ended = p["state"] == "CANCELLED"
                 continue
-            if p["state"] in ("COMPLETED", "FAILED"):
+            if p["state"] in ("COMPLETED", "FAILED", "CANCELLED"):  # every chunk ended (a chunk cancelled)
                 rec.ended = True
                 continue
             room = min(rec.throttle, MAX_LIVE_TASKS) - p["live"]
@@ -2309,7 +2309,7 @@ class Daemon:
 
     def array_view(self, rec: ArrayRec, history: bool = False) -> dict[str, Any]:
         """An array: the fields of its spec and its progress (chunks done / total,
-        running, pending, the indices failed for good, retries used)."""
+        running, pending, the indices failed for good and those cancelled, retries used)."""
         p = self._array_progress(rec)
         spec = rec.spec
         share = spec_from_dict(spec).share
@@ -2319,11 +2319,13 @@ class Daemon:
             "name": spec.get("name", ""), "gpus": spec["gpus"],
             "share": str(share) if share else None,
             "submit_time": rec.submit_time, "tasks": p["total"], "done": p["done"], "running": p["running"],
-            "pending": p["pending"], "failed_indices": p["failed"], "retries_used": p["retries_used"],
+            "pending": p["pending"], "failed_indices": p["failed"], "cancelled_indices": p["cancelled"],
+            "retries_used": p["retries_used"],
             "throttle": rec.throttle, "max_retries": rec.max_retries, "cancelled": rec.cancelled is not None,
             "reason": f"{p['done']}/{p['total']} done, "
                       + ("next chunk being submitted" if p["between"] else f"{p['running']} running")
-                      + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else ""),
+                      + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else "")
+                      + (f", cancelled {','.join(map(str, p['cancelled']))}" if p["cancelled"] else ""),
             "placement": None, "estimated_start": None, "estimated_start_basis": None, "priority": None,
             "command": rec.argv, "exit_code": None,
             "runs": len(rec.indices) - len(rec.todo) + rec.retries, **constraints_view(spec_from_dict(spec)),
