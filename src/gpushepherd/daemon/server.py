@@ -1060,6 +1060,19 @@ class Daemon:
         return status
 
     @staticmethod
+    def _kill_why(job) -> str:
+        """Why this server killed a job's run, for the log: the job's state and its last
+        transition's reason (a cancel, a preemption's or time limit's grace period that
+        ended, a requeue)."""
+        if job is None:
+            return "the job had ended"
+        last = job.history[-1].reason if job.history else ""
+        what = {JobState.CANCELLED: "cancelled", JobState.PREEMPTING: "preempted, its grace period ended",
+                JobState.STOPPING: "stopped, its grace period ended", JobState.PENDING: "requeued"}.get(
+                    job.state, job.state.value)
+        return f"{what}" + (f" ({last})" if last else "")
+
+    @staticmethod
     def _lost(job) -> Event:
         """The event that hands a lost run to the core (``t`` is set when fed): a requeue,
         or - the core was preempting or stopping it - the exit it waited for."""
@@ -1419,10 +1432,15 @@ class Daemon:
                 return []
         carry, self.deferred = self.deferred, []
         batch: list[Event] = [replace(e, t=now) for e in carry]
+        killed_ends = getattr(backend, "killed_ends", set())
         for job_id, code in backend.exits():
             self._exits[job_id] = code
-            self.live_run.pop(job_id, None)
+            run = self.live_run.pop(job_id, None)
             self.kills.pop(job_id, None)
+            if code is None and job_id in killed_ends:
+                killed_ends.discard(job_id)
+                log.info("job %s: run %s ended by this server's SIGKILL: %s", job_id,
+                         run if run is not None else "?", self._kill_why(sched.jobs.get(job_id)))
         lost: list[RunLost] = []
         ended: list[RunEnded] = []
         causes = getattr(backend, "end_causes", {})
