@@ -204,18 +204,18 @@ def _refuse_bad_windows(spec: PolicySpec, source: str) -> None:
     * ``from`` equal to ``to`` covers no time at all: it never applies;
     * ``from: '24:00'``: a start is ``00:00``..``23:59`` (``24:00`` would be the next
       day's ``00:00``, on a day the window does not name); ``24:00`` is an end only;
-    * ``days: []``: no day (unset means every day; an empty list is never that);
-    * a team's window ``max_gpus`` below its ``nominal_gpus`` (the rule of the team's own
-      ``max_gpus``, ``_check_nominal_within_max``): the guarantee would be a promise the
-      window breaks, and reclaiming it would preempt others' jobs for GPUs the team may
-      not use.
+    * ``days: []``: no day (unset means every day; an empty list is never that).
+
+    A team window's ``max_gpus`` below its ``nominal_gpus`` is allowed (unlike the
+    team's own ``max_gpus``): ``nominal_gpus`` has no windows, so a window cap is the one
+    way to shrink a team's share for some hours; ``window_notes`` says so in ``policy
+    check``.
 
     Raises:
         PolicyError: naming the window's field, its value and what to write instead.
     """
     for top, section in (("classes", spec.classes), ("teams", spec.teams)):
         for name, entry in section.items():
-            nominal = getattr(entry, "nominal_gpus", None) if top == "teams" else None
             for i, w in enumerate(entry.windows if entry is not None else ()):
                 at = f"{top}.{name}.windows[{i}]"
                 if w.days is not None and not w.days:
@@ -228,9 +228,25 @@ def _refuse_bad_windows(spec: PolicySpec, source: str) -> None:
                     raise PolicyError(source, at, f"{w.from_}-{w.to}",
                                       "a window that can apply: from and to differ (00:00-24:00 is a whole day; "
                                       "from later than to wraps past midnight)")
-                if nominal is not None and w.max_gpus is not None and _total(nominal) > w.max_gpus:
-                    raise PolicyError(source, f"{at}.max_gpus", w.max_gpus,
-                                      f"at least the team's nominal_gpus ({_total(nominal)}), as its max_gpus")
+
+
+def window_notes(spec: PolicySpec) -> list[str]:
+    """What ``policy check`` notes about a valid policy's windows: a team window whose
+    ``max_gpus`` is below the team's ``nominal_gpus`` (a top-level ``max_gpus`` below it
+    is refused). Allowed, as the one way to shrink a team's share for some hours
+    (``nominal_gpus`` has no windows): inside the window the team holds at most that
+    many GPUs, reclaims no more than that from its cohort, and the rest of its
+    guarantee is lent or idle. One line per window, in policy order."""
+    out = []
+    for name, team in spec.teams.items():
+        nominal = team.nominal_gpus
+        for i, w in enumerate(team.windows):
+            if nominal is not None and w.max_gpus is not None and w.max_gpus < _total(nominal):
+                gpus = f"{w.max_gpus} GPU" + "s" * (w.max_gpus != 1)
+                out.append(f"teams.{name}.windows[{i}].max_gpus={w.max_gpus} is below the team's nominal_gpus "
+                           f"({_total(nominal)}): in that window it holds at most {gpus}, the rest of its guarantee "
+                           "is lent or idle")
+    return out
 
 
 #: fields that count GPUs or jobs (``limits.MAX_COUNT``), in every section that has them

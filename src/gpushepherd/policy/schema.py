@@ -279,8 +279,9 @@ class WindowSpec(_Strict):
     to: HHMM = Field("24:00", **doc("Local end time `HH:MM`, exclusive (`24:00`: midnight); quoted, as `from`.",
                                     "08:00"))
     max_gpus: NonNegInt | None = Field(None, **doc(
-        "`max_gpus` while the window is open (GPUs held at once); for a team, at least its `nominal_gpus`, as its "
-        "`max_gpus`.", 6, GPUS))
+        "`max_gpus` while the window is open (GPUs held at once). For a team it may be below `nominal_gpus` (the "
+        "one way to shrink a team's share for some hours; `policy check` notes it): the rest of the guarantee is "
+        "lent or idle meanwhile.", 6, GPUS))
     max_gpus_per_user: NonNegInt | None = Field(None, **doc("`max_gpus_per_user` while the window is open.", 2,
                                                             GPUS))
     max_running_jobs: NonNegInt | None = Field(None, **doc(
