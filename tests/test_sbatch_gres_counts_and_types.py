@@ -26,7 +26,8 @@ def test_a_bad_type_is_refused_naming_it(args):
         parse_options(args, "job.sh")
 
 
-@pytest.mark.parametrize("args", [["--gres=gpu:\u00b2"], ["-G", "\u00b2"], ["-n", "\u00b2"], ["--gpus-per-task", "\u0661"]])
+@pytest.mark.parametrize("args", [["--gres=gpu:\u00b2"], ["-G", "\u00b2"], ["-n", "\u00b2"],
+                                  ["--gpus-per-task", "\u0661"]])
 def test_a_non_ascii_digit_is_no_count(args):
     with pytest.raises(SbatchError, match="is not allowed"):
         parse_options(args, "job.sh")

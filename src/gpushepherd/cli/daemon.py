@@ -1229,8 +1229,8 @@ def register(app: typer.Typer) -> None:
         j = _request(server, "GET", _job_path(job_id), token=token).json()
         if j.get("array"):
             for key in ("id", "name", "array", "state", "class", "team", "user", "project", "gpus", "share", "throttle",
-                        "max_retries", "retries_used", "running", "pending", "failed_indices", "cancelled_indices", "command",
-                        "cwd"):
+                        "max_retries", "retries_used", "running", "pending", "failed_indices", "cancelled_indices",
+                        "command", "cwd"):
                 out.print(_safe(f"{key}: {_shown(j, key)}"), markup=False)
             out.print(f"progress: {j['done']}/{j['tasks']} done")
             out.print(_safe(f"constraints: {constraints_text(j)}"), markup=False)
