@@ -90,7 +90,10 @@ class Backend(Protocol):
 
     def exits(self) -> list[tuple[str, int | None]]:
         """Runs that ended since the last call: ``(job id, exit code)``; a signal S is
-        ``-S``; ``None`` for a run that ended without an exit code (lost)."""
+        ``-S``; ``None`` for a run that ended without an exit code: lost, or ended by
+        ``kill`` - a backend whose ``kill`` leaves no exit code lists those job ids in a
+        ``killed_ends`` set (the local one does), so that the daemon logs them as the
+        cancel or grace period's end they were, at INFO, not as lost runs."""
 
     def attach(self, job_id: str, run: int, pid: int | None, start: str | None) -> Handle | None:
         """Re-attach to a run an earlier server started (``pid``, ``start`` as recorded;

@@ -376,15 +376,24 @@ def job_body(*, cls: str, team: str, user: str | None, token: str | None, gpus: 
 
 def script_not_command(cmd: list[str], chdir: Path, shell: bool) -> None:
     """Refuse ``submit job.sh``: a file in the job's directory named as the command, which is
-    no command on ``$PATH`` (it would fail at launch with exit 127).
+    no command on ``$PATH`` (it would fail at launch with exit 127); and ``submit
+    /tmp/x/job.sh`` or ``submit ./job.sh``: a path (relative to the job's directory) to a
+    file this user may not execute (it would fail at launch with exit 126). A path to no
+    file here is left to the server (it may run elsewhere).
 
     Raises:
-        typer.Exit: one ``error:`` line naming ``shepherd sbatch FILE`` and ``-- ./FILE``, exit 2.
+        typer.Exit: one ``error:`` line naming ``shepherd sbatch FILE`` (and ``-- ./FILE``
+        or ``chmod +x``), exit 2.
     """
     import shutil
 
     from gpushepherd.cli.main import err
     first = cmd[0] if cmd else ""
+    if not shell and "/" in first and (chdir / first).is_file() and not os.access(chdir / first, os.X_OK):
+        err.print(f"error: COMMAND: {first!r} is not allowed: it is a file that is not executable (it would fail "
+                  f"with exit 126); submit a batch script with `shepherd sbatch {first}` (reads its #SBATCH lines) "
+                  f"or make it executable (`chmod +x {first}`)", soft_wrap=True, markup=False)
+        raise typer.Exit(2)
     if shell or not first or "/" in first or shutil.which(first) or not (chdir / first).is_file():
         return
     err.print(f"error: COMMAND: {first!r} is not allowed: it is a file, not a command on $PATH (it would fail "
@@ -1229,7 +1238,8 @@ def register(app: typer.Typer) -> None:
         j = _request(server, "GET", _job_path(job_id), token=token).json()
         if j.get("array"):
             for key in ("id", "name", "array", "state", "class", "team", "user", "project", "gpus", "share", "throttle",
-                        "max_retries", "retries_used", "running", "pending", "failed_indices", "command", "cwd"):
+                        "max_retries", "retries_used", "running", "pending", "failed_indices", "cancelled_indices",
+                        "command", "cwd"):
                 out.print(_safe(f"{key}: {_shown(j, key)}"), markup=False)
             out.print(f"progress: {j['done']}/{j['tasks']} done")
             out.print(_safe(f"constraints: {constraints_text(j)}"), markup=False)

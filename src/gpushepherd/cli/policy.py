@@ -213,7 +213,7 @@ def register(policy_app: typer.Typer) -> None:
               server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Validate policy files and print a summary of each; with a server (--server or
         $SHEPHERD_SERVER) also ask it whether each could be applied now (a dry run)."""
-        from gpushepherd.policy.load import load_policy
+        from gpushepherd.policy.load import load_policy, window_notes
 
         live = server or os.environ.get("SHEPHERD_SERVER")
         with _errors():
@@ -226,6 +226,8 @@ def register(policy_app: typer.Typer) -> None:
                           f"{_plural(len(r.teams), 'team')}, {_plural(len(r.limits), 'limit')}", soft_wrap=True)
                 for line in summary(r, loaded.spec):
                     out.print(f"  {line}", soft_wrap=True)
+                for line in window_notes(loaded.spec):
+                    out.print(f"  note: {line}", soft_wrap=True, markup=False)
                 if live:
                     res = _request(live, "POST", "/policy", token=token, params={"dry_run": "true"},
                                    json=_body(path)).json()

@@ -151,7 +151,12 @@ def register(app: typer.Typer) -> None:
                progress: ProgressOpt = True) -> None:
         """Showback/chargeback: GPU-hours and cost per team, project, user and class, waits per
         class (p50/p95), top pending reasons, idle gaps, allocated-but-idle GPU-hours,
-        utilisation and queue length over time (R15)."""
+        utilisation and queue length over time (R15).
+
+        Waits per class count the jobs submitted in the range: submitted = started (first
+        started before the end, once each) + rejected + cancelled_before_start +
+        still_pending (never started, pending at the end); requeued_pending: of started,
+        those pending again at the end (preempted and requeued)."""
         with _errors():
             require("report", "shepherd report" + (" --html" if html else ""),
                     ("pandas", "plotly") if html else ("pandas",))

@@ -49,6 +49,13 @@ CLI_ONLY = {"server", "token", "idempotency_key"}
 #: directives without a value: name -> the key they set to True
 FLAGS = {"--hold": "hold", "-H": "hold"}
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
+#: a count: ASCII digits only (``str.isdigit`` takes ``²`` and other scripts' digits)
+_COUNT = re.compile(r"[0-9]+")
+#: a GPU type (``gpu:TYPE:N``, ``-G TYPE:N``): a name starting with a letter or digit
+#: (MIG types such as ``1g.10gb`` start with a digit) that is no number (``-1``, ``1.5``
+#: are a bad count, not a type)
+_GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 #: %-patterns of -o / -e: the shell expression of each (the job's environment, note 008)
 _PATTERNS = {"j": '"${SHEPHERD_JOB_ID}"', "A": '"${SHEPHERD_ARRAY_ID:-$SHEPHERD_JOB_ID}"',
              "a": '"${SHEPHERD_ARRAY_TASK_ID:-4294967294}"', "%": "%"}
@@ -129,25 +136,43 @@ def parse_options(tokens: list[str], where: str, *, positional: bool = False) ->
     return opts, []
 
 
+def _gpu_request(key: str, value: str, said: str) -> tuple[str | None, int]:
+    """``(GPU type or None, count >= 1)`` of ``--gres gpu[:TYPE][:N]`` (``key`` ``gres``)
+    or ``-G/--gpus [TYPE:]N``. A part that looks like a number is a count, never a type:
+    ``gpu:-1``, ``gpu:1.5`` and ``gpu:0`` get the same refusal; a TYPE is never empty
+    (``gpu::2``, ``-G :2``).
+
+    Raises:
+        SbatchError: ``said``, and what is allowed.
+    """
+    parts = value.split(":")
+    forms = "N or TYPE:N"
+    if key == "gres":
+        if parts[0] != "gpu" or len(parts) > 3 or not all(_NAME.fullmatch(x) or x == "" for x in parts):
+            raise SbatchError(f"{said} is not allowed: gpu, gpu:N or gpu:TYPE:N (the only resource "
+                              "gpushepherd schedules is GPUs)")
+        forms = "gpu, gpu:N or gpu:TYPE:N"
+        parts = parts[1:] or ["1"]
+        if len(parts) == 1 and parts[0] and not _NUMBER.fullmatch(parts[0]):
+            parts.append("1")  # gpu:TYPE: one of them
+    if len(parts) > 2:
+        raise SbatchError(f"{said} is not allowed: a GPU count N or TYPE:N")
+    gpu_type, count = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+    if gpu_type is not None and (not _GPU_TYPE.fullmatch(gpu_type) or _NUMBER.fullmatch(gpu_type)):
+        raise SbatchError(f"{said} is not allowed: the GPU TYPE {gpu_type!r} is no type name (letters, digits, "
+                          f"'_', '.', '-', starting with a letter or digit, not a number): {forms}")
+    if not _COUNT.fullmatch(count) or int(count) < 1:
+        raise SbatchError(f"{said} is not allowed: a GPU count >= 1 ({forms})")
+    return gpu_type, int(count)
+
+
 def _set(opts: dict, key: str, name: str, value: str, where: str) -> None:
     """One directive's value into ``opts`` (``_fields`` of the request)."""
     said = f"{where}: {name} {value}"
     if key in ("gres", "gpus"):
-        parts = value.split(":")
-        if key == "gres":
-            if parts[0] != "gpu" or len(parts) > 3 or not all(_NAME.fullmatch(x) for x in parts):
-                raise SbatchError(f"{said} is not allowed: gpu, gpu:N or gpu:TYPE:N (the only resource "
-                                  "gpushepherd schedules is GPUs)")
-            parts = parts[1:] or ["1"]
-            if len(parts) == 1 and not parts[0].isdigit():
-                parts.append("1")  # gpu:TYPE: one of them
-        if len(parts) > 2:
-            raise SbatchError(f"{said} is not allowed: a GPU count N or TYPE:N")
-        gpu_type, count = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
-        if not count.isdigit() or int(count) < 1:
-            raise SbatchError(f"{said} is not allowed: a GPU count >= 1 (N or TYPE:N)")
-        opts["gpus"] = int(count)
-        opts["gpu_type"] = [gpu_type] if gpu_type else []
+        gpu_type, count = _gpu_request(key, value, said)
+        opts["gpus"] = count
+        opts["gpu_type"] = [gpu_type] if gpu_type is not None else []
     elif key == "time":
         try:
             opts["time_limit_s"] = parse_duration(value, bare="minutes")
@@ -173,7 +198,7 @@ def _set(opts: dict, key: str, name: str, value: str, where: str) -> None:
                               "-n with --gpus-per-task makes a gang)")
         opts["same_node"] = True  # Slurm's -N 1: one node
     elif key in ("ntasks", "gpus_per_task"):
-        if not value.isdigit() or int(value) < 1:
+        if not _COUNT.fullmatch(value) or int(value) < 1:
             raise SbatchError(f"{said} is not allowed: a count >= 1")
         opts[key] = (int(value), said)  # checked together once all are read (_gang)
     elif key == "constraint":

@@ -132,7 +132,8 @@ class ArrayRec:
     retry: list = field(default_factory=list)  # heap of indices to submit again (FAILED, retries left)
     live: dict[str, int] = field(default_factory=dict)  # child id -> index, submitted and not ended
     done: int = 0
-    failed: list[int] = field(default_factory=list)  # failed for good (after retries; TIMEOUT, CANCELLED, ...)
+    failed: list[int] = field(default_factory=list)  # failed for good (after retries; TIMEOUT, REJECTED, ...)
+    cancelled_idx: list[int] = field(default_factory=list)  # a chunk whose last attempt was CANCELLED
     retries: int = 0  # attempts after the first, over all chunks
     ran: bool = False  # a chunk that ended had started (``started`` of a last attempt seen ending)
 
@@ -140,7 +141,7 @@ class ArrayRec:
         """Recompute the incremental progress from ``attempts`` and each last attempt's
         state (``state_of(child id)``; ``None``: unknown, counted as pending). Once, at
         a start: O(tasks). ``started``: as ``update``."""
-        self.todo, self.retry, self.live, self.done, self.failed = deque(), [], {}, 0, []
+        self.todo, self.retry, self.live, self.done, self.failed, self.cancelled_idx = deque(), [], {}, 0, [], []
         self.ran = False
         self.retries = sum(len(ids) - 1 for ids in self.attempts.values())
         for i in self.indices:
@@ -167,9 +168,11 @@ class ArrayRec:
                 self.done += 1
             elif st == "FAILED" and len(self.attempts.get(i, ())) <= self.max_retries and self.cancelled is None:
                 heapq.heappush(self.retry, i)
+            elif st == "CANCELLED":
+                self.cancelled_idx.append(i)
             else:
                 self.failed.append(i)
-        if self.cancelled is not None:  # nothing more is submitted or retried
+        if self.cancelled is not None:  # nothing more is submitted or retried (a FAILED chunk stays failed)
             self.failed.extend(self.retry)
             self.retry = []
 
@@ -206,22 +209,28 @@ class ArrayRec:
         running = sum(1 for j in self.live if (state_of(j) or "PENDING") in _RUNNING)
         submitted_pending = len(self.live) - running
         total = len(self.indices)
-        failed = sorted(self.failed)
+        failed, cancelled = sorted(self.failed), sorted(self.cancelled_idx)
         between = (self.cancelled is None and not self.live and bool(self.todo or self.retry)
                    and (self.ran or self.retries > 0))
-        state = _state(self.cancelled is not None and not self.live, self.done, len(failed), total, running, between)
+        state = _state(self.cancelled is not None and not self.live, self.done, len(failed), len(cancelled), total,
+                       running, between)
         return {"state": state, "between": between, "total": total, "done": self.done, "failed": failed,
-                "running": running,
+                "cancelled": cancelled, "running": running,
                 "pending": submitted_pending + len(self.todo) + len(self.retry),
                 "submitted_pending": submitted_pending, "live": len(self.live),
                 "retries_used": self.retries}
 
 
-def _state(cancelled: bool, done: int, failed: int, total: int, running: int, between: bool) -> str:
-    """An array's state: ``CANCELLED`` (cancelled, no chunk left live), ``COMPLETED`` or
-    ``FAILED`` (every chunk ended: ``FAILED`` when one failed for good), ``RUNNING`` (a
+def _state(cancelled: bool, done: int, failed: int, cancelled_chunks: int, total: int, running: int,
+           between: bool) -> str:
+    """An array's state: ``CANCELLED`` (the array cancelled, no chunk left live); once every
+    chunk ended, the worst of its chunks' ends: ``FAILED`` when one failed for good
+    (FAILED after its retries, TIMEOUT, REJECTED), else ``CANCELLED`` when one was
+    cancelled (``shepherd cancel 7_3``), else ``COMPLETED``; before that ``RUNNING`` (a
     chunk holds GPUs, or ``between`` chunks), else ``PENDING`` (a submitted chunk waits in
-    the core, or none has run yet).
+    the core, or none has run yet). A cancelled chunk is never a failure and does not stop
+    the others (Slurm: ``scancel 7_3`` ends that task alone, and ``afterok:7`` holds only
+    when every task COMPLETED - so an array with a cancelled task never reads COMPLETED).
 
     ``between``: a chunk has run, none is live (submitted and not ended) and more are to
     be submitted (never submitted, or FAILED with retries left), not cancelled. The server
@@ -231,17 +240,17 @@ def _state(cancelled: bool, done: int, failed: int, total: int, running: int, be
     If the next chunk then waits in the core, the array is ``PENDING``: a real wait."""
     if cancelled:
         return "CANCELLED"
-    if done + failed == total:
-        return "COMPLETED" if not failed else "FAILED"
+    if done + failed + cancelled_chunks == total:
+        return "FAILED" if failed else "CANCELLED" if cancelled_chunks else "COMPLETED"
     return "RUNNING" if running or between else "PENDING"
 
 
 def progress(rec: ArrayRec, states: dict[str, str], started: Callable[[str], bool] | None = None) -> dict:
-    """Chunks done / failed for good / running / pending / not submitted, retries used,
+    """Chunks done / failed for good / cancelled / running / pending / not submitted, retries used,
     and the array's state, from each child's core state (``states``: id -> state;
     ``started``: as ``ArrayRec.update``). ``between``: as ``ArrayRec.counts``."""
     started = started or _started_by_state(states.get)
-    done, failed, running, pending, waiting, retryable = [], [], [], [], [], []
+    done, failed, cancelled, running, pending, waiting, retryable = [], [], [], [], [], [], []
     retries = 0
     for i in rec.indices:
         ids = rec.attempts.get(i, [])
@@ -258,14 +267,17 @@ def progress(rec: ArrayRec, states: dict[str, str], started: Callable[[str], boo
             running.append(i)
         elif st == "FAILED" and len(ids) <= rec.max_retries and rec.cancelled is None:
             retryable.append(i)
-        else:  # FAILED after its retries, TIMEOUT, REJECTED, CANCELLED
+        elif st == "CANCELLED":
+            cancelled.append(i)
+        else:  # FAILED after its retries, TIMEOUT, REJECTED
             failed.append(i)
     total = len(rec.indices)
     active = running or pending
-    ran = bool(done or retryable or retries) or any(started(rec.attempts[i][-1]) for i in failed)
+    ran = bool(done or retryable or retries) or any(started(rec.attempts[i][-1]) for i in failed + cancelled)
     between = rec.cancelled is None and not active and bool(waiting or retryable) and ran
-    state = _state(rec.cancelled is not None and not active, len(done), len(failed), total, len(running), between)
+    state = _state(rec.cancelled is not None and not active, len(done), len(failed), len(cancelled), total,
+                   len(running), between)
     return {"state": state, "between": between, "total": total, "done": len(done), "failed": failed,
-            "running": len(running),
+            "cancelled": cancelled, "running": len(running),
             "pending": len(pending) + len(waiting) + len(retryable), "submitted_pending": len(pending),
             "not_submitted": waiting, "retry": retryable, "retries_used": retries}

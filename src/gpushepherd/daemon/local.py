@@ -277,6 +277,9 @@ class LocalBackend(RunFiles):
         self.procs: dict[str, Proc] = {}
         #: job -> why its last run ended without an exit code (``exits`` returned ``None``)
         self.lost_causes: dict[str, str] = {}
+        #: jobs whose last run ``exits`` reported ended without an exit code after this
+        #: server's ``kill`` (a cancel, a grace period's end): not lost; the daemon says why
+        self.killed_ends: set[str] = set()
         #: job -> ``(reason, detail)`` of its last run when the exit code alone does not say
         #: why it ended (``OUT_OF_MEMORY``); the daemon takes them when it records the exit
         self.end_causes: dict[str, tuple[str, str]] = {}
@@ -567,7 +570,8 @@ class LocalBackend(RunFiles):
 
     def exits(self) -> list[tuple[str, int | None]]:
         """Runs that ended since the last call: ``(job id, exit code)``, ``None`` for
-        a run that ended without an exit code (lost). A run whose cgroup saw an
+        a run that ended without an exit code: lost (logged here), or killed by ``kill``
+        (put in ``killed_ends``, not logged here: the daemon knows why). A run whose cgroup saw an
         out-of-memory kill is reported with its code (-9 when it left none) and
         ``end_causes[job]`` = ``(OUT_OF_MEMORY, how)``."""
         out = []
@@ -591,8 +595,11 @@ class LocalBackend(RunFiles):
                 if status is not None and status < 0:
                     cause += f" (killed by signal {-status})"
                 self.lost_causes[job_id] = f"{cause}; stderr: {self.run_dir(job_id, proc.run) / 'stderr'}"
-                log.warning("job %s: run %d ended without an exit code: %s", job_id, proc.run,
-                            self.lost_causes[job_id])
+                if proc.killed:  # this server's SIGKILL ended it (its runner too): what was planned
+                    self.killed_ends.add(job_id)
+                else:
+                    log.warning("job %s: run %d ended without an exit code: %s", job_id, proc.run,
+                                self.lost_causes[job_id])
             del self.procs[job_id]
             term = self.terminals.pop(job_id, None)
             if term is not None:  # anything of the run still on it (a shell's job) is hung up, then drained

@@ -1065,6 +1065,19 @@ class Daemon:
         return status
 
     @staticmethod
+    def _kill_why(job) -> str:
+        """Why this server killed a job's run, for the log: the job's state and its last
+        transition's reason (a cancel, a preemption's or time limit's grace period that
+        ended, a requeue)."""
+        if job is None:
+            return "the job had ended"
+        last = job.history[-1].reason if job.history else ""
+        what = {JobState.CANCELLED: "cancelled", JobState.PREEMPTING: "preempted, its grace period ended",
+                JobState.STOPPING: "stopped, its grace period ended", JobState.PENDING: "requeued"}.get(
+                    job.state, job.state.value)
+        return f"{what}" + (f" ({last})" if last else "")
+
+    @staticmethod
     def _lost(job) -> Event:
         """The event that hands a lost run to the core (``t`` is set when fed): a requeue,
         or - the core was preempting or stopping it - the exit it waited for."""
@@ -1440,10 +1453,15 @@ class Daemon:
                 return []
         carry, self.deferred = self.deferred, []
         batch: list[Event] = [replace(e, t=now) for e in carry]
+        killed_ends = getattr(backend, "killed_ends", set())
         for job_id, code in backend.exits():
             self._exits[job_id] = code
-            self.live_run.pop(job_id, None)
+            run = self.live_run.pop(job_id, None)
             self.kills.pop(job_id, None)
+            if code is None and job_id in killed_ends:
+                killed_ends.discard(job_id)
+                log.info("job %s: run %s ended by this server's SIGKILL: %s", job_id,
+                         run if run is not None else "?", self._kill_why(sched.jobs.get(job_id)))
         lost: list[RunLost] = []
         ended: list[RunEnded] = []
         causes = getattr(backend, "end_causes", {})
@@ -2078,7 +2096,7 @@ class Daemon:
                         batch.append(JobCancelled(now, job.id))
                 rec.ended = p["state"] == "CANCELLED"
                 continue
-            if p["state"] in ("COMPLETED", "FAILED"):
+            if p["state"] in ("COMPLETED", "FAILED", "CANCELLED"):  # every chunk ended (a chunk cancelled)
                 rec.ended = True
                 continue
             room = min(rec.throttle, MAX_LIVE_TASKS) - p["live"]
@@ -2330,7 +2348,7 @@ class Daemon:
 
     def array_view(self, rec: ArrayRec, history: bool = False) -> dict[str, Any]:
         """An array: the fields of its spec and its progress (chunks done / total,
-        running, pending, the indices failed for good, retries used)."""
+        running, pending, the indices failed for good and those cancelled, retries used)."""
         p = self._array_progress(rec)
         spec = rec.spec
         share = spec_from_dict(spec).share
@@ -2340,11 +2358,13 @@ class Daemon:
             "name": spec.get("name", ""), "gpus": spec["gpus"],
             "share": str(share) if share else None,
             "submit_time": rec.submit_time, "tasks": p["total"], "done": p["done"], "running": p["running"],
-            "pending": p["pending"], "failed_indices": p["failed"], "retries_used": p["retries_used"],
+            "pending": p["pending"], "failed_indices": p["failed"], "cancelled_indices": p["cancelled"],
+            "retries_used": p["retries_used"],
             "throttle": rec.throttle, "max_retries": rec.max_retries, "cancelled": rec.cancelled is not None,
             "reason": f"{p['done']}/{p['total']} done, "
                       + ("next chunk being submitted" if p["between"] else f"{p['running']} running")
-                      + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else ""),
+                      + (f", failed {','.join(map(str, p['failed']))}" if p["failed"] else "")
+                      + (f", cancelled {','.join(map(str, p['cancelled']))}" if p["cancelled"] else ""),
             "placement": None, "estimated_start": None, "estimated_start_basis": None, "priority": None,
             "command": rec.argv, "exit_code": None,
             "runs": len(rec.indices) - len(rec.todo) + rec.retries, **constraints_view(spec_from_dict(spec)),

@@ -27,6 +27,11 @@ MAX_COHORTS = 500
 MAX_WINDOWS = 64
 #: teams in one parent chain (a team, its parent, its parent's parent, ...)
 MAX_TEAM_DEPTH = 32
+#: the most GPUs or jobs one limit or quota may name (``max_gpus``, ``nominal_gpus``,
+#: ``max_running_jobs``, ... and their windows; ``policy.load``): far above any cluster
+#: and far below ``UNLIMITED`` (10**12, how a limit nobody set reads), so that a value is
+#: shown (``policy check``) and exported (``/metrics``) as given, never as "unlimited"
+MAX_COUNT = 10**9
 
 _SECTIONS = (("teams", None, MAX_TEAMS), ("classes", None, MAX_CLASSES), ("cohorts", None, MAX_COHORTS),
              ("cluster", "nodes", MAX_NODE_GROUPS), ("cluster", "pools", MAX_POOLS))

@@ -192,24 +192,100 @@ def policy_from_dict(raw: Any, source: str = "<policy>", intake: bool = True) ->
     except ValidationError as exc:
         raise _translate(exc, source) from None
     if intake:
-        _refuse_empty_windows(spec, source)
+        _refuse_bad_windows(spec, source)
+        _refuse_huge_counts(spec, source)
     return Policy(spec=spec, rules=compile_rules(spec, source, max_depth=limits.MAX_TEAM_DEPTH if intake else None),
                   source=source)
 
 
-def _refuse_empty_windows(spec: PolicySpec, source: str) -> None:
-    """A window whose ``from`` equals its ``to`` covers no time at all: it never applies.
+def _refuse_bad_windows(spec: PolicySpec, source: str) -> None:
+    """Windows of a policy that comes in (a logged policy replays as it was accepted):
+
+    * ``from`` equal to ``to`` covers no time at all: it never applies;
+    * ``from: '24:00'``: a start is ``00:00``..``23:59`` (``24:00`` would be the next
+      day's ``00:00``, on a day the window does not name); ``24:00`` is an end only;
+    * ``days: []``: no day (unset means every day; an empty list is never that).
+
+    A team window's ``max_gpus`` below its ``nominal_gpus`` is allowed (unlike the
+    team's own ``max_gpus``): ``nominal_gpus`` has no windows, so a window cap is the one
+    way to shrink a team's share for some hours; ``window_notes`` says so in ``policy
+    check``.
 
     Raises:
-        PolicyError: naming the window, its value and what to write instead.
+        PolicyError: naming the window's field, its value and what to write instead.
     """
     for top, section in (("classes", spec.classes), ("teams", spec.teams)):
         for name, entry in section.items():
             for i, w in enumerate(entry.windows if entry is not None else ()):
-                if w.from_ == w.to or (w.from_, w.to) == ("24:00", "00:00"):
-                    raise PolicyError(source, f"{top}.{name}.windows[{i}]", f"{w.from_}-{w.to}",
+                at = f"{top}.{name}.windows[{i}]"
+                if w.days is not None and not w.days:
+                    raise PolicyError(source, f"{at}.days", [], "one or more of mon, tue, wed, thu, fri, sat, sun; "
+                                      "omit days for every day")
+                if w.from_ == "24:00":
+                    raise PolicyError(source, f"{at}.from", w.from_, "00:00 to 23:59 (24:00 is an end only: the "
+                                      "next day's 00:00 is written 00:00 on that day)")
+                if w.from_ == w.to:
+                    raise PolicyError(source, at, f"{w.from_}-{w.to}",
                                       "a window that can apply: from and to differ (00:00-24:00 is a whole day; "
                                       "from later than to wraps past midnight)")
+
+
+def window_notes(spec: PolicySpec) -> list[str]:
+    """What ``policy check`` notes about a valid policy's windows: a team window whose
+    ``max_gpus`` is below the team's ``nominal_gpus`` (a top-level ``max_gpus`` below it
+    is refused). Allowed, as the one way to shrink a team's share for some hours
+    (``nominal_gpus`` has no windows): inside the window the team holds at most that
+    many GPUs, reclaims no more than that from its cohort, and the rest of its
+    guarantee is lent or idle. One line per window, in policy order."""
+    out = []
+    for name, team in spec.teams.items():
+        nominal = team.nominal_gpus
+        for i, w in enumerate(team.windows):
+            if nominal is not None and w.max_gpus is not None and w.max_gpus < _total(nominal):
+                gpus = f"{w.max_gpus} GPU" + "s" * (w.max_gpus != 1)
+                out.append(f"teams.{name}.windows[{i}].max_gpus={w.max_gpus} is below the team's nominal_gpus "
+                           f"({_total(nominal)}): in that window it holds at most {gpus}, the rest of its guarantee "
+                           "is lent or idle")
+    return out
+
+
+#: fields that count GPUs or jobs (``limits.MAX_COUNT``), in every section that has them
+_COUNT_FIELDS = frozenset({"max_gpus", "max_gpus_per_user", "max_running_jobs", "max_running_jobs_per_user",
+                           "reserved_gpus", "nominal_gpus", "borrowing_limit", "lending_limit"})
+
+
+def _refuse_huge_counts(spec: PolicySpec, source: str) -> None:
+    """No GPU or job count above ``limits.MAX_COUNT`` in a policy that comes in (a count
+    that large reads as "unlimited" in ``policy check`` and 1e+30 in ``/metrics``).
+    Linear in the policy's size.
+
+    Raises:
+        PolicyError: naming the field (``teams.ml.windows[0].max_gpus``), the value and
+        the maximum.
+    """
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, BaseModel):
+            for fname in type(node).model_fields:
+                value = getattr(node, fname)
+                alias = type(node).model_fields[fname].alias or fname
+                at = f"{path}.{alias}" if path else alias
+                if fname in _COUNT_FIELDS and value is not None:
+                    counts = value.items() if isinstance(value, dict) else [(None, value)]
+                    for key, v in counts:
+                        if isinstance(v, int) and v > limits.MAX_COUNT:
+                            raise PolicyError(source, at + (f"[{key}]" if key is not None else ""), v,
+                                              f"at most {limits.MAX_COUNT:,} (gpushepherd.policy.limits.MAX_COUNT; "
+                                              "omit the field for no limit)")
+                else:
+                    walk(value, at)
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+
+    walk(spec, "")
 
 
 def _loc_to_path(loc: tuple) -> str:

@@ -253,6 +253,9 @@ class NodeGroupSpec(_Strict):
         return self
 
 
+#: ``00:00``..``23:59`` or ``24:00``; a policy that comes in may give ``24:00`` as a window's
+#: ``to`` only (midnight at the end of the day; as a start it would be the next day's
+#: ``00:00``: checked at intake, ``policy.load``, so that a logged policy replays as accepted)
 HHMM = Annotated[str, Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$|^24:00$")]
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 WINDOW_FIELDS = ("max_gpus", "max_gpus_per_user", "max_running_jobs", "max_running_jobs_per_user")
@@ -266,14 +269,19 @@ class WindowSpec(_Strict):
 
     name: str = Field("", **doc("A label shown in reasons (`WindowLimit(night)`) and `policy check`; '': its "
                                 "times.", "night"))
-    days: list[Weekday] | None = Field(None, **doc("The days it starts on; unset: every day.", ["sat", "sun"]))
+    days: list[Weekday] | None = Field(None, **doc(
+        "The days it starts on, at least one; unset (omit the field): every day. An empty list `[]` is refused.",
+        ["sat", "sun"]))
     from_: HHMM = Field(default="00:00", alias="from", **doc(
-        "Local start time `HH:MM` (`clock.timezone`); a window with `from` later than `to` runs past midnight. "
+        "Local start time `HH:MM`, `00:00` to `23:59` (`clock.timezone`; `24:00` is refused: write `00:00` on the "
+        "next day); a window with `from` later than `to` runs past midnight. "
         "Quote it: YAML reads an unquoted `20:00` as the number 1200.", "20:00"))
     to: HHMM = Field("24:00", **doc("Local end time `HH:MM`, exclusive (`24:00`: midnight); quoted, as `from`.",
                                     "08:00"))
-    max_gpus: NonNegInt | None = Field(None, **doc("`max_gpus` while the window is open (GPUs held at once).", 6,
-                                                   GPUS))
+    max_gpus: NonNegInt | None = Field(None, **doc(
+        "`max_gpus` while the window is open (GPUs held at once). For a team it may be below `nominal_gpus` (the "
+        "one way to shrink a team's share for some hours; `policy check` notes it): the rest of the guarantee is "
+        "lent or idle meanwhile.", 6, GPUS))
     max_gpus_per_user: NonNegInt | None = Field(None, **doc("`max_gpus_per_user` while the window is open.", 2,
                                                             GPUS))
     max_running_jobs: NonNegInt | None = Field(None, **doc(

@@ -6,9 +6,14 @@ Definitions (so that each figure can be recomputed from the CSV files):
   / 7000) / 3600; a run still going at the last event counts up to the last event.
 * **cost** = GPU-hours x the policy's price per GPU-hour of the run's GPU type.
 * **queueing delay** = first start - submit, over the jobs submitted in the range that
-  started before its end; p50 / p95 by numpy's linear interpolation. Of those jobs,
-  ``rejected`` / ``cancelled_before_start`` ended so before the end, ``still_pending``
-  were PENDING at the end (at ``to``, or at the last event if ``to`` is later).
+  started before its end; p50 / p95 by numpy's linear interpolation. Of the jobs
+  submitted in the range (``submitted``), ``started`` first started before its end
+  (once each, whatever happened after), ``rejected`` / ``cancelled_before_start`` ended
+  so before the end, ``still_pending`` never started and were PENDING at the end (at
+  ``to``, or at the last event if ``to`` is later): ``submitted = started + rejected +
+  cancelled_before_start + still_pending``. ``requeued_pending``: of ``started``, those
+  PENDING again at the end (preempted and requeued, a lost run), counted in ``started``
+  only.
 * **pending reasons**: job-hours spent in each reason code inside the range, and the
   reason (code and detail) with the most time.
 * **idle gaps**: intervals with >= 1 free GPU while jobs were pending; intervals with no
@@ -174,13 +179,15 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "", tim
         started = g[g["first_start"].notna() & (g["first_start"] < t_to)]
         ended = g[g["end"].notna() & (g["end"] < t_to) & (g["first_start"].isna() | (g["first_start"] >= t_to))]
         delay = (started["first_start"] - started["submit"]).to_numpy(dtype=float)
+        pending = g["job_id"].isin(pending_at_end)
+        requeued = int(started["job_id"].isin(pending_at_end).sum())
         rows.append((cls, len(g), len(started), int((delay > 0).sum()), int((ended["state"] == "REJECTED").sum()),
-                     int((ended["state"] == "CANCELLED").sum()), int(g["job_id"].isin(pending_at_end).sum()),
+                     int((ended["state"] == "CANCELLED").sum()), int(pending.sum()) - requeued, requeued,
                      float(delay.mean()) if delay.size else None, _pct(delay, 50), _pct(delay, 95),
                      float(delay.max()) if delay.size else None))
     rep.tables["waits_by_class"] = pd.DataFrame(rows, columns=[
         "class", "submitted", "started", "waited", "rejected", "cancelled_before_start", "still_pending",
-        "wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_max_s"])
+        "requeued_pending", "wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_max_s"])
 
     _tails(rep, hist, jobs, t_to)
 

@@ -19,7 +19,10 @@ TITLES = {
     "usage_by_class": "GPU-hours per workload class",
     "usage_by_project": "GPU-hours per project (-: no project)",
     "cost_by_team_and_gpu_type": "Cost per team and GPU type",
-    "waits_by_class": "Jobs submitted in the range and their queueing delay, per class",
+    "waits_by_class": "Jobs submitted in the range and their queueing delay, per class (submitted = started + "
+                      "rejected + cancelled_before_start + still_pending; still_pending: never started, pending "
+                      "at the end; requeued_pending: started, then requeued and pending at the end, counted in "
+                      "started)",
     "tails_by_size": "Jobs submitted in the range per size class (GPUs): wait (s) and bounded slowdown "
                      "(JCT / time held, at least 1; note 030)",
     "fairness_across_users": "Fairness across users: Jain's index over each user's mean slowdown (1 = alike)",
