@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -263,8 +264,22 @@ class SimBar:
         return update
 
 
+#: what every output flag's --help says of its folder (``_output_path``)
+FOLDER_MADE = "its folder is made if missing, when the file is written"
+
+
 def _output_path(option: str, value: str | None, suffixes: tuple[str, ...]) -> Path | None:
-    """Check an output path before any work is done; its folder is created if needed."""
+    """Check an output path before any work is done: a file ending in one of
+    ``suffixes``, not a folder, whose folder takes a new file - or, where folders are
+    missing, whose nearest existing folder does (a file is created there and removed
+    to see it; a folder with no write permission, a read-only file system, ``/proc``
+    and a file where a folder should be are refused). Missing folders are made by
+    ``_write_atomically`` when the file is written, never before: a run refused or
+    stopped earlier leaves no folder behind.
+
+    Raises:
+        UsageError: naming ``option``, the value and what is allowed.
+    """
     if value is None:
         return None
     if not value.strip():
@@ -274,27 +289,56 @@ def _output_path(option: str, value: str | None, suffixes: tuple[str, ...]) -> P
         raise UsageError(f"{option}: {value!r} is not allowed: a file ending in {', '.join(suffixes)}")
     if path.is_dir():
         raise UsageError(f"{option}: {value!r} is not allowed: a file, not a folder")
+    folder = next(p for p in (path.parent, *path.parent.parents) if p.exists() or p == p.parent)
+    if not folder.is_dir():
+        raise UsageError(f"{option}: {value!r} is not allowed: {str(folder)!r} is a file, not a folder; a path in "
+                         "a folder you can write to")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".shepherd-probe.")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"{option}: {value!r} is not allowed: its folder cannot be made ({exc.strerror})") from None
-    if not os.access(path.parent, os.W_OK):
-        raise UsageError(f"{option}: {value!r} is not allowed: a path in a folder you can write to")
+        raise UsageError(f"{option}: {value!r} is not allowed: {str(folder)!r} takes no new file ({exc.strerror}); "
+                         "a path in a folder you can write to") from None
     return path
 
 
-def _write_atomically(path: Path, option: str, write: Callable[[Path], None]) -> None:
-    """Write to a temporary file beside ``path``, then rename: all or nothing."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
+def _file_mode(path: Path) -> int:
+    """The permission bits ``open(path, "w")`` would leave: an existing file's own, a
+    new file's 0666 less the process's umask (not ``mkstemp``'s 0600: teammates read
+    shared reports)."""
     try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+def _write_atomically(path: Path, option: str, write: Callable[[Path], None]) -> None:
+    """Write to a temporary file beside ``path``, then rename: all or nothing. Missing
+    folders of ``path`` are made first; the file gets ``_file_mode``.
+
+    Raises:
+        UsageError: the folder or the file cannot be made or written (``option``, the
+            path and why); nothing is left behind but the folders made.
+    """
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+        os.close(fd)
+        os.chmod(tmp, _file_mode(path))
         write(Path(tmp))
         os.replace(tmp, path)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise UsageError(f"{option}: {str(path)!r} cannot be written ({exc.strerror})") from None
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"{option}: {str(path)!r} cannot be written ({exc.strerror or exc}): a path in a folder "
+                         "you can write to") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -309,12 +353,12 @@ def simulate(
     load: Annotated[float, typer.Option(metavar="FACTOR", help="Arrival-rate factor: 2.0 squeezes the inter-arrival times to half.")] = 1.0,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the team/class/user/time-limit mapping (src/gpushepherd/sim/mapping.py).")] = 0,
     estimates: Annotated[str, typer.Option(metavar="limit|perfect", help="What the scheduler plans with: users' time limits (default) or true durations (reference only).")] = "limit",
-    out_path: Annotated[Optional[str], typer.Option("--out", metavar="FILE", help="Per-job results: .csv, .csv.gz or .parquet.")] = None,
-    json_path: Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="The figures as JSON to this file ('-': stdout instead of the table).")] = None,
+    out_path: Annotated[Optional[str], typer.Option("--out", metavar="FILE", help="Per-job results: .csv, .csv.gz or .parquet (" + FOLDER_MADE + ").")] = None,
+    json_path: Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="The figures as JSON to this file ('-': stdout instead of the table; " + FOLDER_MADE + ").")] = None,
     explain: Annotated[Optional[list[str]], typer.Option(metavar="JOB", help="Print this job's history and why it waited (repeatable).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     stranded_every: Annotated[Optional[float], typer.Option(metavar="DURATION", parser=duration_param(lo=1), help="Sample free GPUs that no pending job can use (stranded capacity) at the first scheduling event at or after every multiple of DURATION (at least 1 s: seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS) and report them by constraint (means over samples).")] = None,
-    html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, interactive plots with time in days from the trace's start): one self-contained file, plotly inlined, nothing fetched when viewed; needs the 'report' extra.")] = None,
+    html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, interactive plots with time in days from the trace's start): one self-contained file, plotly inlined, nothing fetched when viewed; needs the 'report' extra; " + FOLDER_MADE + ".")] = None,
     scheduler: Annotated[str, typer.Option(metavar="NAME", help="Who decides: gpushepherd (the policy as written, default) or a baseline under the same policy's cluster and quotas: " + ", ".join(n for n in BASELINE_NAMES if n != "gpushepherd") + " (src/gpushepherd/baselines/).")] = "gpushepherd",
     bf_depth: Annotated[Optional[int], typer.Option(metavar="N", help="Backfill reservations of the Slurm baselines (Slurm's bf_max_job_test; default 1).")] = None,
     skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Skip trace rows that are not valid (e.g. num_gpu=0) and count them; without it such a file is refused.")] = False,
