@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", metavar="FILE", help="a trace file (else the presets)")
     ap.add_argument("--format", default="philly", help="of --trace: philly (default), itp or csv")
     ap.add_argument("--map", help="for --format csv: submit=COL,gpus=COL,duration=COL[,...]")
-    ap.add_argument("--days", metavar="N|A:B", help="only jobs submitted in the first N days, or days [A, B)")
+    ap.add_argument("--days", metavar="N|A:B", help="only jobs submitted in days [0, N) or [A, B), counted "
+                    "from the trace's time origin (submit time 0), not from its first job")
     ap.add_argument("--cluster", metavar="NxG", help="replace the policy's nodes, e.g. 192x8")
     ap.add_argument("--load", type=float, default=1.0, help="arrival-rate factor (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the trace mapping (default 0)")

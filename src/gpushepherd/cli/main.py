@@ -349,7 +349,7 @@ def simulate(
     mapping: Annotated[Optional[str], typer.Option("--map", metavar="MAP", help="For --format csv: submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL,project=COL,deadline=COL|deadline_after=COL] (deadline: a time on the submit column's clock; deadline_after: seconds after submit).")] = None,
     policy: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Policy file; default: the bundled demo policy (96 nodes x 8 GPUs).")] = None,
     cluster: Annotated[Optional[str], typer.Option(metavar="NxG[:TYPE[:MIB]]", help="Replace the policy's nodes, e.g. 192x8.")] = None,
-    days: Annotated[Optional[str], typer.Option(metavar="N|A:B", help="Only jobs submitted in the trace's first N days, or in days [A, B), counted from the trace's first job.")] = None,
+    days: Annotated[Optional[str], typer.Option(metavar="N|A:B", help="Only jobs submitted in days [0, N) or [A, B) of the trace, counted from its time origin (submit time 0; Philly's and ITP's: the start of collection), not from its first job: the bundled excerpt is days 45-47 (--days 45:46 is its first day); an empty window's error says which days the trace covers.")] = None,
     load: Annotated[float, typer.Option(metavar="FACTOR", help="Arrival-rate factor: 2.0 squeezes the inter-arrival times to half.")] = 1.0,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the team/class/user/time-limit mapping (src/gpushepherd/sim/mapping.py).")] = 0,
     estimates: Annotated[str, typer.Option(metavar="limit|perfect", help="What the scheduler plans with: users' time limits (default) or true durations (reference only).")] = "limit",
@@ -375,7 +375,7 @@ def simulate(
     from gpushepherd.policy.load import override_cluster, policy_from_dict, read_policy_dict
     from gpushepherd.sim.engine import SimInterrupted, Simulator
     from gpushepherd.sim.mapping import to_sim_jobs
-    from gpushepherd.sim.traces import load_trace, parse_days, select
+    from gpushepherd.sim.traces import DAYS_MEANING, load_trace, parse_days, select, trace_days
 
     with _errors():
         require("sim", "shepherd simulate")
@@ -428,9 +428,12 @@ def simulate(
             n = len(loaded.skipped)
             err.print(f"--skip-bad-rows: skipped {_plural(n, 'bad row')} of {trace_path} (the first: "
                       f"{loaded.skipped[0]})", soft_wrap=True)
+        name = "the bundled Philly excerpt" if bundled else str(trace_path)
+        if not loaded.rows:
+            raise UsageError(f"no jobs to simulate: {name} has no valid job rows")
         if not rows:
-            raise UsageError("no jobs to simulate: the trace (or the --days window, counted from the trace's "
-                             "first job) is empty")
+            raise UsageError(f"no jobs to simulate: --days {days!r} selects none of {name}: {DAYS_MEANING}, and "
+                             f"the trace covers {trace_days(loaded.rows)}")
         jobs = to_sim_jobs(rows, pol.rules, seed=seed, estimates=estimates)
         known = {j.spec.id for j in jobs}
         for job_id in explain or []:

@@ -338,8 +338,10 @@ def load_trace(path: str | Path, fmt: str, mapping: str | None = None, skip_bad_
 
 
 def select(jobs: list[TraceJob], days: tuple[float, float] | None = None, load: float = 1.0) -> list[TraceJob]:
-    """Jobs submitted in ``[days[0], days[1])`` (days from the trace's start), with
-    inter-arrival times divided by ``load`` (2.0 = twice the arrival rate) from the
+    """Jobs submitted in ``[days[0], days[1])``, days counted from the trace's time
+    origin (submit time 0: Philly's and ITP's start of collection), not from its first
+    job - so ``40:70`` names the same jobs of a trace whatever was cut before them -
+    with inter-arrival times divided by ``load`` (2.0 = twice the arrival rate) from the
     window's start. Submit times stay on the trace's axis."""
     if load <= 0 or not math.isfinite(load):
         raise TraceError(f"--load: {load!r} is not allowed: a number > 0")
@@ -353,8 +355,23 @@ def select(jobs: list[TraceJob], days: tuple[float, float] | None = None, load: 
     return chosen
 
 
+#: what ``--days`` means, for its help and its errors (``select``)
+DAYS_MEANING = "days count from the trace's time origin (submit time 0), not from its first job"
+
+
+def trace_days(jobs: list[TraceJob]) -> str:
+    """The days the submit times of ``jobs`` span, rounded outwards to 0.1 day
+    (``days 45.0-47.1``): what ``--days`` windows can select; ``no jobs`` if empty."""
+    if not jobs:
+        return "no jobs"
+    lo = math.floor(min(j.submit for j in jobs) / 8640.0) / 10
+    hi = math.ceil(max(j.submit for j in jobs) / 8640.0) / 10
+    return f"days {lo:.1f}-{max(hi, lo + 0.1):.1f}"
+
+
 def parse_days(text: str) -> tuple[float, float]:
-    """``30`` -> (0, 30); ``40:70`` -> (40, 70)."""
+    """``30`` -> (0, 30); ``40:70`` -> (40, 70): days from the trace's time origin
+    (``select``)."""
     try:
         if ":" in text:
             a, b = text.split(":", 1)
@@ -362,7 +379,8 @@ def parse_days(text: str) -> tuple[float, float]:
         else:
             lo, hi = 0.0, float(text)
     except ValueError:
-        raise TraceError(f"--days: {text!r} is not allowed: N (the first N days) or A:B (days A to B)") from None
+        raise TraceError(f"--days: {text!r} is not allowed: N (days 0 to N) or A:B (days A to B); "
+                         f"{DAYS_MEANING}") from None
     if not (0 <= lo < hi) or not math.isfinite(hi):
         raise TraceError(f"--days: {text!r} is not allowed: 0 <= A < B")
     return lo, hi
