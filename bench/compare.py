@@ -122,8 +122,10 @@ def one(run: dict) -> dict:
         pol = policy_from_dict(raw, run["policy"])
         loaded = load_trace(run["trace"], run["format"], run["map"], skip_bad_rows=run["skip_bad_rows"])
         rows = select(loaded.rows, parse_days(run["days"]) if run["days"] else None, run["load"])
-        jobs = to_sim_jobs(rows, pol.rules, seed=run["seed"], estimates=run["estimates"])
-        skipped = loaded.skipped
+        refused: list = []  # rows the policy cannot take, skipped as shepherd simulate skips them
+        jobs = to_sim_jobs(rows, pol.rules, seed=run["seed"], estimates=run["estimates"],
+                           skipped=refused if run["skip_bad_rows"] else None)
+        skipped = (*loaded.skipped, *refused)
     name = run["scheduler"]
     rules, factory = build(name, pol.rules, run["bf_depth"])
     t0 = time.perf_counter()

@@ -361,7 +361,7 @@ def simulate(
     html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, interactive plots with time in days from the trace's start): one self-contained file, plotly inlined, nothing fetched when viewed; needs the 'report' extra; " + FOLDER_MADE + ".")] = None,
     scheduler: Annotated[str, typer.Option(metavar="NAME", help="Who decides: gpushepherd (the policy as written, default) or a baseline under the same policy's cluster and quotas: " + ", ".join(n for n in BASELINE_NAMES if n != "gpushepherd") + " (src/gpushepherd/baselines/).")] = "gpushepherd",
     bf_depth: Annotated[Optional[int], typer.Option(metavar="N", help="Backfill reservations of the Slurm baselines (Slurm's bf_max_job_test; default 1).")] = None,
-    skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Skip trace rows that are not valid (e.g. num_gpu=0) and count them; without it such a file is refused.")] = False,
+    skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Skip bad trace rows and count them; without it such a file is refused. A bad row: a value out of range (e.g. num_gpu=0), a wrong column count, an empty or repeated job id, or (in the --days window) a row the policy cannot take: a team or class it does not have, a job its submit validation refuses. A job the policy takes but the scheduler rejects (more GPUs than the nodes it may use have) is not a bad row: it is replayed and counted as rejected.")] = False,
 ) -> None:
     """Replay a job trace through the scheduler.
 
@@ -424,17 +424,22 @@ def simulate(
             rows = select(loaded.rows, parse_days(days) if days else None, load)
             if read is not None:
                 bar.read(read, len(rows))
-        if loaded.skipped:
-            n = len(loaded.skipped)
-            err.print(f"--skip-bad-rows: skipped {_plural(n, 'bad row')} of {trace_path} (the first: "
-                      f"{loaded.skipped[0]})", soft_wrap=True)
         name = "the bundled Philly excerpt" if bundled else str(trace_path)
         if not loaded.rows:
             raise UsageError(f"no jobs to simulate: {name} has no valid job rows")
         if not rows:
             raise UsageError(f"no jobs to simulate: --days {days!r} selects none of {name}: {DAYS_MEANING}, and "
                              f"the trace covers {trace_days(loaded.rows)}")
-        jobs = to_sim_jobs(rows, pol.rules, seed=seed, estimates=estimates)
+        refused: list = []
+        jobs = to_sim_jobs(rows, pol.rules, seed=seed, estimates=estimates,
+                           skipped=refused if skip_bad_rows else None)
+        skipped = sorted((*loaded.skipped, *refused), key=lambda e: e.line or 0)
+        if skipped:
+            err.print(f"--skip-bad-rows: skipped {_plural(len(skipped), 'bad row')} of {trace_path}"
+                      f"{f', {len(refused):,} of them rows the policy cannot take' if refused else ''} (the first: "
+                      f"{skipped[0]})", soft_wrap=True)
+        if not jobs:
+            raise UsageError(f"no jobs to simulate: every selected row of {name} is a bad row")
         known = {j.spec.id for j in jobs}
         for job_id in explain or []:
             if job_id not in known:
@@ -472,7 +477,7 @@ def simulate(
                       f"mean JCT is {o['jct_over_lower_bound']:.2f}x that")
         payload = {"trace": str(trace_path), "policy": str(policy_path), "jobs": len(jobs),
                    "gpus": gpus, "nodes": len(pol.rules.nodes), "seed": seed, "estimates": estimates,
-                   "days": days, "load": load, "scheduler": scheduler, "skipped_rows": len(loaded.skipped),
+                   "days": days, "load": load, "scheduler": scheduler, "skipped_rows": len(skipped),
                    **summary}
         if stopped is not None:
             payload["interrupted"] = {"t": stopped.t, "jobs_ended": stopped.finished, "jobs_submitted":

@@ -43,7 +43,12 @@ from gpushepherd.model.job import first_control_char
 
 
 class TraceError(ValueError):
-    """A trace that cannot be read; ``str()`` is one line naming file, line, column and value."""
+    """A trace that cannot be read; ``str()`` is one line naming file, line, column and
+    value. ``line``: the file's line of a bad row (``None``: not a row's error)."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,7 @@ class TraceJob:
     where: str = ""  # "FILE: line N", for error messages
     project: str = ""  # showback only (JobSpec.project); '': none
     deadline_after_s: float | None = None  # seconds after submit the job must be done by; None: no deadline
+    line: int | None = None  # the file's line of the row (None: not from a file)
 
 
 def _open(path: Path) -> io.TextIOBase:
@@ -87,6 +93,8 @@ class _Bad:
         self.rows: list[tuple[int, TraceError]] = []
 
     def add(self, lineno: int, exc: TraceError) -> None:
+        if exc.line is None:
+            exc.line = lineno
         self.rows.append((lineno, exc))
 
     def errors(self) -> tuple[TraceError, ...]:
@@ -160,6 +168,7 @@ def _read_philly(path: Path) -> TraceFile:
                 gpus=_gpus(path, lineno, header[4], row[4]),
                 duration=_num(path, lineno, header[5], row[5]),
                 where=f"{path}: line {lineno}",
+                line=lineno,
             )))
         except TraceError as exc:
             bad.add(lineno, exc)
@@ -240,11 +249,16 @@ def _read_csv(path: Path, mapping: dict[str, str]) -> TraceFile:
         _, header = next(rows)
     except StopIteration:
         raise TraceError(f"{path}: empty file is not allowed: a CSV with a header line") from None
-    index = {name.strip(): i for i, name in enumerate(header)}
+    names = [name.strip() for name in header]
+    index = {name: i for i, name in enumerate(names)}
     for field, col in mapping.items():
         if col not in index:
             raise TraceError(f"{path}: line 1: column {col!r} (for {field}) is not allowed: one of the header's "
                              f"columns: {', '.join(index)}")
+        at = [i + 1 for i, name in enumerate(names) if name == col]
+        if len(at) > 1:  # which one is meant cannot be known: never the last one silently
+            raise TraceError(f"{path}: line 1: column {col!r} (for {field}) is not allowed: the header names it "
+                             f"{len(at)} times (columns {', '.join(map(str, at))}); a column the header names once")
     pos = {field: index[col] for field, col in mapping.items()}
     deadline_pos = pos.get("deadline", pos.get("deadline_after"))
     jobs: list[tuple[int, TraceJob]] = []
@@ -267,6 +281,7 @@ def _read_csv(path: Path, mapping: dict[str, str]) -> TraceFile:
                 workload_class=get(pos["class"]).strip() or None if "class" in pos else None,
                 user=get(pos["user"]).strip() or None if "user" in pos else None,
                 where=f"{path}: line {lineno}",
+                line=lineno,
                 project=_project(path, lineno, mapping["project"], get(pos["project"])) if "project" in pos else "",
                 deadline_after_s=None if deadline_pos is None else
                 _deadline_after(path, lineno, mapping, get(deadline_pos), submit),
