@@ -414,7 +414,7 @@ def simulate(
         pol = policy_from_dict(raw, str(policy_path))
         if cluster:
             pol = policy_from_dict(override_cluster(raw, cluster), f"--cluster {cluster}")
-        from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs  # pandas: only here
+        from gpushepherd.sim.metrics import job_table, not_run, stranded_summary, summarize, write_jobs  # pandas: only here
         from gpushepherd.tails import fairness_line
 
         bar = SimBar(err) if progress and err.is_terminal else None
@@ -468,10 +468,15 @@ def simulate(
                       "that", soft_wrap=True)
         df = job_table(result)
         summary = summarize(result, df)
+        summary["not_run"] = not_run(result)
         if stranded_every is not None:
             summary["stranded"] = stranded_summary(result)
         o = summary["overall"]
         title = f"{banner}\nutilisation {o['utilisation']:.1%}, makespan {_hours(o['makespan_s'])}"
+        nr = summary["not_run"]
+        if nr["rejected"] or nr["never_started"]:
+            title += (f"; {_plural(nr['rejected'], 'job')} rejected, {_plural(nr['never_started'], 'job')} never "
+                      "started (see below)")
         if o["jct_over_lower_bound"]:
             title += (f"; mean duration {_hours(o['lower_bound_jct_s'])} (no scheduler's mean JCT can be lower): "
                       f"mean JCT is {o['jct_over_lower_bound']:.2f}x that")
@@ -493,6 +498,8 @@ def simulate(
             out.print(Text(_safe(fairness_line(summary["fairness"]))), soft_wrap=True)
             out.print("slowdown = max(1, JCT / max(true duration, 10 s)) (bounded slowdown; design note 030).",
                       soft_wrap=True)
+            for line in _not_run_lines(summary["not_run"]):
+                out.print(Text(_safe(line)), soft_wrap=True)
             dl = summary["deadlines"]
             if dl["jobs"]:
                 out.print(f"deadlines: {dl['met']:,} of {_plural(dl['jobs'], 'job')} with a deadline met it "
@@ -517,6 +524,22 @@ def simulate(
             _explain(result, job_id)
         if stopped is not None:
             raise typer.Exit(130)  # as a shell reports SIGINT
+
+
+def _not_run_lines(nr: dict) -> list[str]:
+    """The text summary's lines on the jobs that never ran (``metrics.not_run``): how
+    many were rejected at submit and how many never started, with their top reasons."""
+    def reasons(pairs: list) -> str:
+        return "; ".join(f"{n:,} x {why}" for why, n in pairs)
+
+    lines = []
+    if nr["rejected"]:
+        lines.append(f"rejected at submit: {_plural(nr['rejected'], 'job')}, never run; top reasons: "
+                     f"{reasons(nr['rejected_reasons'])}")
+    if nr["never_started"]:
+        lines.append(f"never started by the end: {_plural(nr['never_started'], 'job')} still pending; top pending "
+                     f"reasons: {reasons(nr['pending_reasons'])}")
+    return lines
 
 
 def _explain(result, job_id: str) -> None:
