@@ -60,3 +60,14 @@ def test_not_run_keeps_the_top_reasons_by_count_then_text():
     assert nr["rejected"] == 8 and nr["never_started"] == 0 and nr["pending_reasons"] == []
     assert nr["rejected_reasons"] == [["gpus=64: the nodes it may use have 8 in all", 3],
                                       ["gpus=16: the nodes it may use have 8 in all", 2]]
+
+
+def test_a_baseline_without_reasons_says_so(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("id,t,n,d\nbig,1,16,100\none,2,1,100\n")
+    proc = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "simulate", "--no-progress", "--trace",
+                           str(p), "--format", "csv", "--map", "id=id,submit=t,gpus=n,duration=d", "--policy",
+                           str(SMALL_TEAM), "--scheduler", "tiresias"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert ("never started by the end: 1 job still pending; top pending reasons: 1 x no reason given (a baseline "
+            "not on gpushepherd's core gives none)") in " ".join(proc.stdout.split())

@@ -132,6 +132,8 @@ def summarize(result: SimResult, df: pd.DataFrame | None = None) -> dict[str, An
 
 #: how many reasons ``not_run`` lists per outcome
 TOP_REASONS = 3
+#: the pending reason ``not_run`` gives under a scheduler that explains nothing
+NO_REASON = "no reason given (a baseline not on gpushepherd's core gives none)"
 
 
 def not_run(result: SimResult, top: int = TOP_REASONS) -> dict[str, Any]:
@@ -139,7 +141,7 @@ def not_run(result: SimResult, top: int = TOP_REASONS) -> dict[str, Any]:
     "rejected_reasons": [[reason, jobs], ...], "never_started": n,
     "pending_reasons": [[reason, jobs], ...]}``, at most ``top`` reasons each. A
     scheduler without ``pending_reason`` (a baseline not on the core) gives the reason
-    ``unknown``."""
+    ``NO_REASON``."""
     rejected: dict[str, int] = {}
     pending: dict[str, int] = {}
     reason_of = getattr(result.scheduler, "pending_reason", None)
@@ -148,7 +150,7 @@ def not_run(result: SimResult, top: int = TOP_REASONS) -> dict[str, Any]:
             why = rec.rejected or "unknown"
             rejected[why] = rejected.get(why, 0) + 1
         elif rec.state == "PENDING" and not rec.starts:
-            why = "unknown"
+            why = NO_REASON
             if reason_of is not None:
                 found = reason_of(job_id)  # None: never submitted (a replay interrupted first)
                 why = "not submitted yet" if found is None else str(found)
