@@ -122,8 +122,10 @@ def one(run: dict) -> dict:
         pol = policy_from_dict(raw, run["policy"])
         loaded = load_trace(run["trace"], run["format"], run["map"], skip_bad_rows=run["skip_bad_rows"])
         rows = select(loaded.rows, parse_days(run["days"]) if run["days"] else None, run["load"])
-        jobs = to_sim_jobs(rows, pol.rules, seed=run["seed"], estimates=run["estimates"])
-        skipped = loaded.skipped
+        refused: list = []  # rows the policy cannot take, skipped as shepherd simulate skips them
+        jobs = to_sim_jobs(rows, pol.rules, seed=run["seed"], estimates=run["estimates"],
+                           skipped=refused if run["skip_bad_rows"] else None)
+        skipped = (*loaded.skipped, *refused)
     name = run["scheduler"]
     rules, factory = build(name, pol.rules, run["bf_depth"])
     t0 = time.perf_counter()
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", metavar="FILE", help="a trace file (else the presets)")
     ap.add_argument("--format", default="philly", help="of --trace: philly (default), itp or csv")
     ap.add_argument("--map", help="for --format csv: submit=COL,gpus=COL,duration=COL[,...]")
-    ap.add_argument("--days", metavar="N|A:B", help="only jobs submitted in the first N days, or days [A, B)")
+    ap.add_argument("--days", metavar="N|A:B", help="only jobs submitted in days [0, N) or [A, B), counted "
+                    "from the trace's time origin (submit time 0), not from its first job")
     ap.add_argument("--cluster", metavar="NxG", help="replace the policy's nodes, e.g. 192x8")
     ap.add_argument("--load", type=float, default=1.0, help="arrival-rate factor (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the trace mapping (default 0)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from datetime import datetime
 import tempfile
@@ -272,8 +273,22 @@ class SimBar:
         return update
 
 
+#: what every output flag's --help says of its folder (``_output_path``)
+FOLDER_MADE = "its folder is made if missing, when the file is written"
+
+
 def _output_path(option: str, value: str | None, suffixes: tuple[str, ...]) -> Path | None:
-    """Check an output path before any work is done; its folder is created if needed."""
+    """Check an output path before any work is done: a file ending in one of
+    ``suffixes``, not a folder, whose folder takes a new file - or, where folders are
+    missing, whose nearest existing folder does (a file is created there and removed
+    to see it; a folder with no write permission, a read-only file system, ``/proc``
+    and a file where a folder should be are refused). Missing folders are made by
+    ``_write_atomically`` when the file is written, never before: a run refused or
+    stopped earlier leaves no folder behind.
+
+    Raises:
+        UsageError: naming ``option``, the value and what is allowed.
+    """
     if value is None:
         return None
     if not value.strip():
@@ -283,27 +298,56 @@ def _output_path(option: str, value: str | None, suffixes: tuple[str, ...]) -> P
         raise UsageError(f"{option}: {value!r} is not allowed: a file ending in {', '.join(suffixes)}")
     if path.is_dir():
         raise UsageError(f"{option}: {value!r} is not allowed: a file, not a folder")
+    folder = next(p for p in (path.parent, *path.parent.parents) if p.exists() or p == p.parent)
+    if not folder.is_dir():
+        raise UsageError(f"{option}: {value!r} is not allowed: {str(folder)!r} is a file, not a folder; a path in "
+                         "a folder you can write to")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".shepherd-probe.")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"{option}: {value!r} is not allowed: its folder cannot be made ({exc.strerror})") from None
-    if not os.access(path.parent, os.W_OK):
-        raise UsageError(f"{option}: {value!r} is not allowed: a path in a folder you can write to")
+        raise UsageError(f"{option}: {value!r} is not allowed: {str(folder)!r} takes no new file ({exc.strerror}); "
+                         "a path in a folder you can write to") from None
     return path
 
 
-def _write_atomically(path: Path, option: str, write: Callable[[Path], None]) -> None:
-    """Write to a temporary file beside ``path``, then rename: all or nothing."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
+def _file_mode(path: Path) -> int:
+    """The permission bits ``open(path, "w")`` would leave: an existing file's own, a
+    new file's 0666 less the process's umask (not ``mkstemp``'s 0600: teammates read
+    shared reports)."""
     try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+def _write_atomically(path: Path, option: str, write: Callable[[Path], None]) -> None:
+    """Write to a temporary file beside ``path``, then rename: all or nothing. Missing
+    folders of ``path`` are made first; the file gets ``_file_mode``.
+
+    Raises:
+        UsageError: the folder or the file cannot be made or written (``option``, the
+            path and why); nothing is left behind but the folders made.
+    """
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+        os.close(fd)
+        os.chmod(tmp, _file_mode(path))
         write(Path(tmp))
         os.replace(tmp, path)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise UsageError(f"{option}: {str(path)!r} cannot be written ({exc.strerror})") from None
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"{option}: {str(path)!r} cannot be written ({exc.strerror or exc}): a path in a folder "
+                         "you can write to") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -314,19 +358,19 @@ def simulate(
     mapping: Annotated[Optional[str], typer.Option("--map", metavar="MAP", help="For --format csv: submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL,project=COL,deadline=COL|deadline_after=COL] (deadline: a time on the submit column's clock; deadline_after: seconds after submit).")] = None,
     policy: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Policy file; default: the bundled demo policy (96 nodes x 8 GPUs).")] = None,
     cluster: Annotated[Optional[str], typer.Option(metavar="NxG[:TYPE[:MIB]]", help="Replace the policy's nodes, e.g. 192x8.")] = None,
-    days: Annotated[Optional[str], typer.Option(metavar="N|A:B", help="Only jobs submitted in the trace's first N days, or in days [A, B), counted from the trace's first job.")] = None,
+    days: Annotated[Optional[str], typer.Option(metavar="N|A:B", help="Only jobs submitted in days [0, N) or [A, B) of the trace, counted from its time origin (submit time 0; Philly's and ITP's: the start of collection), not from its first job: the bundled excerpt is days 45-47 (--days 45:46 is its first day); an empty window's error says which days the trace covers.")] = None,
     load: Annotated[float, typer.Option(metavar="FACTOR", help="Arrival-rate factor: 2.0 squeezes the inter-arrival times to half.")] = 1.0,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the team/class/user/time-limit mapping (src/gpushepherd/sim/mapping.py).")] = 0,
     estimates: Annotated[str, typer.Option(metavar="limit|perfect", help="What the scheduler plans with: users' time limits (default) or true durations (reference only).")] = "limit",
-    out_path: Annotated[Optional[str], typer.Option("--out", metavar="FILE", help="Per-job results: .csv, .csv.gz or .parquet.")] = None,
-    json_path: Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="The figures as JSON to this file ('-': stdout instead of the table).")] = None,
+    out_path: Annotated[Optional[str], typer.Option("--out", metavar="FILE", help="Per-job results: .csv, .csv.gz or .parquet (" + FOLDER_MADE + ").")] = None,
+    json_path: Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="The figures as JSON to this file ('-': stdout instead of the table; " + FOLDER_MADE + ").")] = None,
     explain: Annotated[Optional[list[str]], typer.Option(metavar="JOB", help="Print this job's history and why it waited (repeatable).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     stranded_every: Annotated[Optional[float], typer.Option(metavar="DURATION", parser=duration_param(lo=1), help="Sample free GPUs that no pending job can use (stranded capacity) at the first scheduling event at or after every multiple of DURATION (at least 1 s: seconds, or with a unit: 30s, 10m, 2h; or MM:SS, HH:MM:SS) and report them by constraint (means over samples).")] = None,
-    html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, interactive plots with time in days from the trace's start): one self-contained file, plotly inlined, nothing fetched when viewed; needs the 'report' extra.")] = None,
+    html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Also write the report page of `shepherd report` for this run (GPU-hours, waits, pending reasons, idle gaps, interactive plots with time in days from the trace's start): one self-contained file, plotly inlined, nothing fetched when viewed; needs the 'report' extra; " + FOLDER_MADE + ".")] = None,
     scheduler: Annotated[str, typer.Option(metavar="NAME", help="Who decides: gpushepherd (the policy as written, default) or a baseline under the same policy's cluster and quotas: " + ", ".join(n for n in BASELINE_NAMES if n != "gpushepherd") + " (src/gpushepherd/baselines/).")] = "gpushepherd",
     bf_depth: Annotated[Optional[int], typer.Option(metavar="N", help="Backfill reservations of the Slurm baselines (Slurm's bf_max_job_test; default 1).")] = None,
-    skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Skip trace rows that are not valid (e.g. num_gpu=0) and count them; without it such a file is refused.")] = False,
+    skip_bad_rows: Annotated[bool, typer.Option("--skip-bad-rows", help="Skip bad trace rows and count them; without it such a file is refused. A bad row: a value out of range (e.g. num_gpu=0), a wrong column count, an empty or repeated job id, or (in the --days window) a row the policy cannot take: a team or class it does not have, a job its submit validation refuses. A job the policy takes but the scheduler rejects (more GPUs than the nodes it may use have) is not a bad row: it is replayed and counted as rejected.")] = False,
 ) -> None:
     """Replay a job trace through the scheduler.
 
@@ -340,7 +384,7 @@ def simulate(
     from gpushepherd.policy.load import override_cluster, policy_from_dict, read_policy_dict
     from gpushepherd.sim.engine import SimInterrupted, Simulator
     from gpushepherd.sim.mapping import to_sim_jobs
-    from gpushepherd.sim.traces import load_trace, parse_days, select
+    from gpushepherd.sim.traces import DAYS_MEANING, load_trace, parse_days, select, trace_days
 
     with _errors():
         require("sim", "shepherd simulate")
@@ -379,7 +423,7 @@ def simulate(
         pol = policy_from_dict(raw, str(policy_path))
         if cluster:
             pol = policy_from_dict(override_cluster(raw, cluster), f"--cluster {cluster}")
-        from gpushepherd.sim.metrics import job_table, stranded_summary, summarize, write_jobs  # pandas: only here
+        from gpushepherd.sim.metrics import job_table, not_run, stranded_summary, summarize, write_jobs  # pandas: only here
         from gpushepherd.tails import fairness_line
 
         bar = SimBar(err) if progress and err.is_terminal else None
@@ -389,14 +433,22 @@ def simulate(
             rows = select(loaded.rows, parse_days(days) if days else None, load)
             if read is not None:
                 bar.read(read, len(rows))
-        if loaded.skipped:
-            n = len(loaded.skipped)
-            err.print(f"--skip-bad-rows: skipped {_plural(n, 'bad row')} of {trace_path} (the first: "
-                      f"{loaded.skipped[0]})", soft_wrap=True)
+        name = "the bundled Philly excerpt" if bundled else str(trace_path)
+        if not loaded.rows:
+            raise UsageError(f"no jobs to simulate: {name} has no valid job rows")
         if not rows:
-            raise UsageError("no jobs to simulate: the trace (or the --days window, counted from the trace's "
-                             "first job) is empty")
-        jobs = to_sim_jobs(rows, pol.rules, seed=seed, estimates=estimates)
+            raise UsageError(f"no jobs to simulate: --days {days!r} selects none of {name}: {DAYS_MEANING}, and "
+                             f"the trace covers {trace_days(loaded.rows)}")
+        refused: list = []
+        jobs = to_sim_jobs(rows, pol.rules, seed=seed, estimates=estimates,
+                           skipped=refused if skip_bad_rows else None)
+        skipped = sorted((*loaded.skipped, *refused), key=lambda e: e.line or 0)
+        if skipped:
+            err.print(f"--skip-bad-rows: skipped {_plural(len(skipped), 'bad row')} of {trace_path}"
+                      f"{f', {len(refused):,} of them rows the policy cannot take' if refused else ''} (the first: "
+                      f"{skipped[0]})", soft_wrap=True)
+        if not jobs:
+            raise UsageError(f"no jobs to simulate: every selected row of {name} is a bad row")
         known = {j.spec.id for j in jobs}
         for job_id in explain or []:
             if job_id not in known:
@@ -425,16 +477,21 @@ def simulate(
                       "that", soft_wrap=True)
         df = job_table(result)
         summary = summarize(result, df)
+        summary["not_run"] = not_run(result)
         if stranded_every is not None:
             summary["stranded"] = stranded_summary(result)
         o = summary["overall"]
         title = f"{banner}\nutilisation {o['utilisation']:.1%}, makespan {_hours(o['makespan_s'])}"
+        nr = summary["not_run"]
+        if nr["rejected"] or nr["never_started"]:
+            title += (f"; {_plural(nr['rejected'], 'job')} rejected, {_plural(nr['never_started'], 'job')} never "
+                      "started (see below)")
         if o["jct_over_lower_bound"]:
             title += (f"; mean duration {_hours(o['lower_bound_jct_s'])} (no scheduler's mean JCT can be lower): "
                       f"mean JCT is {o['jct_over_lower_bound']:.2f}x that")
         payload = {"trace": str(trace_path), "policy": str(policy_path), "jobs": len(jobs),
                    "gpus": gpus, "nodes": len(pol.rules.nodes), "seed": seed, "estimates": estimates,
-                   "days": days, "load": load, "scheduler": scheduler, "skipped_rows": len(loaded.skipped),
+                   "days": days, "load": load, "scheduler": scheduler, "skipped_rows": len(skipped),
                    **summary}
         if stopped is not None:
             payload["interrupted"] = {"t": stopped.t, "jobs_ended": stopped.finished, "jobs_submitted":
@@ -450,6 +507,8 @@ def simulate(
             out.print(Text(_safe(fairness_line(summary["fairness"]))), soft_wrap=True)
             out.print("slowdown = max(1, JCT / max(true duration, 10 s)) (bounded slowdown; design note 030).",
                       soft_wrap=True)
+            for line in _not_run_lines(summary["not_run"]):
+                out.print(Text(_safe(line)), soft_wrap=True)
             dl = summary["deadlines"]
             if dl["jobs"]:
                 out.print(f"deadlines: {dl['met']:,} of {_plural(dl['jobs'], 'job')} with a deadline met it "
@@ -474,6 +533,22 @@ def simulate(
             _explain(result, job_id)
         if stopped is not None:
             raise typer.Exit(130)  # as a shell reports SIGINT
+
+
+def _not_run_lines(nr: dict) -> list[str]:
+    """The text summary's lines on the jobs that never ran (``metrics.not_run``): how
+    many were rejected at submit and how many never started, with their top reasons."""
+    def reasons(pairs: list) -> str:
+        return "; ".join(f"{n:,} x {why}" for why, n in pairs)
+
+    lines = []
+    if nr["rejected"]:
+        lines.append(f"rejected at submit: {_plural(nr['rejected'], 'job')}, never run; top reasons: "
+                     f"{reasons(nr['rejected_reasons'])}")
+    if nr["never_started"]:
+        lines.append(f"never started by the end: {_plural(nr['never_started'], 'job')} still pending; top pending "
+                     f"reasons: {reasons(nr['pending_reasons'])}")
+    return lines
 
 
 def _explain(result, job_id: str) -> None:

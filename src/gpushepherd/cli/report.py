@@ -115,7 +115,8 @@ To = Annotated[Optional[str], typer.Option("--to", help="End (excluded); default
 Csv = Annotated[Optional[Path], typer.Option("--csv", metavar="DIR", help="Write one CSV per table here.")]
 Html = Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Write one self-contained HTML "
                                              "page with interactive plots (plotly, inlined: nothing fetched "
-                                             "when viewed; needs the 'report' extra).")]
+                                             "when viewed; needs the 'report' extra; its folder is made "
+                                             "if missing, when the file is written).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -186,11 +187,14 @@ def register(app: typer.Typer) -> None:
                html: Annotated[Optional[str], typer.Option("--html", metavar="FILE", help=(
                    "Write the what-if page: per team and class measured (the log) beside the baseline "
                    "(simulated under the current policy) beside the proposed policy, as a table and "
-                   "interactive plots; one self-contained file (needs the 'report' extra: plotly)."))] = None,
+                   "interactive plots; one self-contained file (needs the 'report' extra: plotly; its folder is made "
+                   "if missing, when the file is written)."))] = None,
                html_current: Annotated[Optional[str], typer.Option("--html-current", metavar="FILE",
-                                                                   help="The baseline run's report page.")] = None,
+                                                                   help="The baseline run's report page (its folder is "
+                                                                   "made if missing, when the file is written).")] = None,
                html_proposed: Annotated[Optional[str], typer.Option("--html-proposed", metavar="FILE",
-                                                                    help="The proposed run's report page.")] = None,
+                                                                    help="The proposed run's report page (its folder is "
+                                                                    "made if missing, when the file is written).")] = None,
                progress: ProgressOpt = True) -> None:
         """Replay the jobs the store recorded through the simulator under the current
         policy (the log's last) and a proposed one; print per class and team waits

@@ -35,6 +35,14 @@ machine, and one job's mapping never depends on another's:
   runtime estimate is the true duration instead (for reference runs only).
 * **deadline** - only from the trace (``--map deadline=`` or ``deadline_after=``, design
   note 030): submit + the row's seconds to its deadline; never derived.
+
+A row the policy cannot take at all - a team or class the policy does not have, or a
+job its submit validation refuses (``validate_spec``: e.g. a class whose ``sharing``
+leaves out whole GPUs) - is the row's fault, as a bad value is: ``to_sim_jobs`` refuses
+the trace naming the first such row and counting them, or, given a ``skipped`` list
+(``shepherd simulate --skip-bad-rows``), leaves them out and adds their errors to it.
+A job the policy takes but the scheduler then rejects (more GPUs than the nodes it may
+use have) is not a bad row: it is replayed and counted as rejected.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import hashlib
 import math
 from bisect import bisect_left
 
+from gpushepherd.core.scheduler import SpecError, validate_spec
 from gpushepherd.model.job import JobSpec
 from gpushepherd.model.rules import Rules
 from gpushepherd.sim.engine import SimJob
@@ -120,11 +129,15 @@ def round_limit(seconds: float) -> float:
     return math.ceil(seconds / _D) * _D
 
 
-def to_sim_jobs(rows: list[TraceJob], rules: Rules, seed: int = 0, estimates: str = "limit") -> list[SimJob]:
+def to_sim_jobs(rows: list[TraceJob], rules: Rules, seed: int = 0, estimates: str = "limit",
+                skipped: list[TraceError] | None = None) -> list[SimJob]:
     """Map trace rows to simulator jobs under ``rules`` (see the module docstring).
+    With ``skipped``, a row the policy cannot take is left out and its error appended
+    (``TraceError.line``: the row's line).
 
     Raises:
-        TraceError: a row names a team or class the policy does not have.
+        TraceError: without ``skipped``, rows the policy cannot take (a team or class it
+            does not have, a spec its submit validation refuses): the first, and their count.
     """
     if estimates not in ("limit", "perfect"):
         raise TraceError(f"--estimates: {estimates!r} is not allowed: limit or perfect")
@@ -136,32 +149,54 @@ def to_sim_jobs(rows: list[TraceJob], rules: Rules, seed: int = 0, estimates: st
         acc += w
         cum.append(acc)
     out: list[SimJob] = []
+    bad: list[TraceError] = []
     for row in rows:
-        jid = row.id
-        team = row.team or _pick(weights, cum, unit(seed, "team", jid))
-        where = f"{row.where}: job {jid}" if row.where else f"job {jid}"
-        if rules.teams and team not in rules.teams:
-            raise TraceError(f"{where}: team {team!r} is not allowed: a team of the policy "
-                             f"({', '.join(sorted(rules.teams))})")
-        user = row.user or f"{team}-u{int(unit(seed, 'user', jid) * USERS_PER_TEAM)}"
-        cls_name = row.workload_class or class_for(row.gpus, user, seed, capped)
-        cls = rules.classes.get(cls_name)
-        if cls is None:
-            raise TraceError(f"{where}: class {cls_name!r} is not allowed: one of {', '.join(sorted(rules.classes))}")
-        checkpointable = None
-        if cls_name in ("training", "research-training"):
-            checkpointable = unit(seed, "checkpoint", jid) < CHECKPOINT_SHARE
-        factor = 2.0 ** (3.0 * unit(seed, "limit", jid))
-        limit = round_limit(max(row.duration * factor, 1.0))
-        if cls.max_runtime_s is not None:
-            limit = min(limit, cls.max_runtime_s)
-        estimate = row.duration if estimates == "perfect" else None
-        if estimate is not None:
-            estimate = min(max(estimate, 1.0), limit)
-        out.append(SimJob(JobSpec(
-            id=jid, team=team, workload_class=cls_name, gpus=row.gpus, user=user,
-            time_limit_s=limit, runtime_estimate_s=estimate, checkpointable=checkpointable,
-            submit_time=row.submit, project=row.project,
-            deadline=None if row.deadline_after_s is None else row.submit + row.deadline_after_s,
-        ), row.duration))
+        try:
+            out.append(_sim_job(row, rules, seed, estimates, weights, cum, capped))
+        except TraceError as exc:
+            bad.append(exc)
+    if skipped is not None:
+        skipped.extend(bad)
+    elif bad:
+        n = len(bad)
+        raise TraceError(f"{bad[0]} ({n:,} row{'' if n == 1 else 's'} the policy cannot take, nothing of the trace is "
+                         "used; --skip-bad-rows skips and counts them)")
     return out
+
+
+def _sim_job(row: TraceJob, rules: Rules, seed: int, estimates: str, weights: list[tuple[str, float]],
+             cum: list[float], capped: frozenset[str]) -> SimJob:
+    """One row's job (``to_sim_jobs``); ``TraceError`` for a row the policy cannot take."""
+    jid = row.id
+    team = row.team or _pick(weights, cum, unit(seed, "team", jid))
+    where = f"{row.where}: job {jid}" if row.where else f"job {jid}"
+    if rules.teams and team not in rules.teams:
+        raise TraceError(f"{where}: team {team!r} is not allowed: a team of the policy "
+                         f"({', '.join(sorted(rules.teams))})", row.line)
+    user = row.user or f"{team}-u{int(unit(seed, 'user', jid) * USERS_PER_TEAM)}"
+    cls_name = row.workload_class or class_for(row.gpus, user, seed, capped)
+    cls = rules.classes.get(cls_name)
+    if cls is None:
+        raise TraceError(f"{where}: class {cls_name!r} is not allowed: one of {', '.join(sorted(rules.classes))}",
+                         row.line)
+    checkpointable = None
+    if cls_name in ("training", "research-training"):
+        checkpointable = unit(seed, "checkpoint", jid) < CHECKPOINT_SHARE
+    factor = 2.0 ** (3.0 * unit(seed, "limit", jid))
+    limit = round_limit(max(row.duration * factor, 1.0))
+    if cls.max_runtime_s is not None:
+        limit = min(limit, cls.max_runtime_s)
+    estimate = row.duration if estimates == "perfect" else None
+    if estimate is not None:
+        estimate = min(max(estimate, 1.0), limit)
+    spec = JobSpec(
+        id=jid, team=team, workload_class=cls_name, gpus=row.gpus, user=user,
+        time_limit_s=limit, runtime_estimate_s=estimate, checkpointable=checkpointable,
+        submit_time=row.submit, project=row.project,
+        deadline=None if row.deadline_after_s is None else row.submit + row.deadline_after_s,
+    )
+    try:  # what the simulator's submit would refuse, refused here with the row's line
+        validate_spec(rules, spec)
+    except SpecError as exc:
+        raise TraceError(f"{row.where}: {exc}" if row.where else str(exc), row.line) from None
+    return SimJob(spec, row.duration)

@@ -18,6 +18,12 @@ Definitions (so that anyone can recompute every figure from the per-job file):
   not end (cancelled, rejected, still pending or running); ``flagged``: those the
   scheduler flagged at risk (at submit or a start), ``flagged_met``: of them, met.
 
+* **not run** (``not_run``): jobs ``rejected`` at submit (the core's refusal, e.g.
+  more GPUs than the nodes they may use have) and jobs that ``never started`` by the
+  end of the replay (still pending), each with its most common reasons (a rejected
+  job's refusal; a pending job's reason at the end, ``Scheduler.pending_reason``),
+  ``[reason, jobs]`` by jobs descending, then reason.
+
 Percentiles are numpy's linear interpolation.
 """
 
@@ -122,6 +128,39 @@ def summarize(result: SimResult, df: pd.DataFrame | None = None) -> dict[str, An
         **tails(df),
         "deadlines": deadlines(df),
     }
+
+
+#: how many reasons ``not_run`` lists per outcome
+TOP_REASONS = 3
+#: the pending reason ``not_run`` gives under a scheduler that explains nothing
+NO_REASON = "no reason given (a baseline not on gpushepherd's core gives none)"
+
+
+def not_run(result: SimResult, top: int = TOP_REASONS) -> dict[str, Any]:
+    """Jobs that never ran and why (module docstring): ``{"rejected": n,
+    "rejected_reasons": [[reason, jobs], ...], "never_started": n,
+    "pending_reasons": [[reason, jobs], ...]}``, at most ``top`` reasons each. A
+    scheduler without ``pending_reason`` (a baseline not on the core) gives the reason
+    ``NO_REASON``."""
+    rejected: dict[str, int] = {}
+    pending: dict[str, int] = {}
+    reason_of = getattr(result.scheduler, "pending_reason", None)
+    for job_id, rec in result.records.items():
+        if rec.state == "REJECTED":
+            why = rec.rejected or "unknown"
+            rejected[why] = rejected.get(why, 0) + 1
+        elif rec.state == "PENDING" and not rec.starts:
+            why = NO_REASON
+            if reason_of is not None:
+                found = reason_of(job_id)  # None: never submitted (a replay interrupted first)
+                why = "not submitted yet" if found is None else str(found)
+            pending[why] = pending.get(why, 0) + 1
+
+    def ranked(counts: dict[str, int]) -> list[list]:
+        return [[k, v] for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]
+
+    return {"rejected": sum(rejected.values()), "rejected_reasons": ranked(rejected),
+            "never_started": sum(pending.values()), "pending_reasons": ranked(pending)}
 
 
 def write_jobs(df: pd.DataFrame, path: str | Path, like: str | Path | None = None) -> None:

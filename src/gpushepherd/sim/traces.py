@@ -43,7 +43,12 @@ from gpushepherd.model.job import first_control_char
 
 
 class TraceError(ValueError):
-    """A trace that cannot be read; ``str()`` is one line naming file, line, column and value."""
+    """A trace that cannot be read; ``str()`` is one line naming file, line, column and
+    value. ``line``: the file's line of a bad row (``None``: not a row's error)."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,7 @@ class TraceJob:
     where: str = ""  # "FILE: line N", for error messages
     project: str = ""  # showback only (JobSpec.project); '': none
     deadline_after_s: float | None = None  # seconds after submit the job must be done by; None: no deadline
+    line: int | None = None  # the file's line of the row (None: not from a file)
 
 
 def _open(path: Path) -> io.TextIOBase:
@@ -87,6 +93,8 @@ class _Bad:
         self.rows: list[tuple[int, TraceError]] = []
 
     def add(self, lineno: int, exc: TraceError) -> None:
+        if exc.line is None:
+            exc.line = lineno
         self.rows.append((lineno, exc))
 
     def errors(self) -> tuple[TraceError, ...]:
@@ -160,6 +168,7 @@ def _read_philly(path: Path) -> TraceFile:
                 gpus=_gpus(path, lineno, header[4], row[4]),
                 duration=_num(path, lineno, header[5], row[5]),
                 where=f"{path}: line {lineno}",
+                line=lineno,
             )))
         except TraceError as exc:
             bad.add(lineno, exc)
@@ -240,11 +249,16 @@ def _read_csv(path: Path, mapping: dict[str, str]) -> TraceFile:
         _, header = next(rows)
     except StopIteration:
         raise TraceError(f"{path}: empty file is not allowed: a CSV with a header line") from None
-    index = {name.strip(): i for i, name in enumerate(header)}
+    names = [name.strip() for name in header]
+    index = {name: i for i, name in enumerate(names)}
     for field, col in mapping.items():
         if col not in index:
             raise TraceError(f"{path}: line 1: column {col!r} (for {field}) is not allowed: one of the header's "
                              f"columns: {', '.join(index)}")
+        at = [i + 1 for i, name in enumerate(names) if name == col]
+        if len(at) > 1:  # which one is meant cannot be known: never the last one silently
+            raise TraceError(f"{path}: line 1: column {col!r} (for {field}) is not allowed: the header names it "
+                             f"{len(at)} times (columns {', '.join(map(str, at))}); a column the header names once")
     pos = {field: index[col] for field, col in mapping.items()}
     deadline_pos = pos.get("deadline", pos.get("deadline_after"))
     jobs: list[tuple[int, TraceJob]] = []
@@ -267,6 +281,7 @@ def _read_csv(path: Path, mapping: dict[str, str]) -> TraceFile:
                 workload_class=get(pos["class"]).strip() or None if "class" in pos else None,
                 user=get(pos["user"]).strip() or None if "user" in pos else None,
                 where=f"{path}: line {lineno}",
+                line=lineno,
                 project=_project(path, lineno, mapping["project"], get(pos["project"])) if "project" in pos else "",
                 deadline_after_s=None if deadline_pos is None else
                 _deadline_after(path, lineno, mapping, get(deadline_pos), submit),
@@ -338,8 +353,10 @@ def load_trace(path: str | Path, fmt: str, mapping: str | None = None, skip_bad_
 
 
 def select(jobs: list[TraceJob], days: tuple[float, float] | None = None, load: float = 1.0) -> list[TraceJob]:
-    """Jobs submitted in ``[days[0], days[1])`` (days from the trace's start), with
-    inter-arrival times divided by ``load`` (2.0 = twice the arrival rate) from the
+    """Jobs submitted in ``[days[0], days[1])``, days counted from the trace's time
+    origin (submit time 0: Philly's and ITP's start of collection), not from its first
+    job - so ``40:70`` names the same jobs of a trace whatever was cut before them -
+    with inter-arrival times divided by ``load`` (2.0 = twice the arrival rate) from the
     window's start. Submit times stay on the trace's axis."""
     if load <= 0 or not math.isfinite(load):
         raise TraceError(f"--load: {load!r} is not allowed: a number > 0")
@@ -353,8 +370,23 @@ def select(jobs: list[TraceJob], days: tuple[float, float] | None = None, load: 
     return chosen
 
 
+#: what ``--days`` means, for its help and its errors (``select``)
+DAYS_MEANING = "days count from the trace's time origin (submit time 0), not from its first job"
+
+
+def trace_days(jobs: list[TraceJob]) -> str:
+    """The days the submit times of ``jobs`` span, rounded outwards to 0.1 day
+    (``days 45.0-47.1``): what ``--days`` windows can select; ``no jobs`` if empty."""
+    if not jobs:
+        return "no jobs"
+    lo = math.floor(min(j.submit for j in jobs) / 8640.0) / 10
+    hi = math.ceil(max(j.submit for j in jobs) / 8640.0) / 10
+    return f"days {lo:.1f}-{max(hi, lo + 0.1):.1f}"
+
+
 def parse_days(text: str) -> tuple[float, float]:
-    """``30`` -> (0, 30); ``40:70`` -> (40, 70)."""
+    """``30`` -> (0, 30); ``40:70`` -> (40, 70): days from the trace's time origin
+    (``select``)."""
     try:
         if ":" in text:
             a, b = text.split(":", 1)
@@ -362,7 +394,8 @@ def parse_days(text: str) -> tuple[float, float]:
         else:
             lo, hi = 0.0, float(text)
     except ValueError:
-        raise TraceError(f"--days: {text!r} is not allowed: N (the first N days) or A:B (days A to B)") from None
+        raise TraceError(f"--days: {text!r} is not allowed: N (days 0 to N) or A:B (days A to B); "
+                         f"{DAYS_MEANING}") from None
     if not (0 <= lo < hi) or not math.isfinite(hi):
         raise TraceError(f"--days: {text!r} is not allowed: 0 <= A < B")
     return lo, hi
