@@ -14,7 +14,8 @@ before, so the repeats end:
 * a start a refused job may evict, too young now: a wake-up when it comes of age;
 * a start that makes its cohort member borrow after a refused job of another member could
   reclaim nothing, or after the claims refused a job of its own member (it may borrow
-  now, and the claims that lend bind it less; seeds 15683, 1430), or of another member (a
+  now, and the claims that lend bind it less; seeds 15683, 1430; at its turn or in its
+  preemption plan, review of note 082), or of another member (a
   claim of its team may borrow now, and that member's job may reclaim it; note 078's
   review) - another member of any
   cohort of the refused job's: a team borrows as a whole, so a start in one cohort makes
@@ -67,6 +68,7 @@ from __future__ import annotations
 
 from gpushepherd.core import preemption, typed
 from gpushepherd.core.state import Job
+from gpushepherd.model.job import GPU_UNITS
 
 
 def after_start(turn, job: Job, spot, preemptor: bool, fills: bool) -> None:
@@ -99,7 +101,7 @@ def after_start(turn, job: Job, spot, preemptor: bool, fills: bool) -> None:
     # in another cohort - a pool's - victims of a refused job there; seed 235848)
     if job.cohort is not None and (_member_refused(book, job, turn.claims_refused) or any(
             _lent_to(book, p, job) for p in no_victims) or (
-            any(typed.borrows_from(p, job) or _team_in_cohorts_of(book, p, job.cohort[1].team) for p in no_victims)
+            any(typed.borrows_from(p, job) or _team_in_cohorts_of(p, job.cohort[1].team) for p in no_victims)
             and preemption.borrows(book, job))):
         book.repass = True
 
@@ -116,18 +118,32 @@ def _counts_in(book, job: Job) -> list:
 
 
 def _lent_to(book, p: Job, job: Job) -> bool:
-    """Whether ``job``'s member borrows, after its start, in a cohort where the refused
-    ``p`` counts as a job of another member, on some type ``p`` may take: ``job``'s team's
-    jobs there are victims for ``p`` now (``preemption._lenders``, the victim rule, reads
-    the same facts; note 082, oracle seed 441895: a pool job's second cohort)."""
+    """Whether ``job``'s start made its member start to borrow in a cohort where the
+    refused ``p`` counts as a job of another member and stays within its own nominal
+    quota, on some type ``p`` may take: ``job``'s team's lower-class jobs there are
+    victims for ``p`` now (the victim rule, ``preemption._lenders``, reads the same
+    facts; note 082, oracle seed 441895: a pool job's second cohort). A member that
+    borrowed before the start was read so at ``p``'s turn, or asked for its own repeat
+    (review of note 082: fewer needless passes)."""
     def lent(q: Job) -> bool:
         for c in book.rules.cohorts.values():
             own = typed.member_in(c, q)
-            if own is not None and (m := typed.member_in(c, job)) is not None and m is not own \
-                    and preemption.member_borrows(book, m):
+            if own is None or (m := typed.member_in(c, job)) is None or m is own:
+                continue
+            if (_usage(book, own) + q.units <= own.nominal * GPU_UNITS
+                    and _usage(book, m) - _charged(job, m) <= m.nominal * GPU_UNITS < _usage(book, m)):
                 return True
         return False
     return typed.any_variant(p, lent)
+
+
+def _usage(book, member) -> int:
+    return book.quota.usage.get((member.limit, ""), 0)
+
+
+def _charged(job: Job, member) -> int:
+    """What a running ``job`` holds of ``member``'s limit, in GPU units."""
+    return sum(units for i, user, units in (job.run_charges or job.charges) if i == member.limit and not user)
 
 
 def _member_refused(book, job: Job, refused: set[str]) -> bool:
@@ -139,11 +155,7 @@ def _member_refused(book, job: Job, refused: set[str]) -> bool:
     return bool(refused) and any(m.team in refused for c in _counts_in(book, job) for m in c.members)
 
 
-def _team_in_cohorts_of(book, job: Job, team: str) -> bool:
-    """Whether ``team`` is another member of a cohort ``job`` may count in (note 082:
-    every cohort, not only ``Job.cohort``)."""
-    def other(q: Job) -> bool:
-        return any(m.team == team and m is not own for c, own in typed.cohorts_of(q) for m in c.members) or any(
-            (own := typed.member_in(c, q)) is not None and any(m.team == team and m is not own for m in c.members)
-            for c in book.rules.cohorts.values())
-    return typed.any_variant(job, other)
+def _team_in_cohorts_of(job: Job, team: str) -> bool:
+    """Whether ``team`` is another member of a cohort ``job`` may count in (a cohort of
+    ``typed.cohorts_of``; every other cohort is ``_lent_to``'s, note 082)."""
+    return any(m.team == team and m is not own for c, own in typed.cohorts_of(job) for m in c.members)

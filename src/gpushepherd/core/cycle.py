@@ -80,7 +80,7 @@ class Turn:
         #: cohort members (teams) a job of which the claims refused in this pass: one of
         #: their jobs started later may make the member a borrower, whom the claims that
         #: lend or may reclaim no longer bind (``Profile.reclaimers_of``; ``again.py``)
-        self.claims_refused: set[str] = set()
+        self.claims_refused: set[str] = set()  # teams of jobs the claims refused, at the turn or in a plan
         #: a job was refused by a class hold or the claims in this pass: a dropped hold, or a start
         #: filling a class's reservation with no free GPU, loosens them: another pass sees it (119025, 157825)
         self.held_back = False
@@ -238,11 +238,17 @@ class Turn:
             self.halted = True
             return False
         self.materialize()
-        found, until = planner(self.book, self.adm, self.profile, job, *args)
+        why: list = []
+        found, until = planner(self.book, self.adm, self.profile, job, *args, why=why)
         if found is not None:
             self.begin_preemption(job, *found)
             return True
         self.plan_refused = True
+        if job.cohort is not None and any(v.rule == A.CLAIMS for v in why):
+            # a claim refused the plan: a start that changes which claims bind the job
+            # (its member borrows; a claim's member would borrow at the claim's start:
+            # Profile.reclaimers_of) asks for another pass, as after a refusal at its turn
+            self.claims_refused.add(job.cohort[1].team)
         self.sched.wake_at(until)
         return False
 
