@@ -577,8 +577,20 @@ def env_pairs(items: list[str]) -> dict[str, str]:
     return pairs
 
 
-def _fmt_t(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+def _fmt_t(t: float | None, zone: bool = True) -> str:
+    """Epoch seconds ``t`` in this machine's local time, ``2026-12-07T09:20:00 UTC``: the
+    zone's abbreviation named (``zone``; a table names it once, in its header:
+    ``local_zone``); ``-`` for ``None``."""
+    if t is None:
+        return "-"
+    local = time.localtime(t)
+    return time.strftime("%Y-%m-%dT%H:%M:%S" + (" %Z" if zone else ""), local)
+
+
+def local_zone() -> str:
+    """This machine's time zone abbreviation now (``UTC``, ``CET``): a table's header
+    names it for the times in its cells (``_fmt_t(t, zone=False)``)."""
+    return time.strftime("%Z", time.localtime())
 
 
 def policy_zone(raw: dict | None):
@@ -641,7 +653,7 @@ def deadline_text(j: dict) -> str:
     return f"{_fmt_t(j['deadline'])}  AT RISK (at {stage}: ends {_fmt_t(end)} at the earliest)"
 
 
-def _fmt_est(j: dict) -> str:
+def _fmt_est(j: dict, zone: bool = True) -> str:
     """A planned start as a person should read it: ``<= T`` when it rests on time limits
     (jobs usually end before them: by T unless jobs that rank higher arrive or backfill
     first; note 043 measures how often),
@@ -650,7 +662,7 @@ def _fmt_est(j: dict) -> str:
     if t is None:
         return "-"
     mark = "<=" if j.get("estimated_start_basis") == "time limits" else "~"
-    return f"{mark} {_fmt_t(t)}"
+    return f"{mark} {_fmt_t(t, zone)}"
 
 
 DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Logs, checkpoints and the SQLite database.")]
@@ -1467,6 +1479,8 @@ def register(app: typer.Typer) -> None:
 
 
 # ---------------------------------------------------------------- shepherd queue (note 020)
+#: ``queue``'s fields whose cells are times: their header names the zone (``queue_header``)
+QUEUE_TIMES = frozenset({"start", "submit"})
 #: Slurm's compact state codes (squeue's %t) of our states
 SHORT_STATE = {"PENDING": "PD", "RUNNING": "R", "PREEMPTING": "CG", "STOPPING": "CG", "COMPLETED": "CD",
                "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO", "REJECTED": "RJ"}
@@ -1497,12 +1511,13 @@ QUEUE_FIELDS: dict[str, tuple[str, Any, Any, str]] = {
                "why it waits, or where it runs (squeue's NODELIST(REASON)); never cut"),
     "placement": ("PLACEMENT", lambda j: j.get("placement"), lambda j: j.get("placement") or "-",
                   "node:GPUs it holds"),
-    "start": ("EST. START", lambda j: j.get("estimated_start"), _fmt_est,
+    "start": ("EST. START", lambda j: j.get("estimated_start"), lambda j: _fmt_est(j, zone=False),
               "estimated start: <= T on time limits (by T unless jobs that rank higher arrive or backfill first), "
               "~ T on estimates"),
     "start_basis": ("START BASIS", lambda j: j.get("estimated_start_basis"),
                     lambda j: j.get("estimated_start_basis") or "-", "what the estimate rests on"),
-    "submit": ("SUBMIT", lambda j: j.get("submit_time"), lambda j: _fmt_t(j.get("submit_time")), "submit time"),
+    "submit": ("SUBMIT", lambda j: j.get("submit_time"), lambda j: _fmt_t(j.get("submit_time"), zone=False),
+               "submit time"),
     "priority": ("PRIORITY", lambda j: j.get("priority"), _prio, "priority (multifactor)"),
     "runs": ("RUNS", lambda j: j.get("runs"), lambda j: _num(j.get("runs")), "runs started"),
 }
@@ -1545,6 +1560,13 @@ def parse_fields(text: str) -> list[str]:
     return out
 
 
+def queue_header(field: str) -> str:
+    """The header of ``queue``'s ``field``; a time's names the zone of its cells
+    (``START (UTC)``: this machine's local time)."""
+    head = QUEUE_FIELDS[field][0]
+    return f"{head} ({local_zone()})" if field in QUEUE_TIMES else head
+
+
 def queue_table(jobs: list[dict], fields: list[str], width: int) -> tuple[SafeTable, list[str]]:
     """The queue as a table that fits ``width`` columns, and the fields left out for it.
 
@@ -1552,7 +1574,7 @@ def queue_table(jobs: list[dict], fields: list[str], width: int) -> tuple[SafeTa
     ``QUEUE_REASON_MIN`` for the reason do not fit, fields are dropped in
     ``QUEUE_DROP_ORDER`` (id, state and reason are never dropped)."""
     texts = {f: [_safe(QUEUE_FIELDS[f][2](j)) for j in jobs] for f in fields}
-    widths = {f: max([len(QUEUE_FIELDS[f][0])] + [len(t) for t in texts[f]]) for f in fields}
+    widths = {f: max([len(queue_header(f))] + [len(t) for t in texts[f]]) for f in fields}
     if "reason" in widths:
         widths["reason"] = min(widths["reason"], max(QUEUE_REASON_MIN, len(QUEUE_FIELDS["reason"][0])))
     shown, dropped = list(fields), []
@@ -1569,9 +1591,9 @@ def queue_table(jobs: list[dict], fields: list[str], width: int) -> tuple[SafeTa
     table = SafeTable(box=None, pad_edge=False)
     for f in shown:
         if f == "reason":
-            table.add_column(QUEUE_FIELDS[f][0], overflow="fold", min_width=min(widths[f], width))
+            table.add_column(queue_header(f), overflow="fold", min_width=min(widths[f], width))
         else:
-            table.add_column(QUEUE_FIELDS[f][0], no_wrap=True, overflow="fold")
+            table.add_column(queue_header(f), no_wrap=True, overflow="fold")
     for i in range(len(jobs)):
         table.add_row(*(texts[f][i] for f in shown))
     return table, dropped
