@@ -206,6 +206,8 @@ SECONDS_DOC = ("seconds (a number), or a string with its unit or in Slurm's --ti
 
 #: the most labels a node selector, or taints a toleration list, may hold
 MAX_CONSTRAINTS = 64
+#: a GPU type a job may ask for: the form of the policy's ``cluster.nodes[].gpu_type``
+GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 #: the latest deadline, epoch seconds (9999-12-31T23:59:59Z: what a date can print)
 MAX_EPOCH = 253402300799.0
 _LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,252}")
@@ -410,6 +412,20 @@ class SubmitBody(BaseModel):
         for i, arg in enumerate(v):
             if "\0" in arg:
                 raise ValueError(f"argument {i} ({arg[:40]!r}) is not allowed: strings without NUL bytes")
+        return v
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_types(cls, v: list[str]) -> list[str]:
+        # a node's gpu_type is a policy name (cluster.nodes[].gpu_type): a job asking for
+        # anything else could never run; said at submit, not as a rejection later
+        if len(v) > MAX_CONSTRAINTS:
+            raise ValueError(f"{len(v)} GPU types is not allowed: at most {MAX_CONSTRAINTS}")
+        for x in v:
+            if not GPU_TYPE.fullmatch(x):
+                raise ValueError(f"{x[:80]!r} is not allowed: a GPU type as the policy names one "
+                                 "(cluster.nodes[].gpu_type: 1-128 letters, digits and ._-, first a letter or "
+                                 "digit, e.g. H100-80GB)")
         return v
 
     @field_validator("workload_class", "team", "user", "project")
