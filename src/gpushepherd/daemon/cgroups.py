@@ -574,17 +574,20 @@ def open_containment(data_dir: Path, env: dict[str, str] | None = None) -> Conta
 
 
 def remove_instance(data_dir: Path, env: dict[str, str] | None = None, kill: bool = False,
-                    wait_s: float = 10.0) -> None:
+                    wait_s: float = 10.0, keep: frozenset[str] = frozenset()) -> None:
     """Remove the cgroups of the server of ``data_dir`` (its runs' and its own, in cgroup
     v2 and v1) that are empty - with ``kill``, after killing their processes and waiting
-    for them at most ``wait_s`` seconds. For tests and a clean uninstall; never raises."""
+    for them at most ``wait_s`` seconds. ``keep``: names of run cgroups
+    (``job-<id>-run-<n>``) never removed, empty or not - a run launched but whose
+    runner has not entered its cgroup yet is empty for a moment, and a restart finds it
+    there. For a stopping server, tests and a clean uninstall; never raises."""
     try:
         base = instance_dir(data_dir, env)
         v1 = instance_dirs_v1(data_dir, env)
     except ValueError:
         return
     bases = [b for b in [base, *v1.values()] if b is not None and b.is_dir()]
-    names = sorted({cg.name for b in bases for cg in b.glob("job-*")})
+    names = sorted({cg.name for b in bases for cg in b.glob("job-*")} - keep)
     groups = []
     for name in names:
         v2 = base / name if base is not None and (base / name).is_dir() else None

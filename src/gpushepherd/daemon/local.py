@@ -315,7 +315,11 @@ class LocalBackend(RunFiles):
         # by path (a restarted server that only re-attached never opened its containment);
         # an empty run cgroup left (its run ended, its removal not yet retried) goes too:
         # a restart finds such a run by its exit file, as before
-        cgroups.remove_instance(self.data_dir)
+        # the runs this server still holds keep theirs even while empty: a runner launched a
+        # moment before the stop may not have entered its cgroup yet (it would then fail to,
+        # and the restart would find its run lost)
+        live = frozenset(f"job-{job_id}-run-{proc.run}" for job_id, proc in self.procs.items())
+        cgroups.remove_instance(self.data_dir, keep=live)
 
     def describe(self) -> str:
         """How jobs run here, for the log: as whom, and their containment."""
