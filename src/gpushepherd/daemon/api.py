@@ -3,7 +3,8 @@
 
 Errors: a malformed body is 422 with FastAPI's ``detail`` list, whose ``loc`` names
 the field; a spec the policy refuses is 422 with ``detail`` a list of one entry whose
-``msg`` names the field, the value and what is allowed; an unknown job is 404.
+``msg`` names the field, the value and what is allowed; a key given twice in one JSON
+object is 422 naming it and where (``UniqueKeysRoute``, every body); an unknown job is 404.
 Auth: when the database has a token (or the server runs with ``--auth required``),
 every request needs ``Authorization: Bearer TOKEN`` (401 without one or with a wrong or
 expired one); a token may submit as its user for its teams and cancel or read the logs
@@ -41,6 +42,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from starlette.requests import HTTPConnection
 
@@ -509,6 +511,74 @@ class PolicyBody(BaseModel):
                       "(with a token: the token's user)")
 
 
+class _Twice:
+    """The key ``_unique_pairs`` adds to an object that names ``key`` twice (never a JSON key)."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _unique_pairs(pairs: list) -> dict:
+    """``json.loads``' ``object_pairs_hook``: the object, marked (``_Twice``) when a key repeats."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        out[_Twice(twice)] = None
+    return out
+
+
+def _twice_at(v, path: tuple = ()) -> tuple | None:
+    """The path (keys and indices) of the first key given twice in ``v``, the key last."""
+    if isinstance(v, dict):
+        for k in v:
+            if isinstance(k, _Twice):
+                return (*path, k.key)
+        found = (_twice_at(x, (*path, k)) for k, x in v.items())
+    elif isinstance(v, list):
+        found = (_twice_at(x, (*path, i)) for i, x in enumerate(v))
+    else:
+        return None
+    return next((f for f in found if f is not None), None)
+
+
+def _duplicate_key(request: Request, body: bytes) -> JSONResponse | None:
+    """422 naming the first key a JSON ``body`` gives twice in one object (JSON leaves
+    it open, Python keeps the last one silently; the policy's YAML loader refuses it too,
+    ``yamlio``; note 084), as the other validation errors do. ``None`` when every key is
+    unique - the parsed body is then the request's ``json()``, read once - or the body is
+    no JSON (FastAPI's own parse then answers)."""
+    try:
+        doc = json.loads(body, object_pairs_hook=_unique_pairs)
+    except ValueError:
+        return None
+    at = _twice_at(doc)
+    if at is None:
+        request._json = doc  # Starlette's cache of ``Request.json()``: FastAPI parses it no more
+        return None
+    return JSONResponse(status_code=422, content={"detail": [
+        {"loc": ["body", *at], "type": "value_error",
+         "msg": f"key {at[-1]!r} appears twice in one object (at {'.'.join(map(str, at))}): each key once, as in a "
+                "policy file (which one counts is not defined in JSON)"}]})
+
+
+class UniqueKeysRoute(APIRoute):
+    """The API's routes: a JSON body that gives a key twice in one object is 422 naming
+    it (``_duplicate_key``) before FastAPI reads it, for every route that takes one."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def unique(request: Request) -> Response:
+            body = await request.body()  # kept by the request: FastAPI reads it again at no cost
+            if body and "json" in request.headers.get("content-type", "json").lower():
+                refused = _duplicate_key(request, body)
+                if refused is not None:
+                    return refused
+            return await handler(request)
+        return unique
+
+
 class BodyLimit:
     """ASGI middleware: a request body over ``limit`` bytes is 413 (by its
     ``Content-Length``, or counted as it arrives when chunked) before any handler
@@ -770,6 +840,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     app = FastAPI(title="gpushepherd", version=__version__, dependencies=[Depends(principal)],
                   description="GPU workload scheduler: submit jobs, see the queue and why a job waits.",
                   responses=ERROR_RESPONSES)
+    app.router.route_class = UniqueKeysRoute  # every route added below, services' and report's too
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(ResponseCount, metrics=daemon.metrics)  # outermost: a 413 is counted too (note 019)
 
