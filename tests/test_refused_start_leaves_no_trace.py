@@ -1,0 +1,85 @@
+"""A ``shepherd server`` that refuses to start leaves no trace (note 084): what can refuse
+the start - the data dir, the policy file, the Unix socket's place, the port - is checked
+before anything is written, and the socket is bound before ``--policy`` is logged. Before
+the fix a start refused for its ``--socket`` had already applied and logged its policy
+(a later start showed the new version, audited ``ok``), and an invalid policy or a
+new data dir without one left ``shepherd.db`` and ``server.lock`` behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpushepherd.daemon.store import Store
+from test_daemon import POLICY, Server, free_port
+
+V2 = POLICY.replace("ml: {}", "ml: {max_gpus: 2}")
+
+
+def server(data: Path, *args: str) -> subprocess.CompletedProcess:
+    """``shepherd server`` on a free loopback port, to be refused: its exit and output."""
+    cmd = [sys.executable, "-m", "gpushepherd.cli.main", "server", "--data-dir", str(data), "--port",
+           str(free_port()), "--inventory", "static", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def logged(data: Path) -> tuple[list[int], list[str]]:
+    """The policy versions in ``data``'s log and the outcomes of its policy-apply rows."""
+    store = Store(Store.sqlite_url(data))
+    try:
+        versions = [h["version"] for h in store.policy_history()]
+        applies = [e["outcome"] for e in store.audit_entries(actions=["policy-apply"])]
+    finally:
+        store.close()
+    return versions, applies
+
+
+@pytest.mark.parametrize("sock", ["/nonexistent/dir/s.sock",  # refused by the checks before anything
+                                  "/proc/shepherd-test.sock"])  # checks pass, the bind fails (lock held)
+def test_a_start_refused_for_its_socket_logs_no_policy(tmp_path, sock):
+    s = Server(tmp_path)
+    s.start()  # version 1
+    s.stop()
+    assert logged(s.data) == ([1], ["ok"])
+    new = tmp_path / "v2.yaml"
+    new.write_text(V2)
+
+    r = server(s.data, "--policy", str(new), "--socket", sock)
+    assert r.returncode == 2, r.stderr
+    assert f"error: --socket {sock}: cannot listen there" in r.stderr, r.stderr
+    assert "policy version 2" not in r.stderr + r.stdout
+    assert logged(s.data) == ([1], ["ok"])  # nothing applied, nothing audited
+
+    s.start(policy=False)  # a later start without --policy: still version 1
+    try:
+        assert [h["version"] for h in httpx.get(s.url + "/policy/history", timeout=60).json()] == [1]
+    finally:
+        s.stop()
+
+
+def test_an_invalid_policy_or_a_new_data_dir_without_one_creates_nothing(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(POLICY.replace("ml: {}", "ml: {max_gpus: -1}"))
+    data = tmp_path / "d6"
+    r = server(data, "--policy", str(bad))
+    assert r.returncode == 2 and "max_gpus" in r.stderr and "-1 is not allowed" in r.stderr, r.stderr
+    assert not data.exists()
+
+    r = server(data)  # no --policy, no database yet
+    assert r.returncode == 2 and "no policy: pass --policy FILE" in r.stderr, r.stderr
+    assert not data.exists()
+
+    good = tmp_path / "good.yaml"
+    good.write_text(POLICY)
+    r = server(data, "--policy", str(good), "--socket", str(tmp_path / "missing" / "s.sock"))
+    assert r.returncode == 2 and "cannot listen there" in r.stderr, r.stderr
+    assert not data.exists()
+
+    r = server(data, "--policy", str(good), "--host", "0.0.0.0", "--insecure-http")  # a new data dir has no token
+    assert r.returncode == 2 and "only a loopback address" in r.stderr, r.stderr
+    assert not data.exists()
