@@ -1190,10 +1190,11 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                 with daemon.lock:
                     _pol, _raw, new = daemon.check_policy(body.policy, body.source, pol)
                     cur = daemon.policy_view(with_policy=False)
+                    never = daemon.never_start_text(new) if new is not None else ""
                 return {**cur, "dry_run": True, "would_apply": new is not None,
                         "message": f"version {cur['version']} is in force; " + (
-                            f"this policy could be applied now as version {cur['version'] + 1}" if new is not None
-                            else "this policy is identical to it: nothing to apply")}
+                            f"this policy could be applied now as version {cur['version'] + 1}{never}"
+                            if new is not None else "this policy is identical to it: nothing to apply")}
             return daemon.apply_policy(body.policy, body.source, by, pol=pol, who=who)
         except (PolicyError, PolicyConflict) as exc:
             if not dry_run and isinstance(exc, PolicyError):  # the loop audits what it refuses itself

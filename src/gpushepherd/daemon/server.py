@@ -1292,16 +1292,22 @@ class Daemon:
         """The specs of the jobs kept from the core and still waiting (note 021)."""
         return tuple(k.spec for k in self.kept.values() if k.state == "PENDING")
 
-    def _never_start_note(self, new: Scheduler) -> str:
+    def never_start_text(self, new: Scheduler) -> str:
         """``"; N job(s) can never start under it: ..."`` for the jobs no node of ``new``'s
-        cluster could hold (``policy_change.never_start``), logged as a warning; ``""``
-        when none."""
+        cluster could hold (``policy_change.never_start``: the waiting jobs and the kept
+        ones); ``""`` when none. A policy check against the live server (dry run) says it
+        as the apply would."""
         found = never_start(new, self._kept_specs())
         if not found:
             return ""
-        text = (f"; {len(found)} job{'s' if len(found) > 1 else ''} can never start under it: "
+        return (f"; {len(found)} job{'s' if len(found) > 1 else ''} can never start under it: "
                 + "; ".join(f"job {j!r}: {why}" for j, why in found))
-        log.warning("policy in force%s", text)
+
+    def _never_start_note(self, new: Scheduler) -> str:
+        """``never_start_text``, logged as a warning when not empty (an applied policy)."""
+        text = self.never_start_text(new)
+        if text:
+            log.warning("policy in force%s", text)
         return text
 
     def _in_force(self) -> dict:
