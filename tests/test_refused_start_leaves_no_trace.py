@@ -83,3 +83,56 @@ def test_an_invalid_policy_or_a_new_data_dir_without_one_creates_nothing(tmp_pat
     r = server(data, "--policy", str(good), "--host", "0.0.0.0", "--insecure-http")  # a new data dir has no token
     assert r.returncode == 2 and "only a loopback address" in r.stderr, r.stderr
     assert not data.exists()
+
+
+def test_a_relative_socket_in_a_new_relative_data_dir_is_allowed(tmp_path, monkeypatch):
+    """Review of note 084: ``cd X && shepherd server --data-dir B --socket B/s.sock`` was
+    refused ("B is not a folder"): the socket's folder (relative) was compared with the
+    resolved data dir. A folder that is missing says so."""
+    from gpushepherd.cli.daemon import start_failure
+
+    monkeypatch.chdir(tmp_path)
+    policy = tmp_path / "p.yaml"
+    assert start_failure(Path("B"), None, policy, Path("B/s.sock"), "127.0.0.1") is None
+    assert start_failure(Path("B"), None, policy, Path("B/../B/s.sock"), "127.0.0.1") is None
+    why = start_failure(Path("B"), None, policy, Path("C/s.sock"), "127.0.0.1")
+    assert why == "--socket C/s.sock: cannot listen there: C does not exist", why
+    (tmp_path / "F").write_text("")
+    why = start_failure(Path("B"), None, policy, Path("F/s.sock"), "127.0.0.1")
+    assert why == "--socket F/s.sock: cannot listen there: F is not a folder", why
+
+
+def test_a_live_socket_is_never_taken_over_a_stale_one_is(tmp_path):
+    """Review of note 084: ``--socket`` naming another running server's socket removed
+    that file and bound its own. A socket something answers on refuses the start (before
+    anything is written, and again under the lock); a stale one (refused) is replaced."""
+    import socket as socketlib
+
+    from gpushepherd.daemon.unixsock import listen_unix, live_socket
+
+    live = tmp_path / "live.sock"
+    other = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    other.bind(str(live))
+    other.listen(1)
+    try:
+        ino = os.stat(live).st_ino
+        assert live_socket(live)
+        with pytest.raises(OSError, match="another process listens on it"):
+            listen_unix(live)
+        assert os.stat(live).st_ino == ino  # still the other process's
+
+        data = tmp_path / "d"
+        good = tmp_path / "good.yaml"
+        good.write_text(POLICY)
+        r = server(data, "--policy", str(good), "--socket", str(live))
+        assert r.returncode == 2, r.stderr
+        assert f"error: --socket {live}: cannot listen there: another process listens on it" in r.stderr, r.stderr
+        assert os.stat(live).st_ino == ino and not data.exists()
+    finally:
+        other.close()
+    assert not live_socket(live)  # stale now: the file stays, nothing answers
+    sock = listen_unix(live)  # the stale file removed, bound again
+    try:
+        assert live_socket(live)
+    finally:
+        sock.close()
