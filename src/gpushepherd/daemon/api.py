@@ -4,7 +4,8 @@
 Errors: a malformed body is 422 with FastAPI's ``detail`` list, whose ``loc`` names
 the field; a spec the policy refuses is 422 with ``detail`` a list of one entry whose
 ``msg`` names the field, the value and what is allowed; a key given twice in one JSON
-object is 422 naming it and where (``UniqueKeysRoute``, every body); an unknown job is 404.
+object is 422 naming it and where (``UniqueKeysRoute``, every route that reads a body,
+after a 401/403 of the caller); an unknown job is 404.
 Auth: when the database has a token (or the server runs with ``--auth required``),
 every request needs ``Authorization: Bearer TOKEN`` (401 without one or with a wrong or
 expired one); a token may submit as its user for its teams and cancel or read the logs
@@ -519,69 +520,113 @@ class PolicyBody(BaseModel):
 
 
 class _Twice:
-    """The key ``_unique_pairs`` adds to an object that names ``key`` twice (never a JSON key)."""
+    """The key ``_KeysOnce.hook`` adds to an object that names ``key`` twice (never a JSON key)."""
 
     def __init__(self, key: str):
         self.key = key
 
 
-def _unique_pairs(pairs: list) -> dict:
-    """``json.loads``' ``object_pairs_hook``: the object, marked (``_Twice``) when a key repeats."""
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set = set()
-        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
-        out[_Twice(twice)] = None
-    return out
+#: the ASGI scope key of a JSON body's refusal found by ``UniqueKeysRoute`` (a 422 entry),
+#: raised by ``body_keys_once`` once the principal is known (note 084)
+BODY_REFUSAL_KEY = "gpushepherd.body_refusal"
 
 
-def _twice_at(v, path: tuple = ()) -> tuple | None:
-    """The path (keys and indices) of the first key given twice in ``v``, the key last."""
-    if isinstance(v, dict):
-        for k in v:
-            if isinstance(k, _Twice):
-                return (*path, k.key)
-        found = (_twice_at(x, (*path, k)) for k, x in v.items())
-    elif isinstance(v, list):
-        found = (_twice_at(x, (*path, i)) for i, x in enumerate(v))
-    else:
-        return None
-    return next((f for f in found if f is not None), None)
+class _KeysOnce:
+    """``json.loads``' ``object_pairs_hook`` for one body: the object, marked (``_Twice``)
+    when a key repeats, and ``found`` set. A body whose keys are all unique is parsed
+    once with no other pass; only a marked one is walked (``_twice_at``) for the path."""
+
+    def __init__(self):
+        self.found = False
+
+    def hook(self, pairs: list) -> dict:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen: set = set()
+            twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+            out[_Twice(twice)] = None
+            self.found = True
+        return out
 
 
-def _duplicate_key(request: Request, body: bytes) -> JSONResponse | None:
-    """422 naming the first key a JSON ``body`` gives twice in one object (JSON leaves
+def _twice_at(doc) -> tuple | None:
+    """The path (keys and indices) of the first key given twice in ``doc``, the key last:
+    depth first in document order, without recursion (any depth)."""
+    stack: list = [((), doc)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, dict):
+            mark = next((k for k in v if isinstance(k, _Twice)), None)
+            if mark is not None:
+                return (*path, mark.key)
+            stack.extend(((*path, k), x) for k, x in reversed(v.items()) if isinstance(x, (dict, list)))
+        elif isinstance(v, list):
+            stack.extend(((*path, i), x) for i, x in reversed(list(enumerate(v))) if isinstance(x, (dict, list)))
+    return None
+
+
+def _shown(path: tuple) -> str:
+    """A key's path for a message: ``policy.teams.ml``, ``nodes.0.name``; a key that is
+    empty or holds a dot or space quoted (``env."".A``)."""
+    return ".".join(str(k) if isinstance(k, int) or (k and not set(k) & set('. "')) else json.dumps(k)
+                    for k in path)
+
+
+def _body_refusal(request: Request, body: bytes) -> dict | None:
+    """The 422 entry for a JSON ``body`` that gives a key twice in one object (JSON leaves
     it open, Python keeps the last one silently; the policy's YAML loader refuses it too,
-    ``yamlio``; note 084), as the other validation errors do. ``None`` when every key is
-    unique - the parsed body is then the request's ``json()``, read once - or the body is
-    no JSON (FastAPI's own parse then answers)."""
+    ``yamlio``; note 084) or is nested too deeply to read, as the other validation errors
+    name theirs. ``None`` when every key is unique - the parsed body is then the request's
+    ``json()``, read once - or the body is no JSON (FastAPI's own parse then answers)."""
+    keys = _KeysOnce()
     try:
-        doc = json.loads(body, object_pairs_hook=_unique_pairs)
+        doc = json.loads(body, object_pairs_hook=keys.hook)
+    except RecursionError:
+        request._json = None  # FastAPI's parse would fail the same way: the refusal answers first
+        return {"loc": ["body"], "type": "value_error",
+                "msg": "the JSON body is nested too deeply to read: no request of this API needs more than a "
+                       "few levels"}
     except ValueError:
         return None
-    at = _twice_at(doc)
-    if at is None:
-        request._json = doc  # Starlette's cache of ``Request.json()``: FastAPI parses it no more
+    request._json = doc  # Starlette's cache of ``Request.json()``: FastAPI parses it no more
+    if not keys.found:
         return None
-    return JSONResponse(status_code=422, content={"detail": [
-        {"loc": ["body", *at], "type": "value_error",
-         "msg": f"key {at[-1]!r} appears twice in one object (at {'.'.join(map(str, at))}): each key once, as in a "
-                "policy file (which one counts is not defined in JSON)"}]})
+    at = _twice_at(doc)
+    return {"loc": ["body", *at], "type": "value_error",
+            "msg": f"key {at[-1]!r} appears twice in one object (at {_shown(at)}): each key once, as in a "
+                   "policy file (which one counts is not defined in JSON)"}
+
+
+async def body_keys_once(request: HTTPConnection) -> None:
+    """The app's dependency after ``principal``: the refusal ``UniqueKeysRoute`` found in
+    the request's JSON body, a 422 - after a 401/403 of the principal, as FastAPI's other
+    validation errors of a body (note 084).
+
+    Raises:
+        RequestValidationError: a key given twice, or a body nested too deeply.
+    """
+    refusal = request.scope.get(BODY_REFUSAL_KEY)
+    if refusal is not None:
+        raise RequestValidationError([refusal])
 
 
 class UniqueKeysRoute(APIRoute):
-    """The API's routes: a JSON body that gives a key twice in one object is 422 naming
-    it (``_duplicate_key``) before FastAPI reads it, for every route that takes one."""
+    """The API's routes: on a route that reads a JSON body (a body parameter), the body is
+    parsed once here, and a key given twice in one object (or a body nested too deeply)
+    is kept in the scope for ``body_keys_once`` to refuse once the caller is known. A
+    route without a body parameter never reads one (its body is ignored, as before)."""
 
     def get_route_handler(self):
         handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
 
         async def unique(request: Request) -> Response:
             body = await request.body()  # kept by the request: FastAPI reads it again at no cost
             if body and "json" in request.headers.get("content-type", "json").lower():
-                refused = _duplicate_key(request, body)
-                if refused is not None:
-                    return refused
+                refusal = _body_refusal(request, body)
+                if refusal is not None:
+                    request.scope[BODY_REFUSAL_KEY] = refusal
             return await handler(request)
         return unique
 
@@ -850,7 +895,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                                      detail={"error": exc.detail, **extra}, **row))
 
     policy_gate = threading.Semaphore(1)  # one policy validation at a time (note 017)
-    app = FastAPI(title="gpushepherd", version=__version__, dependencies=[Depends(principal)],
+    app = FastAPI(title="gpushepherd", version=__version__,
+                  dependencies=[Depends(principal), Depends(body_keys_once)],  # a 401/403 before a body's 422
                   description="GPU workload scheduler: submit jobs, see the queue and why a job waits.",
                   responses=ERROR_RESPONSES)
     app.router.route_class = UniqueKeysRoute  # every route added below, services' and report's too
