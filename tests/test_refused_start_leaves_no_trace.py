@@ -136,3 +136,37 @@ def test_a_live_socket_is_never_taken_over_a_stale_one_is(tmp_path):
         assert live_socket(live)
     finally:
         sock.close()
+
+
+def test_a_start_refused_at_the_bind_removes_the_data_dir_it_made(tmp_path):
+    """Review of note 084: a refused bind on a new data dir (``--socket /proc/x.sock``,
+    which the checks before the start cannot tell) left ``shepherd.db``, ``server.lock``
+    and ``shepherd.db.open-lock`` behind. The start removes the folders it made and the
+    files it wrote there; a data dir that existed keeps everything."""
+    good = tmp_path / "good.yaml"
+    good.write_text(POLICY)
+    data = tmp_path / "new" / "d"
+    r = server(data, "--policy", str(good), "--socket", "/proc/shepherd-test.sock")
+    assert r.returncode == 2 and "cannot listen there" in r.stderr, r.stderr
+    assert not (tmp_path / "new").exists(), sorted(p.name for p in (tmp_path / "new").rglob("*"))
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "mine.txt").write_text("x")
+    r = server(kept, "--policy", str(good), "--socket", "/proc/shepherd-test.sock")
+    assert r.returncode == 2 and "cannot listen there" in r.stderr, r.stderr
+    assert (kept / "mine.txt").exists() and kept.is_dir()
+
+
+def test_unmake_removes_only_what_a_start_writes(tmp_path):
+    from gpushepherd.cli.daemon import missing_dirs, unmake
+
+    data = tmp_path / "a" / "b"
+    made = missing_dirs(data)
+    assert made == [data, tmp_path / "a"]
+    data.mkdir(parents=True)
+    for name in ("shepherd.db", "server.lock", "shepherd.db.open-lock", "other.txt"):
+        (data / name).write_text("")
+    unmake(made)
+    assert sorted(p.name for p in data.iterdir()) == ["other.txt"]  # not a start's: kept, with its folders
+    assert missing_dirs(tmp_path) == []

@@ -12,6 +12,7 @@ unreachable server exits 1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -718,6 +719,46 @@ def start_failure(data_dir: Path, db: str | None, policy: Path | None, unix: Pat
     return None
 
 
+def missing_dirs(data_dir: Path) -> list[Path]:
+    """The folders a start on ``data_dir`` would create: ``data_dir`` and its missing
+    parents, deepest first (empty when it exists)."""
+    made: list[Path] = []
+    at = data_dir.absolute()
+    while not at.exists() and at != at.parent:
+        made.append(at)
+        at = at.parent
+    return made
+
+
+#: what a start writes in a new data dir before it may still be refused (the database,
+#: its SQLite companions and open lock, the data dir's lock, the socket)
+START_FILES = ("shepherd.db", "shepherd.db-wal", "shepherd.db-shm", "shepherd.db-journal",
+               "shepherd.db.open-lock", "server.lock", "shepherd.sock")
+
+
+def unmake(made: list[Path]) -> None:
+    """Undo a refused start in the data dir it created (``made``, from ``missing_dirs``):
+    remove the files a start writes there (``START_FILES``) and the empty folders, then
+    the folders it made, deepest first. A folder that existed before is never touched,
+    nor anything else found in a made one (it then stays)."""
+    if not made:
+        return
+    data_dir = made[0]
+    for name in START_FILES:
+        with contextlib.suppress(OSError):
+            (data_dir / name).unlink()
+    with contextlib.suppress(OSError):
+        for sub in sorted(data_dir.rglob("*"), key=lambda q: len(q.parts), reverse=True):
+            if sub.is_dir() and not sub.is_symlink():
+                with contextlib.suppress(OSError):
+                    sub.rmdir()  # empty only
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def _store(data_dir: Path, db: str | None, create: bool = False):
     """The store of ``--db`` or ``--data-dir``, upgraded to this code's schema. Without
     ``create`` a ``--data-dir`` must already hold the server's ``shepherd.db`` (the
@@ -1084,6 +1125,7 @@ def register(app: typer.Typer) -> None:
             err.print(f"error: --host {host} --port {port}: cannot listen there: {exc.strerror or exc}",
                       soft_wrap=True)
             raise typer.Exit(2) from None
+        made = missing_dirs(data_dir) if db is None else []  # a refused start removes what it made (note 084)
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after,
@@ -1093,10 +1135,12 @@ def register(app: typer.Typer) -> None:
                             ready_max_step_age_s=ready_max_step_age, dcgm_names=dcgm_names)
         except (SchemaError, ValueError) as exc:  # ValueError: SHEPHERD_RUN_AS, SHEPHERD_CGROUP (note 023)
             sock.close()
+            unmake(made)
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
         except (SQLAlchemyError, OSError) as exc:
             sock.close()
+            unmake(made)
             err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
             raise typer.Exit(2) from None
         if not is_loopback(host):
@@ -1128,6 +1172,9 @@ def register(app: typer.Typer) -> None:
                 sock.close()
                 for listener in bound:
                     listener.close()
+                if made and not isinstance(exc, LockHeld):  # LockHeld: a server that raced into it owns it
+                    daemon.store.close()
+                    unmake(made)
                 if isinstance(exc, (LockHeld, DaemonError, BackendError)):
                     err.print(f"error: {exc}", soft_wrap=True)
                     raise typer.Exit(2) from None
