@@ -104,8 +104,9 @@ def test_a_relative_socket_in_a_new_relative_data_dir_is_allowed(tmp_path, monke
 
 def test_a_live_socket_is_never_taken_over_a_stale_one_is(tmp_path):
     """Review of note 084: ``--socket`` naming another running server's socket removed
-    that file and bound its own. A socket something answers on refuses the start (before
-    anything is written, and again under the lock); a stale one (refused) is replaced."""
+    that file and bound its own. A socket something answers on refuses the start at the
+    bind, under the data dir's lock (a second server on the same data dir is still told
+    the lock is held), the new data dir removed; a stale one (refused) is replaced."""
     import socket as socketlib
 
     from gpushepherd.daemon.unixsock import listen_unix, live_socket

@@ -691,7 +691,7 @@ def start_failure(data_dir: Path, db: str | None, policy: Path | None, unix: Pat
     ``None``: nothing found (the bind itself may still refuse, before the policy is
     logged). The policy file's validity is checked by the caller, with the loader."""
     from gpushepherd.daemon.auth import is_loopback
-    from gpushepherd.daemon.unixsock import is_socket, live_socket
+    from gpushepherd.daemon.unixsock import is_socket
 
     new = db is None and not (data_dir / "shepherd.db").exists()
     if new and policy is None:
@@ -703,9 +703,6 @@ def start_failure(data_dir: Path, db: str | None, policy: Path | None, unix: Pat
         return None
     if unix.is_symlink() or (unix.exists() and not is_socket(unix)):
         return (f"--socket {unix}: cannot listen there: it exists and is not a socket: remove it or choose "
-                "another --socket")
-    if live_socket(unix):
-        return (f"--socket {unix}: cannot listen there: another process listens on it: stop it or choose "
                 "another --socket")
     folder = unix.parent
     if folder.resolve() == data_dir.resolve() and not folder.exists():

@@ -154,7 +154,7 @@ def listen_unix(path: Path, backlog: int = 2048) -> socket.socket:
         raise OSError(f"{path} exists and is not a socket: remove it or choose another --socket")
     if path.exists():
         if live_socket(path):  # another server's (another data dir's) socket: never taken over
-            raise OSError(f"{path}: another process listens on it: stop it or choose another --socket")
+            raise OSError("another process listens on it: stop it or choose another --socket")
         path.unlink()  # stale: its server is gone
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
