@@ -68,6 +68,10 @@ def test_apply_names_a_held_job_it_strands_and_refuses_removing_its_class(fresh,
     d, = r.json()["detail"]
     assert d["job"] == held and d["field"] == "class" and "kept from the scheduler until released" in d["msg"]
     assert version(s) == 1
+    r = post_policy(s, OTHER_TYPE, dry_run="true")  # `policy check --server`: says it before the apply
+    assert r.status_code == 200 and r.json()["would_apply"], r.text
+    assert f"could be applied now as version 2; 1 job can never start under it: job '{held}'" in r.json()["message"]
+    assert version(s) == 1
     r = post_policy(s, OTHER_TYPE)
     assert r.status_code == 200 and r.json()["version"] == 2, r.text
     assert f"1 job can never start under it: job '{held}'" in r.json()["message"]

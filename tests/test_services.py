@@ -297,8 +297,10 @@ def test_service_create_and_delete_are_audited_with_who_what_and_how_it_ended(se
         return [e for e in httpx.get(s.url + "/audit", timeout=60).json() if e["action"].startswith("service-")]
     got = wait_for("the four service rows", lambda: len(rows()) == 4 and rows())
     made, refused, deleted, again = got
+    # who: the server's user (no tokens, not root: every caller is it), never the body's "ana" (note 084)
+    me = __import__("pwd").getpwuid(__import__("os").geteuid()).pw_name
     assert (made["action"], made["outcome"], made["user"], made["team"], made["target"]) == \
-        ("service-create", "ok", "ana", "ml", "audited")
+        ("service-create", "ok", me, "ml", "audited")
     assert made["address"].startswith("127.0.0.1:")
     assert made["detail"]["command"] == f'["{sys.executable}", "-c", "import time; time.sleep(300)"]'
     assert (made["detail"]["class"], made["detail"]["gpus"], made["detail"]["min_replicas"],

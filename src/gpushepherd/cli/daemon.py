@@ -12,6 +12,7 @@ unreachable server exits 1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -693,6 +694,80 @@ def data_dir_failure(data_dir: Path) -> str | None:
     return None
 
 
+def start_failure(data_dir: Path, db: str | None, policy: Path | None, unix: Path | None,
+                  host: str) -> str | None:
+    """Why ``shepherd server`` must refuse to start, found before it writes anything
+    (note 084): a new data dir (no ``shepherd.db``, no ``--db``) without ``--policy`` or
+    on a public address (it has no token yet); a ``--socket`` whose folder is missing,
+    not a folder or not writable, or whose path is something other than a socket.
+    ``None``: nothing found (the bind itself may still refuse, before the policy is
+    logged). The policy file's validity is checked by the caller, with the loader."""
+    from gpushepherd.daemon.auth import is_loopback
+    from gpushepherd.daemon.unixsock import is_socket
+
+    new = db is None and not (data_dir / "shepherd.db").exists()
+    if new and policy is None:
+        return f"no policy: pass --policy FILE (the data dir {str(data_dir)!r} has no database yet)"
+    if new and not is_loopback(host):
+        return (f"--host {host}: only a loopback address (127.0.0.1, ::1) while the database has no API token; "
+                "create one first with `shepherd token create --user U --team T`")
+    if unix is None:
+        return None
+    if unix.is_symlink() or (unix.exists() and not is_socket(unix)):
+        return (f"--socket {unix}: cannot listen there: it exists and is not a socket: remove it or choose "
+                "another --socket")
+    folder = unix.parent
+    if folder.resolve() == data_dir.resolve() and not folder.exists():
+        return None  # the data dir the start makes (data_dir_failure checked it); both sides resolved
+    if not folder.exists():
+        return f"--socket {unix}: cannot listen there: {folder} does not exist"
+    if not folder.is_dir():
+        return f"--socket {unix}: cannot listen there: {folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"--socket {unix}: cannot listen there: {folder} is not writable by this user"
+    return None
+
+
+def missing_dirs(data_dir: Path) -> list[Path]:
+    """The folders a start on ``data_dir`` would create: ``data_dir`` and its missing
+    parents, deepest first (empty when it exists)."""
+    made: list[Path] = []
+    at = data_dir.absolute()
+    while not at.exists() and at != at.parent:
+        made.append(at)
+        at = at.parent
+    return made
+
+
+#: what a start writes in a new data dir before it may still be refused (the database,
+#: its SQLite companions and open lock, the data dir's lock, the socket)
+START_FILES = ("shepherd.db", "shepherd.db-wal", "shepherd.db-shm", "shepherd.db-journal",
+               "shepherd.db.open-lock", "server.lock", "shepherd.sock")
+
+
+def unmake(made: list[Path]) -> None:
+    """Undo a refused start in the data dir it created (``made``, from ``missing_dirs``):
+    remove the files a start writes there (``START_FILES``) and the empty folders, then
+    the folders it made, deepest first. A folder that existed before is never touched,
+    nor anything else found in a made one (it then stays)."""
+    if not made:
+        return
+    data_dir = made[0]
+    for name in START_FILES:
+        with contextlib.suppress(OSError):
+            (data_dir / name).unlink()
+    with contextlib.suppress(OSError):
+        for sub in sorted(data_dir.rglob("*"), key=lambda q: len(q.parts), reverse=True):
+            if sub.is_dir() and not sub.is_symlink():
+                with contextlib.suppress(OSError):
+                    sub.rmdir()  # empty only
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def _store(data_dir: Path, db: str | None, create: bool = False):
     """The store of ``--db`` or ``--data-dir``, upgraded to this code's schema. Without
     ``create`` a ``--data-dir`` must already hold the server's ``shepherd.db`` (the
@@ -1000,7 +1075,8 @@ def register(app: typer.Typer) -> None:
                socket_path: Annotated[Optional[str], typer.Option(
                    "--socket", metavar="PATH", help="The local Unix socket (no token: the kernel names the "
                    "caller's user); default <data-dir>/shepherd.sock; '' for none.")] = None) -> None:
-        """Run the scheduler daemon on this server: the HTTP(S) API (loopback only until tokens exist, HTTPS
+        """Run the scheduler daemon on this server: the HTTP(S) API (loopback only until tokens exist - where
+        a root server takes no action from a tokenless request, note 084 - HTTPS
         or --insecure-http elsewhere) and a local Unix socket, <data-dir>/shepherd.sock, where the caller
         is the Unix user the kernel names (design note 025)."""
         import logging
@@ -1032,11 +1108,25 @@ def register(app: typer.Typer) -> None:
         from sqlalchemy.exc import SQLAlchemyError
 
         from gpushepherd.daemon.migrate import SchemaError
+        from gpushepherd.daemon.unixsock import SOCKET_NAME, UnixListener, peer_protocol
+
+        # everything that can refuse the start is checked before anything is written (note 084):
+        # the data dir, the policy file, the socket's place, the port; a refused start leaves no trace
+        unix = None if socket_path == "" else Path(socket_path) if socket_path else \
+            data_dir.resolve() / SOCKET_NAME
         why = data_dir_failure(data_dir)
         if why:
             err.print(f"error: {why}", soft_wrap=True)
             raise typer.Exit(2)
         tls = _tls_files(tls_cert, tls_key, host, insecure_http)
+        why = start_failure(data_dir, db, policy, unix, host)
+        if why:
+            err.print(f"error: {why}", soft_wrap=True)
+            raise typer.Exit(2)
+        if policy is not None:
+            from gpushepherd.policy.load import policy_from_dict, read_policy_dict
+            with _errors():  # the server's loader, as the start will run it (an invalid file: one error line)
+                policy_from_dict(read_policy_dict(policy), source=str(policy))
         from gpushepherd.daemon.connlimit import guarded_protocol, listen_socket
         try:  # bound before the data dir is touched: a port in use creates no database or lock file
             sock, listen = listen_socket(host, port)
@@ -1044,6 +1134,7 @@ def register(app: typer.Typer) -> None:
             err.print(f"error: --host {host} --port {port}: cannot listen there: {exc.strerror or exc}",
                       soft_wrap=True)
             raise typer.Exit(2) from None
+        made = missing_dirs(data_dir) if db is None else []  # a refused start removes what it made (note 084)
         try:
             daemon = Daemon(data_dir, db, policy, inventory=inventory, sample_every=sample_every, node=node,
                             idle_threshold_pct=idle_threshold_pct, idle_after_s=idle_after,
@@ -1053,10 +1144,12 @@ def register(app: typer.Typer) -> None:
                             ready_max_step_age_s=ready_max_step_age, dcgm_names=dcgm_names)
         except (SchemaError, ValueError) as exc:  # ValueError: SHEPHERD_RUN_AS, SHEPHERD_CGROUP (note 023)
             sock.close()
+            unmake(made)
             err.print(f"error: {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
         except (SQLAlchemyError, OSError) as exc:
             sock.close()
+            unmake(made)
             err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
             raise typer.Exit(2) from None
         if not is_loopback(host):
@@ -1067,28 +1160,39 @@ def register(app: typer.Typer) -> None:
                           soft_wrap=True)
                 raise typer.Exit(2)
             auth = "required"  # reachable from other machines: never open, even if every token is revoked
-        from gpushepherd.daemon.unixsock import SOCKET_NAME, UnixListener, peer_protocol
-
-        unix = None if socket_path == "" else Path(socket_path) if socket_path else daemon.data_dir / SOCKET_NAME
         if tls:
             listen = "https" + listen[len("http"):]
+        bound: list = []  # the Unix socket's listener, once bound
+
+        def bind_socket() -> None:
+            """Bind the Unix socket once the data dir's lock is held (a stale file is
+            removed, never a live one) and before the policy is taken: a socket that
+            cannot be bound refuses the start with nothing logged (note 084)."""
+            try:
+                bound.append(UnixListener(unix))
+            except OSError as exc:
+                raise DaemonError(f"--socket {unix}: cannot listen there: {exc.strerror or exc}") from None
+
         with _errors():
             try:
-                daemon.start(listen=listen + (f"; local socket {unix}" if unix else ""))
-            except (LockHeld, DaemonError, BackendError) as exc:
-                err.print(f"error: {exc}", soft_wrap=True)
-                raise typer.Exit(2) from None
-            except SQLAlchemyError as exc:
-                err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
-                raise typer.Exit(2) from None
-        listener = None
-        try:
-            if unix is not None:  # bound once the data dir's lock is held: a stale file is removed, never a live one
-                try:
-                    listener = UnixListener(unix)
-                except OSError as exc:
-                    err.print(f"error: --socket {unix}: cannot listen there: {exc.strerror or exc}", soft_wrap=True)
+                daemon.start(listen=listen + (f"; local socket {unix}" if unix else ""),
+                             prepare=bind_socket if unix is not None else None)
+            except BaseException as exc:
+                sock.close()
+                for listener in bound:
+                    listener.close()
+                if made and not isinstance(exc, LockHeld):  # LockHeld: a server that raced into it owns it
+                    daemon.store.close()
+                    unmake(made)
+                if isinstance(exc, (LockHeld, DaemonError, BackendError)):
+                    err.print(f"error: {exc}", soft_wrap=True)
                     raise typer.Exit(2) from None
+                if isinstance(exc, SQLAlchemyError):
+                    err.print(f"error: {db_failure(data_dir, db, exc)}", soft_wrap=True)
+                    raise typer.Exit(2) from None
+                raise
+        listener = bound[0] if bound else None
+        try:
             app_ = make_app(daemon, auth_required=auth == "required")
             from gpushepherd.daemon.tuning import tune_server_process
 

@@ -3,7 +3,9 @@
 
 Errors: a malformed body is 422 with FastAPI's ``detail`` list, whose ``loc`` names
 the field; a spec the policy refuses is 422 with ``detail`` a list of one entry whose
-``msg`` names the field, the value and what is allowed; an unknown job is 404.
+``msg`` names the field, the value and what is allowed; a key given twice in one JSON
+object is 422 naming it and where (``UniqueKeysRoute``, every route that reads a body,
+after a 401/403 of the caller); an unknown job is 404.
 Auth: when the database has a token (or the server runs with ``--auth required``),
 every request needs ``Authorization: Bearer TOKEN`` (401 without one or with a wrong or
 expired one); a token may submit as its user for its teams and cancel or read the logs
@@ -12,10 +14,16 @@ every valid token; ``/healthz`` and ``/readyz`` need none (Kubernetes probes sen
 note 019). On the local Unix socket the caller is the Unix user the kernel names, no
 token; a policy's ``teams.X.members`` limits team X to its members on both paths
 (``gpushepherd.daemon.auth``, note 025). A server that runs jobs as their Unix users
-(root, note 023) takes a submission only from a caller who says who it is (a token, or
-the socket). Every submission, cancel, job action, policy apply and token use is in the
-audit log (``GET /audit``, note 023). Handlers are plain functions (FastAPI runs them
-in its thread pool): they read the core under the daemon's lock and hand changes to the
+(root, note 023) takes nothing from a caller who does not say who it is (HTTP without a
+token): it reads what anyone reads and may not submit, cancel, hold, release, update,
+requeue, attach, apply a policy, create or delete a service, push a signal, read logs, the
+audit log or another job's private fields (403 saying how to authenticate: the socket or a
+token; ``auth.ANONYMOUS``, note 084). A server not run as root runs every job as itself:
+a tokenless caller is that user, and is recorded as it (a body's ``user`` is never
+recorded as who acted unless it is the caller's authenticated identity). Every
+submission, cancel, job action, policy apply and token use is in the audit log
+(``GET /audit``, note 023). Handlers are plain functions (FastAPI runs them in its
+thread pool): they read the core under the daemon's lock and hand changes to the
 reconcile loop; ``POST /jobs`` and the token check run on the event loop instead (no
 thread hops on the submission path). One WebSocket route, ``/jobs/{id}/attach`` (a pty
 job's terminal, note 041; not in the OpenAPI schema, which has no WebSockets), is
@@ -41,6 +49,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from starlette.requests import HTTPConnection
 
@@ -48,8 +57,8 @@ from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
 from gpushepherd.durations import api_seconds
 from gpushepherd.daemon.arrays import parse_array
-from gpushepherd.daemon.auth import (METRICS_PATH, NO_MEMBERS, NO_TOKEN, Membership, Principal, is_member,
-                                    membership_of, socket_principal)
+from gpushepherd.daemon.auth import (ANONYMOUS, METRICS_PATH, NO_MEMBERS, NO_TOKEN, Membership, Principal, is_member,
+                                    membership_of, socket_principal, user_of_uid)
 from gpushepherd.daemon.cgroups import MIN_MEM_MIB
 from gpushepherd.daemon.deps import BEGIN_RULE, DEPENDENCY_RULE, parse_begin, parse_dependency
 from gpushepherd.daemon.jobpages import (MAX_PAGE_LIMIT, PAGE_LIMIT, JobIndex, decode_cursor, encode_cursor,
@@ -521,8 +530,121 @@ class PolicyBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     policy: dict = Field(description="the parsed policy file (see docs/policy.md)")
     source: str = Field("", max_length=4096, description="the file it came from, for messages and history")
-    user: str = Field("", max_length=255, description="who applies it when the server has no tokens "
-                      "(with a token: the token's user)")
+    user: str = Field("", max_length=255, description="who the client says applies it: never recorded as who "
+                      "did (that is the token's user, the socket's caller, or on a server not run as root without "
+                      "tokens the server's user; note 084); a refusal's audit row keeps it as claimed_user")
+
+
+class _Twice:
+    """The key ``_KeysOnce.hook`` adds to an object that names ``key`` twice (never a JSON key)."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+
+#: the ASGI scope key of a JSON body's refusal found by ``UniqueKeysRoute`` (a 422 entry),
+#: raised by ``body_keys_once`` once the principal is known (note 084)
+BODY_REFUSAL_KEY = "gpushepherd.body_refusal"
+
+
+class _KeysOnce:
+    """``json.loads``' ``object_pairs_hook`` for one body: the object, marked (``_Twice``)
+    when a key repeats, and ``found`` set. A body whose keys are all unique is parsed
+    once with no other pass; only a marked one is walked (``_twice_at``) for the path."""
+
+    def __init__(self):
+        self.found = False
+
+    def hook(self, pairs: list) -> dict:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen: set = set()
+            twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+            out[_Twice(twice)] = None
+            self.found = True
+        return out
+
+
+def _twice_at(doc) -> tuple | None:
+    """The path (keys and indices) of the first key given twice in ``doc``, the key last:
+    depth first in document order, without recursion (any depth)."""
+    stack: list = [((), doc)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, dict):
+            mark = next((k for k in v if isinstance(k, _Twice)), None)
+            if mark is not None:
+                return (*path, mark.key)
+            stack.extend(((*path, k), x) for k, x in reversed(v.items()) if isinstance(x, (dict, list)))
+        elif isinstance(v, list):
+            stack.extend(((*path, i), x) for i, x in reversed(list(enumerate(v))) if isinstance(x, (dict, list)))
+    return None
+
+
+def _shown(path: tuple) -> str:
+    """A key's path for a message: ``policy.teams.ml``, ``nodes.0.name``; a key that is
+    empty or holds a dot or space quoted (``env."".A``)."""
+    return ".".join(str(k) if isinstance(k, int) or (k and not set(k) & set('. "')) else json.dumps(k)
+                    for k in path)
+
+
+def _body_refusal(request: Request, body: bytes) -> dict | None:
+    """The 422 entry for a JSON ``body`` that gives a key twice in one object (JSON leaves
+    it open, Python keeps the last one silently; the policy's YAML loader refuses it too,
+    ``yamlio``; note 084) or is nested too deeply to read, as the other validation errors
+    name theirs. ``None`` when every key is unique - the parsed body is then the request's
+    ``json()``, read once - or the body is no JSON (FastAPI's own parse then answers)."""
+    keys = _KeysOnce()
+    try:
+        doc = json.loads(body, object_pairs_hook=keys.hook)
+    except RecursionError:
+        request._json = None  # FastAPI's parse would fail the same way: the refusal answers first
+        return {"loc": ["body"], "type": "value_error",
+                "msg": "the JSON body is nested too deeply to read: no request of this API needs more than a "
+                       "few levels"}
+    except ValueError:
+        return None
+    request._json = doc  # Starlette's cache of ``Request.json()``: FastAPI parses it no more
+    if not keys.found:
+        return None
+    at = _twice_at(doc)
+    return {"loc": ["body", *at], "type": "value_error",
+            "msg": f"key {at[-1]!r} appears twice in one object (at {_shown(at)}): each key once, as in a "
+                   "policy file (which one counts is not defined in JSON)"}
+
+
+async def body_keys_once(request: HTTPConnection) -> None:
+    """The app's dependency after ``principal``: the refusal ``UniqueKeysRoute`` found in
+    the request's JSON body, a 422 - after a 401/403 of the principal, as FastAPI's other
+    validation errors of a body (note 084).
+
+    Raises:
+        RequestValidationError: a key given twice, or a body nested too deeply.
+    """
+    refusal = request.scope.get(BODY_REFUSAL_KEY)
+    if refusal is not None:
+        raise RequestValidationError([refusal])
+
+
+class UniqueKeysRoute(APIRoute):
+    """The API's routes: on a route that reads a JSON body (a body parameter), the body is
+    parsed once here, and a key given twice in one object (or a body nested too deeply)
+    is kept in the scope for ``body_keys_once`` to refuse once the caller is known. A
+    route without a body parameter never reads one (its body is ignored, as before)."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def unique(request: Request) -> Response:
+            body = await request.body()  # kept by the request: FastAPI reads it again at no cost
+            if body and "json" in request.headers.get("content-type", "json").lower():
+                refusal = _body_refusal(request, body)
+                if refusal is not None:
+                    request.scope[BODY_REFUSAL_KEY] = refusal
+            return await handler(request)
+        return unique
 
 
 class BodyLimit:
@@ -604,13 +726,13 @@ def check_submitter(p: Principal | None, body, per_user: bool = False) -> None:
     ``user`` defaults to the principal's. The same rule for jobs and services (note 017:
     ``POST /services`` skipped the user check). ``per_user``: the server runs jobs as
     their Unix users (note 023), so a caller who does not say who it is (no token, not
-    the socket) may not submit: it could name any user, root too.
+    the socket; ``auth.ANONYMOUS`` there) may not submit: it could name any user, root too.
 
     Raises:
         HTTPException: 403 naming the field, the value and what the token allows.
     """
-    if p is None:
-        if per_user:
+    if p is None or p.anonymous:
+        if per_user or p is not None:
             raise HTTPException(403, f"user: {body.user!r} is not allowed without a token: this server runs each "
                                      "job as its Unix user, so it must know who submits (its Unix socket, or "
                                      "shepherd token create --user U, then --token or $SHEPHERD_TOKEN)")
@@ -624,18 +746,21 @@ def check_submitter(p: Principal | None, body, per_user: bool = False) -> None:
     body.user = body.user or p.user
 
 
-def who_of(request: HTTPConnection, p: Principal | None, claimed: str = "") -> dict:
-    """``who`` of an audit row (note 023): the principal's user and token id, or -
-    without auth - the user the request claims (``claimed``, unverified); ``uid``: the
-    Unix uid the kernel vouches for (the local socket's caller, note 025; ``None`` over
-    TCP); ``address``: the client's ``HOST:PORT``, or ``unix socket (pid N)``."""
+def who_of(request: HTTPConnection, p: Principal | None) -> dict:
+    """``who`` of an audit row (note 023): the principal's user and token id (``''``,
+    shown ``-``, for ``auth.ANONYMOUS``), or - ``p`` ``None``: a server not run as root
+    without tokens, where every caller is the server's user - this process's user, never
+    a name the request gives (note 084); ``uid``: the Unix uid the kernel vouches for (the
+    local socket's caller, note 025; ``None`` over TCP); ``address``: the client's
+    ``HOST:PORT``, or ``unix socket (pid N)``."""
     peer = request.scope.get(PEER_KEY)
     client = request.client
     if peer is not None:
         address = f"unix socket (pid {peer.pid})"
     else:
         address = f"{client.host}:{client.port}" if client is not None and client.host else None
-    return {"user": p.user if p is not None else claimed, "token_id": p.token_id if p is not None else None,
+    return {"user": p.user if p is not None else user_of_uid(os.geteuid()),
+            "token_id": p.token_id if p is not None else None,
             "uid": p.uid if p is not None else None, "address": address}
 
 
@@ -689,7 +814,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         if len(refused_at) >= MAX_REFUSED_CLIENTS:
             refused_at.clear()
         refused_at[host] = now
-        daemon.audit_later(audit_row(now, "token-refused", who_of(request, None), "denied",
+        daemon.audit_later(audit_row(now, "token-refused", who_of(request, ANONYMOUS), "denied",
                                      detail={**what, "error": why}))
 
     members_cache: list = [None, NO_MEMBERS]  # [version, Membership] of the policy in force
@@ -717,7 +842,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         """
         if request.url.path in PROBE_PATHS:
             return None  # a probe reads no job and sends no token
-        if cred is None and not auth_required and request.scope.get(PEER_KEY) is None \
+        if cred is None and not auth_required and not per_user and request.scope.get(PEER_KEY) is None \
                 and request.scope.get("method") == "POST" and request.url.path == "/jobs" \
                 and daemon.store.never_had_tokens_cached():
             # a submission without a token to a server open at the last look: the loop step
@@ -729,8 +854,9 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         peer = request.scope.get(PEER_KEY)
         if peer is not None:
             return replace(socket_principal(peer.uid, open_teams=not auth_on), membership=membership())
-        if not auth_on:
-            return None  # never had a token: open (loopback only); revoking every token never reopens it
+        if not auth_on:  # never had a token: open (loopback only); revoking every token never reopens it
+            # jobs run as their users: a caller who says nothing acts for no one (note 084)
+            return ANONYMOUS if per_user else None
         p = daemon.store.authenticate(cred.credentials, active) if cred is not None else None
         if p is None:
             why = NO_TOKEN if cred is None else "the token is unknown or revoked"
@@ -778,14 +904,18 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     def deny(request: HTTPConnection, p: Principal | None, action: str, exc: HTTPException, claimed: str = "",
              **row) -> None:
-        """An audit row for an action refused by the API itself (403)."""
-        daemon.audit_later(audit_row(time.time(), action, who_of(request, p, claimed), "denied",
-                                     detail={"error": exc.detail}, **row))
+        """An audit row for an action refused by the API itself (403); ``claimed``: the
+        ``user`` the body named, kept as ``claimed_user`` in the detail (never as who)."""
+        extra = {"claimed_user": claimed} if claimed and (p is None or claimed != p.user) else {}
+        daemon.audit_later(audit_row(time.time(), action, who_of(request, p), "denied",
+                                     detail={"error": exc.detail, **extra}, **row))
 
     policy_gate = threading.Semaphore(1)  # one policy validation at a time (note 017)
-    app = FastAPI(title="gpushepherd", version=__version__, dependencies=[Depends(principal)],
+    app = FastAPI(title="gpushepherd", version=__version__,
+                  dependencies=[Depends(principal), Depends(body_keys_once)],  # a 401/403 before a body's 422
                   description="GPU workload scheduler: submit jobs, see the queue and why a job waits.",
                   responses=ERROR_RESPONSES)
+    app.router.route_class = UniqueKeysRoute  # every route added below, services' and report's too
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(ResponseCount, metrics=daemon.metrics)  # outermost: a 413 is counted too (note 019)
 
@@ -826,8 +956,10 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
 
     def sees_all(p: Principal | None, user: str | None, team: str | None) -> bool:
         """Whether ``p`` sees a job's private fields (``PRIVATE_FIELDS``: name, command,
-        cwd, env, paths): no principal (tokens off), an admin, the job's user or a member
-        of its team (note 023)."""
+        cwd, env, paths): no principal (tokens off on a server not run as root), an admin,
+        the job's user or a member of its team (note 023); never ``auth.ANONYMOUS``."""
+        if p is not None and p.anonymous:
+            return False
         return p is None or p.admin or user == p.user or p.may_act_for(team or "")
 
     class SeenFilter:
@@ -881,7 +1013,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                 confirm_open(request)
             deny(request, p, "submit", exc, claimed=body.user, team=body.team)
             raise
-        who = who_of(request, p, body.user)
+        who = who_of(request, p)
         idem = None
         if idempotency_key is not None:
             if not _IDEM_KEY.fullmatch(idempotency_key):
@@ -975,7 +1107,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         user (``shepherd queue --me`` then means ``$USER``). On the Unix socket: the
         kernel's user, ``via`` ``"socket"``, its ``uid``, and as ``teams`` those whose
         policy members list it (note 025)."""
-        if p is None:
+        if p is None or p.anonymous:  # anonymous: tokenless HTTP to a root server acts for no one (note 084)
             return {"auth": False, "user": None, "teams": [], "admin": False}
         if p.via_socket:  # the kernel's user (note 025): its teams are those whose members list it
             teams = [t for t, entries in p.membership.teams.items() if p.admin or is_member(p.user, entries)]
@@ -1008,9 +1140,11 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             user, team = daemon.job_user(job_id), daemon.job_team(job_id)
         if user is None:
             raise HTTPException(404, f"job {job_id!r}: no such job")
-        if p is not None and not p.admin and p.user != user:
+        if p is not None and not p.admin and (p.anonymous or p.user != user):
+            caller = (p.refusal("") if p.anonymous else
+                      f"this {'socket caller' if p.via_socket else 'token'} is user {p.user!r}")
             denied = HTTPException(403, f"job {job_id!r} is user {user!r}'s: only its user or an admin may {verb} "
-                                        f"(this {'socket caller' if p.via_socket else 'token'} is user {p.user!r})")
+                                        f"({caller})")
             deny(request, p, action, denied, team=team, target=job_id)
             raise denied
 
@@ -1102,12 +1236,13 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         node below the GPUs in use (naming each job and field). Identical to the policy
         in force: ``applied`` false. ``dry_run``: any valid token; changes nothing."""
         if p is not None and not p.admin and not dry_run:
+            why = p.refusal("") if p.anonymous else f"user {p.user!r} is not an admin"
             denied = HTTPException(403, f"applying a policy needs an admin token (or, on the Unix socket, root or "
-                                        f"the server's own user): user {p.user!r} is not an admin")
-            deny(request, p, "policy-apply", denied, target=None)
+                                        f"the server's own user): {why}")
+            deny(request, p, "policy-apply", denied, claimed=body.user, target=None)
             raise denied
-        by = p.user if p is not None else body.user
-        who = who_of(request, p, body.user)
+        who = who_of(request, p)  # never the body's user (note 084): it says who applies, not who may
+        by = who["user"]
         try:
             # validated here, in this request's thread, outside the daemon's lock and one at
             # a time (note 017): the loop only checks it against the live jobs
@@ -1117,10 +1252,11 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                 with daemon.lock:
                     _pol, _raw, new = daemon.check_policy(body.policy, body.source, pol)
                     cur = daemon.policy_view(with_policy=False)
+                    never = daemon.never_start_text(new) if new is not None else ""
                 return {**cur, "dry_run": True, "would_apply": new is not None,
                         "message": f"version {cur['version']} is in force; " + (
-                            f"this policy could be applied now as version {cur['version'] + 1}" if new is not None
-                            else "this policy is identical to it: nothing to apply")}
+                            f"this policy could be applied now as version {cur['version'] + 1}{never}"
+                            if new is not None else "this policy is identical to it: nothing to apply")}
             return daemon.apply_policy(body.policy, body.source, by, pol=pol, who=who)
         except (PolicyError, PolicyConflict) as exc:
             if not dry_run and isinstance(exc, PolicyError):  # the loop audits what it refuses itself
@@ -1145,6 +1281,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         """The teams whose audit entries non-admin ``p`` reads: a token's teams; on the
         socket the policy's teams it may act for (``None``: every team - a policy of no
         teams on a server without tokens)."""
+        if p.anonymous:
+            return []
         if not p.via_socket:
             return list(p.teams)
         known = daemon.rules.teams
@@ -1163,15 +1301,17 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                                          "service-create, service-delete, attach (a refused terminal attach)"),
               limit: int = Query(AUDIT_LIMIT, ge=1, le=MAX_AUDIT_LIMIT, description="the newest this many"),
               p: Principal | None = Depends(principal)) -> list:
-        """The audit log (note 023), oldest first: who (``user``: the token's, or the one a
-        request without tokens claimed; ``token_id``; ``uid``: the Unix uid the kernel vouches
+        """The audit log (note 023), oldest first: who (``user``: the token's or the socket
+        caller's; without tokens the server's own user on a server not run as root, ``''``
+        for a tokenless request to a root one, note 084; ``token_id``; ``uid``: the Unix uid the kernel vouches
         for, for local commands; ``address``: the client's HOST:PORT, or ``local (COMMAND)``),
         ``action``, ``team``, ``target`` (job id, token id, policy version), ``outcome`` (ok,
         denied: 403, refused: 422/409, failed: storage) and ``detail`` (what). An admin token
         sees every entry; another token only the entries about jobs of its teams (submits,
         cancels and job actions of its teams, its teams' 403s) - never policy or token
         entries; a Unix-socket caller who is no admin those of the teams it may act for
-        (its members lists); without tokens, everything.
+        (its members lists); without tokens, everything on a server not run as root and
+        nothing (403) for a tokenless request to a root one.
 
         Raises:
             HTTPException: 403 for a caller of no team (the audit log is for admins and
@@ -1181,9 +1321,10 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             return None if v is None else [x.strip() for x in v.split(",") if x.strip()]
         teams = None if p is None or p.admin else audit_teams(p)
         if teams == []:
-            raise HTTPException(403, f"the audit log is not allowed for user {p.user!r}: it is read by admins (root "
-                                "or the server's user on the socket, an admin token) and by a team's members for "
-                                "their team's jobs (design note 023), and this user may act for no team")
+            why = p.refusal("") if p.anonymous else "this user may act for no team"
+            raise HTTPException(403, f"the audit log is not allowed for user {p.user or '-'!r}: it is read by admins "
+                                "(root or the server's user on the socket, an admin token) and by a team's members "
+                                f"for their team's jobs (design note 023), and {why}")
         return daemon.store.audit_entries(since=since, users=items(user), teams=teams, actions=items(action),
                                           limit=limit)
 

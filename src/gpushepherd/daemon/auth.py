@@ -14,6 +14,13 @@ resolved with ``grp`` at each check) may be acted for by its members only, on ei
 path; a token must also carry the team. A team without ``members`` keeps the token's
 teams as the rule; on the socket it is open while the server has no tokens, else
 admin-only (note 025).
+
+A request over TCP without a token to a server that runs jobs as their Unix users
+(root, note 023) says nothing the server can check: it is the ``ANONYMOUS`` principal,
+which may read what any caller reads and nothing more - it acts for no team and no
+user, submits, cancels, changes, attaches to and applies nothing, and sees no job's
+private fields (note 084). A server not run as root runs every job as itself: there a
+tokenless caller is that user (``None`` principal, as before tokens exist).
 """
 
 from __future__ import annotations
@@ -36,6 +43,11 @@ SCOPES = ("api", "metrics")
 METRICS_PATH = "/metrics"
 #: the 401 of a request without a token once the database has (or had) one
 NO_TOKEN = "no token: send 'Authorization: Bearer TOKEN' (shepherd ... --token, or $SHEPHERD_TOKEN)"
+#: why the ``ANONYMOUS`` principal may not act: how to say who one is
+UNAUTHENTICATED = ("this request does not say who sends it (HTTP without a token) and this server runs each job as "
+                   "its Unix user, so it acts for no one: use its Unix socket (shepherd ... without --server; the "
+                   "kernel names your user) or a token (shepherd token create --user U --team T, then --token or "
+                   "$SHEPHERD_TOKEN)")
 
 
 @dataclass(frozen=True)
@@ -102,14 +114,17 @@ class Principal:
     uid: int | None = None
     open_teams: bool = False
     membership: Membership = field(default=NO_MEMBERS, compare=False)
+    anonymous: bool = False
 
     @property
     def via_socket(self) -> bool:
-        return self.token_id is None
+        return self.token_id is None and not self.anonymous
 
     def refusal(self, team: str) -> str | None:
         """Why this principal may not submit for, cancel jobs of or read logs of
         ``team``; ``None``: it may. Rules: this module's docstring."""
+        if self.anonymous:
+            return UNAUTHENTICATED
         if self.admin:
             return None
         listed = self.membership.teams.get(team)
@@ -135,6 +150,11 @@ class Principal:
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires is not None and self.expires <= (time.time() if now is None else now)
+
+
+#: a tokenless TCP caller of a server that runs jobs as their Unix users (this module's
+#: docstring): no user, no team, no admin; audited as user ``-``
+ANONYMOUS = Principal(None, "", (), anonymous=True)
 
 
 def user_of_uid(uid: int) -> str:

@@ -64,7 +64,8 @@ class ReplayCache:
 
 
 def teams_in_scope(p: Principal | None, teams: set[str]) -> list[str] | None:
-    """The teams of ``teams`` the caller may see; ``None``: all (an admin, or no auth)."""
+    """The teams of ``teams`` the caller may see; ``None``: all (an admin, or no auth on a
+    server not run as root); none for ``auth.ANONYMOUS`` (its ``refusal`` is never ``None``)."""
     if p is None or p.admin:
         return None
     return sorted(t for t in teams if p.refusal(t) is None)

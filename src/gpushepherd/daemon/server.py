@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -441,11 +442,14 @@ class Daemon:
         self.last_step_error: tuple[float, str] | None = None
 
     # ------------------------------------------------------------ start / stop
-    def start(self, listen: str | None = None) -> None:
+    def start(self, listen: str | None = None, prepare: Callable[[], None] | None = None) -> None:
         """Take the database lock, rebuild the core from the log, reconcile processes
         and start the loop thread. The first line it logs is ``startup_line(listen)``
         (``listen``: where the API is served, ``http://HOST:PORT``): the lines the start
         writes before it knows the policy in force are held until then (``HeldLog``).
+        ``prepare``: called once both locks are held and before ``--policy`` is taken or
+        anything logged (the CLI binds the Unix socket there, note 084); what it raises
+        refuses the start, the locks released and nothing written.
 
         Raises:
             LockHeld: another server holds the database or the data directory.
@@ -457,7 +461,7 @@ class Daemon:
         held = HeldLog()
         held.hold()
         try:
-            self._start(now)
+            self._start(now, prepare)
         except BaseException:
             held.hand_on()
             raise
@@ -475,7 +479,7 @@ class Daemon:
                 f"{cur.get('source') or '?'} (applied {when} by {cur.get('by') or '?'}); data dir {self.data_dir}, "
                 f"database {self.store.display_url}, backend {self.backend.kind}, pid {os.getpid()}{runs}")
 
-    def _start(self, now: float) -> None:
+    def _start(self, now: float, prepare: Callable[[], None] | None = None) -> None:
         self._lock_data_dir()
         try:
             self.store.acquire_lock(now)
@@ -484,6 +488,8 @@ class Daemon:
             raise
         self._beat = now
         try:
+            if prepare is not None:
+                prepare()
             self._load_policy(now)
             if self.backend.kind == "local":  # note 023: as whom jobs run, and how they are contained
                 log.info("jobs: %s", self.backend.describe())
@@ -1286,16 +1292,22 @@ class Daemon:
         """The specs of the jobs kept from the core and still waiting (note 021)."""
         return tuple(k.spec for k in self.kept.values() if k.state == "PENDING")
 
-    def _never_start_note(self, new: Scheduler) -> str:
+    def never_start_text(self, new: Scheduler) -> str:
         """``"; N job(s) can never start under it: ..."`` for the jobs no node of ``new``'s
-        cluster could hold (``policy_change.never_start``), logged as a warning; ``""``
-        when none."""
+        cluster could hold (``policy_change.never_start``: the waiting jobs and the kept
+        ones); ``""`` when none. A policy check against the live server (dry run) says it
+        as the apply would."""
         found = never_start(new, self._kept_specs())
         if not found:
             return ""
-        text = (f"; {len(found)} job{'s' if len(found) > 1 else ''} can never start under it: "
+        return (f"; {len(found)} job{'s' if len(found) > 1 else ''} can never start under it: "
                 + "; ".join(f"job {j!r}: {why}" for j, why in found))
-        log.warning("policy in force%s", text)
+
+    def _never_start_note(self, new: Scheduler) -> str:
+        """``never_start_text``, logged as a warning when not empty (an applied policy)."""
+        text = self.never_start_text(new)
+        if text:
+            log.warning("policy in force%s", text)
         return text
 
     def _in_force(self) -> dict:

@@ -89,7 +89,9 @@ def mount_services(app: FastAPI, daemon: Daemon, principal) -> None:
         else:
             outcome, error = audit_outcome(exc), str(exc)
         detail = {**row.pop("detail", {}), "error": str(error)[:2000]}
-        daemon.audit_later(audit_row(time.time(), action, who_of(request, p, claimed), outcome, detail=detail, **row))
+        if claimed and (p is None or claimed != p.user):  # the body's user: never recorded as who (note 084)
+            detail["claimed_user"] = claimed
+        daemon.audit_later(audit_row(time.time(), action, who_of(request, p), outcome, detail=detail, **row))
 
     def found(name: str):
         svc = daemon.services.live(name)
@@ -108,7 +110,7 @@ def mount_services(app: FastAPI, daemon: Daemon, principal) -> None:
         try:
             check_submitter(p, body, daemon.backend.kind == "local" and daemon.backend.run_as.per_user)  # as POST /jobs
             return daemon.services.create(body.config(), body.spec(), body.command, body.shell, body.env, body.cwd,
-                                          who=who_of(request, p, body.user))
+                                          who=who_of(request, p))
         except ServiceError as exc:
             audit_failed(request, p, "service-create", HTTPException(422, f"{exc.field}: {exc}"), claimed, **row)
             return _refused(exc.field, str(exc))

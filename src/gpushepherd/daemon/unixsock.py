@@ -98,6 +98,27 @@ def is_socket(path: Path) -> bool:
         return False
 
 
+def live_socket(path: Path, timeout: float = 1.0) -> bool:
+    """Whether a process answers on the Unix socket ``path``: ``connect`` succeeds, or
+    fails other than refused (a full backlog, no permission: someone may be there). A
+    missing path, one that is no socket, or a refused connection (a stale file, its
+    server gone) is ``False``."""
+    if not is_socket(path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(timeout)
+    try:
+        with short_path(path) as where:
+            probe.connect(where)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return True
+
+
 class UnixListener:
     """A listening Unix socket bound to ``path`` (``sock``), and the inode of the file
     it made: ``close`` removes that file only, never one a later server bound there."""
@@ -127,12 +148,14 @@ def listen_unix(path: Path, backlog: int = 2048) -> socket.socket:
 
     Raises:
         OSError: the directory is missing or not writable; ``path`` is something other
-            than a socket (never removed).
+            than a socket, or a socket another process answers on (never removed).
     """
     if path.is_symlink() or (path.exists() and not is_socket(path)):
         raise OSError(f"{path} exists and is not a socket: remove it or choose another --socket")
     if path.exists():
-        path.unlink()
+        if live_socket(path):  # another server's (another data dir's) socket: never taken over
+            raise OSError("another process listens on it: stop it or choose another --socket")
+        path.unlink()  # stale: its server is gone
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with short_path(path) as where:

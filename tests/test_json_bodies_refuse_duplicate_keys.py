@@ -1,0 +1,118 @@
+"""A JSON body that gives a key twice in one object is refused with a 422 naming the key
+and where it is (note 084), on every route that takes a body, as the policy's YAML loader
+refuses a key given twice. Before the fix ``POST /jobs`` with ``"class"`` twice was
+accepted, the last one winning."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from builders import in_process_api
+from test_daemon import POLICY, wait_for
+
+JSON = {"content-type": "application/json"}
+
+
+def test_a_key_given_twice_is_a_422_naming_it_on_every_body(tmp_path):
+    with in_process_api(tmp_path, POLICY) as api:
+        twice = ('{"class": "batch", "team": "ml", "user": "ana", "command": ["true"], "cwd": "/", "hold": true, '
+                 '"class": "sandbox"}')
+        r = api.post("/jobs", content=twice, headers=JSON)
+        assert r.status_code == 422, r.text
+        (d,) = r.json()["detail"]
+        assert d["loc"] == ["body", "class"] and "'class' appears twice" in d["msg"], d
+        assert api.get("/jobs").json() == []  # nothing submitted
+
+        nested = ('{"class": "batch", "team": "ml", "user": "ana", "command": ["true"], "cwd": "/", '
+                  '"env": {"A": "1", "A": "2"}}')
+        r = api.post("/jobs", content=nested, headers=JSON)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "env", "A"], r.text
+
+        ok = api.post("/jobs", json={"class": "batch", "team": "ml", "user": "ana", "command": ["true"], "cwd": "/",
+                                     "hold": True})
+        assert ok.status_code == 201, ok.text
+        job = ok.json()["id"]
+        r = api.patch(f"/jobs/{job}", content='{"nice": 5, "nice": -10000}', headers=JSON)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "nice"], r.text
+        assert api.get(f"/jobs/{job}").json().get("nice", 0) == 0
+
+        pol = json.dumps({"policy": yaml.safe_load(POLICY), "source": "p.yaml"})
+        teams = pol.replace('"teams": {"ml": {}}', '"teams": {"ml": {}, "ml": {"max_gpus": 0}}')
+        assert teams != pol
+        r = api.post("/policy", content=teams, headers=JSON)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "policy", "teams", "ml"], r.text
+        assert [h["version"] for h in api.get("/policy/history").json()] == [1]
+
+        listed = '{"nodes": [{"name": "x", "name": "y"}]}'  # inside a list: its index named
+        r = api.post("/whatif", content=listed, headers=JSON)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "nodes", 0, "name"], r.text
+
+        # a body without repeated keys is read as before, and a malformed one keeps FastAPI's answer
+        assert api.post("/jobs", content="{not json", headers=JSON).json()["detail"][0]["type"] == "json_invalid"
+
+
+def test_a_caller_is_authenticated_before_its_body_keys_are_checked(tmp_path):
+    """Review of note 084: the check ran before the principal, so on a server with tokens
+    a request without a token, or with a wrong one, and a duplicate key got 422 (not 401)
+    and a wrong token wrote no ``token-refused`` row. Now 401 first, the row written; a
+    valid token gets the 422."""
+    with in_process_api(tmp_path, POLICY) as api:
+        _, token = api.daemon.store.create_token("ana", ["ml"])
+        twice = '{"class": "batch", "team": "ml", "command": ["true"], "cwd": "/", "class": "sandbox"}'
+        assert api.post("/jobs", content=twice, headers=JSON).status_code == 401
+        bad = {**JSON, "authorization": "Bearer not-a-token"}
+        r = api.post("/jobs", content=twice, headers=bad)
+        assert r.status_code == 401, r.text
+        wait_for("a token-refused row", lambda: api.daemon.store.audit_entries(actions=["token-refused"]))
+        good = {**JSON, "authorization": f"Bearer {token}"}
+        r = api.post("/jobs", content=twice, headers=good)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "class"], r.text
+
+
+def test_only_a_route_that_reads_a_body_checks_its_keys(tmp_path):
+    """Review of note 084: ``POST /jobs/1/hold`` (no body parameter) with a body naming a
+    key twice was 422, as a GET with one; such a body is ignored, as before."""
+    with in_process_api(tmp_path, POLICY) as api:
+        ok = api.post("/jobs", json={"class": "batch", "team": "ml", "user": "ana", "command": ["true"],
+                                     "cwd": "/", "hold": True})
+        job = ok.json()["id"]
+        r = api.post(f"/jobs/{job}/release", content='{"a": 1, "a": 2}', headers=JSON)
+        assert r.status_code == 200, r.text
+        r = api.post(f"/jobs/{job}/hold", content='{"a": 1, "a": 2}', headers=JSON)
+        assert r.status_code in (200, 409), r.text  # hold: no body read (409: it started meanwhile)
+        r = api.request("GET", "/jobs", content='{"a": 1, "a": 2}', headers=JSON)
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("depth", [400, 2000, 100_000])
+def test_a_deeply_nested_body_is_a_422_never_a_500(tmp_path, depth):
+    """Review of note 084: the parse caught ValueError only and the walk for the key's path
+    recursed (two frames a level): depth 400 was 500, depth 2000 a RecursionError (500).
+    Now: a body too deep to parse is a 422 saying so; the walk is iterative."""
+    with in_process_api(tmp_path, POLICY) as api:
+        for body in ('{"policy": ' + '[' * depth + ']' * depth + "}",
+                     '{"policy": ' + '{"a": ' * depth + '1' + '}' * depth + "}",
+                     '{"policy": ' + '{"a": ' * depth + '{"k": 1, "k": 2}' + '}' * depth + "}"):
+            r = api.post("/policy", content=body, headers=JSON)
+            assert r.status_code == 422, (depth, r.status_code, r.text[:300])
+
+
+def test_the_walk_finds_a_deep_key_and_names_an_empty_one(tmp_path):
+    from gpushepherd.daemon.api import _KeysOnce, _shown, _twice_at
+
+    keys = _KeysOnce()  # a doc deeper than json.loads reads: the walk alone, on a built one
+    inner = keys.hook([("", 1), ("", 2)])
+    doc = [0, inner]
+    for _ in range(5000):
+        doc = keys.hook([("a", doc)])
+    at = _twice_at(doc)
+    assert at == ("a",) * 5000 + (1, "")
+    assert _shown(("env", "", "A")) == 'env."".A' and _shown(("nodes", 0, "a.b")) == 'nodes.0."a.b"'
+    with in_process_api(tmp_path, POLICY) as api:
+        r = api.post("/jobs", content='{"class": "batch", "team": "ml", "user": "ana", "command": ["true"], '
+                                      '"cwd": "/", "env": {"": "1", "": "2"}}', headers=JSON)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "env", ""] and '(at env."")' in r.json()["detail"][0]["msg"]
