@@ -13,7 +13,7 @@ from oracle_workloads import workload_from_seed
 
 from gpushepherd.core import planning
 from gpushepherd.core.placement import members_of, place_counts
-from gpushepherd.core.profile import release_time
+from gpushepherd.core.releases import release_time
 from gpushepherd.core.state import INF
 
 

@@ -32,7 +32,6 @@ from gpushepherd.core.state import INF, Job
 from gpushepherd.model.decisions import Decision
 from gpushepherd.model.job import JobState
 from gpushepherd.model.placement import Placement
-from gpushepherd.model.reasons import PendingReason, ReasonCode
 
 STARTED, PREEMPTED, RESERVED, BLOCKED, HELD = range(5)
 
@@ -590,23 +589,3 @@ class Walk:
         self.budget = self.book.rules.backfill_max_job_test
         self.run(turn)
 
-
-def pending_reason(sched, job: Job) -> PendingReason:
-    """The reason of a pending job now: the admission rule on the current state, with the
-    claims that bind it (holds, and reservations of jobs ahead of it)."""
-    book = sched.book
-    if job.id in book.preemptors and job.victims:
-        return reasons.in_progress(job)
-    profile = sched.profile_for(job)
-    adm = sched.admission
-    v = adm.decide(job, profile)
-    first = sched.last_turn.first_blocked if sched.last_turn is not None else None
-    behind = not book.rules.backfill_enabled and first is not None and first.key < job.key
-    if v.admitted:
-        if behind:
-            return PendingReason(ReasonCode.PRIORITY, first.id)
-        return PendingReason(ReasonCode.PRIORITY, "not reached by the last pass")
-    # behind the job that stops the strict order nothing acts, preemption included: the
-    # reason is the capacity it lacks, never victims that would come of age (seed 4467)
-    with typed.bound(job, v.variant):  # the GPU type its verdict is for (note 038)
-        return reasons.reason_of(book, adm, profile, job, v, may_preempt=not behind)

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from gpushepherd.core import forward, typed
 from gpushepherd.core.placement import fits_island, place_counts
 from gpushepherd.core.planning import quota_start
-from gpushepherd.core.profile import Claim, basis_of, free_mask_at
-from gpushepherd.core.releases import node_releases
+from gpushepherd.core.profile import Claim, basis_of
+from gpushepherd.core.releases import free_mask_at, node_releases
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import JobState
 

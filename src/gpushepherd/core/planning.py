@@ -13,9 +13,8 @@ from heapq import merge
 from itertools import islice
 
 from gpushepherd.core.placement import Counts, best_fit_island, members_of, place_counts
-from gpushepherd.core.profile import (Claim, Key, Profile, class_slack, free_mask_at, gpus_free_at,
-                                      release_time)
-from gpushepherd.core.releases import node_releases
+from gpushepherd.core.profile import Claim, Key, Profile, class_slack
+from gpushepherd.core.releases import free_mask_at, gpus_free_at, node_releases, release_time
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS
 

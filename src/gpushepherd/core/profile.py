@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from gpushepherd.core import pins
 from gpushepherd.core.freed import card_of, freed_count, freed_parts, quota_freed
 from gpushepherd.core.placement import Counts
+from gpushepherd.core.releases import free_total_at, gpus_free_at
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.job import GPU_UNITS, JobState
 
@@ -509,45 +510,6 @@ class Profile:
         return None
 
 
-def release_time(book, n: int, g: int) -> float:
-    """When whole GPU ``g`` of node ``n`` is planned to be free (``INF``: not in service,
-    a MIG GPU, or held by a job without an end)."""
-    slot = book.ledger.slots[n]
-    if not slot.alive or not slot.healthy_mask >> g & 1:
-        return INF
-    h = slot.holder[g]
-    if h is None:
-        return book.now
-    card = slot.cards.get(g)
-    if card is not None:
-        t = max((book.jobs[j].end_est for j in card.holders), default=book.now)
-    elif h in book.jobs:
-        t = book.jobs[h].end_est
-    else:
-        return INF
-    return max(t, book.now)
-
-
-def gpus_free_at(book, n: int, p: float) -> int:
-    """Whole GPUs of node ``n`` free at ``p`` by planned ends (no claims)."""
-    return free_mask_at(book, n, p).bit_count()
-
-
-def free_mask_at(book, n: int, p: float) -> int:
-    """The whole GPUs of node ``n`` free at ``p`` by planned ends, as a mask (no claims;
-    an NVLink island is read from it, note 037)."""
-    slot = book.ledger.slots[n]
-    if not slot.alive:
-        return 0
-    if p <= book.now:
-        return slot.free_mask
-    mask = 0
-    for g in range(slot.total):
-        if release_time(book, n, g) <= p:
-            mask |= 1 << g
-    return mask
-
-
 def basis_of(book, jobs) -> str:
     """``estimates`` when every planned end among ``jobs`` comes from a runtime estimate
     shorter than the job's time limit, else ``time limits``."""
@@ -558,20 +520,6 @@ def basis_of(book, jobs) -> str:
             if lim is not None and (est is None or est >= lim):
                 return "time limits"
     return "estimates"
-
-
-def free_total_at(book, p: float) -> int:
-    """Whole GPUs free at ``p`` on every live node, by planned ends (cards included)."""
-    if p <= book.now:
-        return book.ledger.free_total
-    from gpushepherd.core.releases import node_releases
-
-    total = 0
-    for slot in book.ledger.slots:
-        if slot.alive:
-            rel = node_releases(book, slot.idx)
-            total += sum(1 for t in rel if t <= p)
-    return total
 
 
 def held_for(book, cls: str, p: float, claims, gone=frozenset(), unfilled: dict | None = None) -> int:

@@ -7,7 +7,7 @@ its use, the claim, the class reservation, the constraint that leaves free GPUs 
 
 from __future__ import annotations
 
-from gpushepherd.core import admission as A
+from gpushepherd.core import admission as A, typed
 from gpushepherd.core.filters import describe, share_fits_card
 from gpushepherd.core.ledger import FULL_MILLI, bits
 from gpushepherd.core.placement import members_of, place_counts
@@ -285,3 +285,24 @@ def share_reason(book, job: Job) -> PendingReason:
     dim = "gpu-fraction" if share.milli else "gpu-memory"
     # a card with some of it left, too little; none left at all is capacity (note 063)
     return PendingReason(R.NO_FIT, dim) if card_room(book, job, dim) else PendingReason(R.RESOURCES)
+
+
+def pending_reason(sched, job: Job) -> PendingReason:
+    """The reason of a pending job now: the admission rule on the current state, with the
+    claims that bind it (holds, and reservations of jobs ahead of it)."""
+    book = sched.book
+    if job.id in book.preemptors and job.victims:
+        return in_progress(job)
+    profile = sched.profile_for(job)
+    adm = sched.admission
+    v = adm.decide(job, profile)
+    first = sched.last_turn.first_blocked if sched.last_turn is not None else None
+    behind = not book.rules.backfill_enabled and first is not None and first.key < job.key
+    if v.admitted:
+        if behind:
+            return PendingReason(ReasonCode.PRIORITY, first.id)
+        return PendingReason(ReasonCode.PRIORITY, "not reached by the last pass")
+    # behind the job that stops the strict order nothing acts, preemption included: the
+    # reason is the capacity it lacks, never victims that would come of age (seed 4467)
+    with typed.bound(job, v.variant):  # the GPU type its verdict is for (note 038)
+        return reason_of(book, adm, profile, job, v, may_preempt=not behind)

@@ -7,6 +7,8 @@ by the time their ``k``-th GPU is planned to be free, kept up to date from the n
 ledger touched since it last looked (``Ledger.changes``), so that the earliest start of a
 job of ``k`` GPUs on one node reads the first nodes of one list instead of every node
 (Slurm's backfill keeps the same per-node end times; its map is per node, ours is sorted).
+``release_time``, ``free_mask_at``, ``gpus_free_at`` and ``free_total_at`` read one GPU, one
+node or the cluster at a time ``p`` by planned ends, with no claims (``profile.py`` adds them).
 """
 
 from __future__ import annotations
@@ -183,3 +185,54 @@ class ReleaseIndex:
                 if seen == m:
                     return s
         return INF
+
+
+def release_time(book, n: int, g: int) -> float:
+    """When whole GPU ``g`` of node ``n`` is planned to be free (``INF``: not in service,
+    a MIG GPU, or held by a job without an end)."""
+    slot = book.ledger.slots[n]
+    if not slot.alive or not slot.healthy_mask >> g & 1:
+        return INF
+    h = slot.holder[g]
+    if h is None:
+        return book.now
+    card = slot.cards.get(g)
+    if card is not None:
+        t = max((book.jobs[j].end_est for j in card.holders), default=book.now)
+    elif h in book.jobs:
+        t = book.jobs[h].end_est
+    else:
+        return INF
+    return max(t, book.now)
+
+
+def gpus_free_at(book, n: int, p: float) -> int:
+    """Whole GPUs of node ``n`` free at ``p`` by planned ends (no claims)."""
+    return free_mask_at(book, n, p).bit_count()
+
+
+def free_mask_at(book, n: int, p: float) -> int:
+    """The whole GPUs of node ``n`` free at ``p`` by planned ends, as a mask (no claims;
+    an NVLink island is read from it, note 037)."""
+    slot = book.ledger.slots[n]
+    if not slot.alive:
+        return 0
+    if p <= book.now:
+        return slot.free_mask
+    mask = 0
+    for g in range(slot.total):
+        if release_time(book, n, g) <= p:
+            mask |= 1 << g
+    return mask
+
+
+def free_total_at(book, p: float) -> int:
+    """Whole GPUs free at ``p`` on every live node, by planned ends (cards included)."""
+    if p <= book.now:
+        return book.ledger.free_total
+    total = 0
+    for slot in book.ledger.slots:
+        if slot.alive:
+            rel = node_releases(book, slot.idx)
+            total += sum(1 for t in rel if t <= p)
+    return total

@@ -28,6 +28,7 @@ from gpushepherd.core.migplan import plan_mig
 from gpushepherd.core.profile import Profile
 from gpushepherd.core.reference import run_reference
 from gpushepherd.core.state import INF, Job
+from gpushepherd.core import reasons
 from gpushepherd.core.reasons import preempted_reason
 from gpushepherd.core.stranded import stranded_capacity
 from gpushepherd.core.usage import declared_mib, sample_error
@@ -316,7 +317,7 @@ class Scheduler:
         if job is None or job.state is not JobState.PENDING:
             return None
         if job.reason_pass != self.pass_no:
-            job.reason = cycle.pending_reason(self, job)
+            job.reason = reasons.pending_reason(self, job)
             job.reason_pass = self.pass_no
         return job.reason
 
