@@ -118,6 +118,34 @@ def _errors():
         raise typer.Exit(2) from None
 
 
+#: what an option's type allows, by the error type of typer's (pydantic) coercion
+_COERCION_ALLOWS = {"float_parsing": "a number", "float_type": "a number", "int_parsing": "a whole number",
+                    "int_from_float": "a whole number", "int_type": "a whole number",
+                    "bool_parsing": "true or false (yes/no, 1/0)"}
+
+
+def _usage_message(exc: BaseException) -> str:
+    """click's message; for a value typer's coercion refused (typer >= 0.2x checks types
+    with pydantic, whose message names neither the value nor the option's form:
+    "Invalid value for '--load': Input should be a valid number, ..."),
+    ``--load: '2h' is not allowed: a number``."""
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    param, cause = getattr(exc, "param", None), exc.__cause__
+    if param is None or type(cause).__name__ != "ValidationError" or not callable(getattr(cause, "errors", None)):
+        return message
+    try:
+        first = cause.errors()[0]
+    except (IndexError, TypeError, ValueError):
+        return message
+    if "input" not in first:
+        return message
+    opts = [o for o in (getattr(param, "opts", None) or []) if o.startswith("--")]
+    name = opts[0] if opts and getattr(param, "param_type_name", "") == "option" else param.human_readable_name
+    msg = str(first.get("msg", "")).split(",")[0]
+    allowed = _COERCION_ALLOWS.get(str(first.get("type")), msg[:1].lower() + msg[1:])
+    return f"{name}: {first['input']!r} is not allowed: {allowed}"
+
+
 def run() -> None:
     """Console entry point: click's own usage errors become one ``error:`` line, exit 2."""
     try:
@@ -126,8 +154,7 @@ def run() -> None:
         err.print("error: aborted")
         sys.exit(1)
     except _USAGE_ERRORS as exc:
-        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        err.print(f"error: {message} (see --help)", soft_wrap=True)
+        err.print(f"error: {_usage_message(exc)} (see --help)", soft_wrap=True)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
 
