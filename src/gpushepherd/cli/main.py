@@ -421,6 +421,8 @@ def simulate(
         if trace is None and (fmt is not None or mapping is not None):
             raise UsageError("--format and --map describe a --trace file; give --trace too")
         fmt = fmt or "philly"
+        if fmt not in ("philly", "itp", "csv"):  # before --map's check, which names the format
+            raise UsageError(f"--format: {fmt!r} is not allowed: philly, itp or csv")
         if mapping is not None and fmt != "csv":
             raise UsageError(f"--map is not allowed with --format {fmt}: only with --format csv")
         if cluster is not None and not cluster.strip():
