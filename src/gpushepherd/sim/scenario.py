@@ -9,7 +9,9 @@ jobs or policy fields changed. See ``docs/scenarios.md`` for the format.
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from decimal import Decimal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,8 +286,12 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
     return spec
 
 
-def _pydantic_line(exc: ValidationError, prefix: str = "") -> str:
-    err = exc.errors()[0]
+def _pydantic_line(exc: ValidationError, prefix: str = "", model: type[BaseModel] = ScenarioSpec) -> str:
+    """The first error of ``exc`` (validating ``model``) as one line; an unknown field
+    first (a typo, ``clas`` for ``class``, also leaves its right name missing: the typo
+    is the error to name), with the fields allowed there and the closest one."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     parts = []
     for p in err["loc"]:
         if isinstance(p, int):
@@ -299,11 +305,55 @@ def _pydantic_line(exc: ValidationError, prefix: str = "") -> str:
     if err["type"] == "missing":
         return f"{where}: a value is required here"
     if err["type"] == "extra_forbidden":
-        return f"{where}: unknown field is not allowed"
+        names = _fields_at(model, err["loc"][:-1])
+        if not names:
+            return f"{where}: unknown field is not allowed"
+        close = difflib.get_close_matches(str(err["loc"][-1]), names, n=1)
+        return (f"{where}: {err['loc'][-1]!r} is not allowed: unknown field; allowed fields here: {', '.join(names)}"
+                + (f" (did you mean {close[0]!r}?)" if close else ""))
     value = repr(err.get("input"))
     value = value if len(value) <= 60 else value[:57] + "..."
     msg = err["msg"].removeprefix("Value error, ")
     return f"{where}: {value} is not allowed: {msg[:1].lower()}{msg[1:]}"
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The fields (as a file writes them) of the model that holds ``loc``'s fields, or
+    ``[]`` where it cannot be told (a free-form mapping: ``policy``, a variant's jobs)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or part in _LOC_NOISE or "[" in str(part):
+            continue
+        if isinstance(current, type) and issubclass(current, BaseModel) and part == current.__name__:
+            continue  # a union's member tag
+        if isinstance(current, tuple):  # a dict's values: ``part`` is a key
+            current = current[1]
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        fields = {(f.alias or n): f for n, f in current.model_fields.items()}
+        if part not in fields:
+            return []
+        current = _inner_model(fields[part].annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return sorted((f.alias or n) for n, f in current.model_fields.items())
+    return []
+
+
+def _inner_model(annotation: Any) -> Any:
+    """The model inside an annotation (``X | None``, ``list[X]``, ``X | list[X]``); a
+    dict of models as ``("dict", X)``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is dict and len(args) == 2:
+        inner = _inner_model(args[1])
+        return ("dict", inner) if inner is not None else None
+    for arg in args:
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 _LOC_NOISE = {"constrained-float", "constrained-int", "float", "int", "str", "bool", "list", "dict", "function-after",
@@ -490,7 +540,7 @@ def _run_one(spec: ScenarioSpec, name: str, policy_raw: dict, job_changes: dict,
                 try:
                     data = JobEntry.model_validate({**entry.model_dump(by_alias=True), **job_changes[job_id]})
                 except ValidationError as exc:
-                    raise ScenarioError(f"{source}: {_pydantic_line(exc, f'{name}: jobs.{job_id}.')}") from None
+                    raise ScenarioError(f"{source}: {_pydantic_line(exc, f'{name}: jobs.{job_id}.', JobEntry)}") from None
                 where = f"{name}: jobs.{job_id}"
             # a class or team the policy lacks is a fault of the file (like an unknown job
             # in events), not a submission the core refuses: nothing would run it
