@@ -442,6 +442,7 @@ def simulate(
         html_file = _output_path("--html", html, (".html", ".htm"))
         if out_file is not None and json_file is not None and out_file.resolve() == json_file.resolve():
             raise UsageError("--json and --out name the same file")
+        window = parse_days(days) if days is not None else None  # "" is a bad window, not none
         bundled = trace is None
         trace_path = data_path(EXCERPT) if bundled else trace
         if not bundled and not trace_path.is_file():
@@ -459,7 +460,7 @@ def simulate(
         with bar or _nothing():
             read = bar.reading(f"reading {trace_path.name}") if bar else None
             loaded = load_trace(trace_path, fmt, mapping, skip_bad_rows=skip_bad_rows)
-            rows = select(loaded.rows, parse_days(days) if days else None, load)
+            rows = select(loaded.rows, window, load)
             if read is not None:
                 bar.read(read, len(rows))
         name = "the bundled Philly excerpt" if bundled else str(trace_path)
