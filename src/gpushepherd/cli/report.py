@@ -373,5 +373,26 @@ def simulation_page(result, html_file: Path, title: str) -> None:
 
 
 def _check_csv(csv: Path | None, error: type[Exception]) -> None:
-    if csv is not None and csv.exists() and not csv.is_dir():
+    """Check ``--csv DIR`` before any work is done, as ``--html`` is: a folder, or a
+    missing one whose nearest existing folder takes a new file (a file is created there
+    and removed to see it: ``/proc``, a read-only file system, no write permission and a
+    file where a folder should be are refused). The folder is made when the CSVs are
+    written, never before."""
+    if csv is None:
+        return
+    if csv.exists() and not csv.is_dir():
         raise error(f"--csv: {str(csv)!r} is not allowed: a folder (made if missing), not a file")
+    folder = next(p for p in (csv, *csv.parents) if p.exists() or p == p.parent)
+    if not folder.is_dir():
+        raise error(f"--csv: {str(csv)!r} is not allowed: {str(folder)!r} is a file, not a folder; a folder you "
+                    "can write to (made if missing)")
+    import os
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".shepherd-probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise error(f"--csv: {str(csv)!r} is not allowed: {str(folder)!r} takes no new file ({exc.strerror}); a "
+                    "folder you can write to (made if missing)") from None
