@@ -79,6 +79,9 @@ def time_range(t_first: float, t_last: float, tz, *, week: bool = False, since: 
     if week or since:
         return end - (WEEK_S if week else parse_since(since)), end
     start = parse_when(t_from, "--from", tz) if t_from is not None else t_first
+    if not start < end and t_from is None and t_to is not None:  # --to alone, at or before the log's start
+        first = datetime.fromtimestamp(t_first, tz).isoformat(timespec="seconds")
+        raise ValueError(f"--to: {t_to!r} is not allowed: a time after the event log's first event ({first})")
     if not start < end:
         raise ValueError(f"--from: {t_from or start!r} is not allowed: a time before --to "
                          f"({t_to if t_to is not None else 'the last event'})")
