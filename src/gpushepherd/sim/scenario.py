@@ -276,8 +276,10 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
     except YamlError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
     if not isinstance(raw, dict):
-        raise ScenarioError(f"{source}: the file is not allowed to be {type(raw).__name__}: a YAML mapping with "
-                            "scenario, policy, jobs and expect")
+        what = ("an empty file (or comments only)" if raw is None else "a YAML list" if isinstance(raw, list)
+                else f"a lone YAML value ({str(raw)[:40]!r})")
+        raise ScenarioError(f"{source}: {what} is not allowed: a YAML mapping with scenario, policy, jobs and "
+                            "expect")
     try:
         spec = ScenarioSpec.model_validate(raw)
     except ValidationError as exc:
