@@ -77,7 +77,7 @@ def _error(tmp_path, text) -> str:
     ("jobs:\n" + JOB, "expect: a value is required here"),
     # note 026: a refusal of the core's submit validation is REJECTED, but a fault of the file is not
     ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 1, ignore_signal: true}\nexpect: {}\n",
-     "jobs[0].ignore_signal: unknown field is not allowed"),
+     "jobs[0].ignore_signal: 'ignore_signal' is not allowed: unknown field; allowed fields here: cache_key"),
     ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 1, ignores_signal: true, exit_after_signal: 5}\n"
      "expect: {}\n", "jobs[0].exit_after_signal: 5.0 is not allowed: no exit_after_signal with ignores_signal"),
     ("jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 1, checkpoint_every: 0}\nexpect: {}\n",

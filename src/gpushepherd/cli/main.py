@@ -118,6 +118,34 @@ def _errors():
         raise typer.Exit(2) from None
 
 
+#: what an option's type allows, by the error type of typer's (pydantic) coercion
+_COERCION_ALLOWS = {"float_parsing": "a number", "float_type": "a number", "int_parsing": "a whole number",
+                    "int_from_float": "a whole number", "int_type": "a whole number",
+                    "bool_parsing": "true or false (yes/no, 1/0)"}
+
+
+def _usage_message(exc: BaseException) -> str:
+    """click's message; for a value typer's coercion refused (typer >= 0.2x checks types
+    with pydantic, whose message names neither the value nor the option's form:
+    "Invalid value for '--load': Input should be a valid number, ..."),
+    ``--load: '2h' is not allowed: a number``."""
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    param, cause = getattr(exc, "param", None), exc.__cause__
+    if param is None or type(cause).__name__ != "ValidationError" or not callable(getattr(cause, "errors", None)):
+        return message
+    try:
+        first = cause.errors()[0]
+    except (IndexError, TypeError, ValueError):
+        return message
+    if "input" not in first:
+        return message
+    opts = [o for o in (getattr(param, "opts", None) or []) if o.startswith("--")]
+    name = opts[0] if opts and getattr(param, "param_type_name", "") == "option" else param.human_readable_name
+    msg = str(first.get("msg", "")).split(",")[0]
+    allowed = _COERCION_ALLOWS.get(str(first.get("type")), msg[:1].lower() + msg[1:])
+    return f"{name}: {first['input']!r} is not allowed: {allowed}"
+
+
 def run() -> None:
     """Console entry point: click's own usage errors become one ``error:`` line, exit 2."""
     try:
@@ -126,8 +154,7 @@ def run() -> None:
         err.print("error: aborted")
         sys.exit(1)
     except _USAGE_ERRORS as exc:
-        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        err.print(f"error: {message} (see --help)", soft_wrap=True)
+        err.print(f"error: {_usage_message(exc)} (see --help)", soft_wrap=True)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
 
@@ -394,6 +421,8 @@ def simulate(
         if trace is None and (fmt is not None or mapping is not None):
             raise UsageError("--format and --map describe a --trace file; give --trace too")
         fmt = fmt or "philly"
+        if fmt not in ("philly", "itp", "csv"):  # before --map's check, which names the format
+            raise UsageError(f"--format: {fmt!r} is not allowed: philly, itp or csv")
         if mapping is not None and fmt != "csv":
             raise UsageError(f"--map is not allowed with --format {fmt}: only with --format csv")
         if cluster is not None and not cluster.strip():
@@ -413,6 +442,7 @@ def simulate(
         html_file = _output_path("--html", html, (".html", ".htm"))
         if out_file is not None and json_file is not None and out_file.resolve() == json_file.resolve():
             raise UsageError("--json and --out name the same file")
+        window = parse_days(days) if days is not None else None  # "" is a bad window, not none
         bundled = trace is None
         trace_path = data_path(EXCERPT) if bundled else trace
         if not bundled and not trace_path.is_file():
@@ -430,7 +460,7 @@ def simulate(
         with bar or _nothing():
             read = bar.reading(f"reading {trace_path.name}") if bar else None
             loaded = load_trace(trace_path, fmt, mapping, skip_bad_rows=skip_bad_rows)
-            rows = select(loaded.rows, parse_days(days) if days else None, load)
+            rows = select(loaded.rows, window, load)
             if read is not None:
                 bar.read(read, len(rows))
         name = "the bundled Philly excerpt" if bundled else str(trace_path)

@@ -79,6 +79,9 @@ def time_range(t_first: float, t_last: float, tz, *, week: bool = False, since: 
     if week or since:
         return end - (WEEK_S if week else parse_since(since)), end
     start = parse_when(t_from, "--from", tz) if t_from is not None else t_first
+    if not start < end and t_from is None and t_to is not None:  # --to alone, at or before the log's start
+        first = datetime.fromtimestamp(t_first, tz).isoformat(timespec="seconds")
+        raise ValueError(f"--to: {t_to!r} is not allowed: a time after the event log's first event ({first})")
     if not start < end:
         raise ValueError(f"--from: {t_from or start!r} is not allowed: a time before --to "
                          f"({t_to if t_to is not None else 'the last event'})")
@@ -373,5 +376,26 @@ def simulation_page(result, html_file: Path, title: str) -> None:
 
 
 def _check_csv(csv: Path | None, error: type[Exception]) -> None:
-    if csv is not None and csv.exists() and not csv.is_dir():
+    """Check ``--csv DIR`` before any work is done, as ``--html`` is: a folder, or a
+    missing one whose nearest existing folder takes a new file (a file is created there
+    and removed to see it: ``/proc``, a read-only file system, no write permission and a
+    file where a folder should be are refused). The folder is made when the CSVs are
+    written, never before."""
+    if csv is None:
+        return
+    if csv.exists() and not csv.is_dir():
         raise error(f"--csv: {str(csv)!r} is not allowed: a folder (made if missing), not a file")
+    folder = next(p for p in (csv, *csv.parents) if p.exists() or p == p.parent)
+    if not folder.is_dir():
+        raise error(f"--csv: {str(csv)!r} is not allowed: {str(folder)!r} is a file, not a folder; a folder you "
+                    "can write to (made if missing)")
+    import os
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".shepherd-probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise error(f"--csv: {str(csv)!r} is not allowed: {str(folder)!r} takes no new file ({exc.strerror}); a "
+                    "folder you can write to (made if missing)") from None

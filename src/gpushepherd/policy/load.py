@@ -64,14 +64,21 @@ STANDARD_CLASSES: dict[str, dict[str, Any]] = {
 }
 
 
+#: ``PolicyError``'s value for a field the file does not give
+MISSING: Any = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
+
+
 class PolicyError(ValueError):
     """A policy that cannot be used. ``str()`` is one line:
     ``FILE: PATH: VALUE is not allowed: WHAT IS ALLOWED`` (or ``FILE: PROBLEM`` when
     no single field is at fault)."""
 
     def __init__(self, source: str, path: str, value: Any, allowed: str):
-        self.source, self.path, self.value, self.allowed = source, path, value, allowed
-        if path:
+        missing = value is MISSING
+        self.source, self.path, self.value, self.allowed = source, path, None if missing else value, allowed
+        if path and missing:  # nothing was written: no value to quote ("None" read as one the file gave)
+            super().__init__(f"{source}: {path}: {allowed}")
+        elif path:
             super().__init__(f"{source}: {path}: {_short(value)} is not allowed: {allowed}")
         else:
             super().__init__(f"{source}: {allowed}")
@@ -352,7 +359,7 @@ def _translate(exc: ValidationError, source: str) -> PolicyError:
         close = difflib.get_close_matches(str(loc[-1]), names, n=1)
         return PolicyError(source, path, loc[-1], allowed + (f" (did you mean {close[0]!r}?)" if close else ""))
     if err["type"] == "missing":
-        return PolicyError(source, path, None, "a value is required here")
+        return PolicyError(source, path, MISSING, "a value is required here")
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
@@ -476,7 +483,7 @@ def compile_rules(spec: PolicySpec, source: str = "<policy>", max_depth: int | N
         if name in STANDARD_CLASSES:
             continue
         if cls.priority is None:
-            raise PolicyError(source, f"classes.{name}.priority", None,
+            raise PolicyError(source, f"classes.{name}.priority", MISSING,
                               "a priority (integer) for a class that is not one of the standard ones: "
                               + ", ".join(STANDARD_CLASSES))
         classes[name] = resolve_class(name, cls)

@@ -9,7 +9,9 @@ jobs or policy fields changed. See ``docs/scenarios.md`` for the format.
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from decimal import Decimal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,11 @@ class ScenarioError(ValueError):
     """A scenario file that cannot be run; ``str()`` names the file, path and value."""
 
 
+#: a time or amount a scenario states: a number, never inf or NaN (an expectation of
+#: NaN would never fail, a submit at inf would never happen)
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
@@ -60,15 +67,15 @@ class JobEntry(_Strict):
     team: str = "default"
     user: str = ""
     workload_class: str = Field(alias="class")
-    submit: Annotated[float, Field(ge=0)]
+    submit: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     gpus: Annotated[int, Field(ge=1)] | None = None
     gang: GangSpec | None = None
     same_node: bool = False
     #: all its GPUs inside one NVLink island (unset: its class's ``require_island``; note 037)
     require_island: bool | None = None
     duration: Annotated[float, Field(ge=0)] | Literal["unbounded"]
-    time_limit: Annotated[float, Field(gt=0)] | None = None
-    estimate: Annotated[float, Field(gt=0)] | None = None
+    time_limit: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    estimate: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     preemptible: bool | None = None
     checkpointable: bool | None = None
     gpu_types: list[str] = Field(default_factory=list)
@@ -76,7 +83,7 @@ class JobEntry(_Strict):
     #: (a job with neither ``gpus`` nor another share field asks for memory only)
     gpu_mem_mib: Annotated[int, Field(ge=0)] = 0
     #: must be done by this time (seconds); a job that cannot make it is flagged
-    deadline: Annotated[float, Field(gt=0)] | None = None
+    deadline: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     #: part of one GPU (R10): a fraction, time-slicing replicas, MPS clients, a MIG profile
     gpu_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     ts_replicas: Annotated[int, Field(ge=1)] | None = None
@@ -94,7 +101,7 @@ class JobEntry(_Strict):
     cache_key: str = ""
     cache_required: bool = False
     #: the grace its stops get (seconds; at most its class's, the default)
-    grace_period: Annotated[float, Field(ge=0)] | None = None
+    grace_period: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     #: how it answers a preemption signal (note 026): it exits this many seconds after
     #: it, having saved its work (unset: when its grace period ends) ...
     exit_after_signal: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
@@ -106,7 +113,7 @@ class JobEntry(_Strict):
 
 
 class EventEntry(_Strict):
-    t: Annotated[float, Field(ge=0)]
+    t: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     type: Literal["cancel", "requeue", "update", "restart", "gpu_unhealthy", "gpu_healthy", "node_lost",
                   "node_added", "usage", "gpu_unmanaged", "gpu_managed"]
     job: str | None = None
@@ -136,7 +143,7 @@ class InitialAllocation(_Strict):
     node: str
     gpus: Annotated[int, Field(ge=1)] = 1
     gpu_indices: list[Annotated[int, Field(ge=0)]] | None = None
-    ends: Annotated[float, Field(gt=0)]
+    ends: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     #: a share of GPU ``gpu``: a fraction (and/or ``gpu_mem_mib``) or a MIG profile
     gpu: Annotated[int, Field(ge=0)] | None = None
     fraction: Annotated[float, Field(gt=0, le=1)] | None = None
@@ -147,7 +154,7 @@ class InitialAllocation(_Strict):
 
 
 class StartExpect(_Strict):
-    t: float
+    t: Finite
     node: str | None = None
     nodes: list[str] | None = None
     gpus: list[int] | None = None
@@ -155,25 +162,25 @@ class StartExpect(_Strict):
 
 
 class PendingExpect(_Strict):
-    from_: float = Field(alias="from")
-    to: float | Literal["never"]
+    from_: Finite = Field(alias="from")
+    to: Finite | Literal["never"]
     reason: str
 
 
 class GpuUnused(_Strict):
     node: str
     gpu: Annotated[int, Field(ge=0)]
-    after: float = 0.0
+    after: Finite = 0.0
 
 
 class UsageAt(_Strict):
     """Decayed usage (GPU-seconds) of a team, or of a user of a team, at ``t``."""
 
-    t: float
+    t: Finite
     team: str
     user: str | None = None
-    gpu_seconds: float
-    tolerance: Annotated[float, Field(ge=0)] = 0.5
+    gpu_seconds: Finite
+    tolerance: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.5
 
 
 
@@ -190,13 +197,13 @@ class Expect(_Strict):
     starts: dict[str, StartExpect | list[StartExpect]] = Field(default_factory=dict)
     #: jobs refused at submit (state REJECTED) and a text their reason contains
     rejected: dict[str, str] = Field(default_factory=dict)
-    ends: dict[str, float] = Field(default_factory=dict)
-    preempted: dict[str, list[float]] = Field(default_factory=dict)
+    ends: dict[str, Finite] = Field(default_factory=dict)
+    preempted: dict[str, list[Finite]] = Field(default_factory=dict)
     never_preempted: list[str] = Field(default_factory=list)
     pending: dict[str, PendingExpect | list[PendingExpect]] = Field(default_factory=dict)
     never_starts: list[str] = Field(default_factory=list)
     final_state: dict[str, Annotated[str, AfterValidator(_job_state)]] = Field(default_factory=dict)
-    team_usage: dict[str, list[Annotated[tuple[float, int], Field(strict=False)]]] = Field(default_factory=dict)
+    team_usage: dict[str, list[Annotated[tuple[Finite, int], Field(strict=False)]]] = Field(default_factory=dict)
     max_team_usage: dict[str, int] = Field(default_factory=dict)
     gpu_never_used: list[GpuUnused] = Field(default_factory=list)
     usage_at: list[UsageAt] = Field(default_factory=list)
@@ -269,8 +276,10 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
     except YamlError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
     if not isinstance(raw, dict):
-        raise ScenarioError(f"{source}: the file is not allowed to be {type(raw).__name__}: a YAML mapping with "
-                            "scenario, policy, jobs and expect")
+        what = ("an empty file (or comments only)" if raw is None else "a YAML list" if isinstance(raw, list)
+                else f"a lone YAML value ({str(raw)[:40]!r})")
+        raise ScenarioError(f"{source}: {what} is not allowed: a YAML mapping with scenario, policy, jobs and "
+                            "expect")
     try:
         spec = ScenarioSpec.model_validate(raw)
     except ValidationError as exc:
@@ -279,25 +288,74 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
     return spec
 
 
-def _pydantic_line(exc: ValidationError, prefix: str = "") -> str:
-    err = exc.errors()[0]
+def _pydantic_line(exc: ValidationError, prefix: str = "", model: type[BaseModel] = ScenarioSpec) -> str:
+    """The first error of ``exc`` (validating ``model``) as one line; an unknown field
+    first (a typo, ``clas`` for ``class``, also leaves its right name missing: the typo
+    is the error to name), with the fields allowed there and the closest one."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     parts = []
     for p in err["loc"]:
         if isinstance(p, int):
             parts.append(f"[{p}]")
-        elif p in _LOC_NOISE or "[" in str(p) or "-" in str(p) and str(p).split("-")[0] in _LOC_NOISE:
-            continue  # pydantic's union-member tags, not fields
+        elif (p in _LOC_NOISE or "[" in str(p) or "-" in str(p) and str(p).split("-")[0] in _LOC_NOISE
+              or p in {c.__name__ for c in _Strict.__subclasses__()}):
+            continue  # pydantic's union-member tags (a type or a model of a union), not fields
         else:
             parts.append(("." if parts else "") + str(p))
     where = prefix + "".join(parts)
     if err["type"] == "missing":
         return f"{where}: a value is required here"
     if err["type"] == "extra_forbidden":
-        return f"{where}: unknown field is not allowed"
+        names = _fields_at(model, err["loc"][:-1])
+        if not names:
+            return f"{where}: unknown field is not allowed"
+        close = difflib.get_close_matches(str(err["loc"][-1]), names, n=1)
+        return (f"{where}: {err['loc'][-1]!r} is not allowed: unknown field; allowed fields here: {', '.join(names)}"
+                + (f" (did you mean {close[0]!r}?)" if close else ""))
     value = repr(err.get("input"))
     value = value if len(value) <= 60 else value[:57] + "..."
     msg = err["msg"].removeprefix("Value error, ")
     return f"{where}: {value} is not allowed: {msg[:1].lower()}{msg[1:]}"
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The fields (as a file writes them) of the model that holds ``loc``'s fields, or
+    ``[]`` where it cannot be told (a free-form mapping: ``policy``, a variant's jobs)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or part in _LOC_NOISE or "[" in str(part):
+            continue
+        if isinstance(current, type) and issubclass(current, BaseModel) and part == current.__name__:
+            continue  # a union's member tag
+        if isinstance(current, tuple):  # a dict's values: ``part`` is a key
+            current = current[1]
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        fields = {(f.alias or n): f for n, f in current.model_fields.items()}
+        if part not in fields:
+            return []
+        current = _inner_model(fields[part].annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return sorted((f.alias or n) for n, f in current.model_fields.items())
+    return []
+
+
+def _inner_model(annotation: Any) -> Any:
+    """The model inside an annotation (``X | None``, ``list[X]``, ``X | list[X]``); a
+    dict of models as ``("dict", X)``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is dict and len(args) == 2:
+        inner = _inner_model(args[1])
+        return ("dict", inner) if inner is not None else None
+    for arg in args:
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 _LOC_NOISE = {"constrained-float", "constrained-int", "float", "int", "str", "bool", "list", "dict", "function-after",
@@ -484,7 +542,7 @@ def _run_one(spec: ScenarioSpec, name: str, policy_raw: dict, job_changes: dict,
                 try:
                     data = JobEntry.model_validate({**entry.model_dump(by_alias=True), **job_changes[job_id]})
                 except ValidationError as exc:
-                    raise ScenarioError(f"{source}: {_pydantic_line(exc, f'{name}: jobs.{job_id}.')}") from None
+                    raise ScenarioError(f"{source}: {_pydantic_line(exc, f'{name}: jobs.{job_id}.', JobEntry)}") from None
                 where = f"{name}: jobs.{job_id}"
             # a class or team the policy lacks is a fault of the file (like an unknown job
             # in events), not a submission the core refuses: nothing would run it
