@@ -28,6 +28,7 @@ Definitions (so that each figure can be recomputed from the CSV files):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -126,7 +127,8 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "", tim
     # event nothing was recorded, after the last nothing is known yet
     rules = hist.rules
     a = max(t_from, hist.t_first) if hist.t_first < t_to else t_from
-    b = min(t_to, max(hist.t_last, a))
+    # the last event counts (a range's end is excluded: to just after it holds it)
+    b = min(t_to, max(math.nextafter(hist.t_last, math.inf), a))
     b = t_to if b <= a else b
     clock = rules.clock
     local = (lambda t: datetime.fromtimestamp(clock.epoch + t, clock.tz)) if clock else \
