@@ -7,16 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpushepherd.cli.main import app
-from gpushepherd.daemon.store import Store
-from test_report import POLICY, drive, week_jobs
-
-
-@pytest.fixture()
-def week(tmp_path):
-    store = Store(Store.sqlite_url(tmp_path))
-    drive(store, POLICY, week_jobs())
-    store.close()
-    return tmp_path
+from test_report import week  # noqa: F401 (the fixture: a week of jobs in a store)
 
 
 @pytest.mark.parametrize("to", ["2020-01-01", "2026-11-30T09:00:00"])

@@ -8,21 +8,12 @@ from __future__ import annotations
 
 import time
 
-import pytest
+from test_timepoints import berlin  # noqa: F401 (the fixture: the local zone is Europe/Berlin)
 
 from gpushepherd.cli.daemon import _fmt_est, _fmt_t, queue_header, queue_table
 
 JAN = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 JUL = 1_782_864_000.0  # 2026-07-01T00:00:00Z
-
-
-@pytest.fixture
-def berlin(monkeypatch):
-    monkeypatch.setenv("TZ", "Europe/Berlin")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def test_a_single_time_names_its_zone_and_its_summer_time(berlin):

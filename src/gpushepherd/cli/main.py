@@ -325,18 +325,27 @@ def _output_path(option: str, value: str | None, suffixes: tuple[str, ...]) -> P
         raise UsageError(f"{option}: {value!r} is not allowed: a file ending in {', '.join(suffixes)}")
     if path.is_dir():
         raise UsageError(f"{option}: {value!r} is not allowed: a file, not a folder")
-    folder = next(p for p in (path.parent, *path.parent.parents) if p.exists() or p == p.parent)
+    why = folder_refusal(path.parent)
+    if why is not None:
+        raise UsageError(f"{option}: {value!r} is not allowed: {why}; a path in a folder you can write to")
+    return path
+
+
+def folder_refusal(start: Path) -> str | None:
+    """Why no new file can be made in ``start``, or - where folders are missing - in its
+    nearest existing folder (a file is created there and removed to see it: ``/proc``,
+    a read-only file system, no write permission); ``None``: it can. For checking an
+    output path before any work is done (``_output_path``, ``report --csv``)."""
+    folder = next(p for p in (start, *start.parents) if p.exists() or p == p.parent)
     if not folder.is_dir():
-        raise UsageError(f"{option}: {value!r} is not allowed: {str(folder)!r} is a file, not a folder; a path in "
-                         "a folder you can write to")
+        return f"{str(folder)!r} is a file, not a folder"
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".shepherd-probe.")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"{option}: {value!r} is not allowed: {str(folder)!r} takes no new file ({exc.strerror}); "
-                         "a path in a folder you can write to") from None
-    return path
+        return f"{str(folder)!r} takes no new file ({exc.strerror})"
+    return None
 
 
 def _file_mode(path: Path) -> int:

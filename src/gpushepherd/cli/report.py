@@ -393,17 +393,8 @@ def _check_csv(csv: Path | None, error: type[Exception]) -> None:
         return
     if csv.exists() and not csv.is_dir():
         raise error(f"--csv: {str(csv)!r} is not allowed: a folder (made if missing), not a file")
-    folder = next(p for p in (csv, *csv.parents) if p.exists() or p == p.parent)
-    if not folder.is_dir():
-        raise error(f"--csv: {str(csv)!r} is not allowed: {str(folder)!r} is a file, not a folder; a folder you "
-                    "can write to (made if missing)")
-    import os
-    import tempfile
+    from gpushepherd.cli.main import folder_refusal
 
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".shepherd-probe.")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise error(f"--csv: {str(csv)!r} is not allowed: {str(folder)!r} takes no new file ({exc.strerror}); a "
-                    "folder you can write to (made if missing)") from None
+    why = folder_refusal(csv)
+    if why is not None:
+        raise error(f"--csv: {str(csv)!r} is not allowed: {why}; a folder you can write to (made if missing)")
