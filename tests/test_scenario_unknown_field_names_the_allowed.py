@@ -4,21 +4,13 @@ missing. Before, `clas: batch` in a job said "jobs[0].class: a value is required
 and `gpuss: 2` "jobs[0].gpuss: unknown field is not allowed", naming nothing allowed."""
 
 import pytest
+from test_scenario_errors import HEAD, _error as _with_file
 
-from gpushepherd.sim.scenario import ScenarioError, load_scenario, run_scenario
-
-HEAD = "scenario: x\npolicy: {cluster: {nodes: [{name: n1, gpus: 4}]}}\n"
 JOB = "jobs:\n  - {id: A, class: batch, submit: 0, gpus: 1, duration: 10}\n"
 
 
 def _error(tmp_path, text) -> str:
-    p = tmp_path / "s.yaml"
-    p.write_text(text)
-    with pytest.raises(ScenarioError) as info:
-        run_scenario(load_scenario(p), str(p))
-    msg = str(info.value)
-    assert "\n" not in msg and msg.startswith(str(p) + ": "), msg
-    return msg.removeprefix(str(p) + ": ")
+    return _with_file(tmp_path, text).removeprefix(f"{tmp_path / 's.yaml'}: ")
 
 
 def test_a_misspelt_job_field_is_named_before_the_field_it_leaves_missing(tmp_path):
