@@ -63,17 +63,11 @@ def parse_when(text: str, option: str, tz) -> float:
     return t
 
 
-def through_last(t_last: float) -> float:
-    """The end of a range ``[from, to)`` that still holds the event log's last event, at
-    ``t_last``: the next float after it (the default ``to`` of ``report``, its API and its
-    ``--week``/``--since``; a cancel or an end at the last event counts)."""
-    return math.nextafter(t_last, math.inf)
-
-
 def time_range(t_first: float, t_last: float, tz, *, week: bool = False, since: str | None = None,
                t_from: str | None = None, t_to: str | None = None) -> tuple[float, float]:
-    """The range ``[from, to)`` the options ask for, epoch seconds. Default: the whole log,
-    its last event included (``through_last``).
+    """The range ``[from, to)`` the options ask for, epoch seconds. Default: the whole log
+    (``to`` its last event: give ``build_report`` ``through_end`` then, so the jobs'
+    events at it count).
 
     Raises:
         ValueError: options that do not go together, a bad value, ``from`` not before ``to``.
@@ -83,7 +77,7 @@ def time_range(t_first: float, t_last: float, tz, *, week: bool = False, since: 
     if (week or since) and t_from is not None:
         raise ValueError("--from is not allowed with --week or --since (they count back from --to, or from "
                          "the last event)")
-    end = parse_when(t_to, "--to", tz) if t_to is not None else through_last(t_last)
+    end = parse_when(t_to, "--to", tz) if t_to is not None else t_last
     if week or since:
         return end - (WEEK_S if week else parse_since(since)), end
     start = parse_when(t_from, "--from", tz) if t_from is not None else t_first
@@ -122,7 +116,7 @@ Db = Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL of the s
                                            "(default: SQLite in --data-dir).")]
 From = Annotated[Optional[str], typer.Option("--from", help="Start: ISO date/time (policy's time zone) or "
                                              "epoch seconds.")]
-To = Annotated[Optional[str], typer.Option("--to", help="End (excluded); default: just after the last event (it counts).")]
+To = Annotated[Optional[str], typer.Option("--to", help="End (excluded); default: the last event (included).")]
 Csv = Annotated[Optional[Path], typer.Option("--csv", metavar="DIR", help="Write one CSV per table here.")]
 Html = Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Write one self-contained HTML "
                                              "page with interactive plots (plotly, inlined: nothing fetched "
@@ -184,7 +178,7 @@ def register(app: typer.Typer) -> None:
                                   t_from=t_from, t_to=t_to)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-            rep = build_report(rp.history(), a, b, title="gpushepherd report")
+            rep = build_report(rp.history(), a, b, title="gpushepherd report", through_end=t_to is None)
             emit(rep, csv, html_file)
 
     @app.command("whatif")

@@ -122,14 +122,14 @@ def daily_gpu_hours(hist, rep, teams: list[str] | None) -> dict[str, Any]:
 
 def parse_range(text_from: str | None, text_to: str | None, rp, since_s: float = WEEK_S) -> tuple[float, float]:
     """``[from, to)`` epoch seconds: each an ISO date/time in the policy's zone or epoch
-    seconds (``shepherd report``'s grammar); default ``to`` just after the last event
-    (``cli.report.through_last``: it counts), ``from``
+    seconds (``shepherd report``'s grammar); default ``to`` the last event (its jobs'
+    events counted: ``build_report``'s ``through_end``), ``from``
     ``since_s`` before ``to``.
 
     Raises:
         HTTPException: 422 naming ``from`` or ``to``, the value and what is allowed.
     """
-    from gpushepherd.cli.report import parse_when, through_last
+    from gpushepherd.cli.report import parse_when
 
     tz = rp.rules.clock.tz if rp.rules.clock else None
 
@@ -139,7 +139,7 @@ def parse_range(text_from: str | None, text_to: str | None, rp, since_s: float =
         except ValueError as exc:
             raise refused(name, str(exc).split(": ", 1)[1]) from None
 
-    b = when(text_to, "to") if text_to is not None else through_last(rp.t_last)
+    b = when(text_to, "to") if text_to is not None else rp.t_last
     a = when(text_from, "from") if text_from is not None else b - since_s
     if not a < b:
         raise refused("from", f"{text_from!r} is not allowed: a time before 'to' ({text_to or 'the last event'})")
@@ -215,7 +215,7 @@ def mount_report(app: FastAPI, daemon, principal) -> ReplayCache:
                    "start: an ISO date or date-time in the policy's clock.timezone (2026-11-30, 2026-11-30T08:00) or "
                    "epoch seconds; default 7 days before 'to'")),
                t_to: str | None = Query(None, alias="to", max_length=64, description=(
-                   "end (excluded), the same forms; default just after the last event (it counts)")),
+                   "end (excluded), the same forms; default the last event (included)")),
                p: Principal | None = Depends(principal)) -> Response:  # noqa: B008 (FastAPI's idiom)
         """Showback/chargeback over ``[from, to)`` (``shepherd report``, note 010): the
         report's tables as JSON records (``usage_by_team`` / ``_project`` / ``_user`` /
@@ -230,7 +230,7 @@ def mount_report(app: FastAPI, daemon, principal) -> ReplayCache:
         a, b = parse_range(t_from, t_to, rp)
         teams = teams_in_scope(p, set(rp.rules.teams) | set(hist.jobs["team"]))
         mine = scoped(hist, teams)
-        rep = build_report(mine, a, b, title="gpushepherd report")
+        rep = build_report(mine, a, b, title="gpushepherd report", through_end=t_to is None)
         tables = dict(rep.tables)
         if teams is not None:
             tables.pop("idle_gaps", None)  # cluster-wide: free GPUs against every team's pending jobs

@@ -114,9 +114,13 @@ def _pct(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if values.size else None
 
 
-def build_report(hist: History, t_from: float, t_to: float, title: str = "", time_axis: str = "clock") -> Report:
+def build_report(hist: History, t_from: float, t_to: float, title: str = "", time_axis: str = "clock",
+                 through_end: bool = False) -> Report:
     """All figures of ``hist`` over ``[t_from, t_to)`` (seconds on its axis); times
-    written as ``time_axis`` says (``Report.time_axis``).
+    written as ``time_axis`` says (``Report.time_axis``). ``through_end``: the jobs'
+    events at ``t_to`` itself count too (submits, starts, ends, cancels) - a report whose
+    ``to`` is the log's last event by default, so a job cancelled by it is not read as
+    pending; the figures over time are the same either way (an instant holds no time).
 
     Raises:
         ValueError: ``t_from >= t_to``.
@@ -127,8 +131,7 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "", tim
     # event nothing was recorded, after the last nothing is known yet
     rules = hist.rules
     a = max(t_from, hist.t_first) if hist.t_first < t_to else t_from
-    # the last event counts (a range's end is excluded: to just after it holds it)
-    b = min(t_to, max(math.nextafter(hist.t_last, math.inf), a))
+    b = min(t_to, max(hist.t_last, a))
     b = t_to if b <= a else b
     clock = rules.clock
     local = (lambda t: datetime.fromtimestamp(clock.epoch + t, clock.tz)) if clock else \
@@ -173,13 +176,15 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "", tim
         cost["price_per_gpu_hour"] = cost["gpu_type"].map(pricing.price).astype(float)
         rep.tables["cost_by_team_and_gpu_type"] = cost.sort_values(["team", "gpu_type"]).reset_index(drop=True)
 
-    # waits per class, of jobs submitted in the range
-    jobs = hist.jobs[(hist.jobs["submit"] >= a) & (hist.jobs["submit"] < t_to)]
-    pending_at_end = _pending_at_end(hist, t_to)
+    # waits per class, of jobs submitted in the range; with through_end the events at
+    # t_to count too: the first time after it is the cut
+    cut = math.nextafter(t_to, math.inf) if through_end else t_to
+    jobs = hist.jobs[(hist.jobs["submit"] >= a) & (hist.jobs["submit"] < cut)]
+    pending_at_end = _pending_at_end(hist, cut)
     rows = []
     for cls, g in sorted(jobs.groupby("class"), key=lambda kv: kv[0]):
-        started = g[g["first_start"].notna() & (g["first_start"] < t_to)]
-        ended = g[g["end"].notna() & (g["end"] < t_to) & (g["first_start"].isna() | (g["first_start"] >= t_to))]
+        started = g[g["first_start"].notna() & (g["first_start"] < cut)]
+        ended = g[g["end"].notna() & (g["end"] < cut) & (g["first_start"].isna() | (g["first_start"] >= cut))]
         delay = (started["first_start"] - started["submit"]).to_numpy(dtype=float)
         pending = g["job_id"].isin(pending_at_end)
         requeued = int(started["job_id"].isin(pending_at_end).sum())
@@ -191,7 +196,7 @@ def build_report(hist: History, t_from: float, t_to: float, title: str = "", tim
         "class", "submitted", "started", "waited", "rejected", "cancelled_before_start", "still_pending",
         "requeued_pending", "wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_max_s"])
 
-    _tails(rep, hist, jobs, t_to)
+    _tails(rep, hist, jobs, cut)
 
     # top pending reasons by job-seconds
     reasons = hist.reasons.copy()
