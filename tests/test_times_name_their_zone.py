@@ -1,12 +1,11 @@
 """Times the CLI prints in this machine's local time name its zone (a newcomer read
 ``2026-12-07T10:20:00`` from a server in another zone and could not tell which): a
 single time carries the abbreviation (``show``, ``policy show``/``history``, services),
-a queue table names it once, in the header of its time columns (``EST. START (CET)``),
-so the cells keep their widths at 80 columns."""
+a queue column names it once, in its header (``EST. START (CET)``), when its times share
+one zone (else each cell names its own: a DST change), so the cells keep their widths at
+80 columns; a column without times keeps its plain header."""
 
 from __future__ import annotations
-
-import time
 
 from test_timepoints import berlin  # noqa: F401 (the fixture: the local zone is Europe/Berlin)
 
@@ -23,15 +22,28 @@ def test_a_single_time_names_its_zone_and_its_summer_time(berlin):
     assert _fmt_est({"estimated_start": JAN, "estimated_start_basis": "time limits"}) == "<= 2026-01-01T01:00:00 CET"
 
 
-def test_a_queue_table_names_the_zone_in_its_time_headers_not_in_each_cell(berlin):
-    zone = time.strftime("%Z")
-    assert queue_header("start") == f"EST. START ({zone})" and queue_header("submit") == f"SUBMIT ({zone})"
-    assert queue_header("reason") == "REASON / PLACEMENT"
-    job = {"id": "1", "state": "PENDING", "reason": "Resources", "estimated_start": JAN,
-           "estimated_start_basis": "estimates", "submit_time": JUL}
-    table, dropped = queue_table([job], ["id", "state", "reason", "start", "submit"], 120)
-    assert dropped == []
-    heads = [c.header for c in table.columns]
-    cells = [str(next(iter(c.cells))) for c in table.columns]
-    assert heads[3:] == [f"EST. START ({zone})", f"SUBMIT ({zone})"]
-    assert cells[3:] == ["~ 2026-01-01T01:00:00", "2026-07-01T02:00:00"]
+def _table(jobs, fields, width=120):
+    table, dropped = queue_table(jobs, fields, width)
+    return dropped, [c.header for c in table.columns], [[str(x) for x in c.cells] for c in table.columns]
+
+
+def test_a_queue_column_names_its_zone_once_when_its_times_share_it(berlin):
+    jobs = [{"id": str(i), "state": "PENDING", "reason": "Resources", "estimated_start": JAN + i,
+             "estimated_start_basis": "estimates", "submit_time": JAN} for i in (1, 2)]
+    dropped, heads, cells = _table(jobs, ["id", "state", "reason", "start", "submit"])
+    assert dropped == [] and heads[3:] == ["EST. START (CET)", "SUBMIT (CET)"]
+    assert cells[3] == ["~ 2026-01-01T01:00:01", "~ 2026-01-01T01:00:02"] and cells[4] == ["2026-01-01T01:00:00"] * 2
+    assert queue_header("reason", jobs) == "REASON / PLACEMENT"
+
+
+def test_times_on_both_sides_of_a_dst_change_name_their_zone_in_each_cell(berlin):
+    jobs = [{"id": "1", "state": "PENDING", "reason": "Resources", "submit_time": JAN},
+            {"id": "2", "state": "PENDING", "reason": "Resources", "submit_time": JUL}]
+    _dropped, heads, cells = _table(jobs, ["id", "state", "reason", "submit"])
+    assert heads[3] == "SUBMIT" and cells[3] == ["2026-01-01T01:00:00 CET", "2026-07-01T02:00:00 CEST"]
+
+
+def test_a_column_without_times_keeps_its_plain_header_and_width(berlin):
+    running = [{"id": "1", "state": "RUNNING", "reason": None, "placement": "n1:0", "estimated_start": None}]
+    _dropped, heads, cells = _table(running, ["id", "state", "reason", "start"])
+    assert heads[3] == "EST. START" and cells[3] == ["-"]

@@ -580,18 +580,12 @@ def env_pairs(items: list[str]) -> dict[str, str]:
 
 def _fmt_t(t: float | None, zone: bool = True) -> str:
     """Epoch seconds ``t`` in this machine's local time, ``2026-12-07T09:20:00 UTC``: the
-    zone's abbreviation named (``zone``; a table names it once, in its header:
-    ``local_zone``); ``-`` for ``None``."""
+    zone's abbreviation named (``zone``; a queue column names it once, in its header:
+    ``queue_header``); ``-`` for ``None``."""
     if t is None:
         return "-"
     local = time.localtime(t)
     return time.strftime("%Y-%m-%dT%H:%M:%S" + (" %Z" if zone else ""), local)
-
-
-def local_zone() -> str:
-    """This machine's time zone abbreviation now (``UTC``, ``CET``): a table's header
-    names it for the times in its cells (``_fmt_t(t, zone=False)``)."""
-    return time.strftime("%Z", time.localtime())
 
 
 def policy_zone(raw: dict | None):
@@ -1583,8 +1577,9 @@ def register(app: typer.Typer) -> None:
 
 
 # ---------------------------------------------------------------- shepherd queue (note 020)
-#: ``queue``'s fields whose cells are times: their header names the zone (``queue_header``)
-QUEUE_TIMES = frozenset({"start", "submit"})
+#: ``queue``'s fields whose cells are times: the zone is named once, in the header, when
+#: every time of the column is in the same one (``queue_header``)
+QUEUE_TIMES = {"start": lambda j: _fmt_est(j, zone=False), "submit": lambda j: _fmt_t(j.get("submit_time"), False)}
 #: Slurm's compact state codes (squeue's %t) of our states
 SHORT_STATE = {"PENDING": "PD", "RUNNING": "R", "PREEMPTING": "CG", "STOPPING": "CG", "COMPLETED": "CD",
                "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO", "REJECTED": "RJ"}
@@ -1615,13 +1610,12 @@ QUEUE_FIELDS: dict[str, tuple[str, Any, Any, str]] = {
                "why it waits, or where it runs (squeue's NODELIST(REASON)); never cut"),
     "placement": ("PLACEMENT", lambda j: j.get("placement"), lambda j: j.get("placement") or "-",
                   "node:GPUs it holds"),
-    "start": ("EST. START", lambda j: j.get("estimated_start"), lambda j: _fmt_est(j, zone=False),
+    "start": ("EST. START", lambda j: j.get("estimated_start"), _fmt_est,
               "estimated start: <= T on time limits (by T unless jobs that rank higher arrive or backfill first), "
               "~ T on estimates"),
     "start_basis": ("START BASIS", lambda j: j.get("estimated_start_basis"),
                     lambda j: j.get("estimated_start_basis") or "-", "what the estimate rests on"),
-    "submit": ("SUBMIT", lambda j: j.get("submit_time"), lambda j: _fmt_t(j.get("submit_time"), zone=False),
-               "submit time"),
+    "submit": ("SUBMIT", lambda j: j.get("submit_time"), lambda j: _fmt_t(j.get("submit_time")), "submit time"),
     "priority": ("PRIORITY", lambda j: j.get("priority"), _prio, "priority (multifactor)"),
     "runs": ("RUNS", lambda j: j.get("runs"), lambda j: _num(j.get("runs")), "runs started"),
 }
@@ -1664,11 +1658,30 @@ def parse_fields(text: str) -> list[str]:
     return out
 
 
-def queue_header(field: str) -> str:
-    """The header of ``queue``'s ``field``; a time's names the zone of its cells
-    (``START (UTC)``: this machine's local time)."""
+def queue_header(field: str, jobs: list[dict] = ()) -> str:
+    """The header of ``queue``'s ``field``; a time column's names the zone of its cells
+    (``SUBMIT (CET)``: this machine's local time) when every time in ``jobs`` is in that
+    one zone - else (a column with no time, or times on both sides of a DST change) the
+    plain header, and each cell names its own (``time_cells``)."""
     head = QUEUE_FIELDS[field][0]
-    return f"{head} ({local_zone()})" if field in QUEUE_TIMES else head
+    zones = _column_zones(field, jobs)
+    return f"{head} ({zones.pop()})" if len(zones) == 1 else head
+
+
+def _column_zones(field: str, jobs) -> set[str]:
+    """The local zone abbreviations of the times of ``field`` (a ``QUEUE_TIMES`` one) in ``jobs``."""
+    if field not in QUEUE_TIMES:
+        return set()
+    raw = QUEUE_FIELDS[field][1]
+    return {time.strftime("%Z", time.localtime(t)) for t in map(raw, jobs) if t is not None}
+
+
+def time_cells(field: str, jobs: list[dict]) -> list[str]:
+    """The cells of ``field`` for ``jobs``: a time column whose times share one zone
+    leaves it out (its header names it, ``queue_header``); otherwise as ``QUEUE_FIELDS``."""
+    plain = len(_column_zones(field, jobs)) == 1
+    text = QUEUE_TIMES[field] if plain else QUEUE_FIELDS[field][2]
+    return [text(j) for j in jobs]
 
 
 def queue_table(jobs: list[dict], fields: list[str], width: int) -> tuple[SafeTable, list[str]]:
@@ -1677,8 +1690,10 @@ def queue_table(jobs: list[dict], fields: list[str], width: int) -> tuple[SafeTa
     The reason column folds (never an ellipsis); when the other columns' widths plus
     ``QUEUE_REASON_MIN`` for the reason do not fit, fields are dropped in
     ``QUEUE_DROP_ORDER`` (id, state and reason are never dropped)."""
-    texts = {f: [_safe(QUEUE_FIELDS[f][2](j)) for j in jobs] for f in fields}
-    widths = {f: max([len(queue_header(f))] + [len(t) for t in texts[f]]) for f in fields}
+    texts = {f: [_safe(t) for t in (time_cells(f, jobs) if f in QUEUE_TIMES else map(QUEUE_FIELDS[f][2], jobs))]
+             for f in fields}
+    heads = {f: queue_header(f, jobs) for f in fields}
+    widths = {f: max([len(heads[f])] + [len(t) for t in texts[f]]) for f in fields}
     if "reason" in widths:
         widths["reason"] = min(widths["reason"], max(QUEUE_REASON_MIN, len(QUEUE_FIELDS["reason"][0])))
     shown, dropped = list(fields), []
@@ -1695,9 +1710,9 @@ def queue_table(jobs: list[dict], fields: list[str], width: int) -> tuple[SafeTa
     table = SafeTable(box=None, pad_edge=False)
     for f in shown:
         if f == "reason":
-            table.add_column(queue_header(f), overflow="fold", min_width=min(widths[f], width))
+            table.add_column(heads[f], overflow="fold", min_width=min(widths[f], width))
         else:
-            table.add_column(queue_header(f), no_wrap=True, overflow="fold")
+            table.add_column(heads[f], no_wrap=True, overflow="fold")
     for i in range(len(jobs)):
         table.add_row(*(texts[f][i] for f in shown))
     return table, dropped
