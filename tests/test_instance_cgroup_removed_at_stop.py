@@ -60,3 +60,30 @@ def test_a_live_runs_cgroup_stays_at_stop_even_while_empty(fresh, tmp_path):
     (tmp_path / "go").write_text("")
     s.wait_state(alive, "COMPLETED")
     s.stop()
+
+
+def test_a_run_that_ended_before_the_stop_lets_its_cgroup_go(db, tmp_path):
+    # a run that ended (its exit file written) but that the loop had not collected yet
+    # keeps nothing: only a run still alive keeps its cgroup through the stop
+    import sys
+
+    from gpushepherd.daemon.server import Daemon
+    from gpushepherd.model.job import JobSpec
+
+    go = tmp_path / "go"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(test_daemon.POLICY)
+    d = Daemon(tmp_path / "data", db, policy_path=policy, poll_s=0.05)
+    d.start()
+    job_id = d.submit(JobSpec(id="", team="ml", workload_class="batch", gpus=1),
+                      [sys.executable, "-c", wait_for_file(go)], cwd=str(tmp_path))
+    wait_for("the run in its cgroup", lambda: (g := cgroups.run_group(d.data_dir, job_id, 1)) is not None
+             and g.populated())
+    group = cgroups.run_group(d.data_dir, job_id, 1)
+    d.stop()  # the loop ends, the run goes on: kept
+    assert group.tracker.is_dir()
+    proc = d.backend.procs[job_id]
+    go.write_text("")
+    wait_for("the run to end", lambda: proc.exit_file.exists() and not group.populated())
+    d.backend.after_stop()  # as a stop whose loop had not collected the exit yet
+    assert not group.tracker.exists()

@@ -326,7 +326,7 @@ class Containment:
         """The cgroups of run ``run`` of a job (``None``: process groups)."""
         if self.kind == "process-group":
             return None
-        name = f"job-{job_id}-run-{run}"
+        name = run_name(job_id, run)
         return RunGroup(None if self.base is None else self.base / name, {c: d / name for c, d in self.v1.items()})
 
     def refusal(self, mem_mib: int, cpus: float) -> str | None:
@@ -490,7 +490,7 @@ def run_group(data_dir: Path, job_id: str, run: int, env: dict[str, str] | None 
     """The cgroups of a run of the server of ``data_dir`` that exist (a restarted server
     finding its runs again), looked up without making any; ``None``: none."""
     env = os.environ if env is None else env
-    name = f"job-{job_id}-run-{run}"
+    name = run_name(job_id, run)
     base = instance_dir(data_dir, env)
     v2 = base / name if base is not None and (base / name).is_dir() else None
     v1 = {c: d / name for c, d in instance_dirs_v1(data_dir, env).items() if (d / name).is_dir()}
@@ -571,6 +571,11 @@ def open_containment(data_dir: Path, env: dict[str, str] | None = None) -> Conta
             f"the {' and '.join(absent)} controller{'s' * (len(absent) > 1)} {'are' if len(absent) > 1 else 'is'} "
             f"not offered to {top} by its parent (cgroup.subtree_control) nor mounted as cgroup v1")
     return Containment(base, frozenset(limits), why, v1, devices_why)
+
+
+def run_name(job_id: str, run: int) -> str:
+    """The cgroup of run ``run`` of job ``job_id``, below the server's instance cgroup."""
+    return f"job-{job_id}-run-{run}"
 
 
 def remove_instance(data_dir: Path, env: dict[str, str] | None = None, kill: bool = False,

@@ -315,10 +315,12 @@ class LocalBackend(RunFiles):
         # by path (a restarted server that only re-attached never opened its containment);
         # an empty run cgroup left (its run ended, its removal not yet retried) goes too:
         # a restart finds such a run by its exit file, as before
-        # the runs this server still holds keep theirs even while empty: a runner launched a
-        # moment before the stop may not have entered its cgroup yet (it would then fail to,
-        # and the restart would find its run lost)
-        live = frozenset(f"job-{job_id}-run-{proc.run}" for job_id, proc in self.procs.items())
+        # a run still alive keeps its cgroup even while empty: a runner launched a moment
+        # before the stop may not have entered it yet (it would then fail to, and the
+        # restart would find its run lost); a run that ended (its exit file written, or
+        # nothing of it left) lets its cgroup go, though not yet collected
+        live = frozenset(cgroups.run_name(job_id, proc.run) for job_id, proc in sorted(self.procs.items())
+                         if not proc.exit_file.exists() and self._alive(proc))
         cgroups.remove_instance(self.data_dir, keep=live)
 
     def describe(self) -> str:
