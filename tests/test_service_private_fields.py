@@ -2,7 +2,7 @@
 command, where its signal is scraped, nor the scrape's error (which names that
 address): the fields a job hides from another team (note 023, "What another team sees";
 the review of note 084 found ``GET /services`` showed them to any token). Its own team
-and an admin see them whole, and ``shepherd service show`` says which are hidden."""
+an admin and the user who made it see them whole (as a job's user does), and ``shepherd service show`` says which are hidden."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def api(tmp_path):
     data.mkdir()
     tokens = {"ml": create_token(data, "--user", "ana", "--team", "ml"),
               "data": create_token(data, "--user", "bo", "--team", "data"),
-              "admin": create_token(data, "--user", "root", "--admin")}
+              "admin": create_token(data, "--user", "root", "--admin"),
+              "ana-moved": create_token(data, "--user", "ana", "--team", "data")}  # its maker, now in data
     with in_process_api(tmp_path, POLICY) as client:
         client.tokens = tokens
         yield client
@@ -45,7 +46,7 @@ def test_another_teams_token_sees_a_service_without_its_command_and_metrics_url(
             "scale_down_below": 2}
     r = api.post("/services", json=body, headers=_as(api, "ml"))
     assert r.status_code in (200, 201), r.text
-    for who in ("ml", "admin"):
+    for who in ("ml", "admin", "ana-moved"):  # its team, an admin, the user who made it
         v = api.get("/services/web", headers=_as(api, who)).json()
         assert v["command"] == body["command"] and v["metrics_url"] == body["metrics_url"] and "hidden" not in v
     other = api.get("/services/web", headers=_as(api, "data")).json()

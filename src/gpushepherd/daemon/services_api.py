@@ -130,10 +130,10 @@ def mount_services(app: FastAPI, daemon: Daemon, principal) -> None:
     def seen_by(v: dict, p: Principal | None) -> dict:
         """A service's view as ``p`` may see it, as a job's (note 023, "What another team
         sees"; note 084): whole for no principal (a server without tokens, not run as
-        root), an admin and a member of its team; else ``SERVICE_PRIVATE`` (the
+        root), an admin, the user who made it and a member of its team; else ``SERVICE_PRIVATE`` (the
         replicas' command, where the signal is scraped and the scrape's error, which
         names it) set to ``None`` and listed in ``hidden``."""
-        if p is None or (not p.anonymous and (p.admin or p.may_act_for(v["team"]))):
+        if p is None or (not p.anonymous and (p.admin or v.get("user") == p.user or p.may_act_for(v["team"]))):
             return v
         hidden = [k for k in SERVICE_PRIVATE if k in v]
         return {**v, **dict.fromkeys(hidden), "hidden": hidden}
