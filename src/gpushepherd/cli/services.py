@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         for key in ("name", "state", "class", "team", "gpus", "min_replicas", "max_replicas", "desired", "running",
                     "metric", "metrics_url", "scale_up_above", "scale_down_below", "cooldown_s", "scrape_every_s",
                     "stabilize", "command"):
-            out.print(f"{key}: {v.get(key)}")
+            out.print(f"{key}: {'(hidden: another team)' if key in v.get('hidden', ()) else v.get(key)}")
         last = v["last_signal"]
         out.print("last signal: " + ("-" if last is None else f"{last['value']:g} ({last['source']}, "
                                       f"{_fmt_t(last['t'])})") + (f"  error: {v['error']}" if v["error"] else ""))

@@ -554,7 +554,7 @@ class Services:
             reps.append({k: v.get(k) for k in ("id", "state", "placement", "reason", "runs", "preemptions")})
         out = {
             "name": svc.name, "state": "DELETED" if svc.deleted is not None else "ACTIVE", "created": svc.created,
-            "class": c["spec"]["workload_class"], "team": c["spec"]["team"],
+            "class": c["spec"]["workload_class"], "team": c["spec"]["team"], "user": c["spec"].get("user", ""),
             "project": c["spec"].get("project", ""), "gpus": c["spec"]["gpus"],
             "min_replicas": c["min_replicas"], "max_replicas": c["max_replicas"], "metric": c["metric"],
             "metrics_url": c.get("metrics_url"), "scale_up_above": c["scale_up_above"],

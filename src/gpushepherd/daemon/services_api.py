@@ -67,6 +67,11 @@ class ServiceBody(SubmitBody):
                                               "scrape_every_s", "stabilize")}
 
 
+#: the fields of a service's view only its team (and an admin) sees: the replicas' command,
+#: where its signal is scraped and the scrape error (which names that address)
+SERVICE_PRIVATE = ("command", "metrics_url", "error")
+
+
 def _refused(where: str, msg: str) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", where], "msg": msg,
                                                               "type": "value_error"}]})
@@ -122,18 +127,31 @@ def mount_services(app: FastAPI, daemon: Daemon, principal) -> None:
             audit_failed(request, p, "service-create", exc, claimed, **row)
             raise
 
+    def seen_by(v: dict, p: Principal | None) -> dict:
+        """A service's view as ``p`` may see it, as a job's (note 023, "What another team
+        sees"; note 084): whole for no principal (a server without tokens, not run as
+        root), an admin, the user who made it and a member of its team; else ``SERVICE_PRIVATE`` (the
+        replicas' command, where the signal is scraped and the scrape's error, which
+        names it) set to ``None`` and listed in ``hidden``."""
+        if p is None or (not p.anonymous and (p.admin or v.get("user") == p.user or p.may_act_for(v["team"]))):
+            return v
+        hidden = [k for k in SERVICE_PRIVATE if k in v]
+        return {**v, **dict.fromkeys(hidden), "hidden": hidden}
+
     @app.get("/services")
-    def services() -> list:
-        """Every service not deleted: desired and running replicas, the last signal."""
+    def services(p: Principal | None = Depends(principal)) -> list:
+        """Every service not deleted: desired and running replicas, the last signal;
+        another team's without its command, metrics URL and scrape error (``hidden``)."""
         with daemon.lock:
-            return daemon.services.views()
+            return [seen_by(v, p) for v in daemon.services.views()]
 
     @app.get("/services/{name}")
-    def service(name: str) -> dict:
+    def service(name: str, p: Principal | None = Depends(principal)) -> dict:
         """One service: its replicas (state, placement or pending reason), the last
-        signal and scrape error, and every scaling decision with its reason."""
+        signal and scrape error, and every scaling decision with its reason; another
+        team's without its command, metrics URL and scrape error (``hidden``)."""
         with daemon.lock:
-            return daemon.services.view(found(name))
+            return seen_by(daemon.services.view(found(name)), p)
 
     @app.delete("/services/{name}")
     def delete(name: str, request: Request, p: Principal | None = Depends(principal)) -> dict:
