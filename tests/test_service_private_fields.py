@@ -1,8 +1,9 @@
 """Another team sees a service's state, replicas and signal, but not its replicas'
 command, where its signal is scraped, nor the scrape's error (which names that
 address): the fields a job hides from another team (note 023, "What another team sees";
-the review of note 084 found ``GET /services`` showed them to any token). Its own team
-an admin and the user who made it see them whole (as a job's user does), and ``shepherd service show`` says which are hidden."""
+the review of note 084 found ``GET /services`` showed them to any token). Its own team,
+an admin and the user who made it see them whole (as a job's user does), and
+``shepherd service show`` says which are hidden."""
 
 from __future__ import annotations
 

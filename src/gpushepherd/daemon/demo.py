@@ -72,6 +72,7 @@ def real_gpus_policy(data_dir: Path, say: Callable[[str], None] | None = None) -
     policy on this machine's GPUs (``nvml``). Returns ``(policy file, inventory kind)``."""
     import yaml
 
+    from gpushepherd.gpu.inventory import type_name
     from gpushepherd.gpu.nvml import NvmlInventory, nvml_unavailable
 
     if nvml_unavailable() is not None:
@@ -89,7 +90,7 @@ def real_gpus_policy(data_dir: Path, say: Callable[[str], None] | None = None) -
                 "one model without MIG, so it runs on a static 8-GPU node")
         return demo_policy_path(), "static"
     policy = yaml.safe_load(demo_policy_path().read_text())
-    policy["cluster"]["nodes"] = [{"name": "local", "gpus": len(gpus), "gpu_type": names[0],
+    policy["cluster"]["nodes"] = [{"name": "local", "gpus": len(gpus), "gpu_type": type_name(names[0]),
                                    "gpu_mem_mib": min(g.memory_mib for g in gpus)}]
     path = Path(data_dir) / "demo-policy.yaml"
     path.write_text(yaml.safe_dump(policy, sort_keys=False))

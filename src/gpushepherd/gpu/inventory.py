@@ -163,6 +163,14 @@ def foreign_processes(sample_gpus: Iterable[GpuSample], managed: frozenset[int] 
     return out
 
 
+def type_name(gpu_name: str) -> str:
+    """A GPU model's name as the policy's ``cluster.nodes[].gpu_type`` may write it (letters,
+    digits and ``._-``, first a letter or digit): NVML's ``NVIDIA H100 80GB HBM3`` is
+    ``NVIDIA-H100-80GB-HBM3``, whose tokens are the name's (``node_mismatches`` agrees
+    with it); ``generic`` when nothing is left."""
+    return re.sub(r"[^A-Za-z0-9_.\-]+", "-", gpu_name).strip("-._")[:128].rstrip("-._") or "generic"
+
+
 def _tokens(text: str) -> set[str]:
     return {t for t in re.split(r"[\s_\-/]+", text.upper()) if t}
 
