@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from sqlalchemy import update
@@ -64,8 +65,11 @@ def test_replaying_the_log_gives_the_same_decisions(store):
 def test_a_second_server_is_refused_and_a_dead_ones_lock_taken_over(store):
     store.acquire_lock(100.0)
     other = Store(store.url)
-    with pytest.raises(LockHeld, match=r"another gpushepherd server holds it \(pid \d+ on host"):
+    with pytest.raises(LockHeld, match=r"another gpushepherd server holds it \(pid \d+ on host") as held:
         other.acquire_lock(110.0)
+    # its start time names its zone, as every time the CLI prints (a bare local time read as UTC is off by hours)
+    zone = time.strftime("%Z", time.localtime(100.0))
+    assert f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(100.0))} {zone}," in str(held.value)
     # the holder died (kill -9) on this host: its pid is gone -> taken over at once
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     with store.engine.begin() as c:

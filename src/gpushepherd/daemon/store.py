@@ -684,7 +684,7 @@ class Store:
                 raise LockHeld(
                     f"database {self.display_url}: another gpushepherd server "
                     f"holds it (pid {held['pid']} on host {held['host']}, since "
-                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(held['since']))}, last seen "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(held['since']))}, last seen "
                     f"{now - held['heartbeat']:.0f} s ago); stop that server first - only one server may use "
                     f"a database (a dead server's lock is taken over after {LOCK_STALE_S:.0f} s)")
             # compare-and-swap on the old token: two servers starting at once cannot both win
