@@ -258,6 +258,23 @@ def duration_param(bare: Bare = "seconds", *, lo: float = 0.0, hi: float = MAX_T
     return duration
 
 
+def path_param(value: Any) -> Path:
+    """A typer ``parser=`` for every path option and argument: the text as a ``Path``,
+    refusing an empty one. ``Path("")`` is ``.``, so an unset shell variable
+    (``--data-dir "$DIR"``) silently named the current folder: a server kept its data
+    there, and errors named ``'.'``, not what was given.
+
+    Raises (from the parser):
+        typer.BadParameter: ``'' is not allowed`` (click adds the option's name).
+    """
+    if isinstance(value, Path):
+        return value
+    if str(value) == "":
+        raise typer.BadParameter("'' is not allowed: a path (an empty one would mean the current "
+                                 "folder; if a shell variable gave it, it is unset)")
+    return Path(value)
+
+
 DEPENDENCY_HELP = ("Run after other jobs (Slurm's --dependency): afterok:ID[:ID...] (they COMPLETED), "
                    "afternotok:ID (they ended otherwise), afterany:ID (they ended), singleton (no other job of "
                    "this name and user runs); a comma list must all hold.")
@@ -660,7 +677,7 @@ def _fmt_est(j: dict, zone: bool = True) -> str:
     return f"{mark} {_fmt_t(t, zone)}"
 
 
-DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Logs, checkpoints and the SQLite database.")]
+DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Logs, checkpoints and the SQLite database.", parser=path_param)]
 DbOpt = Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL (default: SQLite in --data-dir).")]
 
 
@@ -987,7 +1004,7 @@ def register(app: typer.Typer) -> None:
     @app.command("server")
     def server(data_dir: DataDirOpt = Path("shepherd-data"), db: DbOpt = None,
                policy: Annotated[Optional[Path], typer.Option("--policy", help="Policy YAML (default: the "
-                                                              "last one this database ran).")] = None,
+                                                              "last one this database ran).", parser=path_param)] = None,
                host: Annotated[str, typer.Option("--host", help="Address to listen on; other than loopback "
                                                  "only with tokens.")] = "127.0.0.1",
                port: Annotated[int, typer.Option("--port", min=1, max=65535)] = DEFAULT_PORT,
@@ -1060,9 +1077,9 @@ def register(app: typer.Typer) -> None:
                    "series.")] = False,
                tls_cert: Annotated[Optional[Path], typer.Option(
                    "--tls-cert", help="Serve HTTPS with this certificate (PEM, chain after it); with "
-                   "--tls-key.")] = None,
+                   "--tls-key.", parser=path_param)] = None,
                tls_key: Annotated[Optional[Path], typer.Option(
-                   "--tls-key", help="The private key (PEM) of --tls-cert.")] = None,
+                   "--tls-key", help="The private key (PEM) of --tls-cert.", parser=path_param)] = None,
                insecure_http: Annotated[bool, typer.Option(
                    "--insecure-http", help="Allow plain HTTP on an address other than loopback (tokens cross "
                    "the network in clear text: only behind a TLS-terminating proxy).")] = False,
@@ -1232,7 +1249,7 @@ def register(app: typer.Typer) -> None:
                preemptible: Annotated[Optional[bool], typer.Option("--preemptible/--no-preemptible")] = None,
                checkpointable: Annotated[Optional[bool], typer.Option("--checkpointable/--no-checkpointable")] = None,
                env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for the job (repeat).")] = [],
-               chdir: Annotated[Path, typer.Option("--chdir", "-D")] = Path("."),
+               chdir: Annotated[Path, typer.Option("--chdir", "-D", parser=path_param)] = Path("."),
                shell: Annotated[bool, typer.Option("--shell", help="Run COMMAND with /bin/sh -c.")] = False,
                array: Annotated[Optional[str], typer.Option("--array", "-a", help="Job array: 0-99%8 (indices "
                                                             "0..99, at most 8 at once), 1,3,5-7; each task gets "

@@ -14,6 +14,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gpushepherd.cli.daemon import path_param
+
 _STYLE = {"RUNNING": "green", "PENDING": "yellow", "PREEMPTING": "magenta", "STOPPING": "magenta",
           "COMPLETED": "blue", "FAILED": "red", "CANCELLED": "dim", "TIMEOUT": "red"}
 
@@ -92,7 +94,7 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Where the demo server keeps its "
                                                               "database, logs and checkpoints (default: a new "
-                                                              "temporary directory, removed at the end).")] = None,
+                                                              "temporary directory, removed at the end).", parser=path_param)] = None,
              keep: Annotated[bool, typer.Option("--keep", help="Keep the data directory.")] = False,
              backend: Annotated[str, typer.Option("--backend", help="Where the jobs run: local (processes here) or "
                                                   "slurm (a fake Slurm cluster of one 8-GPU node that the demo "

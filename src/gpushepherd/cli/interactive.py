@@ -35,6 +35,7 @@ from gpushepherd.cli.daemon import (
     _safe,
     constraint_fields,
     job_body,
+    path_param,
     post_job,
     resource_fields,
     script_not_command,
@@ -298,7 +299,7 @@ def register(app: typer.Typer) -> None:
                                                               help="Expected run time (the forms of --time).")]
             = None,
             env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for the job (repeat).")] = [],
-            chdir: Annotated[Path, typer.Option("--chdir", "-D")] = Path("."),
+            chdir: Annotated[Path, typer.Option("--chdir", "-D", parser=path_param)] = Path("."),
             shell: Annotated[bool, typer.Option("--shell", help="Run COMMAND with /bin/sh -c.")] = False,
             name: Annotated[str, typer.Option("--name", "-J", help=f"Job name: {JOB_NAME_RULE}.")] = "",
             mem: Annotated[Optional[str], typer.Option("--mem", metavar="SIZE", help="Host memory limit of the "

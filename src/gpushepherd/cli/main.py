@@ -32,7 +32,7 @@ from rich.text import Text
 
 from gpushepherd import __version__
 from gpushepherd.baselines import BF_DEPTH, NAMES as BASELINE_NAMES, NOT_CORE
-from gpushepherd.cli.daemon import duration_param
+from gpushepherd.cli.daemon import duration_param, path_param
 from gpushepherd.extras import MissingExtra, require
 
 if TYPE_CHECKING:
@@ -389,10 +389,10 @@ def _write_atomically(path: Path, option: str, write: Callable[[Path], None]) ->
 
 @app.command()
 def simulate(
-    trace: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Trace file; default: the bundled Philly excerpt (days 45-47 of Philly).")] = None,
+    trace: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Trace file; default: the bundled Philly excerpt (days 45-47 of Philly).", parser=path_param)] = None,
     fmt: Annotated[Optional[str], typer.Option("--format", metavar="FORMAT", help="Format of --trace: philly (default), itp or csv.")] = None,
     mapping: Annotated[Optional[str], typer.Option("--map", metavar="MAP", help="For --format csv: submit=COL,gpus=COL,duration=COL[,id=COL,team=COL,class=COL,user=COL,project=COL,deadline=COL|deadline_after=COL] (deadline: a time on the submit column's clock; deadline_after: seconds after submit).")] = None,
-    policy: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Policy file; default: the bundled demo policy (96 nodes x 8 GPUs).")] = None,
+    policy: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Policy file; default: the bundled demo policy (96 nodes x 8 GPUs).", parser=path_param)] = None,
     cluster: Annotated[Optional[str], typer.Option(metavar="NxG[:TYPE[:MIB]]", help="Replace the policy's nodes, e.g. 192x8.")] = None,
     days: Annotated[Optional[str], typer.Option(metavar="N|A:B", help="Only jobs submitted in days [0, N) or [A, B) of the trace, counted from its time origin (submit time 0; Philly's and ITP's: the start of collection), not from its first job: the bundled excerpt is days 45-47 (--days 45:46 is its first day); an empty window's error says which days the trace covers.")] = None,
     load: Annotated[float, typer.Option(metavar="FACTOR", help="Arrival-rate factor: 2.0 squeezes the inter-arrival times to half.")] = 1.0,
@@ -633,7 +633,7 @@ def _num(t: float) -> str:
 
 @scenario_app.command("run")
 def scenario_run(
-    files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Scenario YAML files (format: docs/scenarios.md).")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Scenario YAML files (format: docs/scenarios.md).", parser=path_param)],
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only PASS/FAIL lines.")] = False,
     explain: Annotated[Optional[list[str]], typer.Option("--explain", metavar="JOB",
                                                          help="Also print this job's history and pending reasons "

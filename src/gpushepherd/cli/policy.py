@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushepherd.cli.daemon import ServerOpt, TokenOpt, _fmt_t, _request
+from gpushepherd.cli.daemon import ServerOpt, TokenOpt, _fmt_t, _request, path_param
 
 if TYPE_CHECKING:
     from gpushepherd.model.rules import Rules
@@ -209,7 +209,7 @@ def register(policy_app: typer.Typer) -> None:
     out = _console()
 
     @policy_app.command("check")
-    def check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Policy YAML files.")],
+    def check(files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="Policy YAML files.", parser=path_param)],
               server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Validate policy files and print a summary of each; with a server (--server or
         $SHEPHERD_SERVER) also ask it whether each could be applied now (a dry run)."""
@@ -234,7 +234,7 @@ def register(policy_app: typer.Typer) -> None:
                     out.print(f"server: {res['message']}", soft_wrap=True)
 
     @policy_app.command("apply")
-    def apply(file: Annotated[Path, typer.Argument(metavar="FILE", help="Policy YAML file.")],
+    def apply(file: Annotated[Path, typer.Argument(metavar="FILE", help="Policy YAML file.", parser=path_param)],
               server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Apply a policy on the running server as its next version (admin token once
         tokens exist); running jobs keep their accounting. Refused, with nothing
@@ -262,12 +262,12 @@ def register(policy_app: typer.Typer) -> None:
             out.print(f"  {line}", soft_wrap=True)
 
     @policy_app.command("export")
-    def export(file: Annotated[Path, typer.Argument(metavar="FILE", help="Policy YAML file.")],
+    def export(file: Annotated[Path, typer.Argument(metavar="FILE", help="Policy YAML file.", parser=path_param)],
                kueue: Annotated[bool, typer.Option("--kueue", help="Kueue's objects (kueue.x-k8s.io/v1beta2): "
                                                    "ResourceFlavors, Cohorts, ClusterQueues, LocalQueues, "
                                                    "WorkloadPriorityClasses.")] = False,
                output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the YAML here "
-                                                           "(default: stdout).")] = None) -> None:
+                                                           "(default: stdout).", parser=path_param)] = None) -> None:
         """Export a policy for another scheduler (design note 016): with --kueue, the
         parts Kueue can express as YAML; what it cannot is listed at the top of the YAML
         and on stderr."""

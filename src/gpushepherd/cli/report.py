@@ -14,6 +14,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from gpushepherd.cli.daemon import path_param
+
 WEEK_S = 7 * 86400.0
 #: 9999-12-31T23:59:59 UTC, the last time ``--from`` / ``--to`` accept (epoch seconds)
 LAST_TIME = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp()
@@ -111,13 +113,13 @@ def open_store(data_dir: Path, db: str | None):
     return Store(db)
 
 
-DataDir = Annotated[Path, typer.Option("--data-dir", help="The server's --data-dir (its SQLite database).")]
+DataDir = Annotated[Path, typer.Option("--data-dir", help="The server's --data-dir (its SQLite database).", parser=path_param)]
 Db = Annotated[Optional[str], typer.Option("--db", help="SQLAlchemy URL of the server's database "
                                            "(default: SQLite in --data-dir).")]
 From = Annotated[Optional[str], typer.Option("--from", help="Start: ISO date/time (policy's time zone) or "
                                              "epoch seconds.")]
 To = Annotated[Optional[str], typer.Option("--to", help="End (excluded); default: the last event (included).")]
-Csv = Annotated[Optional[Path], typer.Option("--csv", metavar="DIR", help="Write one CSV per table here.")]
+Csv = Annotated[Optional[Path], typer.Option("--csv", metavar="DIR", help="Write one CSV per table here.", parser=path_param)]
 Html = Annotated[Optional[str], typer.Option("--html", metavar="FILE", help="Write one self-contained HTML "
                                              "page with interactive plots (plotly, inlined: nothing fetched "
                                              "when viewed; needs the 'report' extra; its folder is made "
@@ -182,7 +184,7 @@ def register(app: typer.Typer) -> None:
             emit(rep, csv, html_file)
 
     @app.command("whatif")
-    def whatif(policy: Annotated[Path, typer.Option("--policy", metavar="FILE", help="The proposed policy.")],
+    def whatif(policy: Annotated[Path, typer.Option("--policy", metavar="FILE", help="The proposed policy.", parser=path_param)],
                data_dir: DataDir = Path("shepherd-data"), db: Db = None,
                since: Annotated[Optional[str], typer.Option("--since", metavar="DURATION",
                                                             help="Jobs submitted in this long up to --to, with "

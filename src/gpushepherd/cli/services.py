@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from gpushepherd.cli.daemon import SECONDS_FORMS, ServerOpt, TokenOpt, _fmt_t, _request, duration_param, env_pairs
+from gpushepherd.cli.daemon import SECONDS_FORMS, ServerOpt, TokenOpt, _fmt_t, _request, duration_param, env_pairs, path_param
 
 
 def register(app: typer.Typer) -> None:
@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
                stabilize: Annotated[int, typer.Option("--stabilize", min=1, help="Samples above before a "
                                                       "scale-up.")] = 3,
                env: Annotated[list[str], typer.Option("--env", help="KEY=VALUE for each replica (repeat).")] = [],
-               chdir: Annotated[Path, typer.Option("--chdir", "-D")] = Path("."),
+               chdir: Annotated[Path, typer.Option("--chdir", "-D", parser=path_param)] = Path("."),
                server: ServerOpt = None, token: TokenOpt = None) -> None:
         """Create a service: `shepherd service create web --team ml --min 1 --max 4 --metrics-url
         http://127.0.0.1:9000/metrics --scale-up-above 10 --scale-down-below 2 --cooldown 60s -- python serve.py`."""
