@@ -375,12 +375,14 @@ class Turn:
                         self.book.pending_shares -= 1
 
 
-def run_fast(sched, out: list[Decision]) -> Turn:
-    """The pass over sub-queue heads (note 001's walk, made exact); see ``Walk``."""
+def run_fast(sched, out: list[Decision], budget: int | None = None) -> Turn:
+    """The pass over sub-queue heads (note 001's walk, made exact); see ``Walk``.
+    ``budget``: jobs it may test once the depth is reached (default
+    ``backfill.max_job_test``; a restored core going on with a cut walk, note 085)."""
     turn = Turn(sched, out, dequeue_now=False)
     turn.holds()
     turn.memo = {}
-    turn.walk = Walk(turn)
+    turn.walk = Walk(turn, budget)
     turn.walk.run(turn)
     return turn
 
@@ -465,14 +467,16 @@ class Walk:
     pass, if nothing changed but the time, resumes it where it stopped.
     """
 
-    def __init__(self, turn: Turn):
+    def __init__(self, turn: Turn, budget: int | None = None):
         book = self.book = turn.book  # (not the turn: a pass is freed by reference counting, note 059)
         queue = book.queue
         self.heads = list(queue.heads)
         self.prio_top = None  # the highest class pending (worked out when it matters)
         self.cont: list[tuple[tuple, int, int]] = []
         self.fail_fit: dict[int, int] = {}
-        self.budget = book.rules.backfill_max_job_test
+        self.budget = book.rules.backfill_max_job_test if budget is None else budget
+        #: the budget given to this walk over all its segments (``given - budget``: spent)
+        self.given = self.budget
         self.hi = 0
         self.cut = False
         #: the walk stopped before every job's turn: nothing could start (no free GPU,
@@ -581,11 +585,16 @@ class Walk:
         turn.sched.resume_at = book.now + 1.0 if self.cut else None  # the rest: a second later
 
     def resume(self, turn: Turn) -> None:
-        """Find the positions of the jobs the walk was about to look at again, and go on."""
+        """Find the positions of the jobs the walk was about to look at again, and the heads
+        of the sub-queues not reached (its starts left the queue: note 085), and go on."""
         queue = self.book.queue
+        subs = queue.subs
         self.cont = [(key, sig, bisect_left(queue.keys_of(sig), key)) for key, sig, _i in self.cont
-                     if sig in queue.subs]
+                     if sig in subs]
         heapq.heapify(self.cont)
+        self.heads = sorted((subs[sig][0].key, sig) for _key, sig in self.heads[self.hi:] if sig in subs)
+        self.hi = 0
         self.budget = self.book.rules.backfill_max_job_test
+        self.given += self.budget
         self.run(turn)
 

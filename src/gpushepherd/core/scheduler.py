@@ -50,6 +50,9 @@ from gpushepherd.model.rules import Rules
 
 __all__ = ["Scheduler", "SpecError", "spec_with", "validate_spec"]
 
+#: the snapshot's keys of a pass whose walk its budget cut short, or that went on after a cut (note 085)
+CUT_WALK = ("resume_at", "walk_given")
+
 
 class Scheduler:
     """The pure scheduling core (module docstring).
@@ -416,12 +419,24 @@ class Scheduler:
 
     # --------------------------------------------------- state, invariants
     def snapshot(self) -> dict:
-        """The scheduler's state as plain data (JSON-serialisable; ``core/snapshot.py``)."""
-        return snapshot.snapshot(self.book)
+        """The scheduler's state as plain data (JSON-serialisable; ``core/snapshot.py``);
+        after a pass its budget cut short, also when it goes on (``resume_at``, seconds)
+        and the budget it spent (``walk_spent``, jobs; note 085)."""
+        snap = snapshot.snapshot(self.book)
+        turn = self.last_turn
+        walk = turn.walk if turn is not None else None
+        if walk is not None and (walk.cut or walk.given > self.rules.backfill_max_job_test):
+            snap["walk_given"] = walk.given
+            if walk.cut and self.resume_at is not None:
+                snap["resume_at"] = self.resume_at
+        return snap
 
     @classmethod
-    def restore(cls, rules: Rules, snap: dict, reference: bool = False) -> "Scheduler":
-        """Rebuild a scheduler from ``snapshot()`` data under ``rules``.
+    def restore(cls, rules: Rules, snap: dict, reference: bool = False, new_rules: bool = False) -> "Scheduler":
+        """Rebuild a scheduler from ``snapshot()`` data under ``rules``. Its first call runs
+        a full pass, unless the snapshot's pass was cut short by its budget: then it goes
+        on as the uninterrupted core would (note 085) - not with ``new_rules`` (``rules``
+        are not those of the snapshot's core: a policy change), nor on a reference core.
 
         Raises:
             ValueError: the snapshot's allocations collide (a GPU given twice) or name GPUs
@@ -429,6 +444,22 @@ class Scheduler:
         """
         sched = cls(rules, reference=reference)
         snapshot.restore_into(sched, snap)
+        if snap.get("walk_given") is not None and not (reference or new_rules):
+            # the walk of the last pass again, with the budget it was given over its
+            # segments: it gives the same turns and stops where it stopped, or ends with
+            # what it had left (for the next submissions); it decides nothing (the state
+            # holds its starts); a cut one goes on at resume_at, as the uninterrupted
+            # core's (note 085)
+            out: list[Decision] = []
+            book = sched.book
+            book.dirty = False
+            sched.last_pass_t = book.now
+            sched.pass_no += 1
+            sched.last_turn = cycle.run_fast(sched, out, int(snap["walk_given"]))
+            if out:  # not the same walk after all: the first call makes a full pass, as before
+                return cls.restore(rules, {k: v for k, v in snap.items() if k not in CUT_WALK}, reference)
+            cut = sched.last_turn.walk.cut and snap.get("resume_at") is not None
+            sched.resume_at = float(snap["resume_at"]) if cut else None
         sched.check_invariants()
         return sched
 

@@ -888,7 +888,7 @@ class Daemon:
         Raises:
             ValueError, KeyError: the allocations do not fit the new rules' nodes.
         """
-        new = Scheduler.restore(rules, cls.live_snapshot(sched))
+        new = Scheduler.restore(rules, cls.live_snapshot(sched), new_rules=True)
         for job_id, job in new.jobs.items():
             job.history[:] = sched.jobs[job_id].history
         for job_id, job in sched.jobs.items():

@@ -280,7 +280,7 @@ def replay(batches: Iterable[tuple[float, str, object]]) -> Replay:
                 sched = Scheduler(rules)
             else:  # the server restarted under another policy: same state, new rules
                 rec.harvest(sched)
-                sched = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot())))
+                sched = Scheduler.restore(rules, json.loads(json.dumps(sched.snapshot())), new_rules=True)
                 rec.restored(sched)
             continue
         if sched is None:
