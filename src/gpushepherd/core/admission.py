@@ -91,8 +91,12 @@ class Scratch:
         return self.book.ledger.slots[n].free_mask | self.freed.get(n, 0)
 
     def extra_at(self, n: int, p: float) -> int:
-        """GPUs of node ``n`` the victims free that would still be held at ``p``."""
-        return sum(g for idx, g, end in self.ends if idx == n and end > p)
+        """GPUs of node ``n`` the victims free that the spare at claim point ``p`` counts
+        as held: those planned past ``p``, and at a point at or before now all of them
+        (the spare there reads the GPUs free now: ``releases.free_mask_at``; a victim
+        past its planned end holds its GPUs until it is evicted, note 086)."""
+        now = self.book.now
+        return sum(g for idx, g, end in self.ends if idx == n and (end > p or p <= now))
 
 
 class Admission(ShareRules):

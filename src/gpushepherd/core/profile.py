@@ -271,7 +271,9 @@ class Profile:
         active = [c for c in self.claims if not c.hold and c.start <= p < c.end]
         nodes = {n for c in active for n in c.gpus}
         keys = {k for c in active for k in c.quota}
-        if free_at is not None and len(active) == 1 and nodes <= free_at.keys():
+        # the walk's counts are by planned ends; at a point at or before now the spare
+        # reads the GPUs free now, a job past its planned end busy (note 086)
+        if free_at is not None and len(active) == 1 and nodes <= free_at.keys() and p > self.book.now:
             self.spare[p] = {n: free_at[n] - active[0].gpus[n] for n in sorted(nodes)}
         else:
             self.spare[p] = {n: self._spare_fresh(n, p) - sum(c.gpus.get(n, 0) for c in active)
