@@ -437,6 +437,10 @@ def with_key(argv: list[str], key: str) -> list[str]:
     return [*argv[:2], "--idempotency-key", key, *out, *argv[i:]]
 
 
+#: the pending reason of a job that no placement or limit in force lets start
+NEVER_AS_IS = "ExceedsCapacity"
+
+
 def post_job(server: str | None, token: str | None, body: dict, announce: bool = True,
              to_stderr: bool = False, idempotency_key: str | None = None, retry_argv: list[str] | None = None) -> dict:
     """``POST /jobs`` of a submission ``body`` and its one line: ``Submitted job N`` (or
@@ -467,6 +471,12 @@ def post_job(server: str | None, token: str | None, body: dict, announce: bool =
     if announce:
         (err if to_stderr else _console()).print(f"Submitted {'array' if body.get('array') is not None else 'job'} "
                                                  f"{job['id']}", markup=False)
+    if str(job.get("reason") or "").startswith(NEVER_AS_IS):
+        # accepted and kept pending, as Slurm keeps a job over a QOS limit (without
+        # DenyOnLimit) and Kueue an inadmissible workload - but said at once, not found later
+        err.print(f"warning: job {_safe(job['id'])} cannot start under the policy and cluster as they are: "
+                  f"{_safe(job['reason'])}; it waits until they change (shepherd cancel {_safe(job['id'])} "
+                  "drops it)", soft_wrap=True, markup=False)
     return job
 
 
