@@ -57,8 +57,8 @@ from gpushepherd import __version__
 from gpushepherd.core.scheduler import SpecError
 from gpushepherd.durations import api_seconds
 from gpushepherd.daemon.arrays import parse_array
-from gpushepherd.daemon.auth import (ANONYMOUS, METRICS_PATH, NO_MEMBERS, NO_TOKEN, Membership, Principal, is_member,
-                                    membership_of, socket_principal, user_of_uid)
+from gpushepherd.daemon.auth import (ANONYMOUS, METRICS_PATH, NO_MEMBERS, NO_TOKEN, UNKNOWN_TCP, Membership, Principal,
+                                    is_member, membership_of, socket_principal, user_of_uid)
 from gpushepherd.daemon.cgroups import MIN_MEM_MIB
 from gpushepherd.daemon.deps import BEGIN_RULE, DEPENDENCY_RULE, parse_begin, parse_dependency
 from gpushepherd.daemon.jobpages import (MAX_PAGE_LIMIT, PAGE_LIMIT, JobIndex, decode_cursor, encode_cursor,
@@ -72,6 +72,7 @@ from gpushepherd.daemon.server import Daemon, IdempotencyConflict, JobActionRefu
 from gpushepherd.daemon.store import StorageUnavailable, audit_row, storage_reason
 from gpushepherd.daemon.terminal import async_deliver
 from gpushepherd.daemon.ui import mount_ui
+from gpushepherd.daemon.tcp_peer import peer_uid
 from gpushepherd.daemon.unixsock import PEER_KEY
 from gpushepherd.model.job import MAX_NICE, SHARE_KINDS, GpuShare, JobSpec, first_control_char
 from gpushepherd.policy.load import PolicyError, policy_from_dict
@@ -732,13 +733,16 @@ def check_submitter(p: Principal | None, body, per_user: bool = False) -> None:
         HTTPException: 403 naming the field, the value and what the token allows.
     """
     if p is None or p.anonymous:
+        if p is not None and p.tcp:
+            raise HTTPException(403, f"user: {body.user!r} is not allowed: {p.refusal(body.team)}")
         if per_user or p is not None:
             raise HTTPException(403, f"user: {body.user!r} is not allowed without a token: this server runs each "
                                      "job as its Unix user, so it must know who submits (its Unix socket, or "
                                      "shepherd token create --user U, then --token or $SHEPHERD_TOKEN)")
         return
     if body.user and body.user != p.user and not p.admin:
-        who = f"the socket's caller is Unix user {p.user!r}" if p.via_socket else f"this token is user {p.user!r}"
+        who = (f"this connection's owner is Unix user {p.user!r}" if p.tcp else
+               f"the socket's caller is Unix user {p.user!r}" if p.via_socket else f"this token is user {p.user!r}")
         raise HTTPException(403, f"user: {body.user!r} is not allowed: {who}")
     why = p.refusal(body.team)
     if why is not None:
@@ -751,7 +755,8 @@ def who_of(request: HTTPConnection, p: Principal | None) -> dict:
     shown ``-``, for ``auth.ANONYMOUS``), or - ``p`` ``None``: a server not run as root
     without tokens, where every caller is the server's user - this process's user, never
     a name the request gives (note 084); ``uid``: the Unix uid the kernel vouches for (the
-    local socket's caller, note 025; ``None`` over TCP); ``address``: the client's
+    local socket's caller, note 025; a traced loopback TCP caller, note 087; else ``None``
+    over TCP); ``address``: the client's
     ``HOST:PORT``, or ``unix socket (pid N)``."""
     peer = request.scope.get(PEER_KEY)
     client = request.client
@@ -794,6 +799,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     bearer = Bearer(auto_error=False, scheme_name="HTTPBearer",  # the OpenAPI name it had before note 041
                     description="An API token from `shepherd token create`.")
     per_user = daemon.backend.kind == "local" and daemon.backend.run_as.per_user
+    # a root server that runs every job as itself: a tokenless caller is traced (note 087)
+    traced = not per_user and os.geteuid() == 0
     used: set[tuple[int, str]] = set()  # (token id, client host) seen this server's life: token-use rows
     refused_at: dict[str, float] = {}  # client host -> time of its last token-refused row
 
@@ -828,6 +835,20 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             members_cache[:] = [cur["version"], membership_of(cur.get("policy"), cur["version"])]
         return members_cache[1]
 
+    def tcp_principal(request: HTTPConnection) -> Principal | None:
+        """A tokenless caller of a root server that runs jobs as itself: the Unix user
+        owning its loopback connection in the kernel's TCP table, as on the socket;
+        ``UNKNOWN_TCP`` when the table does not name it; ``None`` (the server's user, as
+        before note 087) for an in-process ASGI client, which has no IP address."""
+        client, server = request.client, request.scope.get("server")
+        try:
+            uid = peer_uid((client.host, client.port), server) if client is not None and server else None
+        except ValueError:  # not an IP connection: an in-process client (tests, the demo's own calls)
+            return None
+        if uid is None:
+            return UNKNOWN_TCP
+        return replace(socket_principal(uid, open_teams=True, tcp=True), membership=membership())
+
     async def principal(request: HTTPConnection,
                         cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal | None:
         """The request's (or WebSocket handshake's) principal; ``None`` when auth is off (the
@@ -842,7 +863,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         """
         if request.url.path in PROBE_PATHS:
             return None  # a probe reads no job and sends no token
-        if cred is None and not auth_required and not per_user and request.scope.get(PEER_KEY) is None \
+        if cred is None and not auth_required and not per_user and not traced and request.scope.get(PEER_KEY) is None \
                 and request.scope.get("method") == "POST" and request.url.path == "/jobs" \
                 and daemon.store.never_had_tokens_cached():
             # a submission without a token to a server open at the last look: the loop step
@@ -856,7 +877,10 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             return replace(socket_principal(peer.uid, open_teams=not auth_on), membership=membership())
         if not auth_on:  # never had a token: open (loopback only); revoking every token never reopens it
             # jobs run as their users: a caller who says nothing acts for no one (note 084)
-            return ANONYMOUS if per_user else None
+            if per_user:
+                return ANONYMOUS
+            return tcp_principal(request) if traced else None
+
         p = daemon.store.authenticate(cred.credentials, active) if cred is not None else None
         if p is None:
             why = NO_TOKEN if cred is None else "the token is unknown or revoked"
@@ -1111,7 +1135,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             return {"auth": False, "user": None, "teams": [], "admin": False}
         if p.via_socket:  # the kernel's user (note 025): its teams are those whose members list it
             teams = [t for t, entries in p.membership.teams.items() if p.admin or is_member(p.user, entries)]
-            return {"auth": True, "user": p.user, "teams": teams, "admin": p.admin, "via": "socket", "uid": p.uid}
+            return {"auth": True, "user": p.user, "teams": teams, "admin": p.admin, "via": "tcp" if p.tcp else "socket",
+                    "uid": p.uid}
         return {"auth": True, "user": p.user, "teams": list(p.teams), "admin": p.admin}
 
     @app.get("/jobs/{job_id}")
@@ -1141,7 +1166,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         if user is None:
             raise HTTPException(404, f"job {job_id!r}: no such job")
         if p is not None and not p.admin and (p.anonymous or p.user != user):
-            caller = (p.refusal("") if p.anonymous else
+            caller = (p.refusal("") if p.anonymous else f"this connection's owner is user {p.user!r}" if p.tcp else
                       f"this {'socket caller' if p.via_socket else 'token'} is user {p.user!r}")
             denied = HTTPException(403, f"job {job_id!r} is user {user!r}'s: only its user or an admin may {verb} "
                                         f"({caller})")
@@ -1304,7 +1329,8 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         """The audit log (note 023), oldest first: who (``user``: the token's or the socket
         caller's; without tokens the server's own user on a server not run as root, ``''``
         for a tokenless request to a root one, note 084; ``token_id``; ``uid``: the Unix uid the kernel vouches
-        for, for local commands; ``address``: the client's HOST:PORT, or ``local (COMMAND)``),
+        for, for local commands and traced loopback TCP callers (note 087); ``address``: the
+        client's HOST:PORT, or ``local (COMMAND)``),
         ``action``, ``team``, ``target`` (job id, token id, policy version), ``outcome`` (ok,
         denied: 403, refused: 422/409, failed: storage) and ``detail`` (what). An admin token
         sees every entry; another token only the entries about jobs of its teams (submits,

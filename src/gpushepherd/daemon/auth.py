@@ -19,8 +19,12 @@ A request over TCP without a token to a server that runs jobs as their Unix user
 (root, note 023) says nothing the server can check: it is the ``ANONYMOUS`` principal,
 which may read what any caller reads and nothing more - it acts for no team and no
 user, submits, cancels, changes, attaches to and applies nothing, and sees no job's
-private fields (note 084). A server not run as root runs every job as itself: there a
-tokenless caller is that user (``None`` principal, as before tokens exist).
+private fields (note 084). A server run as root that runs every job as itself
+(``SHEPHERD_RUN_AS=server``, or a cluster backend) names a tokenless loopback caller
+from the kernel's TCP table (``tcp_peer``): that Unix user, as on the socket (root and
+the server's uid admin); one it cannot name is ``UNKNOWN_TCP``, as ``ANONYMOUS`` (note
+087). A server not run as root runs every job as itself: there a tokenless caller is
+that user (``None`` principal, as before tokens exist).
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ METRICS_PATH = "/metrics"
 #: the 401 of a request without a token once the database has (or had) one
 NO_TOKEN = "no token: send 'Authorization: Bearer TOKEN' (shepherd ... --token, or $SHEPHERD_TOKEN)"
 #: why the ``ANONYMOUS`` principal may not act: how to say who one is
+#: why ``UNKNOWN_TCP`` may not act
+UNTRACED = ("this request does not say who sends it (HTTP without a token) and its connection could not be traced "
+            "to a Unix user, so on this server, run as root, it acts for no one: use its Unix socket (shepherd ... "
+            "without --server) or a token (shepherd token create --user U --team T, then --token or "
+            "$SHEPHERD_TOKEN)")
 UNAUTHENTICATED = ("this request does not say who sends it (HTTP without a token) and this server runs each job as "
                    "its Unix user, so it acts for no one: use its Unix socket (shepherd ... without --server; the "
                    "kernel names your user) or a token (shepherd token create --user U --team T, then --token or "
@@ -115,6 +124,9 @@ class Principal:
     open_teams: bool = False
     membership: Membership = field(default=NO_MEMBERS, compare=False)
     anonymous: bool = False
+    #: a tokenless loopback TCP caller named by the kernel's TCP table (note 087): the
+    #: user is vouched for as on the socket; with ``anonymous``: one it could not name
+    tcp: bool = False
 
     @property
     def via_socket(self) -> bool:
@@ -124,7 +136,7 @@ class Principal:
         """Why this principal may not submit for, cancel jobs of or read logs of
         ``team``; ``None``: it may. Rules: this module's docstring."""
         if self.anonymous:
-            return UNAUTHENTICATED
+            return UNTRACED if self.tcp else UNAUTHENTICATED
         if self.admin:
             return None
         listed = self.membership.teams.get(team)
@@ -155,6 +167,9 @@ class Principal:
 #: a tokenless TCP caller of a server that runs jobs as their Unix users (this module's
 #: docstring): no user, no team, no admin; audited as user ``-``
 ANONYMOUS = Principal(None, "", (), anonymous=True)
+#: a tokenless TCP caller of a root server whose connection the kernel's TCP table does
+#: not name (closed already, not loopback): as ``ANONYMOUS`` (note 087)
+UNKNOWN_TCP = Principal(None, "", (), anonymous=True, tcp=True)
 
 
 def user_of_uid(uid: int) -> str:
@@ -165,11 +180,12 @@ def user_of_uid(uid: int) -> str:
         return str(uid)
 
 
-def socket_principal(uid: int, open_teams: bool, server_uid: int | None = None) -> Principal:
-    """The principal of a Unix-socket caller whose uid the kernel gave: its user name,
+def socket_principal(uid: int, open_teams: bool, server_uid: int | None = None, tcp: bool = False) -> Principal:
+    """The principal of a Unix-socket caller whose uid the kernel gave (``tcp``: of a
+    loopback TCP caller whose uid the kernel's TCP table gave, note 087): its user name,
     admin when root or the server's own uid (``server_uid``, default this process's)."""
     own = os.geteuid() if server_uid is None else server_uid
-    return Principal(None, user_of_uid(uid), (), admin=uid in (0, own), uid=uid, open_teams=open_teams)
+    return Principal(None, user_of_uid(uid), (), admin=uid in (0, own), uid=uid, open_teams=open_teams, tcp=tcp)
 
 
 def unix_user_exists(name: str) -> bool:
