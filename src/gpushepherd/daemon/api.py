@@ -593,8 +593,9 @@ def _body_refusal(request: Request, body: bytes) -> dict | None:
     """The 422 entry for a JSON ``body`` that gives a key twice in one object (JSON leaves
     it open, Python keeps the last one silently; the policy's YAML loader refuses it too,
     ``yamlio``; note 084) or is nested too deeply to read, as the other validation errors
-    name theirs. ``None`` when every key is unique - the parsed body is then the request's
-    ``json()``, read once - or the body is no JSON (FastAPI's own parse then answers)."""
+    name theirs, or is no JSON at all (FastAPI's own parse answered that before the
+    principal: a caller without a token got 422, not 401). ``None`` when every key is
+    unique - the parsed body is then the request's ``json()``, read once."""
     keys = _KeysOnce()
     try:
         doc = json.loads(body, object_pairs_hook=keys.hook)
@@ -603,8 +604,14 @@ def _body_refusal(request: Request, body: bytes) -> dict | None:
         return {"loc": ["body"], "type": "value_error",
                 "msg": "the JSON body is nested too deeply to read: no request of this API needs more than a "
                        "few levels"}
-    except ValueError:
-        return None
+    except ValueError as exc:  # no JSON: refused as FastAPI would, but after the principal (a 401 first)
+        request._json = None
+        if isinstance(exc, json.JSONDecodeError):
+            return {"loc": ["body", exc.pos], "type": "json_invalid",
+                    "msg": f"JSON decode error: {exc.msg} at line {exc.lineno}, column {exc.colno} (character "
+                           f"{exc.pos}): the body must be one JSON object"}
+        return {"loc": ["body"], "type": "json_invalid",
+                "msg": f"JSON decode error: {exc}: the body must be one JSON object, in UTF-8"}
     request._json = doc  # Starlette's cache of ``Request.json()``: FastAPI parses it no more
     if not keys.found:
         return None
@@ -620,7 +627,8 @@ async def body_keys_once(request: HTTPConnection) -> None:
     validation errors of a body (note 084).
 
     Raises:
-        RequestValidationError: a key given twice, or a body nested too deeply.
+        RequestValidationError: a key given twice, a body nested too deeply, or one that
+            is no JSON.
     """
     refusal = request.scope.get(BODY_REFUSAL_KEY)
     if refusal is not None:
