@@ -1222,12 +1222,15 @@ def register(app: typer.Typer) -> None:
             # WebSockets (a pty job's terminal, note 041) by the websockets package, sans-I/O
             from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+            # no proxy headers: a client's address is its socket's (a local user naming another's
+            # port in X-Forwarded-For was traced as that user, note 087; the audit shows the real one)
             config = uvicorn.Config(app_, host=host, port=port, log_level="warning", timeout_keep_alive=5,
-                                    http=guarded, ws=WebSocketsSansIOProtocol, **tls)
+                                    http=guarded, ws=WebSocketsSansIOProtocol, proxy_headers=False, **tls)
             local = None
             if listener is not None:  # a WebSocket's protocol reads the peer of its connection too
                 local = uvicorn.Config(app_, log_level="warning", timeout_keep_alive=5, lifespan="off",
-                                       http=peer_protocol(guarded), ws=peer_protocol(WebSocketsSansIOProtocol))
+                                       proxy_headers=False, http=peer_protocol(guarded),
+                                       ws=peer_protocol(WebSocketsSansIOProtocol))
             stopped_by = _serve(config, sock, local, listener)
         finally:
             sock.close()

@@ -172,7 +172,8 @@ class DemoServer:
         from gpushepherd.daemon.api import make_app
 
         self.daemon.start(listen=f"http://127.0.0.1:{self.port}")  # the first log line says where (note 019)
-        config = uvicorn.Config(make_app(self.daemon), host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(make_app(self.daemon), host="127.0.0.1", port=self.port, log_level="warning",
+                                proxy_headers=False)  # a caller's address is its socket's (note 087)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="shepherd-demo-api", daemon=True)
         self._thread.start()

@@ -5,7 +5,9 @@ connections of this host only (design note 087).
 
 A loopback connection has both ends on this host: the client's socket is the table row
 whose local address is the request's client address and whose remote address is the
-server's. Its ``uid`` column is the effective uid of the process that made the socket.
+server's. Its ``uid`` column is the effective uid of the process that made the socket,
+while that socket is open (an orphan reads 0). The client address must be the socket's
+own, never a proxy header's (``X-Forwarded-For``): the server runs uvicorn without them.
 No library reads it (``psutil.net_connections`` gives pids, and only of processes it may
 inspect), and the format is fixed since Linux 2.2: a few lines here.
 """
@@ -17,9 +19,10 @@ from pathlib import Path
 
 #: the tables read, IPv4 then IPv6 (an IPv4 client of a dual-stack server is in tcp6)
 TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
-#: TCP states whose socket still belongs to its maker: ESTABLISHED (01) and the half-closed
-#: ones a client passes through while its request is read (FIN_WAIT1/2: 04, 05)
-LIVE_STATES = frozenset({"01", "04", "05"})
+#: the TCP state whose socket still belongs to its maker: ESTABLISHED (01). A client that
+#: closed its end (FIN_WAIT1/2: 04, 05) left an orphan the kernel lists as uid 0: trusting
+#: it made a caller who sent a request and closed at once root (note 087, review)
+LIVE_STATES = frozenset({"01"})
 
 
 def _address(field: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
