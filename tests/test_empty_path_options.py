@@ -67,3 +67,26 @@ def test_an_empty_path_is_refused_naming_its_option(args, option, tmp_path, monk
     assert option in r.stderr and REFUSAL in r.stderr, r.stderr
     assert "'.'" not in r.stderr
     assert list(tmp_path.iterdir()) == []  # nothing was made in the current folder (a server's data dir)
+
+
+@pytest.mark.parametrize("option", ["-D", "--chdir", "-o", "--output", "-e", "--error"])
+def test_sbatch_refuses_an_empty_path_on_its_command_line_and_in_its_script(option, tmp_path, monkeypatch):
+    # review: sbatch parses its own options (Slurm's), past path_param: -D '' was the
+    # current folder and -o '' / -e '' were dropped, the job submitted
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH -p batch\n#SBATCH -A research\ntrue\n")
+    r = CliRunner().invoke(app, ["sbatch", option, "", "job.sh"])
+    assert r.exit_code == 2 and f"command line: {option} '' is not allowed: a path" in r.stderr, r.stderr
+    (tmp_path / "in.sh").write_text(f"#!/bin/bash\n#SBATCH -p batch\n#SBATCH {option} ''\ntrue\n")
+    r = CliRunner().invoke(app, ["sbatch", "-A", "research", "in.sh"])
+    assert r.exit_code == 2 and f"in.sh:3: {option} '' is not allowed: a path" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("where", ["folder", "missing"])
+def test_policy_export_to_a_path_it_cannot_write_is_one_line_not_a_traceback(where, tmp_path):
+    # a tester's find: -o naming a folder, or a file in a missing folder, ended in a traceback
+    target = tmp_path if where == "folder" else tmp_path / "missing" / "k.yaml"
+    policy = Path(__file__).resolve().parent.parent / "examples" / "policies" / "small-team.yaml"
+    r = CliRunner().invoke(app, ["policy", "export", str(policy), "--kueue", "-o", str(target)])
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: --output: {str(target)!r} cannot be written"), r.stderr
+    assert "Traceback" not in r.stderr + r.stdout

@@ -284,7 +284,12 @@ def register(policy_app: typer.Typer) -> None:
         if output is None:
             print(text, end="")
         else:
-            output.write_text(text)
+            try:
+                output.write_text(text)
+            except OSError as exc:  # a folder, a missing folder, no permission: one line, not a traceback
+                err.print(f"error: --output: {str(output)!r} cannot be written ({exc.strerror or exc}): a file path "
+                          "in a folder you can write to", soft_wrap=True, markup=False)
+                raise typer.Exit(2) from None
             err.print(f"{output}: {_plural(len(objects), 'Kueue object')}", soft_wrap=True)
         err.print(f"not expressible in Kueue ({len(cannot)}):", soft_wrap=True)
         for line in cannot:

@@ -169,6 +169,11 @@ def _gpu_request(key: str, value: str, said: str) -> tuple[str | None, int]:
 def _set(opts: dict, key: str, name: str, value: str, where: str) -> None:
     """One directive's value into ``opts`` (``_fields`` of the request)."""
     said = f"{where}: {name} {value}"
+    if key in ("chdir", "stdout", "stderr") and value == "":
+        # as every path option (cli.daemon.path_param): '' would mean the current folder, or
+        # no file (-o '' was dropped), where an unset shell variable was meant
+        raise SbatchError(f"{where}: {name} '' is not allowed: a path (an empty one would mean the current folder; "
+                          "if a shell variable gave it, it is unset)")
     if key in ("gres", "gpus"):
         gpu_type, count = _gpu_request(key, value, said)
         opts["gpus"] = count
