@@ -375,21 +375,20 @@ class Turn:
                         self.book.pending_shares -= 1
 
 
-def run_fast(sched, out: list[Decision], budget: int | None = None) -> Turn:
-    """The pass over sub-queue heads (note 001's walk, made exact); see ``Walk``.
-    ``budget``: jobs it may test once the depth is reached (default
-    ``backfill.max_job_test``; a restored core going on with a cut walk, note 085)."""
+def run_fast(sched, out: list[Decision], budget: int | None = None, stop_key: tuple | None = None) -> Turn:
+    """The pass over sub-queue heads (note 001's walk, made exact); see ``Walk``. ``budget``,
+    ``stop_key``: a restored core's walk again (note 085); default ``backfill.max_job_test``."""
     turn = Turn(sched, out, dequeue_now=False)
     turn.holds()
     turn.memo = {}
-    turn.walk = Walk(turn, budget)
+    turn.walk = Walk(turn, budget, stop_key)
     turn.walk.run(turn)
     return turn
 
 
 def resume_fast(turn: Turn, out: list[Decision]) -> None:
-    """Go on with a walk its budget cut short, on the same state (nothing changed since
-    but the time): the pass it completes is the one an unbounded budget would make."""
+    """Go on with a walk its budget cut short, on the same state (nothing changed since but
+    the time): the pass it completes is the one an unbounded budget would make."""
     turn.out = out
     turn.started = []
     turn.walk.resume(turn)
@@ -467,7 +466,7 @@ class Walk:
     pass, if nothing changed but the time, resumes it where it stopped.
     """
 
-    def __init__(self, turn: Turn, budget: int | None = None):
+    def __init__(self, turn: Turn, budget: int | None = None, stop_key: tuple | None = None):
         book = self.book = turn.book  # (not the turn: a pass is freed by reference counting, note 059)
         queue = book.queue
         self.heads = list(queue.heads)
@@ -475,8 +474,8 @@ class Walk:
         self.cont: list[tuple[tuple, int, int]] = []
         self.fail_fit: dict[int, int] = {}
         self.budget = book.rules.backfill_max_job_test if budget is None else budget
-        #: the budget given to this walk over all its segments (``given - budget``: spent)
-        self.given = self.budget
+        self.given = self.budget  # over all its segments (``given - budget``: spent)
+        self.stop_key = stop_key  # a restored core's walk is cut there (note 085)
         self.hi = 0
         self.cut = False
         #: the walk stopped before every job's turn: nothing could start (no free GPU,
@@ -505,6 +504,9 @@ class Walk:
                 nxt_key = cont[0][0]
             if self.hi < n_heads and (nxt_key is None or heads[self.hi][0] < nxt_key):
                 nxt_key = heads[self.hi][0]
+            if self.stop_key is not None and nxt_key is not None and nxt_key >= self.stop_key:
+                self.cut = True  # a restored core's walk, up to where the walk was cut (note 085)
+                break
             while self.pi < len(pre) and pre[self.pi].state is not JobState.PENDING:
                 self.pi += 1
             if self.pi < len(pre) and (nxt_key is None or pre[self.pi].key < nxt_key):
@@ -529,8 +531,8 @@ class Walk:
                 if not ((book.rules.preemption_enabled or within) and book.evictable):
                     self.stopped = True
                     break  # nothing can start, preempt or reserve any more
-                if self.prio_top is None:
-                    self.prio_top = max(subs[s][0].cls.priority for _k, s in heads)
+                if self.prio_top is None:  # (every sub-queue's: a resumed walk's heads are those not reached)
+                    self.prio_top = max(sub[0].cls.priority for sub in subs.values() if sub)
                 if min(book.evictable) >= self.prio_top:
                     self.stopped = True
                     break
@@ -571,15 +573,13 @@ class Walk:
             if nxt < len(sub):
                 heapq.heappush(cont, (sub[nxt].key, sig, nxt))
         if self.stopped and strict and (turn.first_blocked is None or job.key < turn.first_blocked.key):
-            # nothing can act any more, but the strict order's stop is still named: the
-            # first job from here refused for capacity, as a full walk would find it
-            # (the reasons of the jobs behind it depend on it)
+            # nothing can act any more, but the strict order's stop is still named: the first job from
+            # here refused for capacity, as a full walk finds it (the reasons behind it depend on it)
             for later in queue.iter_from(job.key):
                 if turn.first_blocked is not None and turn.first_blocked.key <= later.key:
                     break
                 turn.turn(later, True)
-        if self.cut:
-            # positions move when the started jobs leave the queue: keep keys only
+        if self.cut:  # positions move when the started jobs leave the queue: keep keys only
             self.cont = [(key, sig, -1) for key, sig, _idx in cont]
         turn.finish()
         turn.sched.resume_at = book.now + 1.0 if self.cut else None  # the rest: a second later
@@ -593,7 +593,7 @@ class Walk:
                      if sig in subs]
         heapq.heapify(self.cont)
         self.heads = sorted((subs[sig][0].key, sig) for _key, sig in self.heads[self.hi:] if sig in subs)
-        self.hi = 0
+        self.hi, self.prio_top, self.stop_key = 0, None, None
         self.budget = self.book.rules.backfill_max_job_test
         self.given += self.budget
         self.run(turn)

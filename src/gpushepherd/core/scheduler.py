@@ -50,8 +50,15 @@ from gpushepherd.model.rules import Rules
 
 __all__ = ["Scheduler", "SpecError", "spec_with", "validate_spec"]
 
-#: the snapshot's keys of a pass whose walk its budget cut short, or that went on after a cut (note 085)
-CUT_WALK = ("resume_at", "walk_given")
+#: the snapshot's keys of the last pass's walk, when its budget shaped it (note 085)
+CUT_WALK = ("walk_given", "walk_left", "walk_stop", "walk_acted")
+#: a walk rebuilt at a restore stops at its key or its end, not for its budget
+UNBOUNDED = 1 << 62
+
+
+def _tupled(x):
+    """A queue key read back from JSON: its lists as the tuples it was made of."""
+    return tuple(_tupled(i) for i in x) if isinstance(x, list) else x
 
 
 class Scheduler:
@@ -420,23 +427,32 @@ class Scheduler:
     # --------------------------------------------------- state, invariants
     def snapshot(self) -> dict:
         """The scheduler's state as plain data (JSON-serialisable; ``core/snapshot.py``);
-        after a pass its budget cut short, also when it goes on (``resume_at``, seconds)
-        and the budget it spent (``walk_spent``, jobs; note 085)."""
+        after a pass its budget cut short, when it goes on (``resume_at``, seconds); and
+        while the last pass stands, its walk where a budget shaped it (note 085): the
+        budget given (``walk_given``, jobs) and left (``walk_left``), and where a cut walk
+        goes on (``walk_stop``, the next job's queue key)."""
         snap = snapshot.snapshot(self.book)
         turn = self.last_turn
         walk = turn.walk if turn is not None else None
-        if walk is not None and (walk.cut or walk.given > self.rules.backfill_max_job_test):
-            snap["walk_given"] = walk.given
-            if walk.cut and self.resume_at is not None:
-                snap["resume_at"] = self.resume_at
+        if walk is None:
+            return snap
+        if walk.cut and self.resume_at is not None:
+            snap["resume_at"] = self.resume_at
+        if not self.book.dirty and (walk.cut or walk.given > self.rules.backfill_max_job_test):
+            # the last pass stands (nothing changed since): its walk is rebuilt at a restore
+            snap["walk_given"], snap["walk_left"] = walk.given, walk.budget
+            snap["walk_acted"] = turn.acted_after_reserve  # (the rebuilt walk decides nothing)
+            if walk.cut:  # the key of the next job it would turn
+                snap["walk_stop"] = list(min([k for k, _s, _i in walk.cont] + [k for k, _s in walk.heads[walk.hi:]]))
         return snap
 
     @classmethod
     def restore(cls, rules: Rules, snap: dict, reference: bool = False, new_rules: bool = False) -> "Scheduler":
         """Rebuild a scheduler from ``snapshot()`` data under ``rules``. Its first call runs
-        a full pass, unless the snapshot's pass was cut short by its budget: then it goes
-        on as the uninterrupted core would (note 085) - not with ``new_rules`` (``rules``
-        are not those of the snapshot's core: a policy change), nor on a reference core.
+        a full pass, unless the snapshot kept the last pass's walk (its budget shaped it):
+        then the walk is rebuilt and the core goes on as the uninterrupted one would (note
+        085) - not with ``new_rules`` (``rules`` are not those of the snapshot's core: a
+        policy change), nor on a reference core.
 
         Raises:
             ValueError: the snapshot's allocations collide (a GPU given twice) or name GPUs
@@ -445,21 +461,24 @@ class Scheduler:
         sched = cls(rules, reference=reference)
         snapshot.restore_into(sched, snap)
         if snap.get("walk_given") is not None and not (reference or new_rules):
-            # the walk of the last pass again, with the budget it was given over its
-            # segments: it gives the same turns and stops where it stopped, or ends with
-            # what it had left (for the next submissions); it decides nothing (the state
-            # holds its starts); a cut one goes on at resume_at, as the uninterrupted
-            # core's (note 085)
+            # the last pass's walk again, up to the job it would turn next when it was cut
+            # (else to its end): it decides nothing (the state holds its decisions), and
+            # leaves its claims, its budget for the next submissions (continue_fast) and
+            # a cut walk to go on at resume_at, as the uninterrupted core's (note 085)
             out: list[Decision] = []
             book = sched.book
             book.dirty = False
             sched.last_pass_t = book.now
             sched.pass_no += 1
-            sched.last_turn = cycle.run_fast(sched, out, int(snap["walk_given"]))
-            if out:  # not the same walk after all: the first call makes a full pass, as before
+            stop = _tupled(snap["walk_stop"]) if snap.get("walk_stop") is not None else None
+            sched.last_turn = cycle.run_fast(sched, out, UNBOUNDED, stop)
+            if out:  # not that walk after all: the first call makes a full pass, as before
                 return cls.restore(rules, {k: v for k, v in snap.items() if k not in CUT_WALK}, reference)
-            cut = sched.last_turn.walk.cut and snap.get("resume_at") is not None
-            sched.resume_at = float(snap["resume_at"]) if cut else None
+            walk = sched.last_turn.walk
+            walk.given, walk.budget = int(snap["walk_given"]), int(snap["walk_left"])
+            sched.last_turn.acted_after_reserve = bool(snap.get("walk_acted"))
+        if snap.get("resume_at") is not None and not (reference or new_rules):
+            sched.resume_at = float(snap["resume_at"])
         sched.check_invariants()
         return sched
 
