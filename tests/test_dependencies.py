@@ -353,16 +353,21 @@ def test_sbatch_takes_dependency_begin_and_hold_directives(api, tmp_path, monkey
     assert v["dependency"] == f"afterany:{first}" and v["held"] and v["begin_time"] is not None
 
 
-def test_a_kept_job_carries_its_constraints_and_deadline_and_the_core_judges_them_at_hand_over(api, tmp_path):
-    """Note 021 with note 022: a kept job's view shows its constraints; handed to the core,
-    a selector no node offers is REJECTED with the core's reason, as at a plain submit."""
-    j = api.submit(hold=True, deadline="now+2h", same_node=True, node_selector=["zone=a"], min_driver="535.1")
-    assert j["state"] == "PENDING" and j["reason"] == "JobHeldUser" and j["held"]
-    assert j["node_selector"] == ["zone=a"] and j["same_node"] and j["min_driver"] == "535.1"
+def test_a_kept_job_carries_its_constraints_and_deadline_and_one_no_node_offers_is_rejected_at_submit(api, tmp_path):
+    """Note 021 with note 022: a kept job's view shows its constraints and deadline, and
+    keeps its submit time when handed to the core. A selector no node offers is REJECTED
+    at submit with the core's reason, as a plain job: it was kept and rejected only when
+    released, until a newcomer found that whether a job can ever fit does not depend on
+    its hold, begin time or dependency (Slurm's sbatch refuses it at once too)."""
+    j = api.submit(hold=True, deadline="now+2h", same_node=True)
+    assert j["state"] == "PENDING" and j["reason"] == "JobHeldUser" and j["held"] and j["same_node"]
     assert j["deadline"] == pytest.approx(time.time() + 7200, abs=60) and j["deadline_at_risk"] == []
+    bad = api.submit(hold=True, node_selector=["zone=a"], min_driver="535.1")
+    assert bad["state"] == "REJECTED" and "zone=a" in bad["reason"], bad
+    assert bad["node_selector"] == ["zone=a"] and bad["min_driver"] == "535.1"
     assert api.client.post(f"/jobs/{j['id']}/release").status_code == 200
-    v = api.state(j["id"], "REJECTED")
-    assert v["submit_time"] == j["submit_time"] and v["node_selector"] == ["zone=a"] and "zone=a" in v["reason"]
+    v = api.state(j["id"], "COMPLETED")
+    assert v["submit_time"] == j["submit_time"] and v["same_node"]
 
 
 def test_a_begin_time_at_or_after_the_deadline_is_refused_at_submit_and_update(api, tmp_path):

@@ -471,12 +471,17 @@ def post_job(server: str | None, token: str | None, body: dict, announce: bool =
     if announce:
         (err if to_stderr else _console()).print(f"Submitted {'array' if body.get('array') is not None else 'job'} "
                                                  f"{job['id']}", markup=False)
-    if str(job.get("reason") or "").startswith(NEVER_AS_IS):
+    # the server's never_fits (a kept job's, an array's too); a server from before it: the reason
+    never = job.get("never_fits") or (job.get("reason") if str(job.get("reason") or "").startswith(NEVER_AS_IS)
+                                      else None)
+    if never:
         # accepted and kept pending, as Slurm keeps a job over a QOS limit (without
         # DenyOnLimit) and Kueue an inadmissible workload - but said at once, not found later
-        err.print(f"warning: job {_safe(job['id'])} cannot start under the policy and cluster as they are: "
-                  f"{_safe(job['reason'])}; it waits until they change (shepherd cancel {_safe(job['id'])} "
-                  "drops it)", soft_wrap=True, markup=False)
+        jid = _safe(job["id"])
+        what, waits, it = ((f"array {jid} (tasks {_safe(body['array'])})", "its tasks wait", "them")
+                           if body.get("array") is not None else (f"job {jid}", "it waits", "it"))
+        err.print(f"warning: {what} cannot start under the policy and cluster as they are: {_safe(never)}; "
+                  f"{waits} until they change (shepherd cancel {jid} drops {it})", soft_wrap=True, markup=False)
     return job
 
 

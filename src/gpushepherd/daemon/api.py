@@ -54,7 +54,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from starlette.requests import HTTPConnection
 
 from gpushepherd import __version__
-from gpushepherd.core.scheduler import SpecError
+from gpushepherd.core.scheduler import Scheduler, SpecError
 from gpushepherd.durations import api_seconds
 from gpushepherd.daemon.arrays import parse_array
 from gpushepherd.daemon.auth import (ANONYMOUS, METRICS_PATH, NO_MEMBERS, NO_TOKEN, UNKNOWN_TCP, Membership, Principal,
@@ -74,7 +74,9 @@ from gpushepherd.daemon.terminal import async_deliver
 from gpushepherd.daemon.ui import mount_ui
 from gpushepherd.daemon.tcp_peer import peer_uid
 from gpushepherd.daemon.unixsock import PEER_KEY
+from gpushepherd.model.events import JobSubmitted
 from gpushepherd.model.job import MAX_NICE, SHARE_KINDS, GpuShare, JobSpec, first_control_char
+from gpushepherd.model.reasons import ReasonCode
 from gpushepherd.policy.load import PolicyError, policy_from_dict
 from gpushepherd.timepoints import FORMS as TIME_FORMS, api_time_point
 
@@ -796,6 +798,19 @@ def _spec_loc(field: str) -> list[str]:
     return ["body", *field.split(".")] if re.fullmatch(r"\w+(\.\w+)*", field) else ["body", field]
 
 
+def never_fits(rules, spec: JobSpec, now: float) -> str | None:
+    """Why no placement or limit of ``rules`` could ever let ``spec`` start
+    (``ExceedsCapacity(...)``: a limit it exceeds at its loosest, more than the nodes it
+    may use hold, other classes' reserved GPUs), as the core says it of a queued job; read
+    on a scratch core of ``rules`` with every node empty, so it is the same whatever the
+    job's begin time, dependency or hold, which keep it from the live core (note 021), and
+    for an array's tasks, queued later. ``None``: it could start."""
+    probe = Scheduler(rules)
+    probe.handle([JobSubmitted(now, replace(spec, id="probe", submit_time=now))])
+    why = probe.state_reason("probe")
+    return why if why is not None and why.startswith(ReasonCode.EXCEEDS_CAPACITY.value) else None
+
+
 def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     """The FastAPI application serving ``daemon``.
 
@@ -1033,7 +1048,10 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
                          "same key and body again within 24 h answer the job the first made (200, "
                          "Idempotent-Replayed: true); another body is 422. Per token (per user without tokens); "
                          f"1-{MAX_IDEMPOTENCY_KEY} printable ASCII characters."))) -> dict:
-        """Submit a job; returns its id and state once it is in the event log. With
+        """Submit a job; returns its view once it is in the event log, with
+        ``never_fits``: why it (an array: each task) can never start under the policy and
+        cluster as they are (``ExceedsCapacity(...)``; kept pending, as Slurm and Kueue keep
+        such a job), whatever its begin time or dependency; ``null``: it can. With
         auth, ``user`` is the token's (another needs an admin token) and ``team`` one
         of the token's teams. On the event loop: the loop thread completes the
         submission's future (note 008, "Submission throughput")."""
@@ -1080,9 +1098,25 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
             return JSONResponse(status_code=422, content={"detail": [
                 {"loc": ["header", "Idempotency-Key"], "msg": str(exc), "type": "idempotency", "job": exc.job_id}]})
         if isinstance(out, tuple):  # ("replayed", view)
-            return JSONResponse(status_code=200, content=jsonable_encoder(out[1]),
+            return JSONResponse(status_code=200, content=jsonable_encoder(with_never_fits(out[1], body)),
                                 headers={"Idempotent-Replayed": "true"})
-        return out
+        return with_never_fits(out, body)
+
+    def with_never_fits(v: dict, body: SubmitBody) -> dict:
+        """A submission's answer ``v`` with ``never_fits``: why the job (an array: each of
+        its tasks) can never start under the policy and cluster as they are, else
+        ``None`` - a queued job's ``ExceedsCapacity`` reason, ``never_fits`` of the spec
+        of one the core has not seen (kept by a begin time, dependency or hold; an array)."""
+        reason = str(v.get("reason") or "")
+        if v.get("state") != "PENDING":
+            why = None
+        elif reason.startswith(ReasonCode.EXCEEDS_CAPACITY.value):
+            why = reason
+        elif body.array is not None or body.defer() is not None:
+            why = never_fits(daemon.rules, replace(body.spec(), id=v["id"]), time.time())
+        else:
+            why = None
+        return {**v, "never_fits": why}
 
     index = JobIndex(daemon.store)  # the pages' (number, id) index (note 029)
 

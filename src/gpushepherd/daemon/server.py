@@ -1763,6 +1763,11 @@ class Daemon:
                         raise SpecError(f"job {job_id!r}: array: {array[0]!r} is not allowed with a dependency, "
                                         "begin time or hold (not supported for arrays yet)")
                     kept = self._new_kept(spec, defer, now)
+                    if self._misfit(spec) is not None:
+                        # no node could ever hold it: rejected now by the core, as a plain job
+                        # (and sbatch's "Requested node configuration is not available"), not
+                        # kept for hours to be rejected when its dependency or begin time allows
+                        kept = None
                 if array is not None:  # checked whole before it is taken: nothing half-applied
                     try:
                         check_array(*array)
