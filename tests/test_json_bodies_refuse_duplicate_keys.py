@@ -137,3 +137,38 @@ def test_a_body_that_is_no_json_is_refused_after_the_caller_is_known(tmp_path):
         assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid", r.text
         assert "UTF-8" in r.json()["detail"][0]["msg"]
         assert api.daemon.store.audit_entries(actions=["submit"]) == []  # nothing submitted
+
+
+def test_a_body_that_is_not_json_or_is_empty_is_a_422_saying_so_after_the_caller_is_known(tmp_path):
+    """Found by a newcomer: a body sent as text/plain (or with no Content-Type) got
+    pydantic's "Input should be a valid dictionary or object to extract fields from", an
+    empty one "Field required", both at loc ``body`` - true of the parsed value, not of
+    what the caller did wrong. Now a 422 (as FastAPI's own strict Content-Type check
+    answers, and as every other refusal of a body here: a ``detail`` list) naming the
+    problem, on every route that takes a body, after a 401 of a caller without a token."""
+    with in_process_api(tmp_path, POLICY) as api:
+        _, token = api.daemon.store.create_token("ana", ["ml"], True)
+        auth = {"authorization": f"Bearer {token}"}
+        body = json.dumps({"class": "batch", "team": "ml", "command": ["true"], "cwd": "/"})
+        plain = {"content-type": "text/plain"}
+        for content, headers in ((body, plain), ("", JSON), (body, {})):
+            assert api.post("/jobs", content=content, headers=headers).status_code == 401
+        need = "the body must be a JSON object (Content-Type: application/json)"
+        for route in ("/jobs", "/policy", "/whatif", "/services"):
+            for content, headers, msg in (
+                    (body, plain, f"{need}, not 'text/plain'"),
+                    (body, {"content-type": "application/x-www-form-urlencoded"},
+                     f"{need}, not 'application/x-www-form-urlencoded'"),
+                    (body, {}, f"{need}: the request has no Content-Type"),
+                    ("", JSON, "the body is empty: a JSON object is required"),
+                    ("", plain, "the body is empty: a JSON object is required"),
+                    ("[1, 2]", JSON, "the body must be a JSON object ({...}), not an array"),
+                    ('"x"', JSON, "the body must be a JSON object ({...}), not a string")):
+                r = api.post(route, content=content, headers={**headers, **auth})
+                assert r.status_code == 422, (route, headers, r.text)
+                assert r.json()["detail"] == [{"loc": ["body"], "type": "body_type", "msg": msg}], (route, r.text)
+        r = api.patch("/jobs/1", content="", headers={**JSON, **auth})
+        assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("the body is empty"), r.text
+        r = api.post("/jobs", content=body, headers={"content-type": "application/json; charset=utf-8", **auth})
+        assert r.status_code == 201, r.text
+        assert len(api.daemon.store.audit_entries(actions=["submit"])) == 1  # only the last one submitted

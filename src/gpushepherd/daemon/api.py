@@ -4,8 +4,9 @@
 Errors: a malformed body is 422 with FastAPI's ``detail`` list, whose ``loc`` names
 the field; a spec the policy refuses is 422 with ``detail`` a list of one entry whose
 ``msg`` names the field, the value and what is allowed; a key given twice in one JSON
-object is 422 naming it and where (``UniqueKeysRoute``, every route that reads a body,
-after a 401/403 of the caller); an unknown job is 404.
+object is 422 naming it and where, and a body that is empty, not sent as
+``application/json`` or no JSON object is 422 saying so (``UniqueKeysRoute``, every
+route that reads a body, after a 401/403 of the caller); an unknown job is 404.
 Auth: when the database has a token (or the server runs with ``--auth required``),
 every request needs ``Authorization: Bearer TOKEN`` (401 without one or with a wrong or
 expired one); a token may submit as its user for its teams and cancel or read the logs
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import email.message
 import hashlib
 import json
 import math
@@ -591,6 +593,41 @@ def _shown(path: tuple) -> str:
                     for k in path)
 
 
+#: what a body's refusal says it must be (``_body_kind_refusal``)
+JSON_OBJECT_NEEDED = "the body must be a JSON object (Content-Type: application/json)"
+#: JSON's kinds of value, as a refusal names what came instead of an object
+_JSON_KINDS = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+               type(None): "null"}
+
+
+def is_json_type(content_type: str) -> bool:
+    """Whether a ``Content-Type`` is one FastAPI reads as JSON: ``application/json`` or
+    ``application/*+json``, with any parameters (``; charset=utf-8``)."""
+    message = email.message.Message()
+    message["content-type"] = content_type
+    sub = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (sub == "json" or sub.endswith("+json"))
+
+
+def _body_kind_refusal(body: bytes, content_type: str | None) -> dict | None:
+    """The 422 entry for a body that is empty or not sent as JSON (every body of this API
+    is a JSON object), in words, instead of pydantic's "Field required" or "Input should
+    be a valid dictionary" about the value FastAPI made of it; ``None``: sent as JSON.
+    No Content-Type is refused too, as FastAPI does since 0.132 (``strict_content_type``:
+    a browser sends such a request cross-site without a CORS preflight), on every
+    FastAPI version. 422, not 415: FastAPI's own check answers 422, and so does every
+    other refusal of a body here (a ``detail`` list the CLI prints)."""
+    if not body:
+        msg = "the body is empty: a JSON object is required"
+    elif not content_type:
+        msg = f"{JSON_OBJECT_NEEDED}: the request has no Content-Type"
+    elif not is_json_type(content_type):
+        msg = f"{JSON_OBJECT_NEEDED}, not {content_type[:80]!r}"
+    else:
+        return None
+    return {"loc": ["body"], "type": "body_type", "msg": msg}
+
+
 def _body_refusal(request: Request, body: bytes) -> dict | None:
     """The 422 entry for a JSON ``body`` that gives a key twice in one object (JSON leaves
     it open, Python keeps the last one silently; the policy's YAML loader refuses it too,
@@ -615,6 +652,9 @@ def _body_refusal(request: Request, body: bytes) -> dict | None:
         return {"loc": ["body"], "type": "json_invalid",
                 "msg": f"JSON decode error: {exc}: the body must be one JSON object, in UTF-8"}
     request._json = doc  # Starlette's cache of ``Request.json()``: FastAPI parses it no more
+    if not isinstance(doc, dict):
+        return {"loc": ["body"], "type": "body_type",
+                "msg": f"the body must be a JSON object ({{...}}), not {_JSON_KINDS.get(type(doc), 'that')}"}
     if not keys.found:
         return None
     at = _twice_at(doc)
@@ -629,8 +669,8 @@ async def body_keys_once(request: HTTPConnection) -> None:
     validation errors of a body (note 084).
 
     Raises:
-        RequestValidationError: a key given twice, a body nested too deeply, or one that
-            is no JSON.
+        RequestValidationError: a key given twice, a body nested too deeply, one that
+            is no JSON or no JSON object, empty, or not sent as JSON.
     """
     refusal = request.scope.get(BODY_REFUSAL_KEY)
     if refusal is not None:
@@ -639,8 +679,9 @@ async def body_keys_once(request: HTTPConnection) -> None:
 
 class UniqueKeysRoute(APIRoute):
     """The API's routes: on a route that reads a JSON body (a body parameter), the body is
-    parsed once here, and a key given twice in one object (or a body nested too deeply)
-    is kept in the scope for ``body_keys_once`` to refuse once the caller is known. A
+    parsed once here, and a body that is empty or not sent as JSON (``_body_kind_refusal``),
+    no JSON object, a key given twice in one object or a body nested too deeply is kept
+    in the scope for ``body_keys_once`` to refuse once the caller is known. A
     route without a body parameter never reads one (its body is ignored, as before)."""
 
     def get_route_handler(self):
@@ -650,10 +691,11 @@ class UniqueKeysRoute(APIRoute):
 
         async def unique(request: Request) -> Response:
             body = await request.body()  # kept by the request: FastAPI reads it again at no cost
-            if body and "json" in request.headers.get("content-type", "json").lower():
+            refusal = _body_kind_refusal(body, request.headers.get("content-type"))
+            if refusal is None:
                 refusal = _body_refusal(request, body)
-                if refusal is not None:
-                    request.scope[BODY_REFUSAL_KEY] = refusal
+            if refusal is not None:
+                request.scope[BODY_REFUSAL_KEY] = refusal
             return await handler(request)
         return unique
 
