@@ -74,9 +74,31 @@ def _job_path(job_id: str, suffix: str = "") -> str:
     return f"/jobs/{quote(job_id, safe='')}{suffix}"
 
 
-ServerOpt = Annotated[Optional[str], typer.Option("--server", help="Server URL, or unix:PATH for a local "
-                                                  "socket (default $SHEPHERD_SERVER; without a token, the local "
-                                                  "socket when there is one; else "
+def server_refusal(value: str) -> str | None:
+    """Why ``value`` (``--server``, ``$SHEPHERD_SERVER``) names no server: ``unix:`` with
+    no path (``Path("")`` is ``.``: the current folder was tried as a socket, and the
+    error read as a server that is down); ``None``: it may."""
+    if value == "unix:":
+        return (f"{value!r} is not allowed: unix:PATH with the path of the server's socket "
+                f"(unix:{DEFAULT_SOCKETS[0]}), or a URL like http://127.0.0.1:{DEFAULT_PORT}")
+    return None
+
+
+def server_param(value: Any) -> str:
+    """A typer ``parser=`` for ``--server``: ``server_refusal``.
+
+    Raises (from the parser):
+        typer.BadParameter: naming the value and what is allowed (click adds the option).
+    """
+    why = server_refusal(str(value))
+    if why is not None:
+        raise typer.BadParameter(why)
+    return str(value)
+
+
+ServerOpt = Annotated[Optional[str], typer.Option("--server", parser=server_param, help="Server URL, or unix:PATH "
+                                                  "for a local socket (default $SHEPHERD_SERVER; without a token, "
+                                                  "the local socket when there is one; else "
                                                   f"http://127.0.0.1:{DEFAULT_PORT}).")]
 
 TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="SHEPHERD_TOKEN", show_envvar=True,
@@ -95,11 +117,21 @@ def local_socket(server: str | None, token: str | None) -> Path | None:
     """The Unix socket a client command talks to (note 025): ``--server unix:PATH`` (or
     ``$SHEPHERD_SERVER``); else, with no server and no token, ``$SHEPHERD_SOCKET`` (set:
     that path, a socket or not; ``''``: none) or the first of ``DEFAULT_SOCKETS`` that is a
-    socket; else ``None`` (HTTP)."""
+    socket; else ``None`` (HTTP).
+
+    Raises:
+        typer.Exit: ``unix:`` with no path (``server_refusal``): one ``error:`` line
+            naming ``--server`` or ``$SHEPHERD_SERVER``, exit 2.
+    """
     from gpushepherd.daemon.unixsock import is_socket
 
     named = server or os.environ.get("SHEPHERD_SERVER")
     if named:
+        why = server_refusal(named)
+        if why is not None:  # $SHEPHERD_SERVER, or sbatch's own --server (not ServerOpt's parser)
+            from gpushepherd.cli.main import err
+            err.print(f"error: {'--server' if server else '$SHEPHERD_SERVER'}: {why}", soft_wrap=True, markup=False)
+            raise typer.Exit(2)
         return Path(named[len("unix:"):]) if named.startswith("unix:") else None
     if token:
         return None

@@ -1,0 +1,55 @@
+"""``--server 'unix:'`` (or ``$SHEPHERD_SERVER=unix:``) names no socket: ``Path("")`` is
+``.``, so before the fix every client command tried the current folder as a socket and
+said "no gpushepherd server at unix:. (Connection refused)" (exit 1), as if a server were
+down. Now one ``error:`` line naming the option, the value and what is allowed, exit 2,
+as ``cli.daemon.path_param`` refuses an empty path."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from gpushepherd.cli.main import app
+
+ALLOWED = "unix:PATH with the path of the server's socket (unix:shepherd-data/shepherd.sock), or a URL like " \
+          "http://127.0.0.1:8765"
+
+
+@pytest.mark.parametrize("args", [
+    ["queue", "--server", "unix:"],
+    ["cancel", "7", "--server", "unix:"],
+    ["submit", "-c", "batch", "-A", "ml", "--server", "unix:", "--", "true"],
+    ["sbatch", "--server", "unix:", "job.sh"],
+])
+def test_an_empty_socket_path_is_refused_naming_the_option(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SHEPHERD_SERVER", raising=False)
+    (tmp_path / "job.sh").write_text("#!/bin/sh\n#SBATCH -p batch\n#SBATCH -A ml\ntrue\n")
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    line = " ".join(r.stderr.split())
+    assert "--server" in line and f"'unix:' is not allowed: {ALLOWED}" in line, r.stderr
+    assert "no gpushepherd server" not in line
+
+
+def test_the_refusal_is_one_line_from_the_installed_command(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import gpushepherd
+
+    src = str(Path(gpushepherd.__file__).resolve().parents[1])  # this checkout's, from any folder
+    r = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "queue", "--server", "unix:"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": src})
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr.strip() == (f"error: Invalid value for '--server': 'unix:' is not allowed: {ALLOWED} "
+                                "(see --help)"), r.stderr
+
+
+def test_an_empty_socket_path_in_the_environment_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["queue"], env={"SHEPHERD_SERVER": "unix:"})
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    assert " ".join(r.stderr.split()) == f"error: $SHEPHERD_SERVER: 'unix:' is not allowed: {ALLOWED}", r.stderr
