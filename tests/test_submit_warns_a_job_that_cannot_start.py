@@ -67,6 +67,9 @@ def test_every_submit_path_warns_of_jobs_that_cannot_start_kept_arrays_and_sbatc
         assert (code, out.strip()) == (0, "Submitted array 5"), err
         assert _warned(err) == [f"array 5 (tasks 0-3) cannot start under the policy and cluster as they are: {why}; "
                                 "its tasks wait until they change (shepherd cancel 5 drops them)"]
+        body = {"class": "batch", "team": "ml", "user": "ana", "command": ["true"], "cwd": str(tmp_path), "hold": True}
+        assert client.post("/jobs", json={**body, "gpus": 2}).json()["never_fits"] == why  # the API's fact
+        assert client.post("/jobs", json={**body, "gpus": 1}).json()["never_fits"] is None
         for fits in (["--array", "0-1"], ["--begin", "now+1hour"], ["--dependency", "afterany:1"], ["--hold"]):
             code, out, err = cli(*base, "-G", "1", *fits, "--", "true")
             assert code == 0 and "warning" not in err, (fits, err)

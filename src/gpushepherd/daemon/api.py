@@ -1155,7 +1155,7 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
         elif reason.startswith(ReasonCode.EXCEEDS_CAPACITY.value):
             why = reason
         elif body.array is not None or body.defer() is not None:
-            why = never_fits(daemon.rules, replace(body.spec(), id=v["id"]), time.time())
+            why = never_fits(daemon.rules, body.spec(), daemon.clock())
         else:
             why = None
         return {**v, "never_fits": why}
