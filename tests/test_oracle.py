@@ -130,7 +130,9 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: GPU had come back into service on a node it held whole (note 073, I20-46): they stay in
 #: the suite's batch; 480204 - a reclaim's plan at a reservation starting now (its GPUs held
 #: by a job past its planned end, the victim) lost the victim's GPUs: refused, and read
-#: ReservedFor naming no job (note 086).
+#: ReservedFor naming no job (note 086); 494358 - a later start in a pass (a share joining a
+#: card) made a team's limit refuse a job that no free GPUs had refused at its turn, and
+#: within-team preemption was left to the next wake-up (again.py, I20-58).
 #: Note 063's checks (NoFit(whole-gpu) / NoFit(gpu-fraction) /
 #: NoFit(gpu-memory) with no such room left, a cohort's refusal read as "may not be
 #: preempted" or named off the job's nodes) failed on 46 of these and on 3, 22, 28, 45, 49,
@@ -146,7 +148,7 @@ FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 132
          171823, 181884, 190815, 195860, 211517,
          220068, 194, 247, 429, 479, 220007, 220176, 221952, 222331, 235848, 302256, 302283, 305500, 311874, 311299,
          316833, 326198, 326283, 342188, 365256, 335785, 340177, 341629, 353597, 379637,
-         367237, 371686, 368854, 369771, 381805, 437809, 441895, 480204)
+         367237, 371686, 368854, 369771, 381805, 437809, 441895, 480204, 494358)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

@@ -31,6 +31,10 @@ before, so the repeats end:
 * any start after a job of several GPU types (note 038) could not preempt: its preemption
   is planned on the type whose refusal is closest to starting, and a start that takes
   free GPUs of that type may make another type the closest (seed 109485);
+* a start charged under a limit of a team that lets a job preempt within it (note 035),
+  after a job charged under it too was refused by another rule (no free GPUs, with
+  preemption off) or by that limit and another team's: now only such limits may refuse
+  it, and its preemption step looks inside the team (seed 494358, note 088);
 * a preemptor starting at its turn on free GPUs while its victims are still leaving,
   after a job could not preempt: its hold is dropped, and the GPUs it held may be what
   that job's plan lacked (seeds 168020, 168123);
@@ -97,6 +101,9 @@ def after_start(turn, job: Job, spot, preemptor: bool, fills: bool) -> None:
     if (preemptor and no_victims) or any(typed.at_rest(p) for p in no_victims):
         book.repass = True
         return
+    if turn.within_refused and _within_now(book, job, turn.within_refused):
+        book.repass = True
+        return
     # (a member's borrowing is its team's: a start in one cohort may make that team's jobs
     # in another cohort - a pool's - victims of a refused job there; seed 235848)
     if job.cohort is not None and (_member_refused(book, job, turn.claims_refused) or any(
@@ -104,6 +111,16 @@ def after_start(turn, job: Job, spot, preemptor: bool, fills: bool) -> None:
             any(typed.borrows_from(p, job) or _team_in_cohorts_of(p, job.cohort[1].team) for p in no_victims)
             and preemption.borrows(book, job))):
         book.repass = True
+
+
+def _within_now(book, job: Job, refused: list[Job]) -> bool:
+    """Whether ``job``'s start, charged under a limit that a refused job is charged under
+    too, made that limit refuse it where only limits of teams that let a job preempt within
+    the team refuse it (``preemption.within_team``): its preemption step now looks inside
+    the team, where at its turn another rule refused it and it could not (seed 494358)."""
+    keys = {(i, user) for i, user, _a in (job.run_charges or job.charges)}
+    return any(any((i, user) in keys for i, user, _a in p.charges) and preemption.within_team(book, p)
+               for p in refused)
 
 
 def _counts_in(book, job: Job) -> list:

@@ -55,22 +55,19 @@ class Turn:
         self.dequeue_now = dequeue_now
         self.first_blocked: Job | None = None  # the capacity-blocked job first in queue order
         self.last_reserved: Job | None = None  # the last job given a slot of the depth
-        #: a job started or preempted after the first reservation of the pass
-        self.acted_after_reserve = False
+        self.acted_after_reserve = False  # a job started or preempted after the pass's first reservation
         #: the jobs given a slot of the depth, in order: ``(job, rule, GPU type variant)``
         #: of their turn; those before the pass's last start are checked by ``claims_stand``
         self.slots: list[tuple[Job, int, int]] = []
         self.slots_before_start = 0
         self.walk: "Walk | None" = None
-        #: preemptors whose turn came in this pass -> what it gave (``turn``)
-        self.visited: dict[str, tuple[int, int]] = {}
+        self.visited: dict[str, tuple[int, int]] = {}  # preemptors whose turn came in this pass -> what it gave
         #: jobs that found no victims in this pass: one started later may be theirs once of age (``again.py``)
         self.no_victims: list[Job] = []
         #: the highest class of a refused whole-GPU job with nothing below it evictable yet: a
         #: lower job started later may be its victim once it comes of age (wake-up, ``again.py``)
         self.no_victims_prio = -INF
-        #: the fast pass's memo of placements the claims refused (``Admission.decide``)
-        self.memo: dict | None = None
+        self.memo: dict | None = None  # the fast pass's memo of placements the claims refused (``Admission.decide``)
         #: a share was refused for room (rules 5-9): a card a later share opens may take it (``again.py``)
         self.share_refused = False
         #: a share that may preempt was refused by a capacity rule after room (6-9): a later
@@ -84,9 +81,9 @@ class Turn:
         #: filling a class's reservation with no free GPU, loosens them: another pass sees it (119025, 157825)
         self.held_back = False
         self.plan_refused = False  # a preemption plan found no victims in this pass (``again.py``)
+        self.within_refused: list[Job] = []  # refused with no within-team step (``again._within_now``)
         self.halted = False  # a start or ``preempt`` after another pass was asked: the walk stops
-        #: ``(planned end, counts)`` of each job started once the profile held a claim
-        #: (``standing._outlivers_fit_worse``)
+        #: ``(planned end, counts)`` of each job started once the profile held a claim (``standing``)
         self.outlived: list[tuple[float, list]] = []
 
     # ------------------------------------------------------------- steps
@@ -190,6 +187,8 @@ class Turn:
             if A.stops_strict_order(job, rule):
                 self.note_blocked(job)
             return BLOCKED, rule  # shares take no reservations
+        if self.book.rules.within_team and (rule != A.HARD_NOW or not preemption.within_team(self.book, job)):
+            self.within_refused.append(job)
         if rule == A.HARD_NOW:
             within = preemption.within_team(self.book, job)
             if within and self.preempt(job, preemption.plan, within):
