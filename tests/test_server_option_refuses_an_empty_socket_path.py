@@ -48,8 +48,14 @@ def test_the_refusal_is_one_line_from_the_installed_command(tmp_path):
                                 "(see --help)"), r.stderr
 
 
-def test_an_empty_socket_path_in_the_environment_is_refused_naming_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("args", [["queue"], ["sbatch", "job.sh"], ["policy", "check", "p.yaml"]])
+def test_an_empty_socket_path_in_the_environment_is_refused_naming_it(args, tmp_path, monkeypatch):
+    # sbatch and policy check pass the variable on as their server: a tester saw them name
+    # --server, which was not given
     monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(app, ["queue"], env={"SHEPHERD_SERVER": "unix:"})
+    (tmp_path / "job.sh").write_text("#!/bin/sh\n#SBATCH -p batch\n#SBATCH -A ml\ntrue\n")
+    (tmp_path / "p.yaml").write_text("name: p\ncluster:\n  nodes:\n    - {name: n, gpus: 1, gpu_type: FAKE, "
+                                     "gpu_mem_mib: 1024}\n")
+    r = CliRunner().invoke(app, args, env={"SHEPHERD_SERVER": "unix:"})
     assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
     assert " ".join(r.stderr.split()) == f"error: $SHEPHERD_SERVER: 'unix:' is not allowed: {ALLOWED}", r.stderr

@@ -130,7 +130,9 @@ def local_socket(server: str | None, token: str | None) -> Path | None:
         why = server_refusal(named)
         if why is not None:  # $SHEPHERD_SERVER, or sbatch's own --server (not ServerOpt's parser)
             from gpushepherd.cli.main import err
-            err.print(f"error: {'--server' if server else '$SHEPHERD_SERVER'}: {why}", soft_wrap=True, markup=False)
+            # (sbatch and policy check pass the variable on as their server: named as what it is)
+            env = server is None or server == os.environ.get("SHEPHERD_SERVER")
+            err.print(f"error: {'$SHEPHERD_SERVER' if env else '--server'}: {why}", soft_wrap=True, markup=False)
             raise typer.Exit(2)
         return Path(named[len("unix:"):]) if named.startswith("unix:") else None
     if token:
