@@ -165,8 +165,9 @@ def inventory_misfit(nodes: Iterable[Node], cls: ClassRules, spec: JobSpec, ckey
         if not any(share_fits_card(n, spec.share, reconfigurable) for n in eligible):
             return f"no GPU can hold share={spec.share}: {share_offer(eligible, spec.share, reconfigurable)}"
         return None
-    if spec.same_node and not any(whole_gpus(n) >= spec.gpus for n in eligible):
-        return f"gpus={spec.gpus},same_node: at most {max(whole_gpus(n) for n in eligible)} on one node"
+    if spec.one_node and not any(whole_gpus(n) >= spec.gpus for n in eligible):
+        why = "same_node" if spec.same_node else f"gpus_per_pod={spec.gpus_per_pod}"
+        return f"gpus={spec.gpus},{why}: at most {max(whole_gpus(n) for n in eligible)} on one node"
     if needs_island(cls, spec) and not any(largest_island(n) >= spec.gpus for n in eligible):
         return (f"gpus={spec.gpus},require_island: at most {max(largest_island(n) for n in eligible)} in one NVLink "
                 "island")

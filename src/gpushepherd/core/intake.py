@@ -295,6 +295,6 @@ def shape_for(book, spec: JobSpec, ckey: tuple) -> Shape:
         return Shape(spec.gpus, "pods", spec.gpus_per_pod, spec.gpus // spec.gpus_per_pod, ckey)
     if spec.gpus > 1 and needs_island(book.rules.classes[spec.workload_class], spec):
         return Shape(spec.gpus, "single", spec.gpus, 1, ckey, island=True)  # one island: one node
-    if spec.same_node or spec.gpus <= biggest or biggest == 0:
+    if spec.one_node or spec.gpus <= biggest or biggest == 0:
         return Shape(spec.gpus, "single", spec.gpus, 1, ckey)
     return Shape(spec.gpus, "multi", spec.gpus, 1, ckey)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import heapq
 
 from gpushepherd.core import amend, typed
-from gpushepherd.core.filters import describe, inventory_misfit as _misfit, node_ok, share_fits_card, whole_gpus
+from gpushepherd.core.filters import (describe, inventory_misfit as _misfit, job_filter, node_ok, share_fits_card,
+                                     whole_gpus)
 from gpushepherd.core.intake import SpecError, make_job, shape_for, units_of
 from gpushepherd.core.placement import place_counts
 from gpushepherd.core.state import Job
@@ -77,17 +78,25 @@ def inventory_misfit(book, job: Job) -> str | None:
     """Why no node the scheduler knows (lost ones included, all idle and healthy) could
     ever hold ``job``; ``None`` when one could. Quota limits are not looked at (a policy
     can change; the job then waits with ``ExceedsCapacity``)."""
-    spec = job.spec
-    key = (job.shape, job.cls.name, spec.gpus, spec.same_node, spec.gpus_per_pod)
+    return spec_misfit(book, job.cls, job.spec, job.shape)
+
+
+def spec_misfit(book, cls, spec: JobSpec, shape=None) -> str | None:
+    """``inventory_misfit`` of a spec not submitted (a job kept from the core, an array's
+    tasks): its shape is computed as a submission would (``shape``: the one it has).
+    Reads the book, changes only its caches."""
+    if shape is None:
+        shape = shape_for(book, spec, job_filter(cls, spec))
+    key = (shape, cls.name, spec.gpus, spec.same_node, spec.gpus_per_pod)
     if key in book.misfit_cache:
         return book.misfit_cache[key]
     ledger = book.ledger
-    misfit = _misfit([s.node for s in ledger.slots], job.cls, spec, job.shape.ckey, book.rules.mig_reconfigure)
-    if misfit is None and job.shape.mode in ("multi", "pods"):
-        cand = [s.idx for s in ledger.slots if node_ok(s.node, job.shape.ckey)]
+    misfit = _misfit([s.node for s in ledger.slots], cls, spec, shape.ckey, book.rules.mig_reconfigure)
+    if misfit is None and shape.mode in ("multi", "pods"):
+        cand = [s.idx for s in ledger.slots if node_ok(s.node, shape.ckey)]
         totals = {i: whole_gpus(ledger.slots[i].node) for i in cand}
-        if place_counts(dict(totals), cand, totals, job.shape) is None:
-            misfit = f"{describe(job.cls, spec)}: the gang cannot be laid out on the nodes it may use"
+        if place_counts(dict(totals), cand, totals, shape) is None:
+            misfit = f"{describe(cls, spec)}: the gang cannot be laid out on the nodes it may use"
     book.misfit_cache[key] = misfit
     return misfit
 

@@ -106,8 +106,8 @@ def never_fits_reason(book, adm, job: Job) -> PendingReason:
             detail = ",".join(f"classes.{c}.reserved_gpus={book.reserved[c] // GPU_UNITS}" for c in names)
             return PendingReason(R.EXCEEDS_CAPACITY, detail)
     text = describe(job.cls, job.spec)
-    if job.shape.mode == "single" and job.spec.same_node:
-        text += ",same_node"
+    if job.shape.mode == "single" and job.spec.one_node:
+        text += ",same_node" if job.spec.same_node else f",gpus_per_pod={job.spec.gpus_per_pod}"
     if job.shape.island:
         text += ",nvlink-island"
     return PendingReason(R.EXCEEDS_CAPACITY, text)

@@ -44,7 +44,7 @@ from gpushepherd.model.events import (
     NodeAdded,
     UsageSample,
 )
-from gpushepherd.model.job import JobState
+from gpushepherd.model.job import JobSpec, JobState
 from gpushepherd.model.reasons import PendingReason
 from gpushepherd.model.rules import Rules
 
@@ -376,6 +376,15 @@ class Scheduler:
     def inventory_misfit(self, job: Job) -> str | None:
         """Why no node the scheduler knows could ever hold ``job`` (``None``: one could)."""
         return lifecycle.inventory_misfit(self.book, job)
+
+    def spec_misfit(self, spec: JobSpec) -> str | None:
+        """The same of a spec not submitted (a job kept from the core, an array's tasks):
+        what the core would reject it with at submit - whole-GPU counts, shares, MIG and
+        a gang's layout (``lifecycle.spec_misfit``); ``None``: it would be queued.
+
+        Raises:
+            KeyError: ``spec``'s class is not in the policy (``validate_spec`` first)."""
+        return lifecycle.spec_misfit(self.book, self.rules.classes[spec.workload_class], spec)
 
     def stranded_capacity(self) -> dict:
         """Free GPU capacity and the part no pending job could use now, by the constraint

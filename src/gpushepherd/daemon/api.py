@@ -53,7 +53,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
-from starlette.requests import HTTPConnection
+from starlette.requests import ClientDisconnect, HTTPConnection
 
 from gpushepherd import __version__
 from gpushepherd.core.scheduler import Scheduler, SpecError
@@ -690,7 +690,11 @@ class UniqueKeysRoute(APIRoute):
             return handler
 
         async def unique(request: Request) -> Response:
-            body = await request.body()  # kept by the request: FastAPI reads it again at no cost
+            try:
+                body = await request.body()  # kept by the request: FastAPI reads it again at no cost
+            except ClientDisconnect:  # nobody reads the answer; a 4xx, not a server fault (5xx)
+                return JSONResponse(status_code=400, content={"detail": "the client closed the connection before "
+                                                                        "the body was complete"})
             refusal = _body_kind_refusal(body, request.headers.get("content-type"))
             if refusal is None:
                 refusal = _body_refusal(request, body)
@@ -1022,10 +1026,14 @@ def make_app(daemon: Daemon, auth_required: bool = False) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request, exc: RequestValidationError) -> JSONResponse:
         """422 naming the field; an input of NaN or Infinity is echoed as text (JSON has
-        no such numbers) and pydantic's "Value error, " prefix is dropped."""
+        no such numbers), a string with a lone surrogate (JSON's ``"\ud800"``, no
+        character, so no UTF-8) with it escaped, and pydantic's "Value error, " prefix is
+        dropped."""
         def clean(v):
             if isinstance(v, float) and not math.isfinite(v):
                 return repr(v)
+            if isinstance(v, str):
+                return v.encode("utf-8", "backslashreplace").decode("utf-8")
             if isinstance(v, dict):
                 return {k: clean(x) for k, x in v.items()}
             if isinstance(v, (list, tuple)):

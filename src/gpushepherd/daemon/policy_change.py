@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpushepherd.core.filters import inventory_misfit, job_filter
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.model.job import JobSpec, JobState, natural_key
 from gpushepherd.model.placement import Placement
@@ -96,10 +95,7 @@ def never_start(new: Scheduler, kept: tuple[JobSpec, ...] = ()) -> list[tuple[st
     for job in new.jobs.values():
         if job.state is JobState.PENDING and (why := new.inventory_misfit(job)) is not None:
             out.append((job.id, why))
-    nodes = [s.node for s in new.ledger.slots]
     for spec in kept:
-        cls = new.rules.classes.get(spec.workload_class)
-        if cls is not None and (why := inventory_misfit(nodes, cls, spec, job_filter(cls, spec),
-                                                        new.rules.mig_reconfigure)) is not None:
+        if spec.workload_class in new.rules.classes and (why := new.spec_misfit(spec)) is not None:
             out.append((spec.id, why + " (kept from the scheduler: rejected when released)"))
     return sorted(out, key=lambda x: natural_key(x[0]))

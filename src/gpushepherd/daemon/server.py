@@ -32,7 +32,6 @@ from gpushepherd.backends import Backend, BackendError, make_backend, node_misma
 from gpushepherd.core.amend import update_error
 from gpushepherd.core.scheduler import Scheduler, SpecError, validate_spec
 from gpushepherd.core.state import Transition
-from gpushepherd.core.filters import inventory_misfit, job_filter
 from gpushepherd.daemon.arrays import (
     MAX_LIVE_TASKS,
     MAX_TASKS_PER_STEP,
@@ -2063,11 +2062,9 @@ class Daemon:
 
     def _misfit(self, spec: JobSpec) -> str | None:
         """Why no node could ever hold ``spec`` (the reason the core would reject it
-        with at submit, ``gpushepherd.core.filters.inventory_misfit``); ``None``: one
-        could. Changes nothing."""
-        cls = self.rules.classes[spec.workload_class]
-        nodes = [s.node for s in self.sched.ledger.slots]
-        return inventory_misfit(nodes, cls, spec, job_filter(cls, spec), self.rules.mig_reconfigure)
+        with at submit, a gang's layout included: ``Scheduler.spec_misfit``); ``None``:
+        one could. Changes no decision."""
+        return self.sched.spec_misfit(spec)
 
     @staticmethod
     def _array_row(a: ArrayRec) -> dict:

@@ -267,6 +267,13 @@ class JobSpec:
     require_island: bool | None = None
 
     @property
+    def one_node(self) -> bool:
+        """Whether the whole job must run on one node: ``same_node``, or a single pod
+        (``gpus_per_pod`` >= ``gpus``) - a pod never spans nodes (Kubernetes), nor does a
+        Slurm task (``--gpus-per-task`` equal to ``--gpus``)."""
+        return self.same_node or (self.gpus_per_pod is not None and self.gpus_per_pod >= self.gpus)
+
+    @property
     def pods(self) -> int:
         if self.gpus_per_pod:
             return self.gpus // self.gpus_per_pod
