@@ -334,7 +334,7 @@ def fits(raw: dict, spec, sizes: list[int]) -> bool:
         for cap in ("max_gpus", "max_gpus_per_user"):
             if t.get(cap) is not None and spec.gpus > t[cap]:
                 return False
-    if spec.same_node:
+    if spec.same_node or (spec.gpus_per_pod and spec.gpus_per_pod >= spec.gpus):  # one pod: one node
         return spec.gpus <= max(sizes)
     if spec.gpus_per_pod and spec.gpus_per_pod < spec.gpus:
         return sum(n // spec.gpus_per_pod for n in sizes) >= spec.gpus // spec.gpus_per_pod
