@@ -132,7 +132,7 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: by a job past its planned end, the victim) lost the victim's GPUs: refused, and read
 #: ReservedFor naming no job (note 086); 494358 - a later start in a pass (a share joining a
 #: card) made a team's limit refuse a job that no free GPUs had refused at its turn, and
-#: within-team preemption was left to the next wake-up (again.py, I20-58).
+#: within-team preemption was left to the next wake-up (again.py, note 088, I20-56).
 #: Note 063's checks (NoFit(whole-gpu) / NoFit(gpu-fraction) /
 #: NoFit(gpu-memory) with no such room left, a cohort's refusal read as "may not be
 #: preempted" or named off the job's nodes) failed on 46 of these and on 3, 22, 28, 45, 49,

@@ -5,7 +5,10 @@ pass may make the team's limit refuse it: where the team lets a job preempt with
 the pass ended there; a full pass at the same instant, or a restart, preempted at once,
 and the uninterrupted core only at its next wake-up (oracle seed 494358, property
 ``f_restart``: the start was a share joining a card, so no free GPU was taken). The start
-now asks for another pass (``again._within_now``). Both cores; scenario I20-58.
+now asks for another pass (``again._within_now``). Both cores; scenario I20-56. A review
+found two more shapes, each below: a job of several GPU types under a per-type limit (its
+turn read at rest, without the per-type charges), and the fast walk's skip of a sub-queue
+refused for room (``fail_fit``), which never reached ``Turn.blocked``.
 """
 
 from __future__ import annotations
@@ -16,17 +19,17 @@ import pytest
 from builders import job, node, policy_dict
 from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Preempt, Start
-from gpushepherd.model.events import JobSubmitted, Tick
+from gpushepherd.model.events import JobFinished, JobSubmitted, Tick
 from gpushepherd.model.job import GpuShare
 from gpushepherd.policy import policy_from_dict
 
 HALF = GpuShare(kind="fraction", milli=500)
 
 
-def _rules(within: str = "lower_priority"):
+def _rules(within: str = "lower_priority", **kw):
     raw = policy_dict(nodes=[node("n1", 4), node("n2", 1)],
                       teams={"a": {"max_gpus": 4, "preemption": {"within_team": within}}, "b": {}},
-                      preemption={"enabled": False, "min_runtime_s": 0.0})
+                      preemption={"enabled": False, "min_runtime_s": 0.0}, **kw)
     return policy_from_dict(raw).rules
 
 
@@ -67,6 +70,51 @@ def test_a_later_start_that_makes_the_teams_limit_refuse_a_job_lets_it_preempt_w
 def test_without_within_team_preemption_the_start_asks_nothing(reference):
     rules, s, out = _run(reference, within="never")
     assert [d.job_id for d in out if isinstance(d, Start)] == ["L"] and not [d for d in out if isinstance(d, Preempt)]
+    assert s.handle([Tick(10)]) == []
+    restored = Scheduler.restore(rules, json.loads(json.dumps(s.snapshot())), reference=reference)
+    assert restored.handle([Tick(10)]) == []
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_job_of_several_gpu_types_under_a_per_type_limit_preempts_at_once_too(reference):
+    # the same, with a's limit per GPU type (A100 4) and P free to take any type: P's turn
+    # ends at rest (its base charges name no per-type limit), so the repeat rule must read
+    # the variant a full pass takes (typed.any_variant)
+    raw = policy_dict(nodes=[node("n1", 4), node("n2", 1, gpu_type="H100-80GB")],
+                      teams={"a": {"max_gpus": {"A100-80GB": 4}, "preemption": {"within_team": "lower_priority"}},
+                             "b": {}},
+                      preemption={"enabled": False, "min_runtime_s": 0.0})
+    rules = policy_from_dict(raw).rules
+    s = Scheduler(rules, reference=reference)
+    a100, h100 = ("A100-80GB",), ("H100-80GB",)
+    s.handle([_sub(0, "V", 1, "sandbox", "a", 1000, gpu_types=a100), _sub(0, "X", 1, "training", "b", 1000,
+                                                                           gpu_types=h100),
+              _sub(0, "W", 1, "batch", "b", 1000, share=HALF, gpu_types=a100)])
+    s.handle([_sub(5, "R", 4, "production-inference", "b", 100, gpus_per_pod=1, gpu_types=a100)])
+    out = s.handle([_sub(10, "P", 3, "production-inference", "a", 100, gpus_per_pod=1),
+                    _sub(10, "L", 1, "batch", "a", 5, share=HALF, gpu_types=a100)])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["L"]
+    assert [(d.job_id, d.preemptor) for d in out if isinstance(d, Preempt)] == [("V", "P")]
+    assert s.handle([Tick(10)]) == []
+    restored = Scheduler.restore(rules, json.loads(json.dumps(s.snapshot())), reference=reference)
+    assert restored.handle([Tick(10)]) == []
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_job_the_fast_walk_skips_for_room_is_kept_for_the_repeat_too(reference):
+    # R (b) now has P's shape (3 GPUs, one a pod) and is refused for room first: the fast
+    # walk skips P's sub-queue on that fact (fail_fit) without its turn; Z's end at 10 makes
+    # the walk a full one. Before the review the fast core decided Start(L) only, the
+    # reference core Start(L) and Preempt(V for P)
+    rules = _rules(backfill=1)
+    s = Scheduler(rules, reference=reference)
+    s.handle([_sub(0, "V", 1, "sandbox", "a", 1000), _sub(0, "X", 1, "training", "b", 1000),
+              _sub(0, "W", 1, "batch", "b", 1000, share=HALF), _sub(0, "Z", 1, "batch", "b", 10)])
+    assert s.handle([_sub(5, "R", 3, "production-inference", "b", 100, gpus_per_pod=1)]) == []
+    out = s.handle([JobFinished(10, job_id="Z"), _sub(10, "P", 3, "production-inference", "a", 100, gpus_per_pod=1),
+                    _sub(10, "L", 1, "batch", "a", 5, share=HALF)])
+    assert [d.job_id for d in out if isinstance(d, Start)] == ["L"]
+    assert [(d.job_id, d.preemptor) for d in out if isinstance(d, Preempt)] == [("V", "P")]
     assert s.handle([Tick(10)]) == []
     restored = Scheduler.restore(rules, json.loads(json.dumps(s.snapshot())), reference=reference)
     assert restored.handle([Tick(10)]) == []

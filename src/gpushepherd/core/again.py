@@ -119,8 +119,8 @@ def _within_now(book, job: Job, refused: list[Job]) -> bool:
     the team refuse it (``preemption.within_team``): its preemption step now looks inside
     the team, where at its turn another rule refused it and it could not (seed 494358)."""
     keys = {(i, user) for i, user, _a in (job.run_charges or job.charges)}
-    return any(any((i, user) in keys for i, user, _a in p.charges) and preemption.within_team(book, p)
-               for p in refused)
+    return any(typed.any_variant(p, lambda q: any((i, user) in keys for i, user, _a in q.charges)
+                                 and preemption.within_team(book, q)) for p in refused)
 
 
 def _counts_in(book, job: Job) -> list:

@@ -540,8 +540,9 @@ class Walk:
             if (full and no_room and not strict and not (preempting and turn.can_preempt(job))
                     and job.id not in book.preemptors
                     and not job.variants and not (within and preemption.within_team(book, job))):
-                # rule 5 (or an earlier one) refuses it and its sub-queue: nothing to do - unless
-                # its team's limit lets it preempt within the team, preemption off or not (seed 724)
+                # rule 5 (or earlier) refuses it and its sub-queue: nothing to do, unless within-team (seed 724)
+                if within and shape.mode != "share":
+                    turn.within_refused.append(job)  # as ``Turn.blocked`` keeps it (``again._within_now``)
                 continue
             if full and self.budget <= 0:
                 heapq.heappush(cont, (job.key, sig, idx))
