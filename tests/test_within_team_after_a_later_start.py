@@ -37,6 +37,13 @@ def _sub(t, jid, gpus, cls, team, est, **kw):
     return JobSubmitted(t, job(jid, gpus, cls, team, t, runtime_estimate_s=est, **kw))
 
 
+def _nothing_left_at(t, s, rules, reference):
+    """A full pass at ``t`` on ``s``, and on a core restored from its snapshot, decide nothing."""
+    assert s.handle([Tick(t)]) == []
+    restored = Scheduler.restore(rules, json.loads(json.dumps(s.snapshot())), reference=reference)
+    assert restored.handle([Tick(t)]) == []
+
+
 def _run(reference, within="lower_priority"):
     rules = _rules(within)
     s = Scheduler(rules, reference=reference)
@@ -61,18 +68,14 @@ def test_a_later_start_that_makes_the_teams_limit_refuse_a_job_lets_it_preempt_w
     assert [d.job_id for d in out if isinstance(d, Start)] == ["L"]
     assert [(d.job_id, d.preemptor) for d in out if isinstance(d, Preempt)] == [("V", "P")]
     # nothing left for a full pass at the same instant, nor for a restart
-    assert s.handle([Tick(10)]) == []
-    restored = Scheduler.restore(rules, json.loads(json.dumps(s.snapshot())), reference=reference)
-    assert restored.handle([Tick(10)]) == []
+    _nothing_left_at(10, s, rules, reference)
 
 
 @pytest.mark.parametrize("reference", [False, True])
 def test_without_within_team_preemption_the_start_asks_nothing(reference):
     rules, s, out = _run(reference, within="never")
     assert [d.job_id for d in out if isinstance(d, Start)] == ["L"] and not [d for d in out if isinstance(d, Preempt)]
-    assert s.handle([Tick(10)]) == []
-    restored = Scheduler.restore(rules, json.loads(json.dumps(s.snapshot())), reference=reference)
-    assert restored.handle([Tick(10)]) == []
+    _nothing_left_at(10, s, rules, reference)
 
 
 @pytest.mark.parametrize("reference", [False, True])
@@ -95,9 +98,7 @@ def test_a_job_of_several_gpu_types_under_a_per_type_limit_preempts_at_once_too(
                     _sub(10, "L", 1, "batch", "a", 5, share=HALF, gpu_types=a100)])
     assert [d.job_id for d in out if isinstance(d, Start)] == ["L"]
     assert [(d.job_id, d.preemptor) for d in out if isinstance(d, Preempt)] == [("V", "P")]
-    assert s.handle([Tick(10)]) == []
-    restored = Scheduler.restore(rules, json.loads(json.dumps(s.snapshot())), reference=reference)
-    assert restored.handle([Tick(10)]) == []
+    _nothing_left_at(10, s, rules, reference)
 
 
 @pytest.mark.parametrize("reference", [False, True])
@@ -115,6 +116,4 @@ def test_a_job_the_fast_walk_skips_for_room_is_kept_for_the_repeat_too(reference
                     _sub(10, "L", 1, "batch", "a", 5, share=HALF)])
     assert [d.job_id for d in out if isinstance(d, Start)] == ["L"]
     assert [(d.job_id, d.preemptor) for d in out if isinstance(d, Preempt)] == [("V", "P")]
-    assert s.handle([Tick(10)]) == []
-    restored = Scheduler.restore(rules, json.loads(json.dumps(s.snapshot())), reference=reference)
-    assert restored.handle([Tick(10)]) == []
+    _nothing_left_at(10, s, rules, reference)
