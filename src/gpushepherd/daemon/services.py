@@ -526,10 +526,11 @@ class Services:
             if surplus > 0:
                 order = sorted(live, key=lambda j: (jobs[j].state is not JobState.PENDING, -int(j.rpartition(".")[2])))
                 batch.extend(JobCancelled(now, j) for j in order[:surplus])
+            if surplus >= 0:
+                continue
             c = svc.config
-            base = spec_from_dict(c["spec"])
-            if (surplus < 0 and base.workload_class in d.rules.classes
-                    and (why := d.sched.spec_misfit(base)) is not None):
+            base = spec_from_dict(c["spec"])  # read once a step, only for a service short of replicas
+            if base.workload_class in d.rules.classes and (why := d.sched.spec_misfit(base)) is not None:
                 # a policy applied since made its replicas impossible: submitting them would only
                 # reject one after another, each step (a tester's find: 38 jobs in 8 s)
                 d.ratelog.warning(f"service-misfit:{svc.name}", "service %s: no replica submitted, no node could "
@@ -537,7 +538,7 @@ class Services:
                 continue
             for _ in range(-surplus):
                 job_id = f"{svc.name}.{d.next_num}"
-                spec = replace(spec_from_dict(c["spec"]), id=job_id, submit_time=now)
+                spec = replace(base, id=job_id, submit_time=now)
                 env = {**c["env"], "SHEPHERD_SERVICE": svc.name, "SHEPHERD_REPLICA": job_id}
                 batch.append(JobSubmitted(now, spec))
                 rows.append(dict(id=job_id, num=d.next_num, spec=json.dumps(spec_to_dict(spec)),
