@@ -101,6 +101,9 @@ def after_start(turn, job: Job, spot, preemptor: bool, fills: bool) -> None:
     if (preemptor and no_victims) or any(typed.at_rest(p) for p in no_victims):
         book.repass = True
         return
+    if turn.order_refused and _binds_now(book, job, turn.order_refused):
+        book.repass = True
+        return
     if turn.within_refused and _within_now(book, job, turn.within_refused):
         book.repass = True
         return
@@ -121,6 +124,19 @@ def _within_now(book, job: Job, refused: list[Job]) -> bool:
     keys = {(i, user) for i, user, _a in (job.run_charges or job.charges)}
     return any(typed.any_variant(p, lambda q: any((i, user) in keys for i, user, _a in q.charges)
                                  and preemption.within_team(book, q)) for p in refused)
+
+
+def _binds_now(book, job: Job, refused: list[Job]) -> bool:
+    """Whether ``job``'s start made a hard limit it is charged under refuse a job that a
+    strict FIFO queue's order refused (rule 4, no reservation): rule 2 comes first, and
+    a job it refuses may take a reservation slot or preempt within its team (review of
+    note 088)."""
+    quota = book.quota
+    usage, current, cohorts = quota.usage, quota.current, quota.cohort_limits
+    keys = {(i, user) for i, user, _a in (job.run_charges or job.charges)}
+    return any(typed.any_variant(p, lambda q: any(
+        (i, user) in keys and i not in cohorts and usage.get((i, user), 0) + a > current[i]
+        for i, user, a in q.charges)) for p in refused)
 
 
 def _counts_in(book, job: Job) -> list:

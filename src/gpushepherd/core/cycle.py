@@ -27,7 +27,7 @@ from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import pick_gpus
 from gpushepherd.core.planning import reservation_for
 from gpushepherd.core.profile import Profile
-from gpushepherd.core.standing import new_starts_covered, reservations_stand
+from gpushepherd.core.standing import new_starts_covered
 from gpushepherd.core.state import INF, Job
 from gpushepherd.model.decisions import Decision
 from gpushepherd.model.job import JobState
@@ -82,6 +82,7 @@ class Turn:
         self.held_back = False
         self.plan_refused = False  # a preemption plan found no victims in this pass (``again.py``)
         self.within_refused: list[Job] = []  # refused with no within-team step (``again._within_now``)
+        self.order_refused: list[Job] = []  # refused by a strict queue's order (``again._binds_now``)
         self.halted = False  # a start or ``preempt`` after another pass was asked: the walk stops
         #: ``(planned end, counts)`` of each job started once the profile held a claim (``standing``)
         self.outlived: list[tuple[float, list]] = []
@@ -178,6 +179,8 @@ class Turn:
         if rule == A.CLAIMS and job.cohort is not None:
             self.claims_refused.add(job.cohort[1].team)
         if rule not in A.RESERVABLE:
+            if rule == A.ORDER and (self.depth or self.book.rules.within_team):
+                self.order_refused.append(job)  # a later start may make a hard limit refuse it first
             return BLOCKED, rule
         if job.shape.mode == "share":
             if rule == A.FREE and self.can_preempt(job):  # lower shares on one card (note 042)
@@ -285,11 +288,6 @@ class Turn:
             start, counts, free_at = found
             self.profile.add_reservation(job, start, counts, "", free_at if free_at else None, job.lend)
         return True
-
-    def claims_stand(self) -> bool:
-        """Whether the pass's reservations are those a full pass on the state it leaves
-        would make (``standing.reservations_stand``)."""
-        return reservations_stand(self)
 
     # ----------------------------------------------------------- actions
     def start(self, job: Job, v: A.Verdict) -> None:

@@ -30,6 +30,7 @@ from gpushepherd.core.reference import run_reference
 from gpushepherd.core.state import INF, Job
 from gpushepherd.core import reasons
 from gpushepherd.core.reasons import preempted_reason
+from gpushepherd.core.standing import reservations_stand
 from gpushepherd.core.stranded import stranded_capacity
 from gpushepherd.core.usage import declared_mib, sample_error
 from gpushepherd.model.decisions import Decision
@@ -190,12 +191,12 @@ class Scheduler:
         incremental == full pass == ``restore``). Likewise when a job of a cohort member
         made it borrow after a job that could reclaim from it found no victims
         (``book.repass``), and when a job started after a reservation made another
-        placement of it the best (``Turn.claims_stand``). Each repeat needs victims not
-        signalled before or a job not started before, so it ends."""
+        placement of it the best (``standing.reservations_stand``). Each repeat needs
+        victims not signalled before or a job not started before, so it ends."""
         book = self.book
         book.repass = False
         self._pass(out)
-        while book.repass or (self.last_turn is not None and not self.last_turn.claims_stand()):
+        while book.repass or (self.last_turn is not None and not reservations_stand(self.last_turn)):
             book.repass = False
             book.dirty = True
             self._pass(out)
