@@ -354,6 +354,8 @@ class Turn:
         scratch = A.Scratch(book, victims)
         job.hold_gpus = {idx: pick_gpus(pins.unpinned(book, idx, c, job, scratch.free_mask(idx)), c,
                                         book.ledger.slots[idx].node.nvlink_islands) for idx, c in job.plan}
+        if v.spot is not None and not v.spot[3]:  # the card in service a share joins (``Profile.add_hold``)
+            job.hold_gpus = {v.spot[0]: 1 << v.spot[1]}
         job.reclaim = reclaim
         job.hold_pass = self.sched.pass_no
         book.preemptors[job.id] = job

@@ -144,12 +144,17 @@ class Profile:
             covered = max(0, min(job.units, res - book.covered_units.get(job.cls.name, 0) - taken))
         charges = book.charges_with(job, job.units, covered)
         quota = {(i, user): amount for i, user, amount in charges}
+        # a card another preemptor, a share, plans to join: never this hold's (seed 515380)
+        joined = set() if job.share is not None else {
+            (n, g) for p in book.preemptors.values() if p is not job and p.share is not None
+            for n, m in p.hold_gpus.items() for g in range(m.bit_length()) if m >> g & 1}
         claim = Claim(job.id, True, book.now, exit_t + job.planned_run(), gpus,
                       {n: max(0, c - coming.get(n, 0), pins.free_pinned(book, job, n)) for n, c in gpus.items()}, quota,
                       {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key,
                       cls=job.cls.name, covered=covered, exits=exits, exit=exit_t,
                       cards=frozenset(c for c in map(card_of, victims) if c is not None and (
-                          job.share is not None or (c in whole and (c[0] in gpus or book.reserved)))))
+                          job.share is not None or (c in whole and c not in joined
+                                                    and (c[0] in gpus or book.reserved)))))
         self.claims.append(claim)
         self._touched.clear()
         for n, c in claim.need_now.items():
