@@ -430,7 +430,7 @@ def continue_fast(turn: Turn, new: list[Job], out: list[Decision]) -> bool:
         if job.state is not JobState.PENDING:
             continue
         full = turn.n_reserved >= turn.depth
-        outcome, rule = turn.turn(job, walk.fail_fit.get(job.fkey, INF) <= job.shape.k)
+        outcome, rule = turn.turn(job, not job.variants and walk.fail_fit.get(job.fkey, INF) <= job.shape.k)
         if rule == A.FREE and not job.variants:
             walk.fail_fit[job.fkey] = min(walk.fail_fit.get(job.fkey, INF), job.shape.k)
         if outcome not in (STARTED, PREEMPTED, HELD) and full:
@@ -536,10 +536,10 @@ class Walk:
                     self.stopped = True
                     break
             shape = job.shape
-            no_room = fail_fit.get(job.fkey, INF) <= shape.k
+            # (a job of several GPU types may place otherwise on one of them: seed 531297)
+            no_room = not job.variants and fail_fit.get(job.fkey, INF) <= shape.k
             if (full and no_room and not strict and not (preempting and turn.can_preempt(job))
-                    and job.id not in book.preemptors
-                    and not job.variants and not (within and preemption.within_team(book, job))):
+                    and job.id not in book.preemptors and not (within and preemption.within_team(book, job))):
                 # rule 5 (or earlier) refuses it and its sub-queue: nothing to do, unless within-team (seed 724)
                 if within and shape.mode != "share":
                     turn.within_refused.append(job)  # as ``Turn.blocked`` keeps it (``again._within_now``)
