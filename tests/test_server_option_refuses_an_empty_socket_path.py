@@ -2,7 +2,9 @@
 ``.``, so before the fix every client command tried the current folder as a socket and
 said "no gpushepherd server at unix:. (Connection refused)" (exit 1), as if a server were
 down. Now one ``error:`` line naming the option, the value and what is allowed, exit 2,
-as ``cli.daemon.path_param`` refuses an empty path."""
+as ``cli.daemon.path_param`` refuses an empty path. The same for every other value that
+names no server: a socket path that is a folder (``unix:/``, ``unix:.``), and anything but
+an ``http(s)://`` URL with a host and a valid port (``''``, ``localhost:8765``, ``ftp://x``)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ def test_an_empty_socket_path_is_refused_naming_the_option(args, tmp_path, monke
     assert "no gpushepherd server" not in line
 
 
-def test_the_refusal_is_one_line_from_the_installed_command(tmp_path):
+@pytest.mark.parametrize("value", ["unix:", "localhost:8765", "http://[::1"])
+def test_the_refusal_is_one_line_from_the_installed_command(value, tmp_path):
     import os
     import subprocess
     import sys
@@ -41,10 +44,10 @@ def test_the_refusal_is_one_line_from_the_installed_command(tmp_path):
     import gpushepherd
 
     src = str(Path(gpushepherd.__file__).resolve().parents[1])  # this checkout's, from any folder
-    r = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "queue", "--server", "unix:"], cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-m", "gpushepherd.cli.main", "queue", "--server", value], cwd=tmp_path,
                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": src})
     assert r.returncode == 2 and r.stdout == "", r
-    assert r.stderr.strip() == (f"error: Invalid value for '--server': 'unix:' is not allowed: {ALLOWED} "
+    assert r.stderr.strip() == (f"error: Invalid value for '--server': {value!r} is not allowed: {ALLOWED} "
                                 "(see --help)"), r.stderr
 
 
@@ -59,3 +62,37 @@ def test_an_empty_socket_path_in_the_environment_is_refused_naming_it(args, tmp_
     r = CliRunner().invoke(app, args, env={"SHEPHERD_SERVER": "unix:"})
     assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
     assert " ".join(r.stderr.split()) == f"error: $SHEPHERD_SERVER: 'unix:' is not allowed: {ALLOWED}", r.stderr
+
+
+NAMES_NO_SERVER = ["", "unix:/", "unix://", "unix:.", "unix:..", "unix:run/", "unix:a/..", "localhost:8765",
+                   "127.0.0.1:8765", "ftp://x", "http://", "http://:8765", "http://h:99999", "http://h:port", "http://[::1"]
+
+
+@pytest.mark.parametrize("value", NAMES_NO_SERVER)
+def test_a_server_value_that_names_no_server_is_refused_before_any_connection(value, tmp_path, monkeypatch):
+    # before, each read "no gpushepherd server at ..." (exit 1), as if a server were down:
+    # a folder tried as a socket, or a URL httpx could not use
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SHEPHERD_SERVER", raising=False)
+    r = CliRunner().invoke(app, ["queue", "--server", value])
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    line = " ".join(r.stderr.split())
+    assert f"'--server': {value!r} is not allowed: {ALLOWED}" in line, r.stderr
+    assert "no gpushepherd server" not in line
+
+
+@pytest.mark.parametrize("value", [v for v in NAMES_NO_SERVER if v])  # '' in the environment: not set
+def test_such_a_value_in_the_environment_is_refused_naming_it(value, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["queue"], env={"SHEPHERD_SERVER": value})
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    assert " ".join(r.stderr.split()) == f"error: $SHEPHERD_SERVER: {value!r} is not allowed: {ALLOWED}", r.stderr
+
+
+@pytest.mark.parametrize("value", ["unix:x.sock", "unix:///run/x.sock", "http://127.0.0.1:1", "https://[::1]:1/",
+                                   "http://localhost:1"])
+def test_a_value_that_may_name_a_server_is_tried(value, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SHEPHERD_SERVER", raising=False)
+    r = CliRunner().invoke(app, ["queue", "--server", value])
+    assert r.exit_code == 1 and "no gpushepherd server at" in r.stderr, (r.exit_code, r.stderr)

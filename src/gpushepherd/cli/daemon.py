@@ -75,13 +75,26 @@ def _job_path(job_id: str, suffix: str = "") -> str:
 
 
 def server_refusal(value: str) -> str | None:
-    """Why ``value`` (``--server``, ``$SHEPHERD_SERVER``) names no server: ``unix:`` with
-    no path (``Path("")`` is ``.``: the current folder was tried as a socket, and the
-    error read as a server that is down); ``None``: it may."""
-    if value == "unix:":
-        return (f"{value!r} is not allowed: unix:PATH with the path of the server's socket "
-                f"(unix:{DEFAULT_SOCKETS[0]}), or a URL like http://127.0.0.1:{DEFAULT_PORT}")
-    return None
+    """Why ``value`` (``--server``, ``$SHEPHERD_SERVER``) names no server; ``None``: it may.
+
+    Refused: ``unix:`` with no file name (``unix:``, ``unix:/``, ``unix://``, ``unix:.``,
+    a path ending in ``/``: ``Path("")`` is ``.``, so a folder was tried as a socket and
+    the error read as a server that is down), and anything else that is not an
+    ``http://`` or ``https://`` URL with a host and a valid port (``''``, ``localhost:8765``,
+    ``ftp://x``: before, each read "no gpushepherd server at ..." as if one were down)."""
+    allowed = (f"{value!r} is not allowed: unix:PATH with the path of the server's socket "
+               f"(unix:{DEFAULT_SOCKETS[0]}), or a URL like http://127.0.0.1:{DEFAULT_PORT}")
+    if value.startswith("unix:"):
+        path = value[len("unix:"):]
+        return allowed if path.endswith("/") or path.rpartition("/")[2] in ("", ".", "..") else None
+    from urllib.parse import urlsplit
+
+    try:
+        url = urlsplit(value)
+        url.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
+    except ValueError:
+        return allowed
+    return None if url.scheme in ("http", "https") and url.hostname else allowed
 
 
 def server_param(value: Any) -> str:
