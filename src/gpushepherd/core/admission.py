@@ -288,6 +288,9 @@ class Admission(ShareRules):
         quota = self.book.quota
         for i, _user, amount in charges:
             if amount > quota.limits[i].loosest * quota.scale[i]:
+                if quota.limits[i].gpu_type is not None:  # one of every GPU type refuses it on all: named first
+                    i = next((j for j, _u, a in charges if quota.limits[j].gpu_type is None
+                              and a > quota.limits[j].loosest * quota.scale[j]), i)
                 return Verdict(HARD_NEVER, limit=(i, 0), charges=charges)
         hit = self._blocking(charges, False, scratch)
         if hit is not None:

@@ -708,8 +708,9 @@ def _limits(spec: PolicySpec, source: str) -> list[Limit]:
             out += _windowed_limits(f"teams.{name}", team, WINDOW_FIELDS[1:], team=name)
             out += [Limit(f"teams.{name}.max_gpus[{gt}]", v, team=name, gpu_type=gt)
                     for gt, v in team.max_gpus.items()]
-            continue
-        out += _windowed_limits(f"teams.{name}", team, WINDOW_FIELDS, team=name)
+        else:
+            out += _windowed_limits(f"teams.{name}", team, WINDOW_FIELDS, team=name)
+        # the team's class limits, whatever its max_gpus (a per-type one once left them out)
         for cname, lim in sorted(team.classes.items()):
             if lim.max_gpus is not None:
                 out.append(Limit(f"teams.{name}.classes.{cname}.max_gpus", lim.max_gpus, team=name, workload_class=cname))
