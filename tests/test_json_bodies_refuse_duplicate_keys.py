@@ -172,3 +172,20 @@ def test_a_body_that_is_not_json_or_is_empty_is_a_422_saying_so_after_the_caller
         r = api.post("/jobs", content=body, headers={"content-type": "application/json; charset=utf-8", **auth})
         assert r.status_code == 201, r.text
         assert len(api.daemon.store.audit_entries(actions=["submit"])) == 1  # only the last one submitted
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "latin-1"])
+def test_a_body_not_in_utf8_is_a_422_saying_so(tmp_path, encoding):
+    # RFC 8259: JSON exchanged between systems is UTF-8; before, a UTF-16 or UTF-32 body
+    # was read (json.loads of bytes guesses the encoding) and the job submitted
+    body = json.dumps({"class": "batch", "team": "ml", "user": "ana", "command": ["true"], "cwd": "/",
+                       "env": {"GREETING": "café"}, "hold": True}, ensure_ascii=False)
+    with in_process_api(tmp_path, POLICY) as api:
+        r = api.post("/jobs", content=body.encode(encoding), headers=JSON)
+        assert r.status_code == 422, r.text
+        (d,) = r.json()["detail"]
+        assert d["loc"] == ["body"] and d["msg"].startswith("the body is not UTF-8 (byte "), d
+        assert api.get("/jobs").json() == []  # nothing submitted
+        for ok in (body.encode(), b"\xef\xbb\xbf" + body.encode()):  # UTF-8, with a BOM or not
+            r = api.post("/jobs", content=ok, headers=JSON)
+            assert r.status_code == 201, r.text

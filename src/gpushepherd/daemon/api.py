@@ -637,7 +637,15 @@ def _body_refusal(request: Request, body: bytes) -> dict | None:
     unique - the parsed body is then the request's ``json()``, read once."""
     keys = _KeysOnce()
     try:
-        doc = json.loads(body, object_pairs_hook=keys.hook)
+        # JSON between systems is UTF-8 (RFC 8259, section 8.1; a BOM may be ignored):
+        # json.loads of bytes would read UTF-16 and UTF-32 too
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        request._json = None
+        return {"loc": ["body"], "type": "json_invalid",
+                "msg": f"the body is not UTF-8 (byte {exc.start} of it): a JSON object in UTF-8 is required"}
+    try:
+        doc = json.loads(text, object_pairs_hook=keys.hook)
     except RecursionError:
         request._json = None  # FastAPI's parse would fail the same way: the refusal answers first
         return {"loc": ["body"], "type": "value_error",
