@@ -788,7 +788,7 @@ def check_submitter(p: Principal | None, body, per_user: bool = False) -> None:
     """With auth, a submission's ``user`` must be the principal's (the token's, or the
     socket caller's; unless admin) and its ``team`` one it may act for
     (``Principal.refusal``: the token's teams, the policy's members; note 025);
-    ``user`` defaults to the principal's. The same rule for jobs and services (note 017:
+    ``user`` defaults to the principal's (without one: the server's Unix user). The same rule for jobs and services (note 017:
     ``POST /services`` skipped the user check). ``per_user``: the server runs jobs as
     their Unix users (note 023), so a caller who does not say who it is (no token, not
     the socket; ``auth.ANONYMOUS`` there) may not submit: it could name any user, root too.
@@ -803,6 +803,9 @@ def check_submitter(p: Principal | None, body, per_user: bool = False) -> None:
             raise HTTPException(403, f"user: {body.user!r} is not allowed without a token: this server runs each "
                                      "job as its Unix user, so it must know who submits (its Unix socket, or "
                                      "shepherd token create --user U, then --token or $SHEPHERD_TOKEN)")
+        # a server not run as root, without tokens: every caller is its user (``who_of``), and
+        # a job that names none is that user's - not user '' (a newcomer's find)
+        body.user = body.user or user_of_uid(os.geteuid())
         return
     if body.user and body.user != p.user and not p.admin:
         who = (f"this connection's owner is Unix user {p.user!r}" if p.tcp else
