@@ -13,10 +13,9 @@ share names it). Both cores; the oracle's workloads of this shape too."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import job, node, policy, policy_dict
@@ -24,7 +23,7 @@ from gpushepherd.core.scheduler import Scheduler
 from gpushepherd.model.decisions import Preempt, Start
 from gpushepherd.model.events import JobFinished, JobSubmitted, Tick
 from gpushepherd.model.job import ExitStatus, GpuShare
-from oracle_checks import check
+from oracle_hypothesis import PROFILE, assert_clean
 from oracle_workloads import Workload
 
 TS = GpuShare("time_slice", mem_mib=4096, slots=1)
@@ -68,13 +67,6 @@ def test_a_share_preemptor_joins_its_card_when_its_victim_is_gone(reference):
     assert {d.job_id: d.placement.parts[0][0] for d in out if isinstance(d, Start)} == {"W": "n1", "v1": "n2"}
 
 
-#: shrinking costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1), as in test_oracle.py
-PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob": True,
-           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
-           "phases": tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (
-               Phase.explicit, Phase.reuse, Phase.generate)}
-
-
 @st.composite
 def two_preemptors_one_card(draw) -> Workload:
     """The shape of seed 515380, drawn: whole GPUs on n1, a card of 2-3 time-slice
@@ -105,6 +97,4 @@ def two_preemptors_one_card(draw) -> Workload:
 @settings(max_examples=60, **PROFILE)
 @given(two_preemptors_one_card())
 def test_share_and_whole_gpu_preemptors_on_one_card_pass_the_oracle(wl):
-    rep = check(wl)
-    assert rep.counts["a_equal"]  # it ran
-    assert not rep.failures, "\n".join(map(str, rep.failures)) + f"\n{wl!r}"
+    assert_clean(wl)

@@ -9,29 +9,16 @@ I20-27."""
 
 from __future__ import annotations
 
-import os
-
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import job, node, policy_dict
 from gpushepherd.model.events import GpuHealthChanged
 from gpushepherd.model.job import GpuShare
-from oracle_checks import check
+from oracle_hypothesis import PROFILE, assert_clean
 from oracle_workloads import Workload
 
-#: shrinking costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1), as in test_oracle.py
-PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob": True,
-           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
-           "phases": tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (
-               Phase.explicit, Phase.reuse, Phase.generate)}
 ISLANDS = ([[0, 1, 2, 3], [4, 5, 6, 7]], [[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 1, 2, 3], [4, 5], [6, 7]])
-
-
-def _assert_clean(wl: Workload) -> None:
-    rep = check(wl)
-    assert rep.counts["e_preemptor"] or rep.counts["a_equal"]  # it ran
-    assert not rep.failures, "\n".join(map(str, rep.failures)) + f"\n{wl!r}"
 
 
 @st.composite
@@ -87,10 +74,10 @@ def freed_cards(draw) -> Workload:
 @settings(max_examples=100, **PROFILE)
 @given(island_holds())
 def test_a_preemptor_that_requires_an_island_starts_on_it_when_its_victims_are_gone(wl):
-    _assert_clean(wl)
+    assert_clean(wl)
 
 
 @settings(max_examples=60, **PROFILE)
 @given(freed_cards())
 def test_a_card_a_preemptor_empties_elsewhere_for_a_reservation_stays_empty(wl):
-    _assert_clean(wl)
+    assert_clean(wl)

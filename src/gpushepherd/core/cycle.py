@@ -558,10 +558,10 @@ class Walk:
                     self.budget -= 1
                 if strict and A.stops_strict_order(job, rule):
                     break  # no backfill: nobody passes a blocked job
-                if rule not in A.RESERVABLE:
+                if rule not in A.RESERVABLE and not job.variants:
                     continue  # can never fit: the same for its whole sub-queue
-                if turn.n_reserved < turn.depth:
-                    nxt = idx + 1  # the next one may take a reservation too
+                if job.variants or turn.n_reserved < turn.depth:
+                    nxt = idx + 1  # the next may take a reservation too, or (typed) place otherwise (note 089)
                 elif rule == A.HARD_NOW:
                     continue  # a hard limit now: the same for its whole sub-queue
                 elif rule == A.CLAIMS or (preempting and turn.profile and turn.can_preempt(job)):
