@@ -65,7 +65,10 @@ def test_an_empty_socket_path_in_the_environment_is_refused_naming_it(args, tmp_
 
 
 NAMES_NO_SERVER = ["", "unix:/", "unix://", "unix:.", "unix:..", "unix:run/", "unix:a/..", "localhost:8765",
-                   "127.0.0.1:8765", "ftp://x", "http://", "http://:8765", "http://h:99999", "http://h:port", "http://[::1"]
+                   "127.0.0.1:8765", "ftp://x", "http://", "http://:8765", "http://h:99999", "http://h:port", "http://[::1",
+                   # a tester's finds: these passed the first check and reached a connection
+                   " http://127.0.0.1:1", "http://h h:1", "http://127.0.0.1 ", "http://h:0", "http://127.0.0.1:1/?x=1",
+                   "http://127.0.0.1:1#x", "http://h:1\n", "\thttp://h:1", "http://a..b:1", "http://" + "a" * 70 + ":1"]
 
 
 @pytest.mark.parametrize("value", NAMES_NO_SERVER)
@@ -96,3 +99,32 @@ def test_a_value_that_may_name_a_server_is_tried(value, tmp_path, monkeypatch):
     monkeypatch.delenv("SHEPHERD_SERVER", raising=False)
     r = CliRunner().invoke(app, ["queue", "--server", value])
     assert r.exit_code == 1 and "no gpushepherd server at" in r.stderr, (r.exit_code, r.stderr)
+
+
+def test_a_socket_path_that_is_a_folder_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SHEPHERD_SERVER", raising=False)
+    (tmp_path / "data").mkdir()
+    r = CliRunner().invoke(app, ["queue", "--server", "unix:data"])
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    assert "'unix:data' is not allowed: 'data' is a folder; unix:PATH names the server's socket" in \
+        " ".join(r.stderr.split()), r.stderr
+
+
+def test_sbatch_refuses_an_empty_server_and_reads_an_empty_variable_as_unset(tmp_path, monkeypatch):
+    # sbatch parses its own --server: '' fell back to $SHEPHERD_SERVER or the default, so an
+    # empty shell variable sent the job to another server
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sh").write_text("#!/bin/sh\n#SBATCH -p batch\n#SBATCH -A ml\ntrue\n")
+    r = CliRunner().invoke(app, ["sbatch", "--server", "", "job.sh"], env={"SHEPHERD_SERVER": "http://127.0.0.1:1"})
+    assert r.exit_code == 2 and "error: --server: '' is not allowed" in " ".join(r.stderr.split()), r.stderr
+    r = CliRunner().invoke(app, ["sbatch", "job.sh"], env={"SHEPHERD_SERVER": "", "SHEPHERD_SOCKET": ""})
+    assert r.exit_code == 1 and "no gpushepherd server at http://127.0.0.1:8765" in r.stderr, r.stderr
+
+
+def test_an_upper_case_scheme_is_a_web_socket_url_too():
+    # a tester's find: --pty with HTTP:// submitted the job, then crashed before attaching
+    from gpushepherd.cli.attach import ws_url
+
+    assert ws_url("HTTP://127.0.0.1:8765") == "ws://127.0.0.1:8765"
+    assert ws_url("Https://h") == "wss://h"

@@ -44,7 +44,7 @@ def ws_url(http_url: str) -> str:
         ValueError: not an http(s) URL.
     """
     for scheme, ws in (("https://", "wss://"), ("http://", "ws://")):
-        if http_url.startswith(scheme):
+        if http_url[:len(scheme)].lower() == scheme:  # a scheme is case-insensitive (HTTP://)
             return ws + http_url[len(scheme):]
     raise ValueError(f"--server: {http_url!r} is not allowed for --pty: an http:// or https:// URL, or unix:PATH")
 

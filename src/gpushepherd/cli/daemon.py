@@ -84,17 +84,26 @@ def server_refusal(value: str) -> str | None:
     ``ftp://x``: before, each read "no gpushepherd server at ..." as if one were down)."""
     allowed = (f"{value!r} is not allowed: unix:PATH with the path of the server's socket "
                f"(unix:{DEFAULT_SOCKETS[0]}), or a URL like http://127.0.0.1:{DEFAULT_PORT}")
+    if any(c.isspace() or not c.isprintable() for c in value):  # a space or a control character anywhere
+        return allowed
     if value.startswith("unix:"):
         path = value[len("unix:"):]
-        return allowed if path.endswith("/") or path.rpartition("/")[2] in ("", ".", "..") else None
+        if path.endswith("/") or path.rpartition("/")[2] in ("", ".", ".."):
+            return allowed
+        return f"{value!r} is not allowed: {path!r} is a folder; unix:PATH names the server's socket" \
+            if Path(path).is_dir() else None
     from urllib.parse import urlsplit
 
     try:
         url = urlsplit(value)
-        url.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
-    except ValueError:
+        port = url.port  # raises ValueError on a port that is not a number in 0-65535
+        (url.hostname or "").encode("idna")  # raises UnicodeError on a host no resolver takes (a..b)
+    except (ValueError, UnicodeError):
         return allowed
-    return None if url.scheme in ("http", "https") and url.hostname else allowed
+    # a query or fragment would go with every request: the server's paths follow the URL
+    if url.scheme not in ("http", "https") or not url.hostname or port == 0 or "?" in value or "#" in value:
+        return allowed
+    return None
 
 
 def server_param(value: Any) -> str:
@@ -138,13 +147,14 @@ def local_socket(server: str | None, token: str | None) -> Path | None:
     """
     from gpushepherd.daemon.unixsock import is_socket
 
-    named = server or os.environ.get("SHEPHERD_SERVER")
-    if named:
+    env_value = os.environ.get("SHEPHERD_SERVER") or None  # set to '': not set
+    named = env_value if server is None else server  # sbatch's own --server '' too: refused, not the default
+    if named is not None:
         why = server_refusal(named)
         if why is not None:  # $SHEPHERD_SERVER, or sbatch's own --server (not ServerOpt's parser)
             from gpushepherd.cli.main import err
             # (sbatch and policy check pass the variable on as their server: named as what it is)
-            env = server is None or server == os.environ.get("SHEPHERD_SERVER")
+            env = server is None or server == env_value
             err.print(f"error: {'$SHEPHERD_SERVER' if env else '--server'}: {why}", soft_wrap=True, markup=False)
             raise typer.Exit(2)
         return Path(named[len("unix:"):]) if named.startswith("unix:") else None
@@ -224,7 +234,8 @@ def _request(server: str | None, method: str, path: str, token: str | None = Non
         else:
             r = httpx.request(method, url + path, timeout=60.0, headers=headers, **kw)
     except httpx.InvalidURL as exc:
-        err.print(f"error: --server: {url!r} is not allowed: {exc} (a URL like http://127.0.0.1:{DEFAULT_PORT})",
+        named = "--server" if server else "$SHEPHERD_SERVER"
+        err.print(f"error: {named}: {url!r} is not allowed: {exc} (a URL like http://127.0.0.1:{DEFAULT_PORT})",
                   soft_wrap=True)
         raise typer.Exit(2) from None
     except (httpx.TransportError, OSError) as exc:

@@ -286,7 +286,7 @@ def submission(tokens: list[str], env: dict[str, str] | None = None) -> tuple[di
     opts.update(cli)
     _gang(opts)
     env = os.environ if env is None else env
-    opts.setdefault("server", env.get("SHEPHERD_SERVER"))
+    opts.setdefault("server", env.get("SHEPHERD_SERVER") or None)  # set to '': not set
     opts.setdefault("token", env.get("SHEPHERD_TOKEN"))
     return opts, path, rest[1:]
 
