@@ -41,9 +41,10 @@ def _cohort_terms(spec: PolicySpec | None) -> tuple[dict[str, list[str]], list[s
             nom = entry.nominal_gpus if entry.nominal_gpus is not None else (t.nominal_gpus or 0)
             bl = entry.borrowing_limit if entry.borrowing_limit is not None else t.borrowing_limit
             ll = entry.lending_limit if entry.lending_limit is not None else t.lending_limit
-            total += nom
+            n = sum(nom.values()) if isinstance(nom, dict) else nom  # per GPU type (note 038): their sum
+            total += n
             borrow = "borrowing_limit unset (may borrow all the cohort lends)" if bl is None else \
-                f"borrowing_limit={bl} (holds at most {nom + bl} GPUs)"
+                f"borrowing_limit={bl} (holds at most {n + bl} GPUs)"
             lend = "lending_limit unset (lends all its idle quota)" if ll is None else f"lending_limit={ll}"
             per_team.setdefault(entry.team, []).append(f"cohort {cname}{pool}: nominal_gpus={nom}, {borrow}, {lend}")
             prefix = f"teams.{entry.team}" if co.pool is None else f"cohorts.{cname}.{entry.team}"
@@ -156,10 +157,13 @@ def summary(rules: Rules, spec: PolicySpec | None = None) -> list[str]:
     for lim in rules.limits:
         if lim.path in compiled or (spec is not None and getattr(lim, "cohort", None)):
             continue  # said in the policy's own numbers below
-        value = f"{lim.path.rsplit('.', 1)[-1]}={lim.max if lim.max < 10**12 else 'unlimited'}" + "".join(
+        mine = f"teams.{lim.team}." if lim.team is not None else None
+        # a team's own limits named from the team on (classes.training.max_gpus, not max_gpus)
+        name = lim.path[len(mine):] if mine and lim.path.startswith(mine) else lim.path.rsplit(".", 1)[-1]
+        value = f"{name}={lim.max if lim.max < 10**12 else 'unlimited'}" + "".join(
             f", {w.name}={m}" for w, m in lim.windows)
-        if lim.path.startswith("teams."):
-            team_limits.setdefault(lim.path.split(".")[1], []).append(value)
+        if mine and lim.path.startswith(mine):
+            team_limits.setdefault(lim.team, []).append(value)
         else:
             other.append(f"{lim.path.rsplit('.', 1)[0]}: {value}")
     for team in sorted(rules.teams):
