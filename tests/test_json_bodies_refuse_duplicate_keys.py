@@ -189,3 +189,23 @@ def test_a_body_not_in_utf8_is_a_422_saying_so(tmp_path, encoding):
         for ok in (body.encode(), b"\xef\xbb\xbf" + body.encode()):  # UTF-8, with a BOM or not
             r = api.post("/jobs", content=ok, headers=JSON)
             assert r.status_code == 201, r.text
+
+
+def test_a_lone_surrogate_escape_is_a_422_naming_where(tmp_path):
+    # a tester's find: a policy whose text held "\ud800" was applied (version 2), its answer
+    # was a 500, and GET /policy stayed a 500 - after a restart too
+    with in_process_api(tmp_path, POLICY) as api:
+        pol = json.dumps({"policy": yaml.safe_load(POLICY), "source": "p.yaml"})
+        r = api.post("/policy", content=pol.replace('"p.yaml"', '"p\\ud800.yaml"'), headers=JSON)
+        assert r.status_code == 422, r.text
+        (d,) = r.json()["detail"]
+        assert d["loc"] == ["body", "source"] and "surrogate" in d["msg"], d
+        assert [h["version"] for h in api.get("/policy/history").json()] == [1]
+        assert api.get("/policy").status_code == 200
+        job = ('{"class": "batch", "team": "ml", "user": "ana", "command": ["true"], "cwd": "/", "hold": true, '
+               '"env": {"A": "x\\udc00"}}')
+        r = api.post("/jobs", content=job, headers=JSON)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "env", "A"], r.text
+        # a whole pair is a character (U+1F600): accepted
+        r = api.post("/jobs", content=job.replace("x\\udc00", "x\\ud83d\\ude00"), headers=JSON)
+        assert r.status_code == 201, r.text

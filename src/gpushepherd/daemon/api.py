@@ -628,6 +628,31 @@ def _body_kind_refusal(body: bytes, content_type: str | None) -> dict | None:
     return {"loc": ["body"], "type": "body_type", "msg": msg}
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate_at(doc, at: tuple = ()) -> list | None:
+    """The path (keys and indices) of the first key or string in ``doc`` with a lone
+    surrogate (text UTF-8 cannot hold), or ``None``."""
+    def bad(text: str) -> bool:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    if isinstance(doc, str):
+        return list(at) if bad(doc) else None
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for k, v in items:
+        if isinstance(k, str) and bad(k):
+            return [*at, k.encode("utf-8", "backslashreplace").decode()]
+        found = _lone_surrogate_at(v, (*at, k))
+        if found is not None:
+            return found
+    return None
+
+
 def _body_refusal(request: Request, body: bytes) -> dict | None:
     """The 422 entry for a JSON ``body`` that gives a key twice in one object (JSON leaves
     it open, Python keeps the last one silently; the policy's YAML loader refuses it too,
@@ -660,6 +685,13 @@ def _body_refusal(request: Request, body: bytes) -> dict | None:
         return {"loc": ["body"], "type": "json_invalid",
                 "msg": f"JSON decode error: {exc}: the body must be one JSON object, in UTF-8"}
     request._json = doc  # Starlette's cache of ``Request.json()``: FastAPI parses it no more
+    if _SURROGATE_ESCAPE.search(text) and (at := _lone_surrogate_at(doc)) is not None:
+        # a \ud800 escape with no pair is no character: stored, it broke every answer that
+        # showed it (a policy's description: GET /policy was a 500 for good, a tester's find)
+        request._json = None
+        return {"loc": ["body", *at], "type": "value_error",
+                "msg": "a \\u escape of half a UTF-16 surrogate pair with no other half is no character: text "
+                       "in valid Unicode is required"}
     if not isinstance(doc, dict):
         return {"loc": ["body"], "type": "body_type",
                 "msg": f"the body must be a JSON object ({{...}}), not {_JSON_KINDS.get(type(doc), 'that')}"}
