@@ -77,11 +77,15 @@ def _job_path(job_id: str, suffix: str = "") -> str:
 def server_refusal(value: str) -> str | None:
     """Why ``value`` (``--server``, ``$SHEPHERD_SERVER``) names no server; ``None``: it may.
 
-    Refused: ``unix:`` with no file name (``unix:``, ``unix:/``, ``unix://``, ``unix:.``,
-    a path ending in ``/``: ``Path("")`` is ``.``, so a folder was tried as a socket and
-    the error read as a server that is down), and anything else that is not an
-    ``http://`` or ``https://`` URL with a host and a valid port (``''``, ``localhost:8765``,
-    ``ftp://x``: before, each read "no gpushepherd server at ..." as if one were down)."""
+    Refused (before, each read "no gpushepherd server at ..." as if one were down, or
+    gave a traceback):
+    * a space or a control character anywhere;
+    * ``unix:`` with no file name (``unix:``, ``unix:/``, ``unix://``, ``unix:.``, a path
+      ending in ``/``: ``Path("")`` is ``.``, so a folder was tried as a socket), or a
+      path that is a folder;
+    * anything else that is not an ``http://`` or ``https://`` URL (any case) with a host
+      a resolver takes (IDNA) and a port in 1-65535 if one is given, and no query or
+      fragment (``''``, ``localhost:8765``, ``ftp://x``, ``http://a..b``, ``http://h:0``)."""
     allowed = (f"{value!r} is not allowed: unix:PATH with the path of the server's socket "
                f"(unix:{DEFAULT_SOCKETS[0]}), or a URL like http://127.0.0.1:{DEFAULT_PORT}")
     if any(c.isspace() or not c.isprintable() for c in value):  # a space or a control character anywhere
