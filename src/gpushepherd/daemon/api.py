@@ -631,22 +631,24 @@ def _body_kind_refusal(body: bytes, content_type: str | None) -> dict | None:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def _lone_surrogate_at(doc, at: tuple = ()) -> list | None:
+def _lone_surrogate_at(doc, at: tuple = ()) -> tuple[list, str] | None:
     """The path (keys and indices) of the first key or string in ``doc`` with a lone
-    surrogate (text UTF-8 cannot hold), or ``None``."""
-    def bad(text: str) -> bool:
+    surrogate (text UTF-8 cannot hold) and that text, its surrogates written ``\\udXXX``;
+    ``None``: there is none."""
+    def shown(text: str) -> str | None:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            return True
-        return False
+            return text.encode("utf-8", "backslashreplace").decode()
+        return None
 
     if isinstance(doc, str):
-        return list(at) if bad(doc) else None
+        text = shown(doc)
+        return None if text is None else (list(at), text)
     items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
     for k, v in items:
-        if isinstance(k, str) and bad(k):
-            return [*at, k.encode("utf-8", "backslashreplace").decode()]
+        if isinstance(k, str) and (text := shown(k)) is not None:
+            return [*at, text], text
         found = _lone_surrogate_at(v, (*at, k))
         if found is not None:
             return found
@@ -685,13 +687,14 @@ def _body_refusal(request: Request, body: bytes) -> dict | None:
         return {"loc": ["body"], "type": "json_invalid",
                 "msg": f"JSON decode error: {exc}: the body must be one JSON object, in UTF-8"}
     request._json = doc  # Starlette's cache of ``Request.json()``: FastAPI parses it no more
-    if _SURROGATE_ESCAPE.search(text) and (at := _lone_surrogate_at(doc)) is not None:
+    if _SURROGATE_ESCAPE.search(text) and (found := _lone_surrogate_at(doc)) is not None:
         # a \ud800 escape with no pair is no character: stored, it broke every answer that
         # showed it (a policy's description: GET /policy was a 500 for good, a tester's find)
         request._json = None
+        at, value = found
         return {"loc": ["body", *at], "type": "value_error",
-                "msg": "a \\u escape of half a UTF-16 surrogate pair with no other half is no character: text "
-                       "in valid Unicode is required"}
+                "msg": f"'{value[:80]}' is not allowed: a \\u escape of half a UTF-16 surrogate pair with no "
+                       "other half is no character; text in valid Unicode is required"}
     if not isinstance(doc, dict):
         return {"loc": ["body"], "type": "body_type",
                 "msg": f"the body must be a JSON object ({{...}}), not {_JSON_KINDS.get(type(doc), 'that')}"}
