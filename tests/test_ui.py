@@ -379,7 +379,10 @@ def test_ui_answers_the_three_questions_job_page_filters_idle_gpus_borrowing_one
               ".includes('hello-stdout')")
         assert browser.execute_script("return location.hash") == f"#job={talk}"
         assert text_of(browser, "#job-title") == f"job {talk}"
-        assert "to-stderr" in text_of(browser, "#job-stderr")
+        # the page fetches stdout, then stderr: it may show the first before the second arrives
+        # (CI on 15cf85c read '' here once)
+        until(browser, "the job's stderr", "return document.getElementById('job-stderr').textContent"
+              ".includes('to-stderr')")
         view = s.job(talk)
         rows = browser.execute_script("return [...document.querySelectorAll('#job-history tbody tr')]"
                                       ".map(r => [...r.children].map(c => c.textContent))")
