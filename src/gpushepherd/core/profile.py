@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from gpushepherd.core import pins
 from gpushepherd.core.freed import card_of, freed_count, freed_parts, quota_freed
+from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import Counts
 from gpushepherd.core.releases import free_total_at, gpus_free_at
 from gpushepherd.core.state import INF, Job
@@ -147,7 +148,7 @@ class Profile:
         # a card another preemptor, a share, plans to join: never this hold's (seed 515380)
         joined = set() if job.share is not None else {
             (n, g) for p in book.preemptors.values() if p is not job and p.share is not None
-            for n, m in p.hold_gpus.items() for g in range(m.bit_length()) if m >> g & 1}
+            for n, m in p.hold_gpus.items() for g in bits(m)}
         claim = Claim(job.id, True, book.now, exit_t + job.planned_run(), gpus,
                       {n: max(0, c - coming.get(n, 0), pins.free_pinned(book, job, n)) for n, c in gpus.items()}, quota,
                       {k: max(0, a - qcoming.get(k, 0)) for k, a in quota.items()}, job.key,
