@@ -1,5 +1,7 @@
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -7,6 +9,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 # tests run as root in CI: their jobs still run as the server's user (design note 023)
 # unless a test asks for per-user running (SHEPHERD_RUN_AS=user in its server's environment)
 os.environ["SHEPHERD_RUN_AS"] = "server"
+# the CLI sizes its tables to $COLUMNS where set, else to the terminal (none under the
+# tests: full width); a pytest-xdist worker inherits COLUMNS=80, so the tests that size
+# output set it themselves
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 import pytest  # noqa: E402
 
@@ -37,6 +44,26 @@ def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path.resolve() / 'shepherd.db'}"
     return request.getfixturevalue("pg_url")
+
+
+def pytest_configure(config):
+    """A short base folder for the temporary folders, made fresh (``mkdtemp``) where none
+    is given: paths show in output that wraps at 80 columns (a dashboard's or the CLI's),
+    and pytest-xdist adds ``popen-gwN/`` to each worker's. Removed at the end of a run
+    that passed; a failed run's is kept, named at the end."""
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = tempfile.mkdtemp(prefix="gs")
+        config._shepherd_basetemp = config.option.basetemp
+
+
+def pytest_sessionfinish(session, exitstatus):
+    base = getattr(session.config, "_shepherd_basetemp", None)
+    if base is None:
+        return
+    if exitstatus == 0:
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        print(f"\ntemporary folders of this run: {base}")
 
 
 def pytest_addoption(parser):

@@ -91,7 +91,7 @@ def test_the_ray_tests_in_a_network_namespace(tmp_path):
     env = {**os.environ, "SHEPHERD_RAY_INNER": "1", "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)}
     report = tmp_path / "inner.xml"
-    cmd = (f"ip link set lo up && exec {sys.executable} -m pytest -q -p no:cacheprovider -x -rs "
+    cmd = (f"ip link set lo up && exec {sys.executable} -m pytest -q -p no:cacheprovider -n 0 -x -rs "
            f"{Path(__file__).resolve()} -k 'not in_a_network_namespace' --basetemp={tmp_path / 'inner'} "
            f"--junitxml={report}")
     p = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c", cmd], cwd=ROOT, env=env,

@@ -16,14 +16,22 @@ set -euo pipefail
 cmd=${1:-}; D=${2:-}
 case "$D" in /*) ;; *) echo "usage: $0 start|stop ABSOLUTE_DIR [NODES]" >&2; exit 2 ;; esac
 
+user_key() { printf '%s' "$D" | md5sum | cut -c1-16; }
+
 stop() {
     for f in "$D"/slurmd-*.pid "$D"/slurmctld.pid; do
         [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
     done
-    # munged only if this cluster started it
-    if [ -f "$D/munged.started" ] && [ -f /run/munge/munged.pid ]; then
-        kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
-        rm -f "$D/munged.started"
+    # munged is shared by the fake clusters running at once (the test suite runs two
+    # side by side): the last one to stop stops it, if a fake cluster started it
+    if [ -d /run/munge ]; then
+        exec 9>/run/munge/fake-clusters.lock && flock 9
+        rm -f "/run/munge/fake-clusters/$(user_key)" "$D/munged.started"
+        if [ -f /run/munge/fake-started ] && [ -z "$(ls -A /run/munge/fake-clusters 2>/dev/null)" ]; then
+            [ -f /run/munge/munged.pid ] && kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
+            rm -f /run/munge/fake-started
+        fi
+        flock -u 9
     fi
     for f in "$D"/slurmd-*.pid "$D"/slurmctld.pid; do  # wait for them to go (at most 10 s)
         [ -f "$f" ] || continue
@@ -83,9 +91,12 @@ if [ ! -s /etc/munge/munge.key ]; then
     mungekey --create --keyfile=/etc/munge/munge.key
     chown munge:munge /etc/munge/munge.key; chmod 600 /etc/munge/munge.key
 fi
+exec 9>/run/munge/fake-clusters.lock && flock 9  # see stop()
+mkdir -p /run/munge/fake-clusters && touch "/run/munge/fake-clusters/$(user_key)"
 if [ ! -S /run/munge/munge.socket.2 ] || ! munge -n >/dev/null 2>&1; then
-    runuser -u munge -- /usr/sbin/munged && touch "$D/munged.started"
+    runuser -u munge -- /usr/sbin/munged && touch /run/munge/fake-started
 fi
+flock -u 9
 slurmctld -f "$SLURM_CONF" -i
 for n in $(seq 1 "$N"); do slurmd -f "$SLURM_CONF" -N "fake$n"; done
 for _ in $(seq 1 240); do
