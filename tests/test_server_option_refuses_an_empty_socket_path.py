@@ -128,3 +128,18 @@ def test_an_upper_case_scheme_is_a_web_socket_url_too():
 
     assert ws_url("HTTP://127.0.0.1:8765") == "ws://127.0.0.1:8765"
     assert ws_url("Https://h") == "wss://h"
+
+
+@pytest.mark.parametrize("value", ["http://ana:s3cret-pw@127.0.0.1:1", "https://ana@h:1", "http://:s3cret-pw@h:1",
+                                   "http://ana:s3cret-pw@"])
+def test_a_user_or_password_in_the_url_is_refused_without_showing_it(value, tmp_path, monkeypatch):
+    # before, "http://ana:s3cret-pw@127.0.0.1:1" reached a connection and every error line
+    # showed the password ("no gpushepherd server at http://ana:s3cret-pw@...")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SHEPHERD_SERVER", raising=False)
+    for r, where in ((CliRunner().invoke(app, ["queue", "--server", value]), "--server"),
+                     (CliRunner().invoke(app, ["queue"], env={"SHEPHERD_SERVER": value}), "$SHEPHERD_SERVER")):
+        assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+        line = " ".join(r.stderr.split())
+        assert where in line and "user or password in the URL is not allowed" in line and "--token" in line, line
+        assert "s3cret" not in r.stderr + r.stdout and "ana" not in r.stderr + r.stdout, line

@@ -85,7 +85,10 @@ def server_refusal(value: str) -> str | None:
       path that is a folder;
     * anything else that is not an ``http://`` or ``https://`` URL (any case) with a host
       a resolver takes (IDNA) and a port in 1-65535 if one is given, and no query or
-      fragment (``''``, ``localhost:8765``, ``ftp://x``, ``http://a..b``, ``http://h:0``)."""
+      fragment (``''``, ``localhost:8765``, ``ftp://x``, ``http://a..b``, ``http://h:0``);
+    * a user or password in the URL (``http://ana:secret@h``): the API takes a token
+      (``--token``, ``$SHEPHERD_TOKEN``), and the refusal shows the URL without them
+      (before, the password was sent nowhere but shown in every error line)."""
     allowed = (f"{value!r} is not allowed: unix:PATH with the path of the server's socket "
                f"(unix:{DEFAULT_SOCKETS[0]}), or a URL like http://127.0.0.1:{DEFAULT_PORT}")
     if any(c.isspace() or not c.isprintable() for c in value):  # a space or a control character anywhere
@@ -104,6 +107,10 @@ def server_refusal(value: str) -> str | None:
         (url.hostname or "").encode("idna")  # raises UnicodeError on a host no resolver takes (a..b)
     except (ValueError, UnicodeError):
         return allowed
+    if "@" in url.netloc:  # never echo a password: the refusal names the URL without the user part
+        bare = url._replace(netloc=url.netloc.rpartition("@")[2]).geturl()
+        return (f"a user or password in the URL is not allowed ({bare!r} with a user part): the server takes "
+                "an API token, --token or $SHEPHERD_TOKEN (shepherd token create)")
     # a query or fragment would go with every request: the server's paths follow the URL
     if url.scheme not in ("http", "https") or not url.hostname or port == 0 or "?" in value or "#" in value:
         return allowed
