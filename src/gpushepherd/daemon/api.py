@@ -445,7 +445,12 @@ class SubmitBody(BaseModel):
     @field_validator("workload_class", "team", "user", "project")
     @classmethod
     def _names(cls, v: str, info) -> str:
-        return _no_control({"workload_class": "class"}.get(info.field_name, info.field_name), v)
+        v = _no_control({"workload_class": "class"}.get(info.field_name, info.field_name), v)
+        if info.field_name == "user" and v and (v.strip() != v or any(c.isspace() or c in "/:" for c in v)):
+            # a user is a Unix user's name (jobs may run as it; usage and fair-share are kept by it)
+            raise ValueError(f"{v[:80]!r} is not allowed: a user name without spaces, '/' or ':' "
+                             "(a Unix user's name, e.g. ana), or none for the caller")
+        return v
 
     @model_validator(mode="after")
     def _argv_env_size(self) -> "SubmitBody":
