@@ -25,7 +25,10 @@ many times each property was checked and every failure. The properties:
 * ``e_preemptor`` - every preemption's preemptor starts at the instant its last victim
   is gone, unless it was cancelled, hardware was lost, a window changed its limits, an
   admin lowered its priority (``nice``), a
-  job of a class whose ``reserved_gpus`` now keep it out left in between, or - a share
+  job of a class whose ``reserved_gpus`` now keep it out left in between, earlier than
+  planned (a job planned to end by the victims' exit does not excuse it: the plan reads
+  the reservation without it, note 090; a preemptor that evicts again at that exit did
+  not start), or - a share
   preemptor that was to join its victims' card - the card's other holders all left
   before its victims, earlier than planned, and other classes' ``reserved_gpus`` keep it
   off the fresh GPU the card's is then (counted apart as ``e_excused:<why>``); a
@@ -595,21 +598,8 @@ class Checker:
         t = sched.now
         started = {d.job_id for d in out if isinstance(d, Start)}
         self.share_victims(book, [d for d in out if isinstance(d, Preempt) and d.preemptor])
-        for d in out:
-            if isinstance(d, Preempt) and d.preemptor:
-                self.guarantee(book, d)
-                w = self.watch.get(d.preemptor)
-                if w is None or w["t"] != t:
-                    p = book.jobs[d.preemptor]
-                    w = self.watch[d.preemptor] = {
-                        "t": t, "victims": {}, "cancelled": False, "hw": len(self.hw_lost_at),
-                        "limits": {i: book.quota.current[i] for i, _u, _a in p.charges},
-                        "reserved": _class_use(book) if book.reserved else {}, "nice": p.spec.nice, "others": {}}
-                w["victims"][d.job_id] = book.jobs[d.job_id].runs
-                card = card_of(book.jobs[d.job_id]) if book.jobs[d.preemptor].share is not None else None
-                if card is not None:  # the other holders of the card a share preemptor joins
-                    for h in book.ledger.slots[card[0]].cards[card[1]].holders:
-                        w["others"].setdefault(h, (book.jobs[h].runs, book.jobs[h].end_est))
+        # the watches are judged before this call's preemptions replace them: a preemptor
+        # that evicts again at its last victim's exit did not start when they were gone
         for pid in sorted(self.watch):
             w = self.watch[pid]
             p = book.jobs[pid]
@@ -630,7 +620,8 @@ class Checker:
                 why = "hardware lost"
             elif any(book.quota.current[i] != m for i, m in w["limits"].items()):
                 why = "window changed its limits"
-            elif _reservation_left(book, w["reserved"], sched.pending_reason(pid)):
+            elif _reservation_left(book, w["reserved"], sched.pending_reason(pid),
+                                   any(isinstance(d, Preempt) and d.preemptor == pid for d in out)):
                 why = "a reserved class's job left"
             elif p.spec.nice > w["nice"]:  # an admin lowered it: a job now ahead may take the room (seed 102576)
                 why = "its priority was lowered"
@@ -643,6 +634,22 @@ class Checker:
                 continue
             self.report.fail("e_preemptor", f"t={t:g}: the last victim of {pid} (preempted {sorted(w['victims'])} at "
                              f"t={w['t']:g}) is gone and {pid} does not start: {sched.pending_reason(pid)}")
+        for d in out:
+            if isinstance(d, Preempt) and d.preemptor:
+                self.guarantee(book, d)
+                w = self.watch.get(d.preemptor)
+                if w is None or w["t"] != t:
+                    p = book.jobs[d.preemptor]
+                    w = self.watch[d.preemptor] = {
+                        "t": t, "victims": {}, "cancelled": False, "hw": len(self.hw_lost_at),
+                        "limits": {i: book.quota.current[i] for i, _u, _a in p.charges},
+                        "reserved": _class_use(book, _exit_of(book, out, d.preemptor)) if book.reserved else {},
+                        "nice": p.spec.nice, "others": {}}
+                w["victims"][d.job_id] = book.jobs[d.job_id].runs
+                card = card_of(book.jobs[d.job_id]) if book.jobs[d.preemptor].share is not None else None
+                if card is not None:  # the other holders of the card a share preemptor joins
+                    for h in book.ledger.slots[card[0]].cards[card[1]].holders:
+                        w["others"].setdefault(h, (book.jobs[h].runs, book.jobs[h].end_est))
 
     def share_victims(self, book, preempts: list) -> None:
         """Preemption of and for shares, written plainly (note 042): a class-preemption
@@ -867,11 +874,18 @@ def _takes_gpu(book, job) -> bool:
     return card is not None and list(card.holders) == [job.id]
 
 
-def _reservation_left(book, before: dict[str, int], reason) -> bool:
+def _reservation_left(book, before: dict[str, int], reason, again: bool = False) -> bool:
     """Whether ``reason`` is a class reservation (``ReservedFor(classes.X.reserved_gpus)``)
-    whose class holds less than ``before`` (at the preemption): a job of it ended or left,
-    earlier than planned, and the GPUs the plan left others are its reservation's again
-    (oracle seed 20199: production inference's MIG job ended before its estimate)."""
+    whose class holds less than ``before`` (at the preemption, without the jobs planned to
+    end by the victims' exit: ``_class_use``): a job of it ended or left, earlier than
+    planned, and the GPUs the plan left others are its reservation's again
+    (oracle seed 20199: production inference's MIG job ended before its estimate).
+    ``again``: the preemptor evicted again in the same call - its reason names the new
+    victims; then any reserved class holding less than ``before`` excuses it (its new
+    plan was made without that job; note 090)."""
+    if again:
+        used = _class_use(book)
+        return any(used.get(name, 0) < units for name, units in before.items() if name in book.reserved)
     m = re.fullmatch(r"classes\.(.+)\.reserved_gpus", reason.detail or "")
     if reason.code is not ReasonCode.RESERVED_FOR or m is None:
         return False
@@ -911,16 +925,28 @@ def _joined_class(book, job, order: dict[str, int]) -> str | None:
     return name if name != job.cls.name and name in book.reserved else None
 
 
-def _class_use(book) -> dict[str, int]:
+def _exit_of(book, out, pid: str) -> tuple[float, set[str]]:
+    """The exit of ``pid``'s victims preempted in ``out`` (their latest deadline) and their ids."""
+    ids = {d.job_id for d in out if isinstance(d, Preempt) and d.preemptor == pid}
+    return max(book.jobs[v].end_est for v in ids), ids
+
+
+def _class_use(book, exit_: tuple[float, set[str]] | None = None) -> dict[str, int]:
     """Units each class holds, a shared card that only one class's jobs hold counted
     whole (it is out of the free GPUs; the room left on it is the class's), MIG
-    instances by their units (MIG GPUs are never free whole GPUs)."""
+    instances by their units (MIG GPUs are never free whole GPUs). ``exit_``: ``(time,
+    victim ids)`` of a preemption - the use left at its victims' exit, without the jobs
+    (victims aside) planned to end by then: their leaving is foreseen, and the plan
+    reads the reservation without them too (note 090)."""
     used: dict[str, int] = {}
     cards: dict[tuple[int, int], set[str]] = {}
-    for job in book.running.values():
+    running = book.running.values()
+    if exit_ is not None:
+        running = [j for j in running if j.end_est > exit_[0] or j.id in exit_[1]]
+    for job in running:
         if job.share is not None and len(job.share_at) == 1:
             cards.setdefault((job.alloc[0][0], job.share_at[0]), set()).add(job.cls.name)
-    for job in book.running.values():
+    for job in running:
         name = job.cls.name
         if job.share is not None and len(job.share_at) == 1:
             classes = cards[(job.alloc[0][0], job.share_at[0])]

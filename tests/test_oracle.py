@@ -136,7 +136,10 @@ PROFILE = {"derandomize": True, "database": None, "deadline": None, "print_blob"
 #: 515380 - a whole-GPU preemptor's hold, rebuilt once a share preemptor's victim had left
 #: their card, claimed the card that share was to join and kept it out (note 089, I20-57);
 #: 531297 - the fast walk passed a job of several GPU types as refused for room after a job
-#: of its node filter failed, though on one type it spans nodes (note 089).
+#: of its node filter failed, though on one type it spans nodes (note 089); 515973 - a
+#: preemption plan read rule 8 only now, when a MIG job of the reserved class covered the
+#: reservation; it ended before the victims' exit and the preemptor was refused there
+#: (note 090, I20-58).
 #: Note 063's checks (NoFit(whole-gpu) / NoFit(gpu-fraction) /
 #: NoFit(gpu-memory) with no such room left, a cohort's refusal read as "may not be
 #: preempted" or named off the job's nodes) failed on 46 of these and on 3, 22, 28, 45, 49,
@@ -152,7 +155,7 @@ FOUND = (84, 96, 114, 180, 238, 320, 353, 446, 535, 724, 732, 773, 820, 865, 132
          171823, 181884, 190815, 195860, 211517,
          220068, 194, 247, 429, 479, 220007, 220176, 221952, 222331, 235848, 302256, 302283, 305500, 311874, 311299,
          316833, 326198, 326283, 342188, 365256, 335785, 340177, 341629, 353597, 379637,
-         367237, 371686, 368854, 369771, 381805, 437809, 441895, 480204, 494358, 515380, 531297)
+         367237, 371686, 368854, 369771, 381805, 437809, 441895, 480204, 494358, 515380, 531297, 515973)
 SEEDS = [*range(60 * SCALE), *FOUND]
 #: shrinking a failing workload costs minutes: only when asked (SHEPHERD_ORACLE_SHRINK=1)
 PHASES = tuple(Phase) if os.environ.get("SHEPHERD_ORACLE_SHRINK") else (

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from gpushepherd.core import pins, typed
 from gpushepherd.core.filters import share_can_join
-from gpushepherd.core.freed import card_relief, freed_parts
+from gpushepherd.core.freed import card_relief, freed_parts, reserved_at_exit
 from gpushepherd.core.placement import (Counts, best_fit_island, fits_island, members_of, place_counts,
                                         place_live, tightest_in_buckets)
 from gpushepherd.core.profile import Claim, Profile
@@ -47,7 +47,7 @@ class Scratch:
     them: ``freed.freed_parts``), their charges and class units released."""
 
     __slots__ = ("book", "victims", "freed", "free_total", "quota", "class_units", "covered", "node_classes",
-                 "ends", "relief")
+                 "ends", "relief", "at_exit")
 
     def __init__(self, book, victims: list[Job]):
         self.book = book
@@ -73,6 +73,7 @@ class Scratch:
             if v.covered:
                 self.covered[v.cls.name] = self.covered.get(v.cls.name, 0) + v.covered
         self.free_total = ledger.free_total + freed_n
+        self.at_exit = reserved_at_exit(book, victims, freed_n)  # rule 8 also at their exit (note 090)
         self.node_classes = None
         if book.anti:
             table = [dict(on) for on in book.node_classes]
@@ -382,22 +383,24 @@ class Admission(ShareRules):
 
     def _class_hold(self, job: Job, units: int, scratch: Scratch | None) -> str:
         """The first class (policy order) whose ``reserved_gpus`` the job would take;
-        '' when the free GPUs left after it cover every other class's reservation."""
+        '' when the free GPUs left after it cover every other class's reservation - on
+        a scratch state both now and at the victims' exit (``Scratch.at_exit``)."""
         book = self.book
-        held = 0
-        holder = ""
-        for name, res in book.reserved.items():
-            if name == job.cls.name:
-                continue
-            used = book.class_units.get(name, 0)
-            if scratch is not None:
-                used -= scratch.class_units.get(name, 0)
-            if used < res:
-                held += res - used
-                holder = holder or name
         free = scratch.free_total if scratch is not None else book.ledger.free_total
-        if held and free * GPU_UNITS - units < held:
-            return holder
+        for gone, more in ((None, 0), *([scratch.at_exit] if scratch is not None and scratch.at_exit else [])):
+            held = 0
+            holder = ""
+            for name, res in book.reserved.items():
+                if name == job.cls.name:
+                    continue
+                used = book.class_units.get(name, 0)
+                if scratch is not None:
+                    used -= scratch.class_units.get(name, 0) + (gone.get(name, 0) if gone else 0)
+                if used < res:
+                    held += res - used
+                    holder = holder or name
+            if held and (free + more) * GPU_UNITS - units < held:
+                return holder
         return ""
 
     # ------------------------------------------------------------ rule 9

@@ -123,3 +123,24 @@ def quota_freed(victims: list[Job], k: tuple[int, str], p: float, claims: list) 
     if claims:
         return 0
     return sum(a for v in victims if v.end_est > p for i, user, a in v.run_charges if (i, user) == k)
+
+
+def reserved_at_exit(book, victims: list[Job], freed_n: int) -> tuple[dict[str, int], int] | None:
+    """Rule 8 at the exit of ``victims`` (``now + stop_grace``, the latest; note 090):
+    the jobs of classes with ``reserved_gpus``, victims aside, planned to end by then
+    (``end_est``) cover nothing there. ``(class -> GPU units they hold, whole GPUs they
+    free beyond the ``freed_n`` the victims free)``, or ``None`` where no such job
+    runs. A MIG instance frees no whole GPU: its class's reservation is then short at
+    the exit though covered now (oracle seed 515973)."""
+    if not book.reserved or not victims:
+        return None
+    gone = max(book.now + v.stop_grace for v in victims)
+    ids = {v.id for v in victims}
+    early = [j for name in book.reserved for j in book.class_jobs.get(name, {}).values()
+             if j.end_est <= gone and j.id not in ids]
+    if not early:
+        return None
+    units: dict[str, int] = {}
+    for j in early:
+        units[j.cls.name] = units.get(j.cls.name, 0) + j.run_units
+    return units, freed_count(book.ledger, [*victims, *early]) - freed_n
