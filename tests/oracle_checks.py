@@ -881,11 +881,12 @@ def _reservation_left(book, before: dict[str, int], reason, again: bool = False)
     planned, and the GPUs the plan left others are its reservation's again
     (oracle seed 20199: production inference's MIG job ended before its estimate).
     ``again``: the preemptor evicted again in the same call - its reason names the new
-    victims; then any reserved class holding less than ``before`` excuses it (its new
-    plan was made without that job; note 090)."""
+    victims; then a reserved class holding less than ``before`` and now short of its
+    reservation excuses it (its new plan was made without that job; note 090)."""
     if again:
         used = _class_use(book)
-        return any(used.get(name, 0) < units for name, units in before.items() if name in book.reserved)
+        return any(used.get(name, 0) < min(units, res) for name, res in book.reserved.items()
+                   if (units := before.get(name, 0)))
     m = re.fullmatch(r"classes\.(.+)\.reserved_gpus", reason.detail or "")
     if reason.code is not ReasonCode.RESERVED_FOR or m is None:
         return False
@@ -942,7 +943,7 @@ def _class_use(book, exit_: tuple[float, set[str]] | None = None) -> dict[str, i
     cards: dict[tuple[int, int], set[str]] = {}
     running = book.running.values()
     if exit_ is not None:
-        running = [j for j in running if j.end_est > exit_[0] or j.id in exit_[1]]
+        running = [j for j in running if not book.now < j.end_est <= exit_[0] or j.id in exit_[1]]
     for job in running:
         if job.share is not None and len(job.share_at) == 1:
             cards.setdefault((job.alloc[0][0], job.share_at[0]), set()).add(job.cls.name)

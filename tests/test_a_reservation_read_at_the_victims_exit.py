@@ -76,12 +76,30 @@ def test_a_reserved_job_ending_before_the_exit_on_a_whole_gpu_costs_no_extra_vic
     assert _starts(out) == {"T": "n1"}
 
 
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_reserved_job_past_its_estimate_still_covers_the_reservation_at_the_exit(reference):
+    # M (production inference, MIG, estimate 20 s, no time limit) runs on past its
+    # estimate: nothing says it ends, so at T's victims' exit it still covers the
+    # reservation. Found by the review of note 090: its first version counted M as gone
+    # at every exit (its planned end lies in the past) and T waited ReservedFor until M ended
+    s = Scheduler(_rules(), reference=reference)
+    s.handle([JobSubmitted(0, job("M", 1, "production-inference", "a", share=MIG7, runtime_estimate_s=20.0))])
+    out = s.handle([JobSubmitted(1, job("X", 1, "training", "a", 1))] +
+                   [JobSubmitted(1, job(f"v{i}", 1, "sandbox", "a", 1)) for i in (1, 2)])
+    assert _starts(out) == {"X": "n2", "v1": "n1", "v2": "n1"}
+    out = s.handle([JobSubmitted(100, job("T", 2, "training", "a", 100))])
+    assert sorted(d.job_id for d in out if isinstance(d, Preempt)) == ["v1", "v2"]
+    out = s.handle([JobFinished(200, v, ExitStatus.PREEMPTED) for v in ("v1", "v2")])
+    assert _starts(out) == {"T": "n1"}
+
+
 @st.composite
 def reserved_jobs_ending_before_the_exit(draw) -> Workload:
     """The shape of seed 515973, drawn: n1 with 1-2 MIG GPUs and 2-3 whole ones, n2 with
     1-2; a reserved class (production inference, 1-2 GPUs) whose jobs - mostly MIG
-    instances, some whole GPUs - have time limits that end around the victims' exit;
-    sandbox jobs (a drawn grace) on every whole GPU they may take; training and batch
+    instances, some whole GPUs - have time limits that end around the victims' exit, or
+    estimates they may outrun; sandbox jobs (a drawn grace; some end on their own) on
+    every whole GPU they may take; training and batch
     preemptors of 1-3 GPUs arriving while they run."""
     mig = draw(st.integers(1, 2))
     whole = (draw(st.integers(2, 3)), draw(st.integers(1, 2)))
@@ -97,10 +115,14 @@ def reserved_jobs_ending_before_the_exit(draw) -> Workload:
         limit = draw(st.sampled_from([20.0, 50.0, 100.0, 150.0]))
         share = GpuShare("mig", profile=draw(st.sampled_from(["7g.80gb", "4g.40gb", "3g.40gb"]))) \
             if draw(st.integers(0, 3)) else None
-        jobs.append((job(f"i{i}", 1, "production-inference", "a", float(i), share=share, time_limit_s=limit),
-                     draw(st.sampled_from([limit, limit / 2]))))
+        if draw(st.integers(0, 2)):  # a time limit, or an estimate it may outrun
+            jobs.append((job(f"i{i}", 1, "production-inference", "a", float(i), share=share, time_limit_s=limit),
+                         draw(st.sampled_from([limit, limit / 2]))))
+        else:
+            jobs.append((job(f"i{i}", 1, "production-inference", "a", float(i), share=share,
+                             runtime_estimate_s=limit), draw(st.sampled_from([limit / 2, limit * 3]))))
     for i in range(sum(whole)):
-        jobs.append((job(f"v{i}", 1, "sandbox", "a", 2.0 + i), 1000.0))
+        jobs.append((job(f"v{i}", 1, "sandbox", "a", 2.0 + i), draw(st.sampled_from([1000.0, 1000.0, 60.0]))))
     t = 10.0
     for i in range(draw(st.integers(1, 3))):
         t += draw(st.sampled_from([1.0, 20.0, 60.0]))

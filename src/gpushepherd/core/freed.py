@@ -125,22 +125,28 @@ def quota_freed(victims: list[Job], k: tuple[int, str], p: float, claims: list) 
     return sum(a for v in victims if v.end_est > p for i, user, a in v.run_charges if (i, user) == k)
 
 
-def reserved_at_exit(book, victims: list[Job], freed_n: int) -> tuple[dict[str, int], int] | None:
+def reserved_at_exit(book, victims: list[Job], freed_n: int,
+                     exit_: float | None = None) -> tuple[dict[str, int], int, frozenset[str]] | None:
     """Rule 8 at the exit of ``victims`` (``now + stop_grace``, the latest; note 090):
     the jobs of classes with ``reserved_gpus``, victims aside, planned to end by then
     (``end_est``) cover nothing there. ``(class -> GPU units they hold, whole GPUs they
-    free beyond the ``freed_n`` the victims free)``, or ``None`` where no such job
-    runs. A MIG instance frees no whole GPU: its class's reservation is then short at
-    the exit though covered now (oracle seed 515973)."""
+    free beyond the ``freed_n`` the victims free, their ids)``, or ``None`` where no such
+    job runs. ``exit_``: the exit when the victims were signalled already (a hold's:
+    their deadlines, ``end_est``). A MIG instance frees no whole GPU: its class's reservation is then short at
+    the exit though covered now (oracle seed 515973). A job already past its planned end
+    (``end_est <= now``: a short estimate) is not foreseen to end: it may run for ever
+    (review of note 090)."""
     if not book.reserved or not victims:
         return None
-    gone = max(book.now + v.stop_grace for v in victims)
+    now = book.now
+    gone = max(now + v.stop_grace for v in victims) if exit_ is None else exit_
     ids = {v.id for v in victims}
+    # a job past its planned end (an estimate that was short) runs on: no end to foresee
     early = [j for name in book.reserved for j in book.class_jobs.get(name, {}).values()
-             if j.end_est <= gone and j.id not in ids]
+             if now < j.end_est <= gone and j.id not in ids]
     if not early:
         return None
     units: dict[str, int] = {}
     for j in early:
         units[j.cls.name] = units.get(j.cls.name, 0) + j.run_units
-    return units, freed_count(book.ledger, [*victims, *early]) - freed_n
+    return units, freed_count(book.ledger, [*victims, *early]) - freed_n, frozenset(j.id for j in early)

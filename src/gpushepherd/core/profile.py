@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpushepherd.core import pins
-from gpushepherd.core.freed import card_of, freed_count, freed_parts, quota_freed
+from gpushepherd.core.freed import card_of, freed_count, freed_parts, quota_freed, reserved_at_exit
 from gpushepherd.core.ledger import bits
 from gpushepherd.core.placement import Counts
 from gpushepherd.core.releases import free_total_at, gpus_free_at
@@ -214,6 +214,14 @@ class Profile:
             c.gunfilled = {}
             held = held_for(book, c.cls, book.now, (), gone, c.gunfilled)
             c.gslack = book.ledger.free_total + coming - taken - -(-held // GPU_UNITS)
+            # and at its victims' exit, as its plan read it (note 090): reserved classes'
+            # jobs planned to end by then cover nothing there
+            victims = [book.jobs[v] for v in sorted(book.jobs[c.job_id].victims)]
+            late = victims and reserved_at_exit(book, victims, freed_count(book.ledger, victims),
+                                                max(v.end_est for v in victims))
+            if late:
+                held = held_for(book, c.cls, book.now, (), gone | late[2])
+                c.gslack = min(c.gslack, book.ledger.free_total + coming + late[1] - taken - -(-held // GPU_UNITS))
 
     def avoiding(self, job: Job, end: float, exempt: tuple = ()) -> tuple[frozenset[int], Claim | None]:
         """The nodes of claims whose job ``job``'s class avoids (``avoid_nodes_with``,
