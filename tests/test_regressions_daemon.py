@@ -152,6 +152,11 @@ def test_token_create_refuses_a_missing_data_dir_an_empty_user_and_a_team_the_po
     _one_line_ok("db", "upgrade", "--data-dir", str(s.data))
     assert "--user: '' is not allowed" in _one_error_line("token", "create", "--data-dir", str(s.data), "-u", "",
                                                           "-A", "ml")
+    # a token's user is a name a job's user may be (a tester's find: 'a b' was taken, and a
+    # job submitted with that token without a user became a b's)
+    for bad in ("a b", "a/b", "ana ", "ana\u00a0", "ana\u200b"):
+        line = _one_error_line("token", "create", "--data-dir", str(s.data), "-u", bad, "-A", "ml")
+        assert f"--user: {bad!r} is not allowed: a Unix user's name (letters, digits" in line, line
     _one_line_ok("token", "create", "--data-dir", str(s.data), "-u", "x", "-A", "nosuchteam")  # no policy yet
     s.start()
     s.stop()

@@ -86,9 +86,15 @@ def server_refusal(value: str) -> str | None:
     * anything else that is not an ``http://`` or ``https://`` URL (any case) with a host
       a resolver takes (IDNA) and a port in 1-65535 if one is given, and no query or
       fragment (``''``, ``localhost:8765``, ``ftp://x``, ``http://a..b``, ``http://h:0``);
-    * a user or password in the URL (``http://ana:secret@h``): the API takes a token
-      (``--token``, ``$SHEPHERD_TOKEN``), and the refusal shows the URL without them
-      (before, the password was sent nowhere but shown in every error line)."""
+    * an ``@`` anywhere but in a ``unix:`` path (``http://ana:secret@h``, ``ana:pw@h``, a
+      password with ``/``): the API takes a token (``--token``, ``$SHEPHERD_TOKEN``), and
+      this is checked first, so no refusal shows what comes before the last ``@``
+      (before, the password was shown in every error line)."""
+    if "@" in value and not value.startswith("unix:"):
+        head, _at, host = value.rpartition("@")
+        scheme = head.partition("://")[0] + "://" if "://" in head else ""
+        return (f"a user or password in the URL is not allowed ({scheme + '...@' + host!r}): the server takes "
+                "an API token, --token or $SHEPHERD_TOKEN (shepherd token create)")
     allowed = (f"{value!r} is not allowed: unix:PATH with the path of the server's socket "
                f"(unix:{DEFAULT_SOCKETS[0]}), or a URL like http://127.0.0.1:{DEFAULT_PORT}")
     if any(c.isspace() or not c.isprintable() for c in value):  # a space or a control character anywhere
@@ -107,10 +113,6 @@ def server_refusal(value: str) -> str | None:
         (url.hostname or "").encode("idna")  # raises UnicodeError on a host no resolver takes (a..b)
     except (ValueError, UnicodeError):
         return allowed
-    if "@" in url.netloc:  # never echo a password: the refusal names the URL without the user part
-        bare = url._replace(netloc=url.netloc.rpartition("@")[2]).geturl()
-        return (f"a user or password in the URL is not allowed ({bare!r} with a user part): the server takes "
-                "an API token, --token or $SHEPHERD_TOKEN (shepherd token create)")
     # a query or fragment would go with every request: the server's paths follow the URL
     if url.scheme not in ("http", "https") or not url.hostname or port == 0 or "?" in value or "#" in value:
         return allowed
@@ -1015,8 +1017,11 @@ def register(app: typer.Typer) -> None:
         if scope == "api" and not team and not admin:
             err.print("error: --team: give at least one team (or --admin, or --scope metrics)", soft_wrap=True)
             raise typer.Exit(2)
-        if not user.strip():
-            err.print(f"error: --user: {user!r} is not allowed: a user name", soft_wrap=True)
+        from gpushepherd.policy.schema import user_name_refusal
+
+        why = user_name_refusal(user)  # as a job's user and teams.X.members take it
+        if why is not None:
+            err.print(f"error: --user: {why}", soft_wrap=True)
             raise typer.Exit(2)
         store = _store(data_dir, db)
         logged = store.last_policy()

@@ -80,6 +80,7 @@ from gpushepherd.model.events import JobSubmitted
 from gpushepherd.model.job import MAX_NICE, SHARE_KINDS, GpuShare, JobSpec, first_control_char
 from gpushepherd.model.reasons import ReasonCode
 from gpushepherd.policy.load import PolicyError, policy_from_dict
+from gpushepherd.policy.schema import user_name_refusal
 from gpushepherd.timepoints import FORMS as TIME_FORMS, api_time_point
 
 
@@ -446,10 +447,11 @@ class SubmitBody(BaseModel):
     @classmethod
     def _names(cls, v: str, info) -> str:
         v = _no_control({"workload_class": "class"}.get(info.field_name, info.field_name), v)
-        if info.field_name == "user" and v and (v.strip() != v or any(c.isspace() or c in "/:" for c in v)):
-            # a user is a Unix user's name (jobs may run as it; usage and fair-share are kept by it)
-            raise ValueError(f"{v[:80]!r} is not allowed: a user name without spaces, '/' or ':' "
-                             "(a Unix user's name, e.g. ana), or none for the caller")
+        # a user is a Unix user's name: jobs may run as it, usage and fair-share are kept by
+        # it, and a policy's teams.X.members names users so (user_name_refusal)
+        why = user_name_refusal(v) if info.field_name == "user" and v else None
+        if why is not None:
+            raise ValueError(why + "; or none for the caller")
         return v
 
     @model_validator(mode="after")

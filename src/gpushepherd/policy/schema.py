@@ -435,8 +435,22 @@ class ClassSpec(_Strict):
     description: str | None = Field(None, **doc("Free text (`policy check` shows it).", "exploratory runs"))
 
 
-#: a ``teams.X.members`` entry: a user name or ``@group`` (POSIX portable names, as useradd takes)
-_MEMBER = re.compile(r"@?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}\$?")
+#: a user's name wherever one is given (``teams.X.members``, a job's ``user``, a token's):
+#: POSIX portable names, as useradd takes them
+USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}\$?")
+USER_NAME_RULE = "letters, digits, _ . - (a trailing $ too), 1-64 characters, not starting with - or ."
+
+
+def user_name_refusal(v: str) -> str | None:
+    """Why ``v`` is no user's name (``USER_NAME``: the grammar of ``teams.X.members``), or
+    ``None``. Shown as ``repr`` (spaces, zero-width characters and escapes visible)."""
+    if USER_NAME.fullmatch(v):
+        return None
+    return f"{v[:80]!r} is not allowed: a Unix user's name ({USER_NAME_RULE}), e.g. ana"
+
+
+#: a ``teams.X.members`` entry: a user name or ``@group``
+_MEMBER = re.compile("@?" + USER_NAME.pattern)
 MAX_MEMBERS = 10_000
 
 
