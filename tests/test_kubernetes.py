@@ -262,17 +262,22 @@ class Deletions:
         self.seen: dict[str, int] = {}
         self.conditions: dict[str, list] = {}
         self._w = watch.Watch()
-        self._t = threading.Thread(target=self._run, args=(core,), daemon=True)
+        # the watch starts from the list's resourceVersion, read here: a change made after
+        # this returns is seen however late the thread starts (CI on 6ce377c, two pytest
+        # workers: a victim deleted 0.6 s later was missed, and the tests after it waited
+        # on GPUs its resumed gang held)
+        rv = core.list_namespaced_pod(NS).metadata.resource_version
+        self._t = threading.Thread(target=self._run, args=(core, rv), daemon=True)
         self._t.start()
 
-    def _run(self, core) -> None:
+    def _run(self, core, rv: str) -> None:
         try:
-            self._watch(core)
+            self._watch(core, rv)
         except Exception:  # noqa: BLE001 - the watch ends when the test stops it
             pass
 
-    def _watch(self, core) -> None:
-        for ev in self._w.stream(core.list_namespaced_pod, NS, timeout_seconds=300):
+    def _watch(self, core, rv: str) -> None:
+        for ev in self._w.stream(core.list_namespaced_pod, NS, resource_version=rv, timeout_seconds=300):
             p = ev["raw_object"]
             name = p["metadata"]["name"]
             if p["metadata"].get("deletionTimestamp") and name not in self.seen:
