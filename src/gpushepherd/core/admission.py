@@ -387,7 +387,8 @@ class Admission(ShareRules):
         a scratch state both now and at the victims' exit (``Scratch.at_exit``)."""
         book = self.book
         free = scratch.free_total if scratch is not None else book.ledger.free_total
-        for gone, more, _ids in ((None, 0, ()), *([scratch.at_exit] if scratch is not None and scratch.at_exit else [])):
+        exit_ = [scratch.at_exit] if scratch is not None and scratch.at_exit else []
+        for gone, more, _ids in ((None, 0, ()), *exit_):
             held = 0
             holder = ""
             for name, res in book.reserved.items():

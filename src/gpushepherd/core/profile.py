@@ -205,7 +205,9 @@ class Profile:
         every hold takes, less what other classes' reservations keep free for its class."""
         book = self.book
         holds = [c for c in self.claims if c.hold]
-        coming = sum(_coming(book, c.job_id) for c in holds)
+        victims = {c.job_id: [book.jobs[v] for v in sorted(book.jobs[c.job_id].victims)] for c in holds}
+        freed = {c.job_id: freed_count(book.ledger, victims[c.job_id]) for c in holds}
+        coming = sum(freed.values())
         taken = sum(sum(c.gpus.values()) for c in holds)
         # a hold starts once its victims are gone: their class's reservation no longer
         # counts what they covered
@@ -216,9 +218,8 @@ class Profile:
             c.gslack = book.ledger.free_total + coming - taken - -(-held // GPU_UNITS)
             # and at its victims' exit, as its plan read it (note 090): reserved classes'
             # jobs planned to end by then cover nothing there
-            victims = [book.jobs[v] for v in sorted(book.jobs[c.job_id].victims)]
-            late = victims and reserved_at_exit(book, victims, freed_count(book.ledger, victims),
-                                                max(v.end_est for v in victims))
+            mine = victims[c.job_id]
+            late = mine and reserved_at_exit(book, mine, freed[c.job_id], max(v.end_est for v in mine))
             if late:
                 held = held_for(book, c.cls, book.now, (), gone | late[2])
                 c.gslack = min(c.gslack, book.ledger.free_total + coming + late[1] - taken - -(-held // GPU_UNITS))
